@@ -1,0 +1,26 @@
+"""jax-scan-rnn: feedback recurrent networks in JAX/Flax NNX, driven by `jax.lax.scan`.
+
+    import jax_scan_rnn as jsr
+    lstm = jsr.LSTM(input_size, hidden_size, num_layers=1, dropout=0.0, rngs=nnx.Rngs(0))
+    out, (h, c) = lstm(x)                      # x [B, T, I] -> out [B, T, H]
+    jsr.load_torch_state_dict(lstm, torch_lstm.state_dict())
+"""
+from jax_scan_rnn.cells import GRUCell, LSTMCell, RNNCell
+from jax_scan_rnn.convert import load_safetensors, load_torch_state_dict, save_safetensors, torch_state_dict
+from jax_scan_rnn.layers import GRU, LSTM, RNN
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "LSTM",
+    "GRU",
+    "RNN",
+    "LSTMCell",
+    "GRUCell",
+    "RNNCell",
+    "load_torch_state_dict",
+    "torch_state_dict",
+    "save_safetensors",
+    "load_safetensors",
+    "__version__",
+]

@@ -1,0 +1,136 @@
+"""One-step LSTM and GRU cells whose math and parameters are PyTorch's.
+
+Flax's own cells differ from `torch.nn` (carry order `(c, h)`, one bias, and `nnx.GRUCell` has no
+`b_hn`), so weights trained in PyTorch would not mean the same thing there. These cells reproduce
+`torch.nn.LSTMCell` / `torch.nn.GRUCell` exactly.
+
+Parameter layout (per cell), with G gates (LSTM: 4, GRU: 3) stacked along the last axis:
+
+    w_ih  [I, G*H]   = torch `weight_ih`.T     (Flax's `x @ kernel` convention)
+    w_hh  [H, G*H]   = torch `weight_hh`.T
+    b_ih  [G*H]      = torch `bias_ih`
+    b_hh  [G*H]      = torch `bias_hh`
+
+Both biases are kept, as in PyTorch, so that a torch -> jax -> torch round trip is bit-exact and
+the GRU's `b_hn` (which sits inside `r * (...)`) keeps its meaning.
+
+A step is split in two so that loops can hoist work out of `lax.scan`:
+`input_projection(x) = x @ w_ih + b_ih` depends only on the input, so a whole sequence's projections
+are one matmul before the scan; `step(carry, xp)` does the recurrent part.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+Array = jax.Array
+
+
+def _torch_uniform(key: Array, shape: tuple[int, ...], bound: float, dtype) -> Array:
+    # torch.nn.RNNBase.reset_parameters: every weight and bias ~ U(-1/sqrt(H), 1/sqrt(H)).
+    return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+
+class RNNCell(nnx.Module):
+    """A gated recurrent cell with PyTorch's parameter layout; subclasses define `num_gates` and `step`."""
+
+    num_gates: int = 0
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        *,
+        param_dtype=jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        for name, value in (("input_size", input_size), ("hidden_size", hidden_size)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: expected a positive int, got {value!r}")
+        self.input_size = input_size
+        self.hidden_size = hidden_size
+        gh = self.num_gates * hidden_size
+        bound = 1.0 / math.sqrt(hidden_size)
+        self.w_ih = nnx.Param(_torch_uniform(rngs.params(), (input_size, gh), bound, param_dtype))
+        self.w_hh = nnx.Param(_torch_uniform(rngs.params(), (hidden_size, gh), bound, param_dtype))
+        self.b_ih = nnx.Param(_torch_uniform(rngs.params(), (gh,), bound, param_dtype))
+        self.b_hh = nnx.Param(_torch_uniform(rngs.params(), (gh,), bound, param_dtype))
+
+    def input_projection(self, x: Array) -> Array:
+        """`x @ w_ih + b_ih`: `[..., I] -> [..., G*H]`. Independent of the state, so hoistable."""
+        return x @ self.w_ih[...].astype(x.dtype) + self.b_ih[...].astype(x.dtype)
+
+    def initial_state(self, batch_size: int, dtype=jnp.float32):
+        """The zero state for `batch_size` sequences (`[B, H]` arrays)."""
+        raise NotImplementedError
+
+    def step(self, carry, xp: Array):
+        """One recurrent step from a projected input `xp [B, G*H]`; returns `(new_carry, h [B, H])`."""
+        raise NotImplementedError
+
+    def __call__(self, carry, x: Array):
+        """One step from a raw input `x [B, I]`; returns `(new_carry, h [B, H])`."""
+        return self.step(carry, self.input_projection(x))
+
+    def _hidden_projection(self, h: Array) -> Array:
+        return h @ self.w_hh[...].astype(h.dtype) + self.b_hh[...].astype(h.dtype)
+
+
+class LSTMCell(RNNCell):
+    """`torch.nn.LSTMCell`. Carry `(h, c)`, each `[B, H]` (PyTorch's order, not Flax's `(c, h)`).
+
+        i = sigmoid(W_ii x + b_ii + W_hi h + b_hi)
+        f = sigmoid(W_if x + b_if + W_hf h + b_hf)
+        g = tanh   (W_ig x + b_ig + W_hg h + b_hg)
+        o = sigmoid(W_io x + b_io + W_ho h + b_ho)
+        c' = f * c + i * g
+        h' = o * tanh(c')
+
+    Gates are stacked i, f, g, o along the `4*H` axis of `w_ih [I, 4H]`, `w_hh [H, 4H]`, `b_ih`, `b_hh`.
+    """
+
+    num_gates = 4
+
+    def initial_state(self, batch_size: int, dtype=jnp.float32) -> tuple[Array, Array]:
+        zeros = jnp.zeros((batch_size, self.hidden_size), dtype)
+        return zeros, zeros
+
+    def step(self, carry: tuple[Array, Array], xp: Array) -> tuple[tuple[Array, Array], Array]:
+        h, c = carry
+        gates = xp + self._hidden_projection(h)
+        i, f, g, o = jnp.split(gates, 4, axis=-1)
+        c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+        h = jax.nn.sigmoid(o) * jnp.tanh(c)
+        return (h, c), h
+
+
+class GRUCell(RNNCell):
+    """`torch.nn.GRUCell`. Carry `h [B, H]`.
+
+        r  = sigmoid(W_ir x + b_ir + W_hr h + b_hr)
+        z  = sigmoid(W_iz x + b_iz + W_hz h + b_hz)
+        n  = tanh   (W_in x + b_in + r * (W_hn h + b_hn))
+        h' = (1 - z) * n + z * h
+
+    Gates are stacked r, z, n along the `3*H` axis of `w_ih [I, 3H]`, `w_hh [H, 3H]`, `b_ih`, `b_hh`.
+    `b_hn` sits inside `r * (...)`, which is why the two biases cannot be folded into one.
+    """
+
+    num_gates = 3
+
+    def initial_state(self, batch_size: int, dtype=jnp.float32) -> Array:
+        return jnp.zeros((batch_size, self.hidden_size), dtype)
+
+    def step(self, carry: Array, xp: Array) -> tuple[Array, Array]:
+        h = carry
+        hp = self._hidden_projection(h)
+        x_r, x_z, x_n = jnp.split(xp, 3, axis=-1)
+        h_r, h_z, h_n = jnp.split(hp, 3, axis=-1)
+        r = jax.nn.sigmoid(x_r + h_r)
+        z = jax.nn.sigmoid(x_z + h_z)
+        n = jnp.tanh(x_n + r * h_n)
+        h = (1.0 - z) * n + z * h
+        return h, h

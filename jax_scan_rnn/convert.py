@@ -1,0 +1,133 @@
+"""PyTorch `state_dict` <-> Flax NNX parameters, both directions, with PyTorch's key names.
+
+    jsr.load_torch_state_dict(module, torch_model.state_dict())   # torch -> jax (tensors or numpy)
+    torch_model.load_state_dict({k: torch.from_numpy(v) for k, v in jsr.torch_state_dict(module).items()})
+
+The one table of what maps to what (`_layout`), per kind of submodule:
+
+    RNN (jsr.LSTM/GRU) layer k   weight_ih_l{k} = w_ih.T   weight_hh_l{k} = w_hh.T
+                                 bias_ih_l{k}   = b_ih     bias_hh_l{k}   = b_hh
+    RNNCell (LSTMCell/GRUCell)   weight_ih = w_ih.T  weight_hh = w_hh.T  bias_ih = b_ih  bias_hh = b_hh
+    nnx.Linear                   weight = kernel.T   bias = bias
+    nnx.Embed                    weight = embedding
+    any other module             recurse into its submodules; the attribute name is the key prefix
+                                 (`lstm_layers.weight_ih_l0`, `output_layer.weight`, `layers.0.weight`)
+
+Only transposes and copies: both directions are bit-exact. Models do not import this module; it
+knows their layout by walking their attributes, so a model whose attribute names are its torch twin's
+converts with no code of its own. torch is never imported here: a torch tensor is recognised by its
+`.detach()` method.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jax_scan_rnn.cells import RNNCell
+from jax_scan_rnn.layers import RNN
+
+# (torch key, the nnx.Param holding it, whether the torch array is the transpose of ours)
+Entry = tuple[str, nnx.Param, bool]
+
+
+def _layout(module: nnx.Module, prefix: str = "") -> Iterator[Entry]:
+    if isinstance(module, RNN):
+        for k, cell in enumerate(module.layers):
+            yield from _cell_layout(cell, prefix, suffix=f"_l{k}")
+    elif isinstance(module, RNNCell):
+        yield from _cell_layout(module, prefix, suffix="")
+    elif isinstance(module, nnx.Linear):
+        yield f"{prefix}weight", module.kernel, True
+        if module.bias is not None:
+            yield f"{prefix}bias", module.bias, False
+    elif isinstance(module, nnx.Embed):
+        yield f"{prefix}weight", module.embedding, False
+    else:
+        items = enumerate(module) if isinstance(module, nnx.List) else vars(module).items()
+        for name, value in items:
+            if isinstance(value, nnx.Param):
+                raise NotImplementedError(
+                    f"convert: no PyTorch mapping for parameter {prefix}{name} of {type(module).__name__}"
+                )
+            if isinstance(value, nnx.Module):
+                yield from _layout(value, f"{prefix}{name}.")
+
+
+def _cell_layout(cell: RNNCell, prefix: str, suffix: str) -> Iterator[Entry]:
+    yield f"{prefix}weight_ih{suffix}", cell.w_ih, True
+    yield f"{prefix}weight_hh{suffix}", cell.w_hh, True
+    yield f"{prefix}bias_ih{suffix}", cell.b_ih, False
+    yield f"{prefix}bias_hh{suffix}", cell.b_hh, False
+
+
+def torch_state_dict(module: nnx.Module) -> dict[str, np.ndarray]:
+    """The module's parameters as a PyTorch `state_dict`: `{torch key: np.ndarray in torch layout}`.
+
+    The keys are exactly the `state_dict()` keys of the `torch_ref` twin, so
+    `twin.load_state_dict({k: torch.from_numpy(v) ...})` loads it with `strict=True`.
+    """
+    out = {}
+    for key, param, transpose in _layout(module):
+        value = np.asarray(param[...])
+        out[key] = np.ascontiguousarray(value.T if transpose else value)
+    return out
+
+
+def _to_numpy(key: str, value: Any) -> np.ndarray:
+    if hasattr(value, "detach"):  # a torch tensor, recognised without importing torch
+        value = value.detach().cpu().numpy()
+    value = np.asarray(value)
+    if not np.issubdtype(value.dtype, np.floating):
+        raise TypeError(f"state_dict[{key!r}]: expected a floating dtype, got {value.dtype}")
+    return value
+
+
+def load_torch_state_dict(module: nnx.Module, state_dict: Mapping[str, Any]) -> None:
+    """Load a PyTorch `state_dict` (torch tensors or numpy arrays) into `module`, in place.
+
+    Every key must be present and no other key may be given; every shape must match. Values are cast to
+    the module's parameter dtype. Everything is checked before anything is written, so after an error
+    the module is unchanged.
+
+    Raises:
+      KeyError: missing or unexpected keys (all of them are named).
+      ValueError: a shape mismatch (key, expected and given shape).
+      TypeError: a non-floating value.
+    """
+    layout = list(_layout(module))
+    expected_keys = [key for key, _, _ in layout]
+    missing = [k for k in expected_keys if k not in state_dict]
+    unexpected = [k for k in state_dict if k not in set(expected_keys)]
+    if missing or unexpected:
+        raise KeyError(
+            f"state_dict: keys do not match {type(module).__name__}: missing {missing}, unexpected {unexpected}"
+        )
+    updates = []
+    for key, param, transpose in layout:
+        value = _to_numpy(key, state_dict[key])
+        ours = tuple(param[...].shape)
+        expected = ours[::-1] if transpose else ours
+        if value.shape != expected:
+            raise ValueError(f"state_dict[{key!r}]: expected shape {expected}, got {tuple(value.shape)}")
+        updates.append((param, jnp.asarray(value.T if transpose else value, dtype=param[...].dtype)))
+    for param, value in updates:
+        param[...] = value
+
+
+def save_safetensors(state_dict: Mapping[str, Any], path: str | os.PathLike) -> None:
+    """Write a state_dict (numpy arrays or torch tensors) as `.safetensors`, readable by torch/safetensors."""
+    from safetensors.numpy import save_file
+
+    save_file({k: np.ascontiguousarray(_to_numpy(k, v)) for k, v in state_dict.items()}, os.fspath(path))
+
+
+def load_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Read a `.safetensors` file into `{key: np.ndarray}` (e.g. one written by `safetensors.torch`)."""
+    from safetensors.numpy import load_file
+
+    return load_file(os.fspath(path))

@@ -1,0 +1,190 @@
+"""Multi-layer `LSTM` and `GRU` over whole sequences, with `torch.nn.LSTM/GRU(batch_first=True)` semantics.
+
+    lstm = LSTM(input_size, hidden_size, num_layers=2, dropout=0.1, rngs=nnx.Rngs(0))
+    out, (h, c) = lstm(x)          # x [B, T, I] -> out [B, T, H]; h, c [num_layers, B, H]
+    gru = GRU(input_size, hidden_size, rngs=nnx.Rngs(0))
+    out, h = gru(x, initial_state)  # h [num_layers, B, H]
+
+The time loop is `jax.lax.scan`. Because nothing is fed back, each layer's input projection for all T
+steps is one `[B*T, I] x [I, G*H]` matmul before its scan; only `h @ w_hh` stays inside the loop.
+Dropout (rate `dropout`) is applied to the outputs of every layer but the last, in training mode only
+(`module.train()` / `module.eval()`, NNX's switches), exactly where `torch.nn.LSTM` applies it.
+
+`step` runs one time step through all layers; the feedback driver (`feedback.py`) uses it when the
+next input depends on the current output, so a whole-sequence scan per layer is impossible.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jax_scan_rnn.cells import GRUCell, LSTMCell, RNNCell
+
+Array = jax.Array
+
+
+class RNN(nnx.Module):
+    """A stack of `num_layers` cells of type `cell_type`; `LSTM` and `GRU` only choose the cell.
+
+    Args:
+      input_size: I, features per step of the input.
+      hidden_size: H, features of the state and of each output step.
+      num_layers: L, stacked layers; layer k > 0 reads layer k-1's outputs.
+      dropout: inter-layer dropout probability (training mode only), as in `torch.nn.LSTM`.
+      param_dtype: dtype of the parameters; computation runs in the input's dtype.
+      unroll: default `lax.scan` unroll factor (time steps per loop iteration); overridable per call.
+      rngs: `nnx.Rngs` with a `params` stream (and a `dropout` stream if `dropout > 0`).
+    """
+
+    cell_type: type[RNNCell] = RNNCell
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        dropout: float = 0.0,
+        *,
+        param_dtype=jnp.float32,
+        unroll: int = 1,
+        rngs: nnx.Rngs,
+    ):
+        if not isinstance(num_layers, int) or num_layers < 1:
+            raise ValueError(f"num_layers: expected a positive int, got {num_layers!r}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout: expected a probability in [0, 1), got {dropout!r}")
+        if not isinstance(unroll, int) or unroll < 1:
+            raise ValueError(f"unroll: expected a positive int, got {unroll!r}")
+        self.input_size = input_size
+        self.hidden_size = hidden_size
+        self.num_layers = num_layers
+        self.unroll = unroll
+        self.layers = nnx.List(
+            [
+                self.cell_type(input_size if k == 0 else hidden_size, hidden_size, param_dtype=param_dtype, rngs=rngs)
+                for k in range(num_layers)
+            ]
+        )
+        self.dropout = nnx.Dropout(dropout, rngs=rngs)
+
+    # -- states --------------------------------------------------------------------------------
+    def initial_state(self, batch_size: int, dtype=jnp.float32):
+        """Zero state in the public layout: LSTM `(h, c)`, GRU `h`, each `[L, B, H]`."""
+        return self.stack_carries([cell.initial_state(batch_size, dtype) for cell in self.layers])
+
+    @staticmethod
+    def stack_carries(carries: list) -> object:
+        """Per-layer carries (each `[B, H]` or a tuple of them) -> the public `[L, B, H]` layout."""
+        return jax.tree.map(lambda *xs: jnp.stack(xs), *carries)
+
+    def unstack_state(self, state) -> list:
+        """The public `[L, B, H]` layout -> a list of per-layer carries."""
+        return [jax.tree.map(lambda s, k=k: s[k], state) for k in range(self.num_layers)]
+
+    def check_state(self, state, batch_size: int, dtype) -> object:
+        """Validate a user-supplied `initial_state` and cast it to `dtype`."""
+        expected = self.initial_state(batch_size, dtype)
+        exp_struct, got_struct = jax.tree.structure(expected), jax.tree.structure(state)
+        if exp_struct != got_struct:
+            raise ValueError(
+                f"initial_state: expected {self._state_desc(batch_size)}, got a value of structure {got_struct}"
+            )
+        for e, g in zip(jax.tree.leaves(expected), jax.tree.leaves(state)):
+            if tuple(jnp.shape(g)) != e.shape:
+                raise ValueError(
+                    f"initial_state: expected {self._state_desc(batch_size)}, got shape {tuple(jnp.shape(g))}"
+                )
+            if not jnp.issubdtype(jnp.result_type(g), jnp.floating):
+                raise TypeError(f"initial_state: expected a floating dtype, got {jnp.result_type(g)}")
+        return jax.tree.map(lambda g: jnp.asarray(g, dtype), state)
+
+    def _state_desc(self, batch_size: int) -> str:
+        shape = f"[{self.num_layers}, {batch_size}, {self.hidden_size}]"
+        return f"a tuple (h, c) of {shape} arrays" if self.cell_type is LSTMCell else f"a {shape} array"
+
+    def check_input(self, x: Array, name: str = "x") -> Array:
+        """`x` must be a float `[B, T, I]` array; returns it as a jax array."""
+        x = jnp.asarray(x)
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise TypeError(f"{name}: expected a floating dtype, got {x.dtype}")
+        if x.ndim != 3 or x.shape[-1] != self.input_size:
+            raise ValueError(f"{name}: expected shape [B, T, {self.input_size}], got {tuple(x.shape)}")
+        return x
+
+    # -- dropout ---------------------------------------------------------------------------------
+    def dropout_masks(self, shape: tuple[int, ...], dtype) -> Array | None:
+        """Scaled keep-masks `[L-1, *shape]` for the inter-layer dropout, or None when it is inactive.
+
+        Drawn from the module's own dropout stream; a caller who needs the same draws in another
+        framework passes masks of its own to `step` instead.
+        """
+        if self.num_layers == 1 or self.dropout.rate == 0.0 or self.dropout.deterministic:
+            return None
+        return self.dropout(jnp.ones((self.num_layers - 1, *shape), dtype))
+
+    # -- running -----------------------------------------------------------------------------------
+    def step(self, carries: list, xp0: Array, dropout_masks: Array | None = None) -> tuple[list, Array]:
+        """One time step through every layer.
+
+        Args:
+          carries: per-layer carries (see `unstack_state`).
+          xp0: layer 0's projected input `[B, G*H]` (`layers[0].input_projection(x_t)`), so callers can
+            hoist or assemble it (e.g. a precomputed part plus a fed-back part).
+          dropout_masks: `[L-1, B, H]` scaled keep-masks for this step, or None.
+        Returns:
+          `(new_carries, h)` with `h [B, H]` the last layer's output.
+        """
+        new_carries = []
+        carry, h = self.layers[0].step(carries[0], xp0)
+        new_carries.append(carry)
+        for k in range(1, self.num_layers):
+            if dropout_masks is not None:
+                h = h * dropout_masks[k - 1]
+            carry, h = self.layers[k](carries[k], h)
+            new_carries.append(carry)
+        return new_carries, h
+
+    def __call__(self, x: Array, initial_state=None, *, unroll: int | None = None):
+        """Run the stack over a whole sequence.
+
+        Args:
+          x: `[B, T, I]` floating input.
+          initial_state: None (zeros) or the public state layout (LSTM `(h, c)`, GRU `h`; `[L, B, H]`).
+          unroll: `lax.scan` unroll factor; defaults to the module's `unroll`.
+        Returns:
+          `(out [B, T, H], final_state)`, the final state in the public layout.
+        """
+        x = self.check_input(x)
+        batch = x.shape[0]
+        state = self.initial_state(batch, x.dtype) if initial_state is None else self.check_state(
+            initial_state, batch, x.dtype
+        )
+        unroll = self.unroll if unroll is None else unroll
+        seq = jnp.swapaxes(x, 0, 1)  # time-major [T, B, I]: lax.scan slices the leading axis
+        finals = []
+        for k, (cell, carry) in enumerate(zip(self.layers, self.unstack_state(state))):
+            if k > 0:
+                seq = self.dropout(seq)
+            xp = cell.input_projection(seq)  # [T, B, G*H]: all steps in one matmul
+            carry, seq = jax.lax.scan(cell.step, carry, xp, unroll=unroll)
+            finals.append(carry)
+        return jnp.swapaxes(seq, 0, 1), self.stack_carries(finals)
+
+
+class LSTM(RNN):
+    """`torch.nn.LSTM(input_size, hidden_size, num_layers, dropout=dropout, batch_first=True)`.
+
+    Returns `(out [B, T, H], (h [L, B, H], c [L, B, H]))`. Cell equations: `cells.LSTMCell`.
+    """
+
+    cell_type = LSTMCell
+
+
+class GRU(RNN):
+    """`torch.nn.GRU(input_size, hidden_size, num_layers, dropout=dropout, batch_first=True)`.
+
+    Returns `(out [B, T, H], h [L, B, H])`. Cell equations: `cells.GRUCell`.
+    """
+
+    cell_type = GRUCell

@@ -1,0 +1,180 @@
+"""jsr.LSTM/GRU against torch.nn.LSTM/GRU with the same weights: every output step, final states, gradients.
+
+Weights always move through `jsr.load_torch_state_dict` (never by hand), so a mapping bug shows here.
+torch's default initialisation gives every bias a non-zero value, which is what exposes bias bugs.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from flax import nnx
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import jax_scan_rnn as jsr
+import torch_ref
+from parity_tests.compare import (
+    assert_close,
+    assert_grads_close,
+    assert_steps_close,
+    atol_for,
+    grad_rtol_for,
+)
+
+KINDS = ("LSTM", "GRU")
+DTYPES = {"float32": (jnp.float32, torch.float32), "float64": (jnp.float64, torch.float64)}
+
+
+def make_pair(kind: str, input_size: int, hidden: int, layers: int, dtype: str, seed: int = 0):
+    torch.manual_seed(seed)
+    jdt, tdt = DTYPES[dtype]
+    ref = getattr(torch_ref, kind)(input_size, hidden, layers).to(tdt)
+    ours = getattr(jsr, kind)(input_size, hidden, layers, param_dtype=jdt, rngs=nnx.Rngs(seed + 1))
+    jsr.load_torch_state_dict(ours, ref.state_dict())
+    return ref, ours
+
+
+def state_leaves(state) -> list:
+    return list(state) if isinstance(state, tuple) else [state]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batch", [1, 7])
+@pytest.mark.parametrize("layers", [1, 2, 3])
+@pytest.mark.parametrize("kind", KINDS)
+def test_forward_matches_torch_every_step(kind, layers, batch, dtype):
+    steps = 500
+    ref, ours = make_pair(kind, 6, 24, layers, dtype)
+    x = np.random.default_rng(1).standard_normal((batch, steps, 6))
+    with torch.no_grad():
+        t_out, t_state = ref(torch.from_numpy(x).to(DTYPES[dtype][1]))
+    j_out, j_state = ours(jnp.asarray(x, DTYPES[dtype][0]))
+    assert j_out.dtype == DTYPES[dtype][0]
+    atol = atol_for(j_out.dtype)
+    assert_steps_close(f"{kind} output", j_out, t_out, atol)
+    for name, j, t in zip(("h", "c"), state_leaves(j_state), state_leaves(t_state)):
+        assert_close(f"{kind} final {name}", j, t, atol)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_initial_state_is_honoured(kind):
+    ref, ours = make_pair(kind, 4, 8, 2, "float64")
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((3, 20, 4))
+    init = tuple(rng.standard_normal((2, 3, 8)) for _ in range(2 if kind == "LSTM" else 1))
+    t_init = tuple(torch.from_numpy(s) for s in init)
+    with torch.no_grad():
+        t_out, t_state = ref(torch.from_numpy(x), t_init if kind == "LSTM" else t_init[0])
+    j_out, j_state = ours(jnp.asarray(x), init if kind == "LSTM" else init[0])
+    assert_steps_close(f"{kind} output with initial_state", j_out, t_out, atol_for(np.float64))
+    for j, t in zip(state_leaves(j_state), state_leaves(t_state)):
+        assert_close(f"{kind} final state with initial_state", j, t, atol_for(np.float64))
+
+
+def jax_gradients(model, x, w_out, w_state):
+    """Gradients of `sum(out * w_out) + sum(state * w_state)` as `{torch key: grad}` and d/dx."""
+
+    def loss(model, x):
+        out, state = model(x)
+        return (out * w_out).sum() + sum((s * w).sum() for s, w in zip(state_leaves(state), w_state))
+
+    g_model, g_x = nnx.jit(nnx.grad(loss, argnums=(0, 1)))(model, x)
+    holder = nnx.clone(model)
+    nnx.update(holder, g_model)  # the converter's table then names each gradient with its torch key
+    return jsr.torch_state_dict(holder), g_x
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layers", [1, 3])
+@pytest.mark.parametrize("kind", KINDS)
+def test_gradients_match_torch(kind, layers, dtype):
+    jdt, tdt = DTYPES[dtype]
+    ref, ours = make_pair(kind, 5, 16, layers, dtype)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((7, 200, 5))
+    w_out = rng.standard_normal((7, 200, 16))
+    w_state = [rng.standard_normal((layers, 7, 16)) for _ in range(2 if kind == "LSTM" else 1)]
+
+    t_x = torch.from_numpy(x).to(tdt).requires_grad_(True)
+    t_out, t_state = ref(t_x)
+    t_loss = (t_out * torch.from_numpy(w_out).to(tdt)).sum() + sum(
+        (s * torch.from_numpy(w).to(tdt)).sum() for s, w in zip(state_leaves(t_state), w_state)
+    )
+    t_loss.backward()
+    t_grads = {k: p.grad for k, p in ref.named_parameters()}
+
+    j_grads, j_gx = jax_gradients(
+        ours, jnp.asarray(x, jdt), jnp.asarray(w_out, jdt), [jnp.asarray(w, jdt) for w in w_state]
+    )
+    rtol = grad_rtol_for(jdt)
+    assert_grads_close(j_grads, t_grads, rtol, context=f"{kind} L={layers} {dtype}: ")
+    assert_grads_close({"input": j_gx}, {"input": t_x.grad}, rtol, context=f"{kind} L={layers} {dtype}: ")
+
+
+@pytest.mark.parametrize("kind", ["LSTMCell", "GRUCell"])
+def test_single_cells_match_torch_cells(kind):
+    torch.manual_seed(4)
+    ref = getattr(torch.nn, kind)(5, 9).double()
+    ours = getattr(jsr, kind)(5, 9, param_dtype=jnp.float64, rngs=nnx.Rngs(0))
+    jsr.load_torch_state_dict(ours, ref.state_dict())
+    rng = np.random.default_rng(5)
+    x, h, c = (rng.standard_normal((3, n)) for n in (5, 9, 9))
+    with torch.no_grad():
+        if kind == "LSTMCell":
+            t_h, t_c = ref(torch.from_numpy(x), (torch.from_numpy(h), torch.from_numpy(c)))
+            (j_h, j_c), out = ours((jnp.asarray(h), jnp.asarray(c)), jnp.asarray(x))
+            assert_close("LSTMCell c", j_c, t_c, atol_for(np.float64))
+        else:
+            t_h = ref(torch.from_numpy(x), torch.from_numpy(h))
+            j_h, out = ours(jnp.asarray(h), jnp.asarray(x))
+    assert_close(f"{kind} h", j_h, t_h, atol_for(np.float64))
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(j_h))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_round_trip_is_bit_exact(kind, dtype):
+    ref, ours = make_pair(kind, 3, 7, 3, dtype)
+    back = jsr.torch_state_dict(ours)
+    assert list(back) == list(ref.state_dict())
+    for key, value in ref.state_dict().items():
+        assert back[key].dtype == value.numpy().dtype, key
+        np.testing.assert_array_equal(back[key], value.numpy(), err_msg=key)
+    twin = getattr(torch_ref, kind)(3, 7, 3).to(DTYPES[dtype][1])
+    twin.load_state_dict({k: torch.from_numpy(v) for k, v in back.items()}, strict=True)
+    for key, value in ref.state_dict().items():
+        assert torch.equal(twin.state_dict()[key], value), key
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    kind=st.sampled_from(KINDS),
+    input_size=st.integers(1, 9),
+    hidden=st.integers(1, 17),
+    layers=st.integers(1, 3),
+    batch=st.integers(1, 5),
+    steps=st.integers(1, 40),
+    seed=st.integers(0, 2**16),
+)
+def test_random_shapes_match_torch(kind, input_size, hidden, layers, batch, steps, seed):
+    ref, ours = make_pair(kind, input_size, hidden, layers, "float64", seed)
+    x = np.random.default_rng(seed).standard_normal((batch, steps, input_size))
+    with torch.no_grad():
+        t_out, t_state = ref(torch.from_numpy(x))
+    j_out, j_state = ours(jnp.asarray(x))
+    assert_steps_close(f"{kind} output", j_out, t_out, atol_for(np.float64))
+    for j, t in zip(state_leaves(j_state), state_leaves(t_state)):
+        assert_close(f"{kind} final state", j, t, atol_for(np.float64))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_jit_and_unroll_do_not_change_results(kind):
+    _, ours = make_pair(kind, 4, 8, 2, "float64")
+    x = jnp.asarray(np.random.default_rng(6).standard_normal((2, 33, 4)))
+    base, _ = ours(x)
+    for unroll in (2, 16):
+        out, _ = nnx.jit(lambda m, x, u=unroll: m(x, unroll=u))(ours, x)
+        assert_steps_close(f"{kind} unroll={unroll}", out, base, atol_for(np.float64))

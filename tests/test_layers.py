@@ -1,0 +1,130 @@
+"""Behaviour of jsr.LSTM/GRU outside parity: bad input, dropout modes, initial states, jit."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import jax_scan_rnn as jsr
+
+KINDS = (jsr.LSTM, jsr.GRU)
+
+
+@pytest.mark.parametrize("cls", KINDS)
+def test_output_and_state_shapes(cls):
+    model = cls(3, 5, num_layers=2, rngs=nnx.Rngs(0))
+    out, state = model(jnp.ones((4, 6, 3)))
+    assert out.shape == (4, 6, 5)
+    for leaf in jax.tree.leaves(state):
+        assert leaf.shape == (2, 4, 5)
+    assert isinstance(state, tuple) == (cls is jsr.LSTM)
+
+
+@pytest.mark.parametrize("cls", KINDS)
+def test_wrong_rank_is_a_value_error(cls):
+    model = cls(3, 5, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"x: expected shape \[B, T, 3\], got \(6, 3\)"):
+        model(jnp.ones((6, 3)))
+
+
+@pytest.mark.parametrize("cls", KINDS)
+def test_wrong_feature_size_is_a_value_error(cls):
+    model = cls(3, 5, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"x: expected shape \[B, T, 3\], got \(2, 6, 4\)"):
+        model(jnp.ones((2, 6, 4)))
+
+
+@pytest.mark.parametrize("cls", KINDS)
+def test_integer_input_is_a_type_error(cls):
+    model = cls(3, 5, rngs=nnx.Rngs(0))
+    with pytest.raises(TypeError, match="x: expected a floating dtype, got int"):
+        model(jnp.ones((2, 6, 3), dtype=jnp.int32))
+
+
+def test_mismatched_initial_state_shape_is_a_value_error():
+    model = jsr.LSTM(3, 5, num_layers=2, rngs=nnx.Rngs(0))
+    bad = (jnp.zeros((1, 2, 5)), jnp.zeros((1, 2, 5)))
+    with pytest.raises(ValueError, match=r"initial_state: expected a tuple \(h, c\) of \[2, 2, 5\] arrays, got shape"):
+        model(jnp.ones((2, 6, 3)), bad)
+
+
+def test_lstm_initial_state_must_be_a_pair():
+    model = jsr.LSTM(3, 5, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"initial_state: expected a tuple \(h, c\)"):
+        model(jnp.ones((2, 6, 3)), jnp.zeros((1, 2, 5)))
+
+
+def test_gru_initial_state_shape():
+    model = jsr.GRU(3, 5, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"initial_state: expected a \[1, 2, 5\] array, got shape \(1, 3, 5\)"):
+        model(jnp.ones((2, 6, 3)), jnp.zeros((1, 3, 5)))
+
+
+def test_integer_initial_state_is_a_type_error():
+    model = jsr.GRU(3, 5, rngs=nnx.Rngs(0))
+    with pytest.raises(TypeError, match="initial_state: expected a floating dtype"):
+        model(jnp.ones((2, 6, 3)), jnp.zeros((1, 2, 5), dtype=jnp.int32))
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(num_layers=0), "num_layers: expected a positive int, got 0"),
+        (dict(dropout=1.0), r"dropout: expected a probability in \[0, 1\), got 1.0"),
+        (dict(unroll=0), "unroll: expected a positive int, got 0"),
+        (dict(hidden_size=-1), "hidden_size: expected a positive int, got -1"),
+    ],
+)
+def test_bad_constructor_arguments(kwargs, message):
+    args = dict(input_size=3, hidden_size=5) | kwargs
+    with pytest.raises(ValueError, match=message):
+        jsr.LSTM(**args, rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("cls", KINDS)
+def test_dropout_only_in_training_mode(cls):
+    model = cls(3, 16, num_layers=2, dropout=0.5, rngs=nnx.Rngs(0))
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 10, 3)), jnp.float32)
+    train_a, _ = model(x)
+    train_b, _ = model(x)
+    assert not np.allclose(train_a, train_b), "dropout masks must be fresh on each call in training mode"
+    model.eval()
+    eval_a, _ = model(x)
+    eval_b, _ = model(x)
+    np.testing.assert_array_equal(eval_a, eval_b)
+    no_dropout = cls(3, 16, num_layers=2, dropout=0.0, rngs=nnx.Rngs(0))
+    np.testing.assert_array_equal(no_dropout(x)[0], eval_a)  # same init stream -> same weights
+
+
+def test_dropout_masks_are_scaled_keep_masks():
+    model = jsr.LSTM(3, 8, num_layers=3, dropout=0.25, rngs=nnx.Rngs(0))
+    masks = model.dropout_masks((100, 4, 8), jnp.float32)
+    assert masks.shape == (2, 100, 4, 8)
+    np.testing.assert_allclose(np.unique(np.asarray(masks)), [0.0, 1 / 0.75], rtol=1e-6)
+    assert abs(float((masks == 0).mean()) - 0.25) < 0.02
+    model.eval()
+    assert model.dropout_masks((100, 4, 8), jnp.float32) is None
+
+
+@pytest.mark.parametrize("cls", KINDS)
+def test_step_by_step_equals_whole_sequence(cls):
+    """`step` (used by the feedback driver) is the same recurrence as the whole-sequence scan."""
+    model = cls(3, 6, num_layers=3, param_dtype=jnp.float64, rngs=nnx.Rngs(0))
+    x = jnp.asarray(np.random.default_rng(1).standard_normal((2, 9, 3)))
+    want, want_state = model(x)
+    carries = model.unstack_state(model.initial_state(2, x.dtype))
+    outs = []
+    for t in range(9):
+        carries, h = model.step(carries, model.layers[0].input_projection(x[:, t]))
+        outs.append(h)
+    np.testing.assert_allclose(jnp.stack(outs, 1), want, atol=1e-14)
+    for got, ref in zip(jax.tree.leaves(model.stack_carries(carries)), jax.tree.leaves(want_state)):
+        np.testing.assert_allclose(got, ref, atol=1e-14)
+
+
+def test_float32_params_with_float32_input_stay_float32():
+    model = jsr.GRU(3, 4, rngs=nnx.Rngs(0))
+    out, h = model(np.ones((1, 2, 3), np.float32))
+    assert out.dtype == jnp.float32 and h.dtype == jnp.float32

@@ -1,0 +1,297 @@
+"""Tests for the Garleanu-Pedersen trading task (jax_scan_rnn/data/trading.py)."""
+import numpy as np
+import pytest
+
+from jax_scan_rnn.data.trading import (
+    Market,
+    MarketConfig,
+    aim_portfolio,
+    markowitz_policy,
+    net_utility,
+    no_trade_policy,
+    optimal_policy,
+    partial_trading,
+    simulate,
+    supervised_mse,
+    trade_rate,
+    utility_table,
+)
+
+CFG = MarketConfig()
+OTHER = MarketConfig(phi_fast=0.5, phi_slow=0.1, b_fast=0.3, b_slow=0.8, return_corr=-0.5, gamma=1.0, lam=5.0)
+
+
+@pytest.fixture(scope="module")
+def market() -> Market:
+    # Out of sample: nothing below is fitted, and this seed is used nowhere else.
+    return simulate(CFG, num_paths=512, num_steps=500, seed=2013)
+
+
+def mean_utility(positions, market, cfg=CFG) -> float:
+    return float(net_utility(positions, market.returns, cfg).mean())
+
+
+def linear_policy(signals, keep, gain):
+    """x_t = keep @ x_{t-1} + gain @ f_t, the general form of the optimum."""
+    positions = np.empty(signals.shape[:2] + (2,))
+    x = np.zeros((signals.shape[0], 2))
+    for t in range(signals.shape[1]):
+        x = x @ keep.T + signals[:, t] @ gain.T
+        positions[:, t] = x
+    return positions
+
+
+def closed_form_gains(cfg):
+    """(keep, gain) of the optimal policy, read off by feeding unit inputs through the module's code."""
+    rate = trade_rate(cfg)
+    aim_matrix = aim_portfolio(cfg, np.eye(cfg.num_signals)[None]).reshape(cfg.num_signals, 2).T
+    return (1.0 - rate) * np.eye(2), rate * aim_matrix
+
+
+def riccati_gains(cfg, iterations=20_000):
+    """Optimal linear feedback on the state s = (x_{t-1}, f_t), by value iteration on V(s) = s'Ps/2 + c.
+
+    One step: Q(s, x) = reward(s, x) + E V(x, (I - Phi) f + eps); noise only shifts the constant c,
+    so the quadratic part obeys  W = R + G'PG,  x* = -W_xx^{-1} W_xs s,  P <- W_ss - W_sx W_xx^{-1} W_xs.
+    """
+    k = cfg.num_signals
+    n = 2 + k  # state size; z = (x_prev, f, x) has n + 2 entries
+    sigma, lam_mat = cfg.Sigma, cfg.lam * cfg.Sigma
+    xp, f, x = slice(0, 2), slice(2, n), slice(n, n + 2)
+    reward = np.zeros((n + 2, n + 2))  # reward(z) = z' reward z / 2
+    reward[x, x] = -(cfg.gamma * sigma + lam_mat)
+    reward[xp, xp] = -lam_mat
+    reward[xp, x] = reward[x, xp] = lam_mat
+    reward[x, f] = cfg.B
+    reward[f, x] = cfg.B.T
+    step = np.zeros((n, n + 2))  # next state (x, (I - Phi) f) = step @ z
+    step[0:2, x] = np.eye(2)
+    step[2:, f] = np.eye(k) - cfg.Phi
+    p = np.zeros((n, n))
+    for _ in range(iterations):
+        w = reward + step.T @ p @ step
+        feedback = -np.linalg.solve(w[x, x], w[x, :n])
+        p_new = w[:n, :n] + w[:n, x] @ feedback
+        if np.abs(p_new - p).max() < 1e-13:
+            break
+        p = p_new
+    else:
+        raise AssertionError("value iteration did not converge")
+    return feedback[:, xp], feedback[:, f]
+
+
+# ---------------------------------------------------------------- simulation
+
+
+def test_shapes_and_determinism():
+    m = simulate(CFG, num_paths=3, num_steps=7, seed=0)
+    assert m.signals.shape == (3, 7, 4)
+    assert m.returns.shape == (3, 7, 2)
+    assert m.features.shape == (3, 7, 4)
+    again = simulate(CFG, num_paths=3, num_steps=7, seed=0)
+    other = simulate(CFG, num_paths=3, num_steps=7, seed=1)
+    for name in ("signals", "returns", "features"):
+        np.testing.assert_array_equal(getattr(m, name), getattr(again, name))
+        assert not np.allclose(getattr(m, name), getattr(other, name))
+    for policy in (optimal_policy, markowitz_policy, no_trade_policy):
+        assert policy(CFG, m.signals).shape == (3, 7, 2)
+    assert not no_trade_policy(CFG, m.signals).any()
+
+
+def test_signals_are_stationary_with_the_configured_dynamics():
+    m = simulate(CFG, num_paths=4000, num_steps=60, seed=3)
+    f = m.signals
+    for t in (0, 59):  # unit variance, zero mean at the start and at the end
+        np.testing.assert_allclose(f[:, t].var(axis=0), 1.0, atol=0.08)
+        np.testing.assert_allclose(f[:, t].mean(axis=0), 0.0, atol=0.06)
+    lag1 = (f[:, 1:] * f[:, :-1]).mean(axis=(0, 1)) / (f**2).mean(axis=(0, 1))
+    np.testing.assert_allclose(lag1, 1.0 - CFG.phi, atol=0.02)
+    np.testing.assert_allclose(m.features.std(axis=(0, 1)), 1.0, atol=0.05)
+
+
+def test_returns_follow_the_model():
+    m = simulate(OTHER, num_paths=200, num_steps=200, seed=4)
+    f = m.signals.reshape(-1, 4)
+    r = m.returns.reshape(-1, 2)
+    b_hat = np.linalg.lstsq(f, r, rcond=None)[0].T
+    np.testing.assert_allclose(b_hat, OTHER.B, atol=0.02)
+    resid = r - f @ OTHER.B.T
+    np.testing.assert_allclose(np.cov(resid.T), OTHER.Sigma, atol=0.02)
+
+
+# ---------------------------------------------------------------- optimality
+
+
+@pytest.mark.parametrize("cfg", [CFG, OTHER], ids=["defaults", "other"])
+def test_closed_form_matches_riccati_solution(cfg):
+    keep, gain = closed_form_gains(cfg)
+    keep_r, gain_r = riccati_gains(cfg)
+    np.testing.assert_allclose(keep, keep_r, atol=1e-9)
+    np.testing.assert_allclose(gain, gain_r, atol=1e-9)
+
+
+def test_without_costs_the_optimum_is_markowitz():
+    cfg = MarketConfig(lam=0.0)
+    assert trade_rate(cfg) == 1.0
+    m = simulate(cfg, num_paths=2, num_steps=5, seed=0)
+    np.testing.assert_allclose(optimal_policy(cfg, m.signals), markowitz_policy(cfg, m.signals), atol=1e-12)
+
+
+def test_optimal_beats_markowitz_and_no_trade(market):
+    table = utility_table(CFG, market)
+    assert table["no_trade"] == 0.0
+    assert table["optimal"] > 0.15  # the stationary expectation is 0.211
+    assert table["markowitz"] < -0.5  # costs eat more than Markowitz earns
+
+
+@pytest.mark.parametrize("rate_factor", [0.5, 0.8, 1.25, 2.0])
+def test_optimal_beats_other_trading_rates(market, rate_factor):
+    best = mean_utility(optimal_policy(CFG, market.signals), market)
+    aim = aim_portfolio(CFG, market.signals)
+    other = mean_utility(partial_trading(aim, rate_factor * trade_rate(CFG)), market)
+    assert other < best - 0.002
+
+
+@pytest.mark.parametrize("aim_scale", [0.7, 1.4])
+def test_optimal_beats_scaled_aims(market, aim_scale):
+    best = mean_utility(optimal_policy(CFG, market.signals), market)
+    aim = aim_scale * aim_portfolio(CFG, market.signals)
+    assert mean_utility(partial_trading(aim, trade_rate(CFG)), market) < best - 0.002
+
+
+def test_optimal_beats_aiming_at_markowitz(market):
+    best = mean_utility(optimal_policy(CFG, market.signals), market)
+    smoothed = partial_trading(markowitz_policy(CFG, market.signals), trade_rate(CFG))
+    assert mean_utility(smoothed, market) < best - 0.002
+
+
+def test_random_linear_perturbations_never_beat_the_optimum(market):
+    rng = np.random.default_rng(0)
+    keep, gain = closed_form_gains(CFG)
+    signals = market.signals[:256]
+    sub = Market(signals, market.returns[:256], market.features[:256])
+    best = mean_utility(linear_policy(signals, keep, gain), sub)
+    for _ in range(10):
+        keep_p = keep + 0.1 * rng.standard_normal(keep.shape)
+        gain_p = gain * (1.0 + 0.3 * rng.standard_normal(gain.shape))
+        assert mean_utility(linear_policy(signals, keep_p, gain_p), sub) < best
+
+
+def test_default_positions_stay_in_bounds(market):
+    x = optimal_policy(CFG, market.signals)
+    assert (np.abs(x) > 0.95).mean() < 1e-3  # measured 0.0045 %
+    assert 0.15 < x.std() < 0.35  # the range of tanh is used, but not its flat ends
+
+
+# ---------------------------------------------------------------- utility functions
+
+
+def test_net_utility_matches_a_step_by_step_loop():
+    rng = np.random.default_rng(5)
+    x, r = rng.standard_normal((2, 3, 6, 2))
+    expected = np.zeros(3)
+    prev = np.zeros((3, 2))
+    for t in range(6):
+        dx = x[:, t] - prev
+        expected += (
+            (x[:, t] * r[:, t]).sum(-1)
+            - OTHER.gamma / 2 * np.einsum("bi,ij,bj->b", x[:, t], OTHER.Sigma, x[:, t])
+            - OTHER.lam / 2 * np.einsum("bi,ij,bj->b", dx, OTHER.Sigma, dx)
+        )
+        prev = x[:, t]
+    np.testing.assert_allclose(net_utility(x, r, OTHER, per_step=False), expected, rtol=1e-12)
+    np.testing.assert_allclose(net_utility(x, r, OTHER), expected / 6, rtol=1e-12)
+
+
+def test_net_utility_and_mse_on_jax_match_numpy_and_differentiate():
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    m = simulate(CFG, num_paths=4, num_steps=30, seed=6)
+    x = optimal_policy(CFG, m.signals) + 0.1 * np.random.default_rng(7).standard_normal((4, 30, 2))
+    x32, r32 = x.astype(np.float32), m.returns.astype(np.float32)
+
+    u_jax = jax.jit(lambda p, r: net_utility(p, r, CFG))(jnp.asarray(x32), jnp.asarray(r32))
+    assert isinstance(u_jax, jax.Array) and u_jax.shape == (4,)
+    np.testing.assert_allclose(np.asarray(u_jax), net_utility(x32, r32, CFG), rtol=1e-5, atol=1e-6)
+
+    grad = jax.grad(lambda p: net_utility(p, jnp.asarray(r32), CFG, per_step=False).sum())(jnp.asarray(x32))
+    # dU/dx_t = r_{t+1} - gamma Sigma x_t - Lambda dx_t + Lambda dx_{t+1}  (no dx_T)
+    dx = np.diff(x, axis=1, prepend=0.0)
+    dx_next = np.concatenate([dx[:, 1:], np.zeros_like(dx[:, :1])], axis=1)
+    lam_mat = CFG.lam * CFG.Sigma
+    expected = m.returns - CFG.gamma * x @ CFG.Sigma - dx @ lam_mat + dx_next @ lam_mat
+    np.testing.assert_allclose(np.asarray(grad), expected, rtol=1e-4, atol=1e-4)
+
+    mse_jax = supervised_mse(jnp.asarray(x32), jnp.zeros_like(jnp.asarray(x32)))
+    np.testing.assert_allclose(float(mse_jax), supervised_mse(x32, np.zeros_like(x32)), rtol=1e-6)
+    g = jax.grad(lambda p: supervised_mse(p, jnp.asarray(r32)))(jnp.asarray(x32))
+    np.testing.assert_allclose(np.asarray(g), 2 * (x32 - r32) / x32.size, rtol=1e-5, atol=1e-8)
+
+
+def test_supervised_mse():
+    x = np.arange(12.0).reshape(1, 6, 2)
+    assert supervised_mse(x, x) == 0.0
+    assert supervised_mse(x, x + 2.0) == pytest.approx(4.0)
+
+
+def test_utility_table_with_learned_positions(market):
+    sub = Market(market.signals[:16], market.returns[:16], market.features[:16])
+    table = utility_table(CFG, sub, learned_positions=optimal_policy(CFG, sub.signals))
+    assert set(table) == {"optimal", "markowitz", "no_trade", "learned", "learned_over_optimal"}
+    assert table["learned"] == pytest.approx(table["optimal"])
+    assert table["learned_over_optimal"] == pytest.approx(1.0)
+    assert all(isinstance(v, float) for v in table.values())
+
+
+# ---------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(num_assets=3), r"num_assets: expected 2, got 3"),
+        (dict(phi_fast=0.0), r"phi_fast: expected a value in \(0, 1\], got 0.0"),
+        (dict(phi_slow=1.5), r"phi_slow: expected a value in \(0, 1\], got 1.5"),
+        (dict(return_corr=1.0), r"return_corr: expected a value in \(-1, 1\), got 1.0"),
+        (dict(gamma=0.0), r"gamma: expected a positive value, got 0.0"),
+        (dict(return_vol=-1.0), r"return_vol: expected a positive value, got -1.0"),
+        (dict(lam=-1.0), r"lam: expected a value >= 0, got -1.0"),
+    ],
+)
+def test_config_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        MarketConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(num_paths=0), r"num_paths: expected a positive int, got 0"),
+        (dict(num_steps=2.5), r"num_steps: expected a positive int, got 2.5"),
+        (dict(seed="a"), r"seed: expected an int, got 'a'"),
+    ],
+)
+def test_simulate_errors(kwargs, match):
+    args = dict(num_paths=2, num_steps=3, seed=0) | kwargs
+    with pytest.raises(ValueError, match=match):
+        simulate(CFG, **args)
+
+
+def test_shape_errors():
+    x = np.zeros((2, 3, 2))
+    with pytest.raises(ValueError, match=r"signals: expected shape \[B, T, 4\], got \(2, 3, 2\)"):
+        optimal_policy(CFG, x)
+    with pytest.raises(ValueError, match=r"signals: expected shape \[B, T, 4\], got \(3, 4\)"):
+        markowitz_policy(CFG, np.zeros((3, 4)))
+    with pytest.raises(ValueError, match=r"positions: expected shape \[B, T, 2\], got \(2, 3, 3\)"):
+        net_utility(np.zeros((2, 3, 3)), np.zeros((2, 3, 3)), CFG)
+    that_of = r"expected shape \(2, 3, 2\) \(that of positions\)"
+    with pytest.raises(ValueError, match=rf"returns: {that_of}, got \(2, 4, 2\)"):
+        net_utility(x, np.zeros((2, 4, 2)), CFG)
+    with pytest.raises(ValueError, match=rf"targets: {that_of}, got \(2, 3\)"):
+        supervised_mse(x, np.zeros((2, 3)))
+    with pytest.raises(ValueError, match=r"positions: expected a numpy or jax array, got list"):
+        net_utility([[[0.0, 0.0]]], x, CFG)
+    m = simulate(CFG, num_paths=2, num_steps=3, seed=0)
+    with pytest.raises(ValueError, match=r"learned_positions: expected shape \(2, 3, 2\).*got \(2, 2, 2\)"):
+        utility_table(CFG, m, learned_positions=np.zeros((2, 2, 2)))
