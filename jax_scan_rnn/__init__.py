@@ -7,7 +7,9 @@
 """
 from jax_scan_rnn.cells import GRUCell, LSTMCell, RNNCell
 from jax_scan_rnn.convert import load_safetensors, load_torch_state_dict, save_safetensors, torch_state_dict
+from jax_scan_rnn.feedback import feedback_scan
 from jax_scan_rnn.layers import GRU, LSTM, RNN
+from jax_scan_rnn.traveller import Traveller
 
 __version__ = "0.1.0"
 
@@ -15,6 +17,8 @@ __all__ = [
     "LSTM",
     "GRU",
     "RNN",
+    "Traveller",
+    "feedback_scan",
     "LSTMCell",
     "GRUCell",
     "RNNCell",

@@ -74,7 +74,9 @@ def torch_state_dict(module: nnx.Module) -> dict[str, np.ndarray]:
     out = {}
     for key, param, transpose in _layout(module):
         value = np.asarray(param[...])
-        out[key] = np.ascontiguousarray(value.T if transpose else value)
+        # A copy, never a view: JAX may share its CPU buffer with numpy, and torch.from_numpy shares
+        # numpy's, so an in-place torch update would otherwise write into the JAX parameter.
+        out[key] = np.array(value.T if transpose else value, order="C", copy=True)
     return out
 
 
@@ -114,7 +116,9 @@ def load_torch_state_dict(module: nnx.Module, state_dict: Mapping[str, Any]) -> 
         expected = ours[::-1] if transpose else ours
         if value.shape != expected:
             raise ValueError(f"state_dict[{key!r}]: expected shape {expected}, got {tuple(value.shape)}")
-        updates.append((param, jnp.asarray(value.T if transpose else value, dtype=param[...].dtype)))
+        # jnp.array copies: jnp.asarray may alias the torch tensor's memory on CPU, and a later in-place
+        # torch optimiser step would then change this module's weights behind its back.
+        updates.append((param, jnp.array(value.T if transpose else value, dtype=param[...].dtype, copy=True)))
     for param, value in updates:
         param[...] = value
 

@@ -188,3 +188,20 @@ class GRU(RNN):
     """
 
     cell_type = GRUCell
+
+
+def Linear(in_features: int, out_features: int, *, param_dtype=jnp.float32, rngs: nnx.Rngs) -> nnx.Linear:
+    """`nnx.Linear` initialised like `torch.nn.Linear`: weight and bias ~ U(-1/sqrt(in), 1/sqrt(in)).
+
+    (torch's kaiming_uniform with a=sqrt(5) reduces to that bound.) The layout is Flax's:
+    `kernel [in, out]` is torch's `weight.T`.
+    """
+    bound = 1.0 / in_features**0.5
+    init = nnx.initializers.uniform(2 * bound)  # U(0, 2b); shifted below to U(-b, b)
+
+    def shifted(key, shape, dtype=param_dtype):
+        return init(key, shape, dtype) - jnp.asarray(bound, dtype)
+
+    return nnx.Linear(
+        in_features, out_features, kernel_init=shifted, bias_init=shifted, param_dtype=param_dtype, rngs=rngs
+    )

@@ -115,3 +115,21 @@ def test_nested_modules_use_attribute_names_as_prefixes():
     ours, ref = Net(nnx.Rngs(0)), TorchNet()
     jsr.load_torch_state_dict(ours, ref.state_dict())
     assert list(jsr.torch_state_dict(ours)) == list(ref.state_dict())
+
+
+def test_loaded_weights_do_not_alias_torch_memory():
+    ref, ours = pair("LSTM", 1)
+    jsr.load_torch_state_dict(ours, ref.state_dict())
+    before = params_of(ours)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(1.0)  # an in-place optimiser step on the torch side
+    assert_unchanged(ours, before)
+
+
+def test_exported_arrays_do_not_alias_jax_memory():
+    _, ours = pair("GRU", 1)
+    before = params_of(ours)
+    for value in jsr.torch_state_dict(ours).values():
+        torch.from_numpy(value).add_(1.0)
+    assert_unchanged(ours, before)

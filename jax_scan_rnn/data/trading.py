@@ -205,13 +205,15 @@ def _check_pair(name_a: str, a, name_b: str, b, last: int | None = None) -> None
 
 
 def net_utility(positions, returns, cfg: MarketConfig, *, per_step: bool = True):
-    """[B] utility of each path (divided by T if `per_step`); numpy or jax in, same kind out.
+    """[B] utility of each path (divided by T if `per_step`); numpy, jax or torch in, same kind out.
 
     positions [B, T, 2] holds x_t, returns [B, T, 2] holds r_{t+1} (as `Market.returns`):
         U = sum_t [ x_t . r_{t+1} - gamma/2 x_t' Sigma x_t - lam/2 dx_t' Sigma dx_t ],  x_{-1} = 0.
     """
     _check_pair("positions", positions, "returns", returns, last=cfg.num_assets)
-    sigma = cfg.Sigma
+    # Sigma in the positions' own kind and dtype: float32 stays float32, and torch tensors work too
+    # (the parity tests train torch_ref on this same function).
+    sigma = positions.new_tensor(cfg.Sigma) if hasattr(positions, "new_tensor") else cfg.Sigma.astype(positions.dtype)
     gain = (positions * returns).sum(axis=(1, 2))
     risk = ((positions @ sigma) * positions).sum(axis=(1, 2))
     trades = positions[:, 1:] - positions[:, :-1]  # dx_1 .. dx_{T-1}; dx_0 = x_0

@@ -1,0 +1,132 @@
+"""The Traveller: a position-feedback LSTM (seed 000), as one `lax.scan` over time.
+
+At each step t the LSTM reads its own previous positions next to the step's features, and a linear
+readout squashed by `tanh` gives the new positions in [-1, 1]^2:
+
+    z_t = [x_{t-1}, u_t]                     x_{-1} = 0, zero LSTM state; u_t the features [F]
+    h_t = LSTM(z_t, state_{t-1})             `num_layers` layers, inter-layer dropout in training only
+    x_t = tanh(W_o h_t + b_o)                positions [2]
+
+Attribute names are the seed's (`lstm_layers`, `output_layer`) so PyTorch checkpoints of the seed's
+class (and `torch_ref.Traveller`) convert with `jsr.load_torch_state_dict` unchanged.
+
+Why it is fast: the features' share of layer 0's input projection, `u_t @ W_u + b_ih`, does not depend on
+the feedback, so it is computed for all T steps as one matmul before the scan; inside the loop only
+the 2-wide fed-back part `x_{t-1} @ W_x` and the recurrent matmuls remain.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jax_scan_rnn.feedback import feedback_scan
+from jax_scan_rnn.layers import LSTM, Linear
+
+Array = jax.Array
+NUM_POSITIONS = 2
+
+
+class Traveller(nnx.Module):
+    """Position-feedback LSTM: `[B, T, F] -> [B, T, 2]`, or the seed's `[T, 1, F] -> [T, 2]`.
+
+    Args:
+      num_inputs: F, features per step.
+      hidden_size: H of every LSTM layer.
+      num_layers: stacked LSTM layers.
+      dropout: inter-layer dropout probability (training mode only, as in `torch.nn.LSTM`).
+      param_dtype: parameter dtype; computation runs in the inputs' dtype.
+      unroll: default `lax.scan` unroll factor.
+      rngs: `nnx.Rngs` (streams `params`, and `dropout` if `dropout > 0`).
+    """
+
+    def __init__(
+        self,
+        num_inputs: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        dropout: float = 0.0,
+        *,
+        param_dtype=jnp.float32,
+        unroll: int = 1,
+        rngs: nnx.Rngs,
+    ):
+        self.num_inputs = num_inputs
+        self.lstm_layers = LSTM(
+            num_inputs + NUM_POSITIONS, hidden_size, num_layers, dropout, param_dtype=param_dtype, unroll=unroll, rngs=rngs
+        )
+        self.output_layer = Linear(hidden_size, NUM_POSITIONS, param_dtype=param_dtype, rngs=rngs)
+
+    def __call__(
+        self,
+        inputs: Array,
+        *,
+        layout: Literal["auto", "batch", "seed"] = "auto",
+        dropout_masks: Array | None = None,
+        unroll: int | None = None,
+    ) -> Array:
+        """Positions for every step.
+
+        Args:
+          inputs: `[B, T, F]` ("batch" layout) or the seed's `[T, 1, F]` ("seed" layout: one path).
+          layout: "auto" reads a rank-3 input whose second axis is 1 as the seed's layout (so a batch of
+            single-step paths must say `layout="batch"`); "batch" or "seed" force one.
+          dropout_masks: `[L-1, T, B, H]` scaled keep-masks used instead of the module's own draws (so
+            another framework can be fed the same masks); given masks apply in any mode.
+          unroll: `lax.scan` unroll factor; defaults to the LSTM's.
+        Returns:
+          positions `[B, T, 2]` in [-1, 1], or `[T, 2]` for the seed layout.
+        """
+        x = jnp.asarray(inputs)
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise TypeError(f"inputs: expected a floating dtype, got {x.dtype}")
+        seed_layout = self._is_seed_layout(x, layout)
+        if seed_layout:
+            x = jnp.swapaxes(x, 0, 1)  # [T, 1, F] -> one path [1, T, F]
+        positions = self.positions(x, dropout_masks=dropout_masks, unroll=unroll)
+        return positions[0] if seed_layout else positions
+
+    def _is_seed_layout(self, x: Array, layout: str) -> bool:
+        if layout not in ("auto", "batch", "seed"):
+            raise ValueError(f"layout: expected 'auto', 'batch' or 'seed', got {layout!r}")
+        if x.ndim != 3 or x.shape[-1] != self.num_inputs:
+            raise ValueError(
+                f"inputs: expected shape [B, T, {self.num_inputs}] or the seed's [T, 1, {self.num_inputs}], "
+                f"got {tuple(x.shape)}"
+            )
+        if layout == "seed" and x.shape[1] != 1:
+            raise ValueError(f"inputs: the seed layout is [T, 1, {self.num_inputs}], got {tuple(x.shape)}")
+        return layout == "seed" or (layout == "auto" and x.shape[1] == 1)
+
+    def positions(self, x: Array, *, dropout_masks: Array | None = None, unroll: int | None = None) -> Array:
+        """The feedback recurrence on validated `[B, T, F]` inputs -> `[B, T, 2]`."""
+        lstm = self.lstm_layers
+        batch, steps, _ = x.shape
+        first = lstm.layers[0]
+        w_ih = first.w_ih[...].astype(x.dtype)  # [2 + F, 4H]: rows 0-1 read the positions, as in torch's concat
+        w_fb, w_u = w_ih[:NUM_POSITIONS], w_ih[NUM_POSITIONS:]
+        u_proj = jnp.swapaxes(x @ w_u + first.b_ih[...].astype(x.dtype), 0, 1)  # [T, B, 4H], hoisted
+        if dropout_masks is None:
+            dropout_masks = lstm.dropout_masks((steps, batch, lstm.hidden_size), x.dtype)
+            if dropout_masks is not None:
+                dropout_masks = jnp.swapaxes(dropout_masks, 0, 1)  # [T, L-1, B, H] for the scan
+        else:
+            expected = (lstm.num_layers - 1, steps, batch, lstm.hidden_size)
+            if tuple(dropout_masks.shape) != expected:
+                raise ValueError(f"dropout_masks: expected shape {list(expected)}, got {tuple(dropout_masks.shape)}")
+            dropout_masks = jnp.swapaxes(jnp.asarray(dropout_masks, x.dtype), 0, 1)
+        carries = lstm.unstack_state(lstm.initial_state(batch, x.dtype))
+        _, _, ys = feedback_scan(
+            lstm,
+            carries,
+            jnp.zeros((batch, NUM_POSITIONS), x.dtype),
+            u_proj,
+            inject=lambda fb, up_t: up_t + fb @ w_fb,
+            readout=lambda h, _: jnp.tanh(self.output_layer(h)),
+            feed=lambda y, _: y,
+            dropout_masks=dropout_masks,
+            unroll=lstm.unroll if unroll is None else unroll,
+        )
+        return jnp.swapaxes(ys, 0, 1)
