@@ -7,6 +7,7 @@ The one table of what maps to what (`_layout`), per kind of submodule:
 
     RNN (jsr.LSTM/GRU) layer k   weight_ih_l{k} = w_ih.T   weight_hh_l{k} = w_hh.T
                                  bias_ih_l{k}   = b_ih     bias_hh_l{k}   = b_hh
+      its backward direction     the same keys with `_reverse` appended (`reverse_layers[k]`)
     RNNCell (LSTMCell/GRUCell)   weight_ih = w_ih.T  weight_hh = w_hh.T  bias_ih = b_ih  bias_hh = b_hh
     nnx.Linear                   weight = kernel.T   bias = bias
     nnx.Embed                    weight = embedding
@@ -37,8 +38,10 @@ Entry = tuple[str, nnx.Param, bool]
 
 def _layout(module: nnx.Module, prefix: str = "") -> Iterator[Entry]:
     if isinstance(module, RNN):
-        for k, cell in enumerate(module.layers):
-            yield from _cell_layout(cell, prefix, suffix=f"_l{k}")
+        for k in range(module.num_layers):
+            yield from _cell_layout(module.layers[k], prefix, suffix=f"_l{k}")
+            if module.bidirectional:
+                yield from _cell_layout(module.reverse_layers[k], prefix, suffix=f"_l{k}_reverse")
     elif isinstance(module, RNNCell):
         yield from _cell_layout(module, prefix, suffix="")
     elif isinstance(module, nnx.Linear):

@@ -34,6 +34,8 @@ class RNN(nnx.Module):
       dropout: inter-layer dropout probability (training mode only), as in `torch.nn.LSTM`.
       param_dtype: dtype of the parameters; computation runs in the input's dtype.
       unroll: default `lax.scan` unroll factor (time steps per loop iteration); overridable per call.
+      bidirectional: also run each layer backward in time (torch's `bidirectional=True`): outputs
+        `[B, T, 2H]` (forward, backward), states `[2L, B, H]` ordered layer 0 fwd, layer 0 bwd, ...
       rngs: `nnx.Rngs` with a `params` stream (and a `dropout` stream if `dropout > 0`).
     """
 
@@ -48,6 +50,7 @@ class RNN(nnx.Module):
         *,
         param_dtype=jnp.float32,
         unroll: int = 1,
+        bidirectional: bool = False,
         rngs: nnx.Rngs,
     ):
         if not isinstance(num_layers, int) or num_layers < 1:
@@ -60,18 +63,36 @@ class RNN(nnx.Module):
         self.hidden_size = hidden_size
         self.num_layers = num_layers
         self.unroll = unroll
-        self.layers = nnx.List(
-            [
-                self.cell_type(input_size if k == 0 else hidden_size, hidden_size, param_dtype=param_dtype, rngs=rngs)
-                for k in range(num_layers)
-            ]
-        )
+        self.bidirectional = bidirectional
+        self.num_directions = 2 if bidirectional else 1
+
+        def cells():
+            return nnx.List(
+                [
+                    self.cell_type(
+                        input_size if k == 0 else self.num_directions * hidden_size,
+                        hidden_size,
+                        param_dtype=param_dtype,
+                        rngs=rngs,
+                    )
+                    for k in range(num_layers)
+                ]
+            )
+
+        self.layers = cells()  # forward direction, layer k
+        self.reverse_layers = cells() if bidirectional else nnx.List([])  # backward direction, layer k
         self.dropout = nnx.Dropout(dropout, rngs=rngs)
 
     # -- states --------------------------------------------------------------------------------
+    def directions(self) -> list[RNNCell]:
+        """All cells in torch's state order: layer 0 (forward, backward if bidirectional), layer 1, ..."""
+        if not self.bidirectional:
+            return list(self.layers)
+        return [cell for pair in zip(self.layers, self.reverse_layers) for cell in pair]
+
     def initial_state(self, batch_size: int, dtype=jnp.float32):
-        """Zero state in the public layout: LSTM `(h, c)`, GRU `h`, each `[L, B, H]`."""
-        return self.stack_carries([cell.initial_state(batch_size, dtype) for cell in self.layers])
+        """Zero state in the public layout: LSTM `(h, c)`, GRU `h`, each `[L*D, B, H]` (D directions)."""
+        return self.stack_carries([cell.initial_state(batch_size, dtype) for cell in self.directions()])
 
     @staticmethod
     def stack_carries(carries: list) -> object:
@@ -80,7 +101,7 @@ class RNN(nnx.Module):
 
     def unstack_state(self, state) -> list:
         """The public `[L, B, H]` layout -> a list of per-layer carries."""
-        return [jax.tree.map(lambda s, k=k: s[k], state) for k in range(self.num_layers)]
+        return [jax.tree.map(lambda s, k=k: s[k], state) for k in range(self.num_layers * self.num_directions)]
 
     def check_state(self, state, batch_size: int, dtype) -> object:
         """Validate a user-supplied `initial_state` and cast it to `dtype`."""
@@ -100,7 +121,7 @@ class RNN(nnx.Module):
         return jax.tree.map(lambda g: jnp.asarray(g, dtype), state)
 
     def _state_desc(self, batch_size: int) -> str:
-        shape = f"[{self.num_layers}, {batch_size}, {self.hidden_size}]"
+        shape = f"[{self.num_layers * self.num_directions}, {batch_size}, {self.hidden_size}]"
         return f"a tuple (h, c) of {shape} arrays" if self.cell_type is LSTMCell else f"a {shape} array"
 
     def check_input(self, x: Array, name: str = "x") -> Array:
@@ -135,6 +156,8 @@ class RNN(nnx.Module):
         Returns:
           `(new_carries, h)` with `h [B, H]` the last layer's output.
         """
+        if self.bidirectional:
+            raise ValueError("step: a bidirectional RNN cannot run one step at a time (it needs the future)")
         new_carries = []
         carry, h = self.layers[0].step(carries[0], xp0)
         new_carries.append(carry)
@@ -145,37 +168,85 @@ class RNN(nnx.Module):
             new_carries.append(carry)
         return new_carries, h
 
-    def __call__(self, x: Array, initial_state=None, *, unroll: int | None = None):
+    def __call__(
+        self, x: Array, initial_state=None, *, lengths: Array | None = None, unroll: int | None = None
+    ):
         """Run the stack over a whole sequence.
 
         Args:
           x: `[B, T, I]` floating input.
-          initial_state: None (zeros) or the public state layout (LSTM `(h, c)`, GRU `h`; `[L, B, H]`).
+          initial_state: None (zeros) or the public state layout (LSTM `(h, c)`, GRU `h`; `[L*D, B, H]`).
+          lengths: optional `[B]` int, the valid steps of each sequence, as torch's
+            `pack_padded_sequence`: steps `t >= lengths[b]` neither change the state nor produce output
+            (their outputs are 0), and the backward direction starts at step `lengths[b] - 1`.
           unroll: `lax.scan` unroll factor; defaults to the module's `unroll`.
         Returns:
-          `(out [B, T, H], final_state)`, the final state in the public layout.
+          `(out [B, T, D*H], final_state)`, the final state in the public layout.
         """
         x = self.check_input(x)
-        batch = x.shape[0]
+        batch, steps, _ = x.shape
         state = self.initial_state(batch, x.dtype) if initial_state is None else self.check_state(
             initial_state, batch, x.dtype
         )
         unroll = self.unroll if unroll is None else unroll
+        valid, reverse_index = None, None
+        if lengths is not None:
+            lengths = self.check_lengths(lengths, batch, steps)
+            valid = jnp.arange(steps)[:, None] < lengths[None, :]  # [T, B]
+        if self.bidirectional:
+            # Backward order of each sequence within its own length; padding stays where it is. The
+            # permutation is its own inverse, so the same gather puts the outputs back in time order.
+            t = jnp.arange(steps)[:, None]
+            reverse_index = jnp.broadcast_to(steps - 1 - t, (steps, batch)) if lengths is None else jnp.where(
+                valid, lengths[None, :] - 1 - t, t
+            )
         seq = jnp.swapaxes(x, 0, 1)  # time-major [T, B, I]: lax.scan slices the leading axis
+        carries = iter(self.unstack_state(state))
         finals = []
-        for k, (cell, carry) in enumerate(zip(self.layers, self.unstack_state(state))):
+        for k in range(self.num_layers):
             if k > 0:
                 seq = self.dropout(seq)
-            xp = cell.input_projection(seq)  # [T, B, G*H]: all steps in one matmul
-            carry, seq = jax.lax.scan(cell.step, carry, xp, unroll=unroll)
+            carry, out = self._scan_layer(self.layers[k], next(carries), seq, valid, unroll)
             finals.append(carry)
+            if self.bidirectional:
+                backward = jnp.take_along_axis(seq, reverse_index[:, :, None], axis=0)
+                carry, out_b = self._scan_layer(self.reverse_layers[k], next(carries), backward, valid, unroll)
+                finals.append(carry)
+                out = jnp.concatenate([out, jnp.take_along_axis(out_b, reverse_index[:, :, None], axis=0)], -1)
+            seq = out
         return jnp.swapaxes(seq, 0, 1), self.stack_carries(finals)
+
+    @staticmethod
+    def _scan_layer(cell: RNNCell, carry, seq: Array, valid: Array | None, unroll: int):
+        """One layer, one direction over time-major `seq [T, B, I]`; `valid [T, B]` freezes padding."""
+        xp = cell.input_projection(seq)  # [T, B, G*H]: all steps in one matmul
+        if valid is None:
+            return jax.lax.scan(cell.step, carry, xp, unroll=unroll)
+
+        def masked_step(carry, inputs):
+            xp_t, valid_t = inputs
+            new_carry, h = cell.step(carry, xp_t)
+            keep = valid_t[:, None]
+            carry = jax.tree.map(lambda new, old: jnp.where(keep, new, old), new_carry, carry)
+            return carry, jnp.where(keep, h, jnp.zeros_like(h))
+
+        return jax.lax.scan(masked_step, carry, (xp, valid), unroll=unroll)
+
+    @staticmethod
+    def check_lengths(lengths, batch_size: int, steps: int) -> Array:
+        lengths = jnp.asarray(lengths)
+        if lengths.shape != (batch_size,) or not jnp.issubdtype(lengths.dtype, jnp.integer):
+            raise ValueError(
+                f"lengths: expected an int array of shape [{batch_size}], got {lengths.dtype} {tuple(lengths.shape)}"
+            )
+        return lengths
 
 
 class LSTM(RNN):
     """`torch.nn.LSTM(input_size, hidden_size, num_layers, dropout=dropout, batch_first=True)`.
 
-    Returns `(out [B, T, H], (h [L, B, H], c [L, B, H]))`. Cell equations: `cells.LSTMCell`.
+    Returns `(out [B, T, D*H], (h [L*D, B, H], c [L*D, B, H]))`, D = 2 if bidirectional else 1.
+    Cell equations: `cells.LSTMCell`.
     """
 
     cell_type = LSTMCell
@@ -184,7 +255,7 @@ class LSTM(RNN):
 class GRU(RNN):
     """`torch.nn.GRU(input_size, hidden_size, num_layers, dropout=dropout, batch_first=True)`.
 
-    Returns `(out [B, T, H], h [L, B, H])`. Cell equations: `cells.GRUCell`.
+    Returns `(out [B, T, D*H], h [L*D, B, H])`. Cell equations: `cells.GRUCell`.
     """
 
     cell_type = GRUCell

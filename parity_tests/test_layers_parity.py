@@ -178,3 +178,49 @@ def test_jit_and_unroll_do_not_change_results(kind):
     for unroll in (2, 16):
         out, _ = nnx.jit(lambda m, x, u=unroll: m(x, unroll=u))(ours, x)
         assert_steps_close(f"{kind} unroll={unroll}", out, base, atol_for(np.float64))
+
+
+def packed_torch_run(ref, x, lengths):
+    """torch.nn.LSTM/GRU over padded sequences the PyTorch way: pack, run, unpack (zeros after length)."""
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+    packed = pack_padded_sequence(torch.from_numpy(x), torch.from_numpy(lengths), batch_first=True, enforce_sorted=False)
+    out, state = ref(packed)
+    out, _ = pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
+    return out, state
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize("kind", KINDS)
+def test_lengths_match_packed_sequences(kind, bidirectional):
+    torch.manual_seed(7)
+    ref = getattr(torch_ref, kind)(4, 10, 2, bidirectional=bidirectional).double()
+    ours = getattr(jsr, kind)(4, 10, 2, bidirectional=bidirectional, param_dtype=jnp.float64, rngs=nnx.Rngs(0))
+    jsr.load_torch_state_dict(ours, ref.state_dict())
+    assert list(jsr.torch_state_dict(ours)) == list(ref.state_dict())
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((5, 30, 4))
+    lengths = np.array([30, 1, 17, 29, 5])
+    with torch.no_grad():
+        t_out, t_state = packed_torch_run(ref, x, lengths)
+    j_out, j_state = ours(jnp.asarray(x), lengths=jnp.asarray(lengths))
+    label = f"{kind} bidirectional={bidirectional} with lengths"
+    assert_steps_close(f"{label}: output", j_out, t_out, atol_for(np.float64))
+    for name, j, t in zip(("h", "c"), state_leaves(j_state), state_leaves(t_state)):
+        assert_close(f"{label}: final {name}", j, t, atol_for(np.float64))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_bidirectional_without_lengths_matches_torch(kind):
+    torch.manual_seed(8)
+    ref = getattr(torch_ref, kind)(3, 6, 3, bidirectional=True).double()
+    ours = getattr(jsr, kind)(3, 6, 3, bidirectional=True, param_dtype=jnp.float64, rngs=nnx.Rngs(0))
+    jsr.load_torch_state_dict(ours, ref.state_dict())
+    x = np.random.default_rng(8).standard_normal((2, 25, 3))
+    with torch.no_grad():
+        t_out, t_state = ref(torch.from_numpy(x))
+    j_out, j_state = ours(jnp.asarray(x))
+    assert j_out.shape == (2, 25, 12)
+    assert_steps_close(f"{kind} bidirectional output", j_out, t_out, atol_for(np.float64))
+    for j, t in zip(state_leaves(j_state), state_leaves(t_state)):
+        assert_close(f"{kind} bidirectional final state", j, t, atol_for(np.float64))

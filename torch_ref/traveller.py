@@ -1,0 +1,459 @@
+"""`Traveller`: the position-feedback LSTM of seed 000, corrected, as the project's PyTorch reference.
+
+The model (originally a quant's `DeepStatefulMVO`) is a multi-layer LSTM whose input at step t is the
+position it produced at step t-1, concatenated in front of the features of step t. Because of that
+feedback the sequence cannot be handed to `nn.LSTM` in one call: something has to loop over time.
+`Traveller.forward(..., method=...)` offers four ways to run that loop, all on the ONE set of weights
+held by `lstm_layers` and `output_layer`:
+
+- ``"loop"``   the seed's eager Python loop, calling `self.lstm_layers` on one step at a time;
+- ``"cell"``   an eager Python loop over time that steps each layer with LSTM-cell math;
+- ``"script"`` the same loop function compiled with `torch.jit.script` (TorchScript; deprecated);
+- ``"scan"``   the prototype `torch._higher_order_ops.scan` (see `scan_available`).
+
+Equations (gates stacked i, f, g, o as in `torch.nn.LSTM`; p_{-1} = 0, h^k_{-1} = c^k_{-1} = 0)::
+
+    z^0_t = [p_{t-1}; x_t]                                          # [B, 2 + F], position FIRST
+    i, f, g, o = split4(W_ih^k z^k_t + b_ih^k + W_hh^k h^k_{t-1} + b_hh^k)
+    c^k_t = sigmoid(f) * c^k_{t-1} + sigmoid(i) * tanh(g)
+    h^k_t = sigmoid(o) * tanh(c^k_t)
+    z^{k+1}_t = m^k_t * h^k_t                                       # inter-layer dropout mask
+    p_t = tanh(W_out h^{L-1}_t + b_out)                             # [B, 2]
+
+Weight layout (the `state_dict()` keys of the seed's own class, so its checkpoints load unchanged)::
+
+    lstm_layers.weight_ih_l{k}  [4H, 2 + F] for k = 0 (columns 0:2 see p_{t-1}, 2: see x_t),
+                                [4H, H] for k > 0; rows are the i, f, g, o blocks of H each
+    lstm_layers.weight_hh_l{k}  [4H, H]
+    lstm_layers.bias_ih_l{k}    [4H]
+    lstm_layers.bias_hh_l{k}    [4H]
+    output_layer.weight         [2, H]
+    output_layer.bias           [2]
+"""
+import functools
+import warnings
+from collections.abc import Callable
+from typing import List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+# `torch._higher_order_ops.scan` is a private prototype (there is no public `torch.scan`, whatever the
+# seed's answer says). Its import path and signature have changed between releases, so it is guarded:
+# where it is missing, `scan_available()` is False and `method="scan"` raises a clear RuntimeError.
+# In torch 2.13 the signature is `scan(combine_fn, init, xs, *, dim=0, reverse=False)`.
+try:
+    from torch._higher_order_ops.scan import scan as _torch_scan
+except (ImportError, AttributeError):  # pragma: no cover - depends on the installed torch
+    _torch_scan = None
+else:
+    # Dynamo (which scan runs through, even in eager mode) imports `torch.utils.mkldnn` on first use, and
+    # that module applies the deprecated `@torch.jit.script_method` at import time, so torch itself would
+    # emit a DeprecationWarning on the first scan call (an error under `-W error`). Import it here, quietly.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.script_method`", category=DeprecationWarning)
+        import torch.utils.mkldnn  # noqa: F401
+
+METHODS = ("loop", "cell", "script", "scan")
+LAYOUTS = ("auto", "batch", "seed")
+
+
+def scan_available() -> bool:
+    """Whether this torch has the prototype `torch._higher_order_ops.scan` that `method="scan"` uses."""
+    return _torch_scan is not None
+
+
+# ----------------------------------------------------------------------------------------------------
+# The single-step math, written once. These functions stay inside the TorchScript subset (typing.List,
+# typing.Optional, no closures) because `method="script"` compiles `_traveller_loop`, which calls them;
+# `method="cell"` runs the very same functions eagerly and `method="scan"` calls `_traveller_step` as
+# its combine function, so the three methods cannot drift apart.
+# ----------------------------------------------------------------------------------------------------
+
+
+def _lstm_cell(
+    x: Tensor, h: Tensor, c: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor, b_hh: Tensor
+) -> Tuple[Tensor, Tensor]:
+    """One LSTM cell step with `torch.nn.LSTMCell`'s math: x [B, I], h, c [B, H] -> (h', c') [B, H].
+
+    `w_ih` [4H, I], `w_hh` [4H, H], `b_ih`, `b_hh` [4H]; gate blocks stacked i, f, g, o.
+    """
+    gates = F.linear(x, w_ih, b_ih) + F.linear(h, w_hh, b_hh)  # [B, 4H]
+    i, f, g, o = gates.chunk(4, 1)
+    c_new = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    h_new = torch.sigmoid(o) * torch.tanh(c_new)
+    return h_new, c_new
+
+
+def _traveller_step(
+    x_t: Tensor,
+    prev_position: Tensor,
+    h: List[Tensor],
+    c: List[Tensor],
+    weights: List[Tensor],
+    masks_t: Optional[Tensor],
+) -> Tuple[Tensor, List[Tensor], List[Tensor]]:
+    """One time step of the whole model.
+
+    x_t [B, F]; prev_position [B, 2]; h, c: one [B, H] tensor per layer; `weights` as
+    `Traveller.flat_weights()` returns them; masks_t [L-1, B, H] (already scaled) or None (no dropout).
+    Returns (position [B, 2], new h list, new c list).
+    """
+    layer_input = torch.cat([prev_position, x_t], dim=1)  # [B, 2 + F]: position first, as the seed
+    new_h: List[Tensor] = []
+    new_c: List[Tensor] = []
+    for k in range(len(h)):
+        if k > 0 and masks_t is not None:
+            # Dropout sits between layers only, as in nn.LSTM: never on the input nor on the top output.
+            layer_input = layer_input * masks_t[k - 1]
+        h_k, c_k = _lstm_cell(
+            layer_input, h[k], c[k], weights[4 * k], weights[4 * k + 1], weights[4 * k + 2], weights[4 * k + 3]
+        )
+        new_h.append(h_k)
+        new_c.append(c_k)
+        layer_input = h_k
+    position = torch.tanh(F.linear(layer_input, weights[-2], weights[-1]))  # [B, 2]
+    return position, new_h, new_c
+
+
+def _zero_state(xs: Tensor, num_layers: int, hidden_size: int) -> Tuple[Tensor, List[Tensor], List[Tensor]]:
+    """Zero position [B, 2] and zero LSTM state (num_layers x [B, H] for h and c) for xs [T, B, F]."""
+    batch = xs.shape[1]
+    position = xs.new_zeros([batch, 2])
+    h = [xs.new_zeros([batch, hidden_size]) for _ in range(num_layers)]
+    c = [xs.new_zeros([batch, hidden_size]) for _ in range(num_layers)]
+    return position, h, c
+
+
+def _traveller_loop(xs: Tensor, weights: List[Tensor], hidden_size: int, masks: Optional[Tensor]) -> Tensor:
+    """The Python loop over time of `method="cell"`; `method="script"` is this function scripted.
+
+    xs [T, B, F] (time-major); masks [L-1, T, B, H] or None. Returns positions [T, B, 2].
+    """
+    num_layers = (len(weights) - 2) // 4
+    position, h, c = _zero_state(xs, num_layers, hidden_size)
+    positions: List[Tensor] = []
+    for t in range(xs.shape[0]):
+        masks_t: Optional[Tensor] = None
+        if masks is not None:
+            masks_t = masks[:, t]
+        position, h, c = _traveller_step(xs[t], position, h, c, weights, masks_t)
+        positions.append(position)
+    return torch.stack(positions)
+
+
+@functools.cache
+def _scripted_loop() -> Callable[..., Tensor]:
+    """`torch.jit.script(_traveller_loop)`, compiled once per process and cached.
+
+    TorchScript is deprecated in current PyTorch (`torch.compile`/`torch.export` replace it) and
+    `torch.jit.script` emits a DeprecationWarning saying so. The warning is silenced here, locally, because
+    "script" is kept on purpose: it is the working form of what the seed's answer attempted with
+    `@torch.jit.script_method` on a plain nn.Module (which compiles nothing: in torch 2.13 it even
+    replaces `forward` by a non-callable stub). Scripting a free function that takes the weights as a
+    list avoids scripting the module itself, so the weights stay the module's own Parameters.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message=r"`torch\.jit\.script` is (deprecated|not supported)", category=DeprecationWarning
+        )
+        try:
+            return torch.jit.script(_traveller_loop)
+        except Exception as err:  # TorchScript may be removed or broken in a future torch
+            raise RuntimeError(
+                f'method="script" needs TorchScript, which failed to compile the loop in torch '
+                f"{torch.__version__} (TorchScript is deprecated; use method='scan' or torch.compile)"
+            ) from err
+
+
+def _scan_loop(xs: Tensor, weights: List[Tensor], hidden_size: int, masks: Optional[Tensor]) -> Tensor:
+    """The loop as `torch._higher_order_ops.scan`: xs [T, B, F], masks [L-1, T, B, H] -> [T, B, 2].
+
+    In eager mode this is no faster than "cell": eager scan is a Python loop over T. Worse, torch 2.13
+    runs even eager scan through Dynamo, so the first call for each new structure (layers, dtype, masks
+    or not) spends about a second tracing, and with autograd every call re-partitions the backward
+    (about a second per call, whatever T). It pays off only under `torch.compile`, where the loop is one
+    graph node instead of T unrolled steps, so compile time and graph size do not grow with T.
+    """
+    if _torch_scan is None:
+        raise RuntimeError(
+            'method="scan" needs torch._higher_order_ops.scan, which this torch '
+            f"({torch.__version__}) does not provide; use method='cell', 'script' or 'loop'"
+        )
+    num_layers = (len(weights) - 2) // 4
+    init = _zero_state(xs, num_layers, hidden_size)
+    # The weights are closed over, not passed as xs: Dynamo lifts them into scan's `additional_inputs`,
+    # so gradients reach the module's Parameters. Masks are per step, so they are scanned like xs.
+    per_step = (xs,) if masks is None else (xs, masks.movedim(1, 0))  # masks -> [T, L-1, B, H]
+
+    def combine(carry: Tuple[Tensor, List[Tensor], List[Tensor]], step: Tuple[Tensor, ...]):
+        position, h, c = carry
+        masks_t = step[1] if len(step) > 1 else None
+        position, h, c = _traveller_step(step[0], position, h, c, weights, masks_t)
+        # scan forbids outputs that alias each other or an input, hence clones. The per-step output is
+        # a clone of the carried position; the carry itself is cloned too because in torch 2.13 the
+        # backward partition of a compiled scan otherwise returns a carry that backward also saves
+        # twice ("scan might be aliasing the input or the output!" under inductor). Clones of [B, H]
+        # tensors are cheap next to the step, and inductor removes them.
+        carry = (position.clone(), [t.clone() for t in h], [t.clone() for t in c])
+        return carry, position.clone()
+
+    _, positions = _torch_scan(combine, init, per_step)
+    return positions
+
+
+# The signature shared by the loop functions: (xs [T, B, F], weights, hidden_size, masks) -> [T, B, 2].
+_Loop = Callable[[Tensor, List[Tensor], int, Optional[Tensor]], Tensor]
+
+
+def _loop_function(method: str) -> _Loop:
+    """The loop function behind `method` ("cell", "script" or "scan")."""
+    if method == "cell":
+        return _traveller_loop
+    if method == "script":
+        return _scripted_loop()
+    if method == "scan":
+        return _scan_loop
+    raise ValueError(f"method: expected one of {METHODS[1:]}, got {method!r}")
+
+
+def _call_quietly(loop: _Loop, *args) -> Tensor:
+    """`loop(*args)` without torch's "`.grad` of a non-leaf Tensor" UserWarning.
+
+    Dynamo (behind scan, eager or compiled) reads `.grad` of every tensor it wraps, which warns for a
+    non-leaf input such as our transposed `xs`: torch's noise, not the user's, and an error under
+    `-W error`. Not silenced while Dynamo traces this very code (torch.compile of the whole model), as
+    it cannot trace `warnings.catch_warnings`.
+    """
+    if torch.compiler.is_compiling():
+        return loop(*args)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"The \.grad attribute of a Tensor that is not a leaf")
+        return loop(*args)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The model
+# ----------------------------------------------------------------------------------------------------
+
+
+class Traveller(nn.Module):
+    """Position-feedback LSTM: inputs [B, T, F] -> positions [B, T, 2] (or the seed's [T, 1, F] -> [T, 2]).
+
+    Args:
+        num_inputs: F, the number of features per step.
+        hidden_size: H of every LSTM layer.
+        num_layers: L, stacked LSTM layers.
+        dropout: probability of zeroing a unit between LSTM layers in training mode (as `nn.LSTM`; it has
+            no effect, and `nn.LSTM` warns, when num_layers == 1).
+
+    Attributes (the seed's names, so a `state_dict()` of the seed's class loads unchanged):
+        lstm_layers: `nn.LSTM(num_inputs + 2, hidden_size, num_layers, dropout=dropout, batch_first=True)`.
+        output_layer: `nn.Linear(hidden_size, 2)`.
+        activation: `nn.Tanh()`.
+
+    See the module docstring for the equations and the weight layout.
+    """
+
+    def __init__(self, num_inputs: int, hidden_size: int, num_layers: int, dropout: float):
+        super().__init__()
+        # Sizes and the dropout rate are read back from `lstm_layers` (input_size - 2, hidden_size,
+        # num_layers, dropout) rather than stored twice.
+        self.lstm_layers = nn.LSTM(num_inputs + 2, hidden_size, num_layers, dropout=dropout, batch_first=True)
+        self.output_layer = nn.Linear(hidden_size, 2)
+        self.activation = nn.Tanh()
+
+    def flat_weights(self) -> list[Tensor]:
+        """The model's own Parameters (not copies), in the order the step functions read them.
+
+        `[weight_ih_l0, weight_hh_l0, bias_ih_l0, bias_hh_l0, ..., weight_ih_l{L-1}, ..., bias_hh_l{L-1},
+        output_layer.weight, output_layer.bias]`. Fetched on every call, so `load_state_dict`, `.to()` and
+        optimiser steps are always seen.
+        """
+        weights: list[Tensor] = []
+        for k in range(self.lstm_layers.num_layers):
+            for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+                weights.append(getattr(self.lstm_layers, f"{name}_l{k}"))
+        weights += [self.output_layer.weight, self.output_layer.bias]
+        return weights
+
+    def sample_dropout_masks(
+        self, seq_len: int, batch_size: int, *, generator: torch.Generator | None = None
+    ) -> Tensor:
+        """Inter-layer dropout masks [L-1, T, B, H], already scaled by 1/(1-p), as `forward` draws them.
+
+        Each entry is 0 with probability `dropout`, else 1/(1-dropout) (all zeros when dropout == 1), drawn
+        independently per layer gap, step, sequence and unit, like `nn.LSTM`'s dropout. Pass the result
+        as `forward(..., dropout_masks=...)` (or to another framework) to reproduce one draw exactly.
+        """
+        ref = self.lstm_layers.weight_hh_l0
+        shape = (self.lstm_layers.num_layers - 1, seq_len, batch_size, self.lstm_layers.hidden_size)
+        p = float(self.lstm_layers.dropout)
+        if p >= 1.0:
+            return ref.new_zeros(shape)
+        keep = 1.0 - p
+        return torch.empty(shape, dtype=ref.dtype, device=ref.device).bernoulli_(keep, generator=generator) / keep
+
+    def forward(
+        self,
+        inputs: Tensor,
+        *,
+        method: str = "loop",
+        layout: str = "auto",
+        dropout_masks: Tensor | None = None,
+    ) -> Tensor:
+        """Run the feedback loop over time.
+
+        Args:
+            inputs: float tensor, [B, T, F] (layout "batch") or the seed's [T, 1, F] (layout "seed").
+            method: "loop" (the seed's loop over `lstm_layers`), "cell" (eager loop of LSTM-cell math),
+                "script" (that loop under TorchScript) or "scan" (`torch._higher_order_ops.scan`). All read
+                the same Parameters and agree to rounding.
+            layout: "batch": [B, T, F] -> [B, T, 2]. "seed": [T, 1, F] -> [T, 2], the seed's own shapes.
+                "auto" (default) picks "seed" when inputs is 3-D with inputs.shape[1] == 1, otherwise
+                "batch". Hence a batch of B one-step sequences [B, 1, F] is read as one sequence of T = B
+                steps under "auto": pass layout="batch" for that case.
+            dropout_masks: optional explicit inter-layer dropout masks [L-1, T, B, H] (B = 1 in the seed
+                layout), already scaled by 1/(1-p), e.g. from `sample_dropout_masks`. When given they are
+                applied whatever the mode (explicit wins over `self.training`), so another framework can
+                be fed the same draws. Supported by "cell", "script" and "scan"; "loop" runs `nn.LSTM`,
+                which cannot take masks, and raises ValueError. When None, dropout is drawn internally in
+                training mode if dropout > 0 and num_layers > 1, and never in eval mode.
+
+        Returns:
+            positions in (-1, 1): [B, T, 2] for layout "batch", [T, 2] for layout "seed".
+
+        Raises:
+            ValueError: unknown method/layout; inputs not 3-D, with the wrong F, with no time step, or
+                not [T, 1, F] under layout "seed"; dropout_masks of the wrong shape or given to "loop".
+            TypeError: inputs or dropout_masks not floating point, or of another dtype than the model.
+            RuntimeError: method "scan" where `scan_available()` is False.
+        """
+        return self._run(inputs, method, layout, dropout_masks, None)
+
+    def _run(
+        self, inputs: Tensor, method: str, layout: str, dropout_masks: Tensor | None, loop: _Loop | None
+    ) -> Tensor:
+        """`forward`'s body; `compiled_loop` passes its compiled `loop` in place of the method's own."""
+        seed_layout = self._check_inputs(inputs, method, layout)
+        # Everything below is time-major [T, B, F]: the seed's [T, 1, F] already is (B = 1).
+        xs = inputs if seed_layout else inputs.transpose(0, 1)
+        masks = self._check_masks(dropout_masks, xs, method)
+
+        if method == "loop":
+            positions = self._seed_loop(xs.transpose(0, 1)).transpose(0, 1)  # [T, B, 2]
+        else:
+            if masks is None and self.training and self.lstm_layers.dropout > 0 and self.lstm_layers.num_layers > 1:
+                # Drawn up front rather than inside the loop, so that every method consumes randomness
+                # the same way and scan's combine function stays free of random ops.
+                masks = self.sample_dropout_masks(xs.shape[0], xs.shape[1])
+            if loop is None:
+                loop = _loop_function(method)
+            positions = _call_quietly(loop, xs, self.flat_weights(), self.lstm_layers.hidden_size, masks)
+        return positions[:, 0] if seed_layout else positions.transpose(0, 1)
+
+    def _seed_loop(self, x: Tensor) -> Tensor:
+        """The seed's loop, batched: x [B, T, F] -> positions [B, T, 2], one `lstm_layers` call per step.
+
+        `nn.LSTM` is called on a [B, 1, F + 2] one-step sequence with the (h, c) it returned last time,
+        so its inter-layer dropout applies in training mode exactly as in the seed.
+        """
+        batch, seq_len, _ = x.shape
+        hidden_state: tuple[Tensor, Tensor] | None = None  # None: nn.LSTM starts from zero state
+        prev_position = x.new_zeros(batch, 1, 2)
+        positions = []
+        for t in range(seq_len):
+            input_data = torch.cat([prev_position, x[:, t : t + 1]], dim=2)  # [B, 1, F + 2]
+            lstm_out, hidden_state = self.lstm_layers(input_data, hidden_state)  # [B, 1, H]
+            prev_position = self.activation(self.output_layer(lstm_out))  # [B, 1, 2]
+            positions.append(prev_position)
+        return torch.cat(positions, dim=1)
+
+    def _check_inputs(self, inputs: Tensor, method: str, layout: str) -> bool:
+        """Validate the arguments of `forward`; return True for the seed layout [T, 1, F]."""
+        if method not in METHODS:
+            raise ValueError(f"method: expected one of {METHODS}, got {method!r}")
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+        if not isinstance(inputs, Tensor):
+            raise TypeError(f"inputs: expected a torch.Tensor, got {type(inputs).__name__}")
+        if not inputs.is_floating_point():
+            raise TypeError(f"inputs: expected a floating-point tensor, got dtype {inputs.dtype}")
+        param_dtype = self.lstm_layers.weight_hh_l0.dtype
+        if inputs.dtype != param_dtype:
+            raise TypeError(
+                f"inputs: expected dtype {param_dtype} (the model's parameters), got {inputs.dtype}; "
+                "convert the inputs or the model (.to(dtype))"
+            )
+        num_inputs = self.lstm_layers.input_size - 2
+        if inputs.ndim != 3:
+            raise ValueError(
+                f"inputs: expected shape [B, T, {num_inputs}] or the seed's [T, 1, {num_inputs}], "
+                f"got {list(inputs.shape)} (rank {inputs.ndim})"
+            )
+        seed_layout = layout == "seed" or (layout == "auto" and inputs.shape[1] == 1)
+        expected = f"[T, 1, {num_inputs}] (layout 'seed')" if seed_layout else f"[B, T, {num_inputs}] (layout 'batch')"
+        if inputs.shape[2] != num_inputs or (seed_layout and inputs.shape[1] != 1):
+            raise ValueError(f"inputs: expected shape {expected}, got {list(inputs.shape)}")
+        if inputs.shape[0 if seed_layout else 1] == 0:
+            raise ValueError(f"inputs: expected shape {expected} with T >= 1, got {list(inputs.shape)}")
+        return seed_layout
+
+    def _check_masks(self, masks: Tensor | None, xs: Tensor, method: str) -> Tensor | None:
+        """Validate `dropout_masks` against time-major xs [T, B, F]; return them (or None)."""
+        if masks is None:
+            return None
+        if method == "loop":
+            raise ValueError(
+                "dropout_masks: not supported by method='loop' (nn.LSTM draws its own dropout); "
+                "use method='cell', 'script' or 'scan'"
+            )
+        if not isinstance(masks, Tensor):
+            raise TypeError(f"dropout_masks: expected a torch.Tensor or None, got {type(masks).__name__}")
+        if masks.dtype != xs.dtype:
+            raise TypeError(f"dropout_masks: expected dtype {xs.dtype} (as inputs), got {masks.dtype}")
+        lstm = self.lstm_layers
+        expected = (lstm.num_layers - 1, xs.shape[0], xs.shape[1], lstm.hidden_size)
+        if tuple(masks.shape) != expected:
+            raise ValueError(
+                f"dropout_masks: expected shape [num_layers-1, T, B, H] = {list(expected)}, got {list(masks.shape)}"
+            )
+        # With one layer there is no gap between layers: nothing to apply.
+        return masks if lstm.num_layers > 1 else None
+
+
+def compiled_loop(model: Traveller, *, method: str = "scan", **compile_kwargs) -> Callable[..., Tensor]:
+    """`torch.compile` of the model's loop: returns `run(inputs, *, layout="auto", dropout_masks=None)`.
+
+    `run` has `model.forward`'s contract (shapes, layouts, errors, dropout in training mode) and reads
+    the model's Parameters on every call, so training the model is seen. Only the loop function
+    (`method` "scan" or "cell") is compiled, with `fullgraph=True` unless `compile_kwargs` says otherwise;
+    argument checks and the gathering of weights stay eager. That keeps `nn.LSTM` out of the graph:
+    Dynamo refuses to trace an `nn.LSTM` module, even to read its weights ("Attempted to wrap RNN, GRU,
+    or LSTM"), while the loop functions only see tensors. (`torch.compile(model, fullgraph=True)` of
+    the whole model also works, for every method, under the experimental
+    `torch._dynamo.config.patch(allow_rnn=True)`.)
+
+    - "scan": the loop is one `scan` node, so compile time does not grow with T and a new T does not
+      recompile beyond a one-off dynamic-shape recompile. Backward works (see the clones in
+      `_scan_loop` for the torch 2.13 aliasing workaround that makes it compile).
+    - "cell": Dynamo unrolls the Python loop over T, so compile time grows with T (about 90 s with inductor
+      for T = 100 on a 2-core CPU) and every new T compiles again; shown for comparison, not recommended.
+
+    The first call compiles (seconds to minutes); later calls with the same shapes reuse the code.
+    """
+    if method not in ("scan", "cell"):
+        raise ValueError(f"method: expected 'scan' or 'cell' for compiled_loop, got {method!r}")
+    if method == "scan" and not scan_available():
+        raise RuntimeError(
+            f"compiled_loop(method='scan') needs torch._higher_order_ops.scan, which torch {torch.__version__} "
+            "does not provide; use method='cell'"
+        )
+    compile_kwargs.setdefault("fullgraph", True)
+    loop = torch.compile(_loop_function(method), **compile_kwargs)
+
+    def run(inputs: Tensor, *, layout: str = "auto", dropout_masks: Tensor | None = None) -> Tensor:
+        return model._run(inputs, method, layout, dropout_masks, loop)
+
+    return run
