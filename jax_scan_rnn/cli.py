@@ -3,6 +3,8 @@
     jax-scan-rnn --version
     jax-scan-rnn info                 # devices and library versions
     jax-scan-rnn check                # parity self-check against torch.nn on random weights
+    jax-scan-rnn train traveller      # train the position-feedback LSTM on the simulated market
+    jax-scan-rnn evaluate traveller --checkpoint runs/traveller
 
 Errors in arguments or data (ValueError, TypeError, KeyError, FileNotFoundError) are printed as one
 line on stderr and exit with code 2, like argparse's own usage errors.
@@ -10,9 +12,14 @@ line on stderr and exit with code 2, like argparse's own usage errors.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import platform
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from jax_scan_rnn.checkpoint import CheckpointError
+from jax_scan_rnn.train import NonFiniteLossError
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
 
@@ -90,6 +97,120 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+class ProgressBar:
+    """`fit` callback: a tqdm bar over optimiser steps, with the latest loss and evaluation."""
+
+    def __init__(self):
+        from tqdm import tqdm
+
+        self.tqdm = tqdm
+        self.bar = None
+        self.postfix: dict[str, str] = {}
+
+    def __call__(self, event: dict) -> None:
+        kind = event["event"]
+        if kind == "start":
+            self.bar = self.tqdm(total=event["steps"], initial=event["step"], unit="step", dynamic_ncols=True)
+            if event["resumed_from"] is not None:
+                self.bar.write(f"resumed from step {event['resumed_from']}")
+        elif kind == "log":
+            self.bar.update(event["step"] - self.bar.n)
+            self.postfix["loss"] = f"{event['loss']:.4g}"
+            self.bar.set_postfix(self.postfix, refresh=True)
+        elif kind == "eval":
+            for key, value in event.get("metrics", {}).items():
+                self.postfix[f"eval {key}"] = f"{value:.4g}"
+            self.bar.set_postfix(self.postfix, refresh=True)
+        elif kind == "checkpoint_skipped":
+            print(f"skipped invalid checkpoint {event['step']}: {event['reason']}", file=sys.stderr)
+        elif kind == "end" and self.bar is not None:
+            self.bar.close()
+
+
+def train_config(args: argparse.Namespace):
+    from jax_scan_rnn.train import TrainConfig
+
+    return TrainConfig(
+        steps=args.steps,
+        learning_rate=args.lr,
+        warmup_steps=min(100, args.steps // 10) if args.warmup_steps is None else args.warmup_steps,
+        clip_norm=args.clip_norm,
+        log_every=args.log_every,
+        eval_every=args.eval_every,
+        checkpoint_every=args.checkpoint_every,
+        seed=args.seed,
+    )
+
+
+@command("train traveller")
+def cmd_train_traveller(args: argparse.Namespace) -> int:
+    from jax_scan_rnn.tasks import traveller as task_lib
+
+    task = task_lib.TravellerTask(
+        hidden_size=args.hidden_size,
+        num_layers=args.num_layers,
+        dropout=args.dropout,
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        objective=args.objective,
+    )
+    out = Path(args.out)
+    print(f"training the Traveller ({args.objective} objective) for {args.steps} steps -> {out}")
+    model, history = task_lib.train(task, train_config(args), out, resume=args.resume, callback=ProgressBar())
+    table = task_lib.evaluate(model, task)
+    task_lib.save_table(table, out / "evaluation.json")
+    plot = task_lib.plot_positions(model, task, out / "positions.png")
+    print(f"\nout of sample: {task.eval_paths} held-out paths x {task.eval_steps} steps")
+    print(task_lib.format_table(table))
+    print(f"\nmetrics: {out / 'metrics.jsonl'}  curves: {out / 'curves.png'}  positions: {plot}")
+    return 0
+
+
+@command("evaluate traveller")
+def cmd_evaluate_traveller(args: argparse.Namespace) -> int:
+    from jax_scan_rnn.tasks import traveller as task_lib
+
+    checkpoint = Path(args.checkpoint)
+    if not checkpoint.is_dir():
+        raise FileNotFoundError(f"--checkpoint: expected a training output directory, got {checkpoint}")
+    model, task = task_lib.load(checkpoint, args.step)
+    if args.paths is not None or args.horizon is not None:
+        task = dataclasses.replace(
+            task, eval_paths=args.paths or task.eval_paths, eval_steps=args.horizon or task.eval_steps
+        )
+    table = task_lib.evaluate(model, task)
+    plot = task_lib.plot_positions(model, task, Path(args.plot) if args.plot else checkpoint / "positions.png")
+    print(f"out of sample: {task.eval_paths} held-out paths x {task.eval_steps} steps")
+    print(task_lib.format_table(table))
+    print(f"\npositions plot: {plot}")
+    return 0
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {text}")
+    return value
+
+
+def add_train_arguments(parser: argparse.ArgumentParser, *, steps: int, lr: float, out: str) -> None:
+    group = parser.add_argument_group("training")
+    group.add_argument("--steps", type=positive_int, default=steps, help=f"optimiser steps (default: {steps})")
+    group.add_argument("--lr", type=float, default=lr, help=f"peak learning rate (default: {lr})")
+    group.add_argument(
+        "--warmup-steps", type=int, default=None, help="linear warmup steps (default: min(100, steps/10))"
+    )
+    group.add_argument("--clip-norm", type=float, default=1.0, help="global gradient-norm clip (default: 1.0)")
+    group.add_argument("--log-every", type=positive_int, default=25, help="steps between log rows (default: 25)")
+    group.add_argument("--eval-every", type=int, default=250, help="steps between evaluations (default: 250)")
+    group.add_argument(
+        "--checkpoint-every", type=int, default=250, help="steps between checkpoints (default: 250)"
+    )
+    group.add_argument("--seed", type=int, default=0, help="initialisation seed (default: 0)")
+    group.add_argument("--out", default=out, help=f"output directory (default: {out})")
+    group.add_argument("--resume", action="store_true", help="continue from the latest valid checkpoint in --out")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from jax_scan_rnn import __version__
 
@@ -102,18 +223,46 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="parity self-check against torch.nn on random weights")
     check.add_argument("--steps", type=int, default=500, help="sequence length T (default: 500)")
     check.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+
+    train = sub.add_parser("train", help="train a model").add_subparsers(dest="model", required=True, metavar="MODEL")
+    trav = train.add_parser("traveller", help="the position-feedback LSTM on the simulated market")
+    model = trav.add_argument_group("model and data")
+    model.add_argument("--hidden-size", type=positive_int, default=32, help="LSTM hidden size (default: 32)")
+    model.add_argument("--num-layers", type=positive_int, default=2, help="LSTM layers (default: 2)")
+    model.add_argument("--dropout", type=float, default=0.0, help="inter-layer dropout (default: 0)")
+    model.add_argument("--batch-size", type=positive_int, default=64, help="paths per step (default: 64)")
+    model.add_argument("--seq-len", type=positive_int, default=128, help="steps per training path (default: 128)")
+    model.add_argument(
+        "--objective", choices=["utility", "mse"], default="utility",
+        help="utility: maximise net utility; mse: fit the optimal policy's positions (default: utility)",
+    )
+    add_train_arguments(trav, steps=1000, lr=3e-3, out="runs/traveller")
+
+    evaluate = sub.add_parser("evaluate", help="evaluate a trained model").add_subparsers(
+        dest="model", required=True, metavar="MODEL"
+    )
+    ev = evaluate.add_parser("traveller", help="out-of-sample utility table and a positions plot")
+    ev.add_argument("--checkpoint", required=True, help="the training output directory (--out of train)")
+    ev.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    ev.add_argument("--paths", type=positive_int, default=None, help="held-out paths (default: the task's)")
+    ev.add_argument("--horizon", type=positive_int, default=None, help="steps per held-out path")
+    ev.add_argument("--plot", default=None, help="positions plot path (default: CHECKPOINT/positions.png)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    name = f"{args.command} {args.model}" if getattr(args, "model", None) else args.command
     try:
-        return COMMANDS[args.command](args)
-    except (ValueError, TypeError, KeyError, FileNotFoundError) as err:
+        return COMMANDS[name](args)
+    except (ValueError, TypeError, KeyError, FileNotFoundError, CheckpointError) as err:
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
-        print(f"jax-scan-rnn {args.command}: error: {message}", file=sys.stderr)
+        print(f"jax-scan-rnn {name}: error: {message}", file=sys.stderr)
         return 2
+    except NonFiniteLossError as err:
+        print(f"jax-scan-rnn {name}: error: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

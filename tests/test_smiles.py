@@ -1,0 +1,223 @@
+"""Tests for SMILES / text loading, the character vocabulary, splitting and batching (data/smiles.py)."""
+
+import importlib.metadata
+import importlib.util
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("rdkit")
+
+from jax_scan_rnn.data import smiles as sm  # noqa: E402
+from jax_scan_rnn.data.smiles import (  # noqa: E402
+    DEFAULT_MAX_LENGTH,
+    EOS,
+    PAD,
+    SPECIAL_TOKENS,
+    LoadResult,
+    Vocabulary,
+    batch_at,
+    canonical_smiles,
+    load_sequences,
+    split,
+)
+
+
+@pytest.fixture(scope="module")
+def rdkit_set() -> LoadResult:
+    return load_sequences("rdkit")
+
+
+# ---------------------------------------------------------------- sources
+
+
+def test_rdkit_source_gives_thousands_of_clean_canonical_unique_smiles(rdkit_set):
+    seqs = rdkit_set.sequences
+    assert 12_000 <= len(seqs) <= 17_000, len(seqs)
+    assert len(set(seqs)) == len(seqs), "duplicates survived"
+    assert max(map(len, seqs)) <= DEFAULT_MAX_LENGTH
+    assert len(rdkit_set.sources) == len(sm.RDKIT_FILES)
+    for reason in ("charged", "element", "fragments", "too_long", "duplicate", "unparsable"):
+        assert rdkit_set.skipped.get(reason, 0) > 0, (reason, rdkit_set.skipped)
+    rng = np.random.default_rng(0)
+    for i in rng.choice(len(seqs), 200, replace=False):
+        assert canonical_smiles(seqs[i]) == seqs[i], f"not canonical: {seqs[i]!r}"
+    chars = set("".join(seqs))
+    assert chars <= set("#()-123456789=@/\\BCFHNOS[]clnors"), sorted(chars)
+    assert "." not in chars and "+" not in chars
+
+
+def test_file_source_counts_bad_lines_by_reason(tmp_path):
+    path = tmp_path / "seqs.txt"
+    lines = [
+        b"CCO",
+        b"",
+        b"   ",
+        b"hello world",
+        b"\xff\xfeCC",
+        b"x" * 11,
+        b"C" * 12,
+        b"CCO",
+        b"C(",
+        b"OCC eth",
+    ]
+    path.write_bytes(b"\r\n".join(lines) + b"\n")
+
+    text = load_sequences(str(path), max_length=10)
+    assert text.sequences == ["CCO", "C(", "OCC eth"]
+    assert text.skipped == {"empty": 2, "undecodable": 1, "too_long": 3, "duplicate": 1}, text.skipped
+
+    mols = load_sequences(path, max_length=10, smiles=True)
+    # SMILES mode reads the first field: "hello", "xxxxxxxxxxx" and "C(" do not parse, the 12 carbons
+    # are too long, and "OCC" canonicalises to the "CCO" already kept.
+    assert mols.sequences == ["CCO"]
+    assert mols.skipped == {"empty": 2, "undecodable": 1, "unparsable": 3, "too_long": 1, "duplicate": 2}, (
+        mols.skipped
+    )
+    assert mols.sources == (str(path),)
+
+    kept_all = load_sequences(str(path), max_length=10, dedupe=False)
+    assert kept_all.sequences.count("CCO") == 2
+    assert load_sequences(str(path), max_length=10, limit=1).sequences == ["CCO"]
+
+
+def test_file_source_arguments_are_checked(tmp_path):
+    with pytest.raises(FileNotFoundError, match="source"):
+        load_sequences(str(tmp_path / "missing.txt"))
+    path = tmp_path / "a.txt"
+    path.write_text("CCO\n")
+    with pytest.raises(ValueError, match="max_length"):
+        load_sequences(str(path), max_length=0)
+    with pytest.raises(ValueError, match="molecule_filter"):
+        load_sequences(str(path), molecule_filter=sm.DRUG_LIKE)
+    with pytest.raises(ValueError, match="canonicalize"):
+        load_sequences(str(path), canonicalize=True)
+    with pytest.raises(ValueError, match="source"):
+        load_sequences("moses:validation")
+
+
+def test_moses_source_missing_says_how_to_install(monkeypatch):
+    def not_found(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(sm.importlib.metadata, "distribution", not_found)
+    monkeypatch.setattr(sm.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps molsets"):
+        load_sequences("moses")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("moses") is None, reason="molsets not installed")
+def test_moses_source_reads_the_data_without_importing_moses():
+    result = load_sequences("moses:test", limit=500, smiles=True)
+    assert len(result.sequences) == 500 and result.skipped == {}
+    assert "moses" not in sys.modules
+
+
+def test_importing_the_module_does_not_import_rdkit():
+    code = "import sys, jax_scan_rnn.data.smiles, jax_scan_rnn.metrics; print('rdkit' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+# ---------------------------------------------------------------- vocabulary
+
+
+def test_vocabulary_round_trip(rdkit_set):
+    vocab = Vocabulary.build(rdkit_set.sequences)
+    assert vocab.tokens[:3] == SPECIAL_TOKENS and vocab.size == len(vocab.tokens)
+    seqs = rdkit_set.sequences[:300] + [""]
+    tokens, lengths = vocab.encode(seqs, DEFAULT_MAX_LENGTH)
+    assert tokens.shape == (len(seqs), DEFAULT_MAX_LENGTH + 1) and tokens.dtype == np.int32
+    assert lengths.dtype == np.int32
+    np.testing.assert_array_equal(lengths, [len(s) + 1 for s in seqs])
+    np.testing.assert_array_equal((tokens != PAD).sum(axis=1), lengths)
+    np.testing.assert_array_equal(tokens[np.arange(len(seqs)), lengths - 1], EOS)
+    assert vocab.decode(tokens) == seqs
+
+
+def test_encode_layout_and_decode_rules():
+    vocab = Vocabulary.build(["ab", "ca"])
+    assert vocab.tokens == SPECIAL_TOKENS + ("a", "b", "c")
+    tokens, lengths = vocab.encode(["ab", "c"], max_len=3)
+    np.testing.assert_array_equal(tokens, [[3, 4, 2, 0], [5, 2, 0, 0]])
+    np.testing.assert_array_equal(lengths, [3, 2])
+    assert vocab.encode(["ab", "c"])[0].shape == (2, 3)  # max_len=None: the longest
+    # Decoding stops at the first <eos> and skips <pad> and <sos>.
+    assert vocab.decode(np.array([[1, 3, 0, 4, 2, 5], [5, 5, 5, 5, 5, 5]])) == ["ab", "cccccc"]
+    with pytest.raises(ValueError, match="tokens"):
+        vocab.decode(np.array([[3, 9]]))
+    with pytest.raises(ValueError, match="tokens"):
+        vocab.decode(np.array([3, 4]))
+
+
+def test_unknown_character_names_character_and_sequence():
+    vocab = Vocabulary.build(["CCO", "c1ccccc1"])
+    with pytest.raises(ValueError, match=r"'l'.*'CCCl'"):
+        vocab.encode(["CCO", "CCCl"], max_len=10)
+    with pytest.raises(ValueError, match=r"max_len=3.*'CCCC'"):
+        vocab.encode(["CCCC"], max_len=3)
+    with pytest.raises(TypeError, match="sequences"):
+        vocab.encode("CCO", max_len=3)
+
+
+def test_vocabulary_json_round_trip_and_validation():
+    vocab = Vocabulary.build(["CC(=O)Nc1ccc(O)cc1", "Brc1ccccc1", "é"])
+    again = Vocabulary.from_json(vocab.to_json())
+    assert again == vocab and again.tokens == vocab.tokens
+    assert hash(again) == hash(vocab)
+    np.testing.assert_array_equal(again.encode(["CC(=O)"], 8)[0], vocab.encode(["CC(=O)"], 8)[0])
+    with pytest.raises(ValueError, match="text"):
+        Vocabulary.from_json("not json")
+    with pytest.raises(ValueError, match="tokens"):
+        Vocabulary(("a", "b"))
+    with pytest.raises(ValueError, match="tokens"):
+        Vocabulary(SPECIAL_TOKENS + ("a", "a"))
+    with pytest.raises(ValueError, match="tokens"):
+        Vocabulary(SPECIAL_TOKENS + ("Cl",))
+
+
+# ---------------------------------------------------------------- split and batches
+
+
+def test_split_is_deterministic_disjoint_and_complete():
+    seqs = [f"s{i}" for i in range(1000)]
+    parts = split(seqs, (0.8, 0.1, 0.1), seed=3)
+    assert [len(p) for p in parts] == [800, 100, 100]
+    assert parts == split(seqs, (0.8, 0.1, 0.1), seed=3)
+    assert parts != split(seqs, (0.8, 0.1, 0.1), seed=4)
+    sets = [set(p) for p in parts]
+    assert not (sets[0] & sets[1]) and not (sets[0] & sets[2]) and not (sets[1] & sets[2])
+    assert set().union(*sets) == set(seqs)
+    assert parts[1] == sorted(parts[1], key=seqs.index)  # input order kept within a part
+    assert [len(p) for p in split(seqs[:7], (0.5, 0.5), seed=0)] == [4, 3]
+    with pytest.raises(ValueError, match="fractions"):
+        split(seqs, (0.8, 0.3))
+    with pytest.raises(ValueError, match="seed"):
+        split(seqs, (1.0,), seed=-1)
+
+
+def test_batch_at_is_a_pure_function_of_the_step():
+    n, t, batch = 103, 5, 10
+    tokens = np.arange(n * t, dtype=np.int32).reshape(n, t)
+    lengths = np.arange(n, dtype=np.int32)
+    run = [batch_at(tokens, lengths, batch, step, seed=7) for step in range(25)]
+    for step in (0, 9, 10, 24):  # "resuming" at any step gives the same batch
+        b_tokens, b_lengths = batch_at(tokens, lengths, batch, step, seed=7)
+        np.testing.assert_array_equal(b_tokens, run[step][0])
+        np.testing.assert_array_equal(b_lengths, run[step][1])
+    for b_tokens, b_lengths in run:
+        assert b_tokens.shape == (batch, t)
+        np.testing.assert_array_equal(b_tokens[:, 0] // t, b_lengths)  # rows stay paired
+    epoch0 = np.concatenate([run[s][1] for s in range(10)])  # 103 // 10 = 10 batches per epoch
+    epoch1 = np.concatenate([run[s][1] for s in range(10, 20)])
+    assert len(set(epoch0)) == 100 and len(set(epoch1)) == 100  # no row twice within an epoch
+    assert not np.array_equal(epoch0, epoch1)  # reshuffled each epoch
+    assert not np.array_equal(run[0][1], batch_at(tokens, lengths, batch, 0, seed=8)[1])
+    with pytest.raises(ValueError, match="batch_size"):
+        batch_at(tokens, lengths, n + 1, 0)
+    with pytest.raises(ValueError, match="step"):
+        batch_at(tokens, lengths, batch, -1)
+    with pytest.raises(ValueError, match="lengths"):
+        batch_at(tokens, lengths[:-1], batch, 0)
