@@ -142,6 +142,16 @@ def train_config(args: argparse.Namespace):
     )
 
 
+def data_parallel(args: argparse.Namespace, batch_size: int):
+    from jax_scan_rnn.distributed import DataParallel, initialize_multihost
+
+    if args.multihost:
+        initialize_multihost()
+    dp = DataParallel.create(args.devices)
+    dp.check_batch_size(batch_size)
+    return dp
+
+
 @command("train traveller")
 def cmd_train_traveller(args: argparse.Namespace) -> int:
     from jax_scan_rnn.tasks import traveller as task_lib
@@ -155,8 +165,12 @@ def cmd_train_traveller(args: argparse.Namespace) -> int:
         objective=args.objective,
     )
     out = Path(args.out)
-    print(f"training the Traveller ({args.objective} objective) for {args.steps} steps -> {out}")
-    model, history = task_lib.train(task, train_config(args), out, resume=args.resume, callback=ProgressBar())
+    dp = data_parallel(args, task.batch_size)
+    print(f"training the Traveller ({args.objective} objective) for {args.steps} steps on {dp.size} device(s) -> {out}")
+    model, history = task_lib.train(
+        task, train_config(args), out, resume=args.resume, callback=ProgressBar(),
+        data_sharding=dp.data, state_sharding=dp.replicated,
+    )
     table = task_lib.evaluate(model, task)
     task_lib.save_table(table, out / "evaluation.json")
     plot = task_lib.plot_positions(model, task, out / "positions.png")
@@ -209,6 +223,14 @@ def add_train_arguments(parser: argparse.ArgumentParser, *, steps: int, lr: floa
     group.add_argument("--seed", type=int, default=0, help="initialisation seed (default: 0)")
     group.add_argument("--out", default=out, help=f"output directory (default: {out})")
     group.add_argument("--resume", action="store_true", help="continue from the latest valid checkpoint in --out")
+    group.add_argument(
+        "--devices", type=positive_int, default=None,
+        help="data-parallel over this many devices: the batch is split, parameters replicated (default: all)",
+    )
+    group.add_argument(
+        "--multihost", action="store_true",
+        help="call jax.distributed.initialize() first (run the same command on every host; see README)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -650,7 +650,13 @@ def fit(
         leaves = jax.device_put(leaves, state_sharding)
 
     def put(batch):
-        return jax.device_put(batch, data_sharding) if data_sharding is not None else batch
+        if data_sharding is None:
+            return batch
+        if jax.process_count() > 1:  # several hosts: each contributes its own devices' rows
+            from jax_scan_rnn.distributed import DataParallel
+
+            return DataParallel(data_sharding.mesh).put(batch)
+        return jax.device_put(batch, data_sharding)
 
     # Trace loss_fn once abstractly to learn its metric names (structure of the accumulators).
     first_batch = batch_fn(0)

@@ -1,0 +1,84 @@
+"""Data parallelism with JAX's own sharding: a 1-D device mesh, the batch split, the parameters replicated.
+
+    dp = DataParallel.create(num_devices=4)       # default: every local device
+    fit(model, loss_fn, batch_fn, cfg, data_sharding=dp.data, state_sharding=dp.replicated)
+
+Nothing here communicates by hand. The train step is one `jax.jit`; because its batch argument is
+sharded along the mesh's "data" axis and its state is replicated, XLA's SPMD partitioner runs each
+device's share of the batch locally and inserts the all-reduce of the gradients (the loss is a mean
+over the batch, so the reduced gradient is exactly the single-device gradient of the global batch).
+
+Several hosts: call `initialize_multihost()` (`jax.distributed.initialize`, which reads the coordinator
+address, process count and index from its arguments or the cluster's environment) on every host
+before anything else touches JAX; the mesh then spans all hosts' devices, and each host feeds the
+rows of the global batch that belong to its own devices (`DataParallel.put`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+DATA_AXIS = "data"
+
+
+@dataclass(frozen=True)
+class DataParallel:
+    """A data-parallel layout over `mesh`: batch sharded on its leading axis, state replicated."""
+
+    mesh: Mesh  # 1-D mesh over the participating devices, axis "data"
+
+    @classmethod
+    def create(cls, num_devices: int | None = None) -> DataParallel:
+        """Use the first `num_devices` devices (all of them, across hosts, when None)."""
+        devices = jax.devices()
+        if num_devices is None:
+            num_devices = len(devices)
+        if not isinstance(num_devices, int) or not 1 <= num_devices <= len(devices):
+            raise ValueError(
+                f"num_devices: expected an int in [1, {len(devices)}] (the devices JAX sees), got {num_devices!r}"
+            )
+        return cls(Mesh(np.array(devices[:num_devices]), (DATA_AXIS,)))
+
+    @property
+    def size(self) -> int:
+        return self.mesh.size
+
+    @property
+    def data(self) -> NamedSharding:
+        """Sharding of a batch: its leading (batch) axis split over the devices."""
+        return NamedSharding(self.mesh, PartitionSpec(DATA_AXIS))
+
+    @property
+    def replicated(self) -> NamedSharding:
+        """Sharding of parameters and optimiser state: a full copy on every device."""
+        return NamedSharding(self.mesh, PartitionSpec())
+
+    def check_batch_size(self, batch_size: int) -> None:
+        if batch_size % self.size:
+            raise ValueError(
+                f"batch_size: expected a multiple of the {self.size} devices it is split over, got {batch_size}"
+            )
+
+    def put(self, batch):
+        """Place a global batch (pytree of `[B, ...]` host arrays) sharded over the mesh.
+
+        On one host this is `jax.device_put`. On several, each host holds the same global batch (the data
+        is a function of the step) and contributes the rows of its own devices.
+        """
+        if jax.process_count() == 1:
+            return jax.device_put(batch, self.data)
+
+        def local(x):
+            rows = np.asarray(x).shape[0] // jax.process_count()
+            start = jax.process_index() * rows
+            return jax.make_array_from_process_local_data(self.data, np.asarray(x)[start : start + rows])
+
+        return jax.tree.map(local, batch)
+
+
+def initialize_multihost(**kwargs) -> None:
+    """`jax.distributed.initialize(**kwargs)`: join a multi-host run (call first, on every host)."""
+    jax.distributed.initialize(**kwargs)
