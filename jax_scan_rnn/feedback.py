@@ -18,8 +18,8 @@ Three rules for `feed` cover every use in this project:
   - scheduled sampling / free running: `fb = where(coin_t, model's token from y_t, ground truth)`, with the
     per-token coins and any sampling noise passed in `x_t`, so another framework can be fed the same draws.
 
-Whatever does not depend on the feedback belongs in `x_t` already projected: `inject` then adds only the
-fed-back part, so the big input matmul for all steps happens once, before the scan.
+Whatever does not depend on the feedback is projected by `prepare` for many steps at once (one big
+matmul before the loop); `inject` then adds only the fed-back part inside the loop.
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from typing import Any
 import jax
 
 from jax_scan_rnn.layers import RNN
+from jax_scan_rnn.scan import time_scan
 
 Array = jax.Array
 PyTree = Any
@@ -44,7 +45,9 @@ def feedback_scan(
     readout: Callable[[Array, PyTree], PyTree],
     feed: Callable[[PyTree, PyTree], PyTree],
     dropout_masks: Array | None = None,
+    prepare: Callable[[PyTree], PyTree] | None = None,
     unroll: int = 1,
+    remat_chunk: int | None = None,
 ) -> tuple[list, PyTree, PyTree]:
     """Run a feedback recurrence over T steps as one `lax.scan`.
 
@@ -57,7 +60,11 @@ def feedback_scan(
       readout: `(h [B, H], x_t) -> y_t`, the step's output (any pytree).
       feed: `(y_t, x_t) -> fb`, what the next step reads.
       dropout_masks: `[T, L-1, B, H]` scaled inter-layer keep-masks, or None (no dropout).
+      prepare: optional `xs -> xs'` for the work that does not depend on the feedback, done for many
+        steps at once before the loop (e.g. the features' input projection); see `scan.time_scan`.
       unroll: time steps per compiled loop iteration (`lax.scan`'s `unroll`).
+      remat_chunk: None, or rematerialise in chunks of this many steps when differentiating
+        (training memory ~T/c + c instead of ~T; `scan.time_scan`).
     Returns:
       `(final_carries, final_feedback, ys)` with `ys` the stacked `y_t`, time-major `[T, ...]`.
     """
@@ -69,5 +76,8 @@ def feedback_scan(
         y = readout(h, x_t)
         return (carries, feed(y, x_t)), y
 
-    (carries, feedback), ys = jax.lax.scan(body, (carries, feedback), (xs, dropout_masks), unroll=unroll)
+    prepare_xs = None if prepare is None else (lambda pair: (prepare(pair[0]), pair[1]))
+    (carries, feedback), ys = time_scan(
+        body, (carries, feedback), (xs, dropout_masks), prepare=prepare_xs, unroll=unroll, remat_chunk=remat_chunk
+    )
     return carries, feedback, ys

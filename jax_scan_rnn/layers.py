@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jax_scan_rnn.cells import GRUCell, LSTMCell, RNNCell
+from jax_scan_rnn.scan import time_scan
 
 Array = jax.Array
 
@@ -34,6 +35,8 @@ class RNN(nnx.Module):
       dropout: inter-layer dropout probability (training mode only), as in `torch.nn.LSTM`.
       param_dtype: dtype of the parameters; computation runs in the input's dtype.
       unroll: default `lax.scan` unroll factor (time steps per loop iteration); overridable per call.
+      remat_chunk: None, or rematerialise the time loop in chunks of this many steps when
+        differentiating (training memory ~T/c + c instead of ~T; see `scan.time_scan`).
       bidirectional: also run each layer backward in time (torch's `bidirectional=True`): outputs
         `[B, T, 2H]` (forward, backward), states `[2L, B, H]` ordered layer 0 fwd, layer 0 bwd, ...
       rngs: `nnx.Rngs` with a `params` stream (and a `dropout` stream if `dropout > 0`).
@@ -50,6 +53,7 @@ class RNN(nnx.Module):
         *,
         param_dtype=jnp.float32,
         unroll: int = 1,
+        remat_chunk: int | None = None,
         bidirectional: bool = False,
         rngs: nnx.Rngs,
     ):
@@ -63,6 +67,7 @@ class RNN(nnx.Module):
         self.hidden_size = hidden_size
         self.num_layers = num_layers
         self.unroll = unroll
+        self.remat_chunk = remat_chunk
         self.bidirectional = bidirectional
         self.num_directions = 2 if bidirectional else 1
 
@@ -206,22 +211,26 @@ class RNN(nnx.Module):
         for k in range(self.num_layers):
             if k > 0:
                 seq = self.dropout(seq)
-            carry, out = self._scan_layer(self.layers[k], next(carries), seq, valid, unroll)
+            carry, out = self._scan_layer(self.layers[k], next(carries), seq, valid, unroll, self.remat_chunk)
             finals.append(carry)
             if self.bidirectional:
                 backward = jnp.take_along_axis(seq, reverse_index[:, :, None], axis=0)
-                carry, out_b = self._scan_layer(self.reverse_layers[k], next(carries), backward, valid, unroll)
+                carry, out_b = self._scan_layer(
+                    self.reverse_layers[k], next(carries), backward, valid, unroll, self.remat_chunk
+                )
                 finals.append(carry)
                 out = jnp.concatenate([out, jnp.take_along_axis(out_b, reverse_index[:, :, None], axis=0)], -1)
             seq = out
         return jnp.swapaxes(seq, 0, 1), self.stack_carries(finals)
 
     @staticmethod
-    def _scan_layer(cell: RNNCell, carry, seq: Array, valid: Array | None, unroll: int):
+    def _scan_layer(cell: RNNCell, carry, seq: Array, valid: Array | None, unroll: int, remat_chunk: int | None):
         """One layer, one direction over time-major `seq [T, B, I]`; `valid [T, B]` freezes padding."""
-        xp = cell.input_projection(seq)  # [T, B, G*H]: all steps in one matmul
+        # The input projection of many steps is one matmul (`prepare`), outside the per-step loop.
         if valid is None:
-            return jax.lax.scan(cell.step, carry, xp, unroll=unroll)
+            return time_scan(
+                cell.step, carry, seq, prepare=cell.input_projection, unroll=unroll, remat_chunk=remat_chunk
+            )
 
         def masked_step(carry, inputs):
             xp_t, valid_t = inputs
@@ -230,7 +239,14 @@ class RNN(nnx.Module):
             carry = jax.tree.map(lambda new, old: jnp.where(keep, new, old), new_carry, carry)
             return carry, jnp.where(keep, h, jnp.zeros_like(h))
 
-        return jax.lax.scan(masked_step, carry, (xp, valid), unroll=unroll)
+        return time_scan(
+            masked_step,
+            carry,
+            (seq, valid),
+            prepare=lambda xs: (cell.input_projection(xs[0]), xs[1]),
+            unroll=unroll,
+            remat_chunk=remat_chunk,
+        )
 
     @staticmethod
     def check_lengths(lengths, batch_size: int, steps: int) -> Array:

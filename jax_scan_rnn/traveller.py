@@ -39,6 +39,8 @@ class Traveller(nnx.Module):
       dropout: inter-layer dropout probability (training mode only, as in `torch.nn.LSTM`).
       param_dtype: parameter dtype; computation runs in the inputs' dtype.
       unroll: default `lax.scan` unroll factor.
+      remat_chunk: None, or rematerialise the time loop in chunks of this many steps when training
+        (memory ~T/c + c instead of ~T; see `scan.time_scan`).
       rngs: `nnx.Rngs` (streams `params`, and `dropout` if `dropout > 0`).
     """
 
@@ -51,11 +53,19 @@ class Traveller(nnx.Module):
         *,
         param_dtype=jnp.float32,
         unroll: int = 1,
+        remat_chunk: int | None = None,
         rngs: nnx.Rngs,
     ):
         self.num_inputs = num_inputs
         self.lstm_layers = LSTM(
-            num_inputs + NUM_POSITIONS, hidden_size, num_layers, dropout, param_dtype=param_dtype, unroll=unroll, rngs=rngs
+            num_inputs + NUM_POSITIONS,
+            hidden_size,
+            num_layers,
+            dropout,
+            param_dtype=param_dtype,
+            unroll=unroll,
+            remat_chunk=remat_chunk,
+            rngs=rngs,
         )
         self.output_layer = Linear(hidden_size, NUM_POSITIONS, param_dtype=param_dtype, rngs=rngs)
 
@@ -107,7 +117,7 @@ class Traveller(nnx.Module):
         first = lstm.layers[0]
         w_ih = first.w_ih[...].astype(x.dtype)  # [2 + F, 4H]: rows 0-1 read the positions, as in torch's concat
         w_fb, w_u = w_ih[:NUM_POSITIONS], w_ih[NUM_POSITIONS:]
-        u_proj = jnp.swapaxes(x @ w_u + first.b_ih[...].astype(x.dtype), 0, 1)  # [T, B, 4H], hoisted
+        b_ih = first.b_ih[...].astype(x.dtype)
         if dropout_masks is None:
             dropout_masks = lstm.dropout_masks((steps, batch, lstm.hidden_size), x.dtype)
             if dropout_masks is not None:
@@ -122,11 +132,13 @@ class Traveller(nnx.Module):
             lstm,
             carries,
             jnp.zeros((batch, NUM_POSITIONS), x.dtype),
-            u_proj,
+            jnp.swapaxes(x, 0, 1),  # time-major [T, B, F]
+            prepare=lambda u: u @ w_u + b_ih,  # the features' share of layer 0's input, [T, B, 4H] at once
             inject=lambda fb, up_t: up_t + fb @ w_fb,
             readout=lambda h, _: jnp.tanh(self.output_layer(h)),
             feed=lambda y, _: y,
             dropout_masks=dropout_masks,
             unroll=lstm.unroll if unroll is None else unroll,
+            remat_chunk=lstm.remat_chunk,
         )
         return jnp.swapaxes(ys, 0, 1)
