@@ -34,6 +34,8 @@ class RNN(nnx.Module):
       num_layers: L, stacked layers; layer k > 0 reads layer k-1's outputs.
       dropout: inter-layer dropout probability (training mode only), as in `torch.nn.LSTM`.
       param_dtype: dtype of the parameters; computation runs in the input's dtype.
+      compute_dtype: None, or the matmul operand dtype (e.g. `jnp.bfloat16` on GPU): states, gates
+        and accumulation stay in the input's dtype.
       unroll: default `lax.scan` unroll factor (time steps per loop iteration); overridable per call.
       remat_chunk: None, or rematerialise the time loop in chunks of this many steps when
         differentiating (training memory ~T/c + c instead of ~T; see `scan.time_scan`).
@@ -52,6 +54,7 @@ class RNN(nnx.Module):
         dropout: float = 0.0,
         *,
         param_dtype=jnp.float32,
+        compute_dtype=None,
         unroll: int = 1,
         remat_chunk: int | None = None,
         bidirectional: bool = False,
@@ -78,6 +81,7 @@ class RNN(nnx.Module):
                         input_size if k == 0 else self.num_directions * hidden_size,
                         hidden_size,
                         param_dtype=param_dtype,
+                        compute_dtype=compute_dtype,
                         rngs=rngs,
                     )
                     for k in range(num_layers)

@@ -38,6 +38,7 @@ class Traveller(nnx.Module):
       num_layers: stacked LSTM layers.
       dropout: inter-layer dropout probability (training mode only, as in `torch.nn.LSTM`).
       param_dtype: parameter dtype; computation runs in the inputs' dtype.
+      compute_dtype: None, or the LSTM matmuls' operand dtype (`jnp.bfloat16`); state stays float32.
       unroll: default `lax.scan` unroll factor.
       remat_chunk: None, or rematerialise the time loop in chunks of this many steps when training
         (memory ~T/c + c instead of ~T; see `scan.time_scan`).
@@ -52,6 +53,7 @@ class Traveller(nnx.Module):
         dropout: float = 0.0,
         *,
         param_dtype=jnp.float32,
+        compute_dtype=None,
         unroll: int = 1,
         remat_chunk: int | None = None,
         rngs: nnx.Rngs,
@@ -63,6 +65,7 @@ class Traveller(nnx.Module):
             num_layers,
             dropout,
             param_dtype=param_dtype,
+            compute_dtype=compute_dtype,
             unroll=unroll,
             remat_chunk=remat_chunk,
             rngs=rngs,
@@ -115,7 +118,7 @@ class Traveller(nnx.Module):
         lstm = self.lstm_layers
         batch, steps, _ = x.shape
         first = lstm.layers[0]
-        w_ih = first.w_ih[...].astype(x.dtype)  # [2 + F, 4H]: rows 0-1 read the positions, as in torch's concat
+        w_ih = first.w_ih[...]  # [2 + F, 4H]: rows 0-1 read the positions, as in torch's concat
         w_fb, w_u = w_ih[:NUM_POSITIONS], w_ih[NUM_POSITIONS:]
         b_ih = first.b_ih[...].astype(x.dtype)
         if dropout_masks is None:
@@ -133,8 +136,8 @@ class Traveller(nnx.Module):
             carries,
             jnp.zeros((batch, NUM_POSITIONS), x.dtype),
             jnp.swapaxes(x, 0, 1),  # time-major [T, B, F]
-            prepare=lambda u: u @ w_u + b_ih,  # the features' share of layer 0's input, [T, B, 4H] at once
-            inject=lambda fb, up_t: up_t + fb @ w_fb,
+            prepare=lambda u: first.matmul(u, w_u) + b_ih,  # the features' share of layer 0's input, [T, B, 4H] at once
+            inject=lambda fb, up_t: up_t + first.matmul(fb, w_fb),
             readout=lambda h, _: jnp.tanh(self.output_layer(h)),
             feed=lambda y, _: y,
             dropout_masks=dropout_masks,

@@ -128,3 +128,21 @@ def test_float32_params_with_float32_input_stay_float32():
     model = jsr.GRU(3, 4, rngs=nnx.Rngs(0))
     out, h = model(np.ones((1, 2, 3), np.float32))
     assert out.dtype == jnp.float32 and h.dtype == jnp.float32
+
+
+@pytest.mark.parametrize("cls", KINDS)
+def test_bf16_compute_keeps_float32_state_and_stays_close(cls):
+    x = jnp.asarray(np.random.default_rng(3).standard_normal((2, 40, 3)), jnp.float32)
+    full = cls(3, 16, 2, rngs=nnx.Rngs(0))
+    half = cls(3, 16, 2, compute_dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    want, _ = full(x)
+    got, state = half(x)
+    assert got.dtype == jnp.float32 and all(s.dtype == jnp.float32 for s in jax.tree.leaves(state))
+    # bf16 operands carry 8 mantissa bits (~4e-3 relative); states are bounded by 1.
+    np.testing.assert_allclose(got, want, atol=3e-2)
+    assert not np.array_equal(got, want)
+
+
+def test_bad_compute_dtype():
+    with pytest.raises(TypeError, match="compute_dtype: expected None or a floating dtype"):
+        jsr.GRU(3, 4, compute_dtype=jnp.int8, rngs=nnx.Rngs(0))
