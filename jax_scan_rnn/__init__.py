@@ -10,6 +10,7 @@ from jax_scan_rnn.convert import load_safetensors, load_torch_state_dict, save_s
 from jax_scan_rnn.feedback import feedback_scan
 from jax_scan_rnn.layers import GRU, LSTM, RNN
 from jax_scan_rnn.traveller import Traveller
+from jax_scan_rnn.vae import SeqVAE
 
 __version__ = "0.1.0"
 
@@ -18,6 +19,7 @@ __all__ = [
     "GRU",
     "RNN",
     "Traveller",
+    "SeqVAE",
     "feedback_scan",
     "LSTMCell",
     "GRUCell",

@@ -5,6 +5,9 @@
     jax-scan-rnn check                # parity self-check against torch.nn on random weights
     jax-scan-rnn train traveller      # train the position-feedback LSTM on the simulated market
     jax-scan-rnn evaluate traveller --checkpoint runs/traveller
+    jax-scan-rnn train vae            # the SMILES sequence VAE with scheduled sampling
+    jax-scan-rnn sample vae --checkpoint runs/vae -n 1000
+    jax-scan-rnn evaluate vae --checkpoint runs/vae
 
 Errors in arguments or data (ValueError, TypeError, KeyError, FileNotFoundError) are printed as one
 line on stderr and exit with code 2, like argparse's own usage errors.
@@ -200,6 +203,112 @@ def cmd_evaluate_traveller(args: argparse.Namespace) -> int:
     return 0
 
 
+def vae_task(args: argparse.Namespace):
+    from jax_scan_rnn.tasks import vae as task_lib
+
+    return task_lib.VAETask(
+        data=args.data,
+        limit=args.limit,
+        hidden_size=args.hidden_size,
+        latent_size=args.latent_size,
+        num_layers=args.num_layers,
+        bidirectional=args.bidirectional,
+        concat_z=args.concat_z,
+        batch_size=args.batch_size,
+        decoding=args.decoding,
+        ss_mode=args.ss_mode,
+        ss_schedule=args.ss_schedule,
+        ss_midpoint=args.ss_midpoint,
+        ss_max=args.ss_max,
+        kl_schedule=args.kl_schedule,
+        kl_warmup=args.kl_warmup,
+        max_beta=args.max_beta,
+        free_bits=args.free_bits,
+        eval_samples=args.eval_samples,
+    )
+
+
+def print_vae_report(report: dict) -> None:
+    rec, samples, latent = report["reconstruction"], report["samples"], report["latent"]
+    print(f"{'reconstruction (decoding from mu)':<36} {'token acc':>10} {'sequence acc':>13}")
+    print(f"{'  teacher-forced':<36} {rec['tf_token_acc']:>10.3f} {rec['tf_sequence_acc']:>13.3f}")
+    print(f"{'  free-running (greedy)':<36} {rec['free_token_acc']:>10.3f} {rec['free_sequence_acc']:>13.3f}")
+    print(f"prior samples (n={samples['n']}): valid {samples['validity']:.3f}  unique {samples['uniqueness']:.3f}  "
+          f"novel {samples['novelty']:.3f}")
+    print(f"latent: KL {latent['kl']:.2f} nats, active units {latent['active_units']} of {len(latent['kl_per_dim'])}")
+    print("interpolation:", " -> ".join(report["interpolation"]["path"][:: max(1, len(report["interpolation"]["path"]) // 4)]))
+
+
+@command("train vae")
+def cmd_train_vae(args: argparse.Namespace) -> int:
+    import json
+
+    from jax_scan_rnn.tasks import vae as task_lib
+
+    task = vae_task(args)
+    out = Path(args.out)
+    dataset = task_lib.load_dataset(task)
+    skipped = ", ".join(f"{k} {v}" for k, v in dataset.skipped.items()) or "none"
+    print(f"data {task.data}: {len(dataset.train)} train / {len(dataset.valid)} valid / {len(dataset.test)} test "
+          f"sequences, vocabulary {dataset.vocab.size}; skipped: {skipped}")
+    dp = data_parallel(args, task.batch_size)
+    print(f"training the VAE ({task.decoding} decoding) for {args.steps} steps on {dp.size} device(s) -> {out}")
+    model, dataset, _ = task_lib.train(
+        task, train_config(args), out, resume=args.resume, callback=ProgressBar(), dataset=dataset,
+        data_sharding=dp.data, state_sharding=dp.replicated,
+    )
+    report = task_lib.evaluate(model, dataset, task)
+    (out / "evaluation.json").write_text(json.dumps(report, indent=2) + "\n")
+    print()
+    print_vae_report(report)
+    print(f"\nmetrics: {out / 'metrics.jsonl'}  curves: {out / 'curves.png'}  report: {out / 'evaluation.json'}")
+    return 0
+
+
+def load_vae(args: argparse.Namespace):
+    from jax_scan_rnn.tasks import vae as task_lib
+
+    checkpoint = Path(args.checkpoint)
+    if not checkpoint.is_dir():
+        raise FileNotFoundError(f"--checkpoint: expected a training output directory, got {checkpoint}")
+    return task_lib.load(checkpoint, args.step)
+
+
+@command("sample vae")
+def cmd_sample_vae(args: argparse.Namespace) -> int:
+    from jax_scan_rnn import metrics
+    from jax_scan_rnn.tasks import vae as task_lib
+
+    model, vocab, task = load_vae(args)
+    model.eval()
+    generated = task_lib.sample(model, vocab, args.n, max_len=task.max_length + 1, seed=args.seed,
+                                temperature=args.temperature, top_k=args.top_k, greedy=args.greedy)
+    if args.output:
+        Path(args.output).write_text("\n".join(generated) + "\n")
+    else:
+        print("\n".join(generated))
+    if task.data in ("rdkit", "moses"):
+        print(f"valid {metrics.validity(generated):.3f}  unique {metrics.uniqueness(generated):.3f}", file=sys.stderr)
+    return 0
+
+
+@command("evaluate vae")
+def cmd_evaluate_vae(args: argparse.Namespace) -> int:
+    import json
+
+    from jax_scan_rnn.tasks import vae as task_lib
+
+    model, vocab, task = load_vae(args)
+    dataset = task_lib.load_dataset(task)
+    if dataset.vocab != vocab:
+        raise ValueError(f"--checkpoint: its vocabulary differs from the one rebuilt from {task.data!r}")
+    report = task_lib.evaluate(model, dataset, dataclasses.replace(task, eval_samples=args.n))
+    print_vae_report(report)
+    if args.output:
+        Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
 def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -260,6 +369,49 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_train_arguments(trav, steps=1000, lr=3e-3, out="runs/traveller")
 
+    vae = train.add_parser("vae", help="the SMILES sequence VAE (GRU encoder/decoder, scheduled sampling)")
+    model = vae.add_argument_group("model and data")
+    model.add_argument("--data", default="rdkit",
+                       help="rdkit (SMILES shipped with rdkit), moses (pip install --no-deps molsets) or a text "
+                            "file with one sequence per line (default: rdkit)")
+    model.add_argument("--limit", type=positive_int, default=None, help="use at most this many sequences")
+    model.add_argument("--hidden-size", type=positive_int, default=256, help="GRU hidden size (default: 256)")
+    model.add_argument("--latent-size", type=positive_int, default=64, help="latent size (default: 64)")
+    model.add_argument("--num-layers", type=positive_int, default=1, help="GRU layers (default: 1)")
+    model.add_argument("--bidirectional", action="store_true", help="bidirectional encoder")
+    model.add_argument("--concat-z", action="store_true", help="append z to every decoder input (as MOSES)")
+    model.add_argument("--batch-size", type=positive_int, default=128, help="sequences per step (default: 128)")
+    model.add_argument("--decoding", choices=["teacher", "scheduled"], default="scheduled",
+                       help="teacher forcing only, or scheduled sampling per token (default: scheduled)")
+    model.add_argument("--ss-mode", choices=["argmax", "sample", "gumbel_softmax"], default="argmax",
+                       help="the model's own token: argmax, a sample, or straight-through Gumbel (default: argmax)")
+    model.add_argument("--ss-schedule", choices=["linear", "exponential", "inverse_sigmoid"],
+                       default="inverse_sigmoid", help="teacher-forcing decay (default: inverse_sigmoid)")
+    model.add_argument("--ss-midpoint", type=positive_int, default=1000,
+                       help="step where the teacher-forcing probability is 0.5 (default: 1000)")
+    model.add_argument("--ss-max", type=float, default=0.5, help="cap on the replacement probability (default: 0.5)")
+    model.add_argument("--kl-schedule", choices=["constant", "linear", "sigmoid"], default="linear",
+                       help="KL weight annealing (default: linear)")
+    model.add_argument("--kl-warmup", type=int, default=500, help="KL annealing steps (default: 500)")
+    model.add_argument("--max-beta", type=float, default=0.05, help="final KL weight (default: 0.05, as MOSES)")
+    model.add_argument("--free-bits", type=float, default=0.0, help="KL free bits per dimension (default: 0)")
+    model.add_argument("--eval-samples", type=positive_int, default=1000,
+                       help="prior samples for the final report (default: 1000)")
+    add_train_arguments(vae, steps=1500, lr=1e-3, out="runs/vae")
+
+    sample = sub.add_parser("sample", help="generate from a trained model").add_subparsers(
+        dest="model", required=True, metavar="MODEL"
+    )
+    sv = sample.add_parser("vae", help="SMILES from the prior z ~ N(0, I), in one jitted call")
+    sv.add_argument("--checkpoint", required=True, help="the training output directory (--out of train)")
+    sv.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    sv.add_argument("-n", type=positive_int, default=1000, help="number of samples (default: 1000)")
+    sv.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default: 1.0)")
+    sv.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (default: 0, off)")
+    sv.add_argument("--greedy", action="store_true", help="argmax decoding instead of sampling")
+    sv.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    sv.add_argument("--output", default=None, help="write the samples here, one per line (default: stdout)")
+
     evaluate = sub.add_parser("evaluate", help="evaluate a trained model").add_subparsers(
         dest="model", required=True, metavar="MODEL"
     )
@@ -269,6 +421,11 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--paths", type=positive_int, default=None, help="held-out paths (default: the task's)")
     ev.add_argument("--horizon", type=positive_int, default=None, help="steps per held-out path")
     ev.add_argument("--plot", default=None, help="positions plot path (default: CHECKPOINT/positions.png)")
+    ev = evaluate.add_parser("vae", help="reconstruction, prior-sample validity/uniqueness/novelty, KL, interpolation")
+    ev.add_argument("--checkpoint", required=True, help="the training output directory (--out of train)")
+    ev.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    ev.add_argument("-n", type=positive_int, default=1000, help="prior samples (default: 1000)")
+    ev.add_argument("--output", default=None, help="also write the report as JSON here")
     return parser
 
 

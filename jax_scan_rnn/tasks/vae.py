@@ -1,0 +1,285 @@
+"""Train, sample and evaluate the SMILES sequence VAE (`jsr.SeqVAE`, docs/vae_spec.md).
+
+    task = VAETask(decoding="scheduled")            # or "teacher": teacher forcing alone
+    model, vocab, history = train(task, TrainConfig(steps=1500, learning_rate=1e-3), out_dir="runs/vae")
+    report = evaluate(model, vocab, task)             # reconstruction, prior samples, KL, interpolation
+
+Every random choice of a training step (the reparameterisation noise, the scheduled-sampling coins,
+Gumbel noise) is drawn inside the jitted step from per-sequence keys that are a function of the step
+index: the batch is a pure function of the step, so resumed runs are exact and the batch splits over
+devices like any other array.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jax_scan_rnn import metrics
+from jax_scan_rnn import schedules
+from jax_scan_rnn.data import smiles
+from jax_scan_rnn.train import TrainConfig, fit, restore_model
+from jax_scan_rnn.vae import SeqVAE
+
+DECODINGS = ("teacher", "scheduled")
+SS_MODES = ("argmax", "sample", "gumbel_softmax")
+KL_SCHEDULES = ("constant", "linear", "sigmoid")
+
+
+@dataclass(frozen=True)
+class VAETask:
+    """Data, model size and training objective of a VAE run."""
+
+    data: str = "rdkit"  # "rdkit" (SMILES shipped with rdkit), "moses" (molsets wheel) or a text file path
+    max_length: int = smiles.DEFAULT_MAX_LENGTH  # longer sequences are skipped (counted)
+    limit: int | None = None  # use at most this many sequences (None: all)
+    hidden_size: int = 256  # H of the encoder and decoder GRUs
+    latent_size: int = 64  # Z
+    num_layers: int = 1  # GRU layers in the encoder and in the decoder
+    bidirectional: bool = False  # bidirectional encoder
+    concat_z: bool = False  # append z to every decoder input (as MOSES does)
+    batch_size: int = 128  # sequences per step
+    decoding: str = "scheduled"  # "teacher": teacher forcing only; "scheduled": scheduled sampling per token
+    ss_mode: str = "argmax"  # what replaces a token: the model's argmax, a sample, or straight-through Gumbel
+    ss_schedule: str = "inverse_sigmoid"  # decay of the teacher-forcing probability: linear/exponential/inverse_sigmoid
+    ss_midpoint: int = 1000  # step at which the teacher-forcing probability eps_i has decayed to 0.5
+    ss_max: float = 0.5  # cap on the replacement probability 1 - eps_i
+    kl_schedule: str = "linear"  # KL weight annealing: constant / linear / sigmoid
+    kl_warmup: int = 500  # steps for the KL weight to reach max_beta (linear; sigmoid's midpoint is half of it)
+    max_beta: float = 0.05  # final KL weight (MOSES VAE: 0.05; 1.0 is the ELBO proper, but collapses the latent)
+    free_bits: float = 0.0  # KL free bits per latent dimension (0: off)
+    split_seed: int = 0  # seed of the train/validation/test split
+    data_seed: int = 0  # seed of batch order and of the per-step noise
+    eval_samples: int = 1000  # prior samples drawn by `evaluate`
+    eval_sequences: int = 500  # test sequences reconstructed by `evaluate`
+
+    def __post_init__(self):
+        for name, allowed in (("decoding", DECODINGS), ("ss_mode", SS_MODES), ("kl_schedule", KL_SCHEDULES),
+                              ("ss_schedule", schedules.TEACHER_FORCING_SCHEDULES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}: expected one of {allowed}, got {getattr(self, name)!r}")
+        if not 0.0 <= self.ss_max <= 1.0:
+            raise ValueError(f"ss_max: expected a probability in [0, 1], got {self.ss_max!r}")
+        if not isinstance(self.ss_midpoint, int) or self.ss_midpoint < 3:
+            raise ValueError(f"ss_midpoint: expected an int >= 3, got {self.ss_midpoint!r}")
+
+    def _schedule_params(self) -> dict[str, float]:
+        """The Bengio et al. schedule's parameter for which eps_{ss_midpoint} = 0.5."""
+        m = self.ss_midpoint
+        if self.ss_schedule == "linear":
+            return {"k": 1.0, "c": 0.5 / m}
+        if self.ss_schedule == "exponential":
+            return {"k": 0.5 ** (1.0 / m)}
+        k = m / np.log(m)  # inverse sigmoid: eps = 0.5 where i = k ln k; Newton's method on k ln k = m
+        for _ in range(50):
+            k -= (k * np.log(k) - m) / (np.log(k) + 1.0)
+        return {"k": float(max(k, 1.0))}
+
+    def replacement_probability(self, step: int) -> float:
+        """Probability that a token is replaced by the model's own prediction at `step` (0 for teacher)."""
+        if self.decoding == "teacher":
+            return 0.0
+        eps = schedules.make_teacher_forcing_schedule(self.ss_schedule, **self._schedule_params())(step)
+        return float(min(self.ss_max, float(schedules.replacement_probability(eps))))
+
+    def beta(self, step: int) -> float:
+        if self.kl_schedule == "constant":
+            return self.max_beta
+        if self.kl_schedule == "linear":
+            return float(schedules.kl_linear(step, warmup=self.kl_warmup, max_beta=self.max_beta))
+        return float(schedules.kl_sigmoid(step, midpoint=self.kl_warmup / 2, steepness=10.0 / self.kl_warmup,
+                                          max_beta=self.max_beta))
+
+
+@dataclass(frozen=True)
+class Dataset:
+    vocab: smiles.Vocabulary
+    train: list[str]
+    valid: list[str]
+    test: list[str]
+    skipped: dict[str, int]
+
+
+def load_dataset(task: VAETask) -> Dataset:
+    """Load, split (train/valid/test = 90/5/5) and build the vocabulary from the training part."""
+    loaded = smiles.load_sequences(task.data, max_length=task.max_length, limit=task.limit)
+    train_seqs, valid_seqs, test_seqs = smiles.split(loaded.sequences, (0.9, 0.05, 0.05), seed=task.split_seed)
+    vocab = smiles.Vocabulary.build(train_seqs)
+    # Validation/test sequences with characters unseen in training cannot be encoded: drop and count them.
+    def encodable(seqs):
+        kept = [s for s in seqs if set(s) <= set(vocab.tokens)]
+        return kept, len(seqs) - len(kept)
+
+    valid_seqs, dropped_v = encodable(valid_seqs)
+    test_seqs, dropped_t = encodable(test_seqs)
+    skipped = dict(loaded.skipped)
+    if dropped_v + dropped_t:
+        skipped["unseen_character"] = dropped_v + dropped_t
+    return Dataset(vocab, train_seqs, valid_seqs, test_seqs, skipped)
+
+
+def build_model(task: VAETask, vocab_size: int, seed: int = 0) -> SeqVAE:
+    return SeqVAE(vocab_size, task.hidden_size, task.latent_size, task.num_layers, bidirectional=task.bidirectional,
+                  concat_z=task.concat_z, rngs=nnx.Rngs(seed))
+
+
+def make_batch_fn(task: VAETask, dataset: Dataset):
+    """`step -> batch`, a pure function of the step: tokens, lengths, per-sequence keys and schedules."""
+    tokens, lengths = dataset.vocab.encode(dataset.train, task.max_length)
+
+    def batch_fn(step: int) -> dict:
+        tok, length = smiles.batch_at(tokens, lengths, task.batch_size, step, seed=task.data_seed)
+        b = task.batch_size
+        return {
+            "tokens": tok,
+            "lengths": length,
+            # One raw threefry key per sequence, a function of (data_seed, step): it shards with the batch.
+            "keys": np.random.default_rng((task.data_seed, step)).integers(0, 2**32, (b, 2), dtype=np.uint32),
+            "beta": np.full((b,), task.beta(step), np.float32),
+            "p_replace": np.full((b,), task.replacement_probability(step), np.float32),
+        }
+
+    return batch_fn
+
+
+def make_loss_fn(task: VAETask):
+    """`(model, batch) -> (total, metrics)`: the ELBO with the task's decoding, noise from the batch keys."""
+
+    def loss_fn(model: SeqVAE, batch: dict):
+        tokens = batch["tokens"]
+        steps = tokens.shape[1]
+        keys = jax.vmap(jax.random.wrap_key_data)(batch["keys"])
+        split = jax.vmap(partial(jax.random.split, num=3))(keys)  # [B, 3]
+        eps = jax.vmap(lambda k: jax.random.normal(k, (model.latent_size,)))(split[:, 0])
+        kwargs = {}
+        if task.decoding == "scheduled":
+            coins = jax.vmap(lambda k: jax.random.uniform(k, (steps,)))(split[:, 1])
+            kwargs["replace_mask"] = coins < batch["p_replace"][:, None]
+            kwargs["mode"] = task.ss_mode
+            if task.ss_mode != "argmax":
+                kwargs["gumbel"] = jax.vmap(lambda k: jax.random.gumbel(k, (steps, model.vocab_size)))(split[:, 2])
+        out = model.loss(tokens, batch["lengths"], beta=batch["beta"][0], free_bits=task.free_bits, eps=eps, **kwargs)
+        return out["total"], {"recon": out["recon"], "kl": out["kl"], "beta": batch["beta"][0],
+                              "p_replace": batch["p_replace"][0]}
+
+    return loss_fn
+
+
+@nnx.jit
+def _encode_mu(model, tokens, lengths):
+    return model.encode(tokens, lengths)[0]
+
+
+@nnx.jit(static_argnames=("max_len",))
+def _greedy(model, z, max_len):
+    return model.generate(z, max_len, mode="greedy")
+
+
+@nnx.jit(static_argnames=("max_len", "top_k"))
+def _sample(model, z, gumbel, max_len, temperature, top_k):
+    return model.generate(z, max_len, mode="sample", temperature=temperature, top_k=top_k, gumbel=gumbel)
+
+
+@nnx.jit
+def _teacher_forced_argmax(model, z, tokens):
+    return jnp.argmax(model.decode(z, tokens), axis=-1)
+
+
+def sample(model: SeqVAE, vocab: smiles.Vocabulary, n: int, *, max_len: int, seed: int = 0, temperature: float = 1.0,
+           top_k: int = 0, greedy: bool = False) -> list[str]:
+    """`n` SMILES from the prior z ~ N(0, I), in one jitted call."""
+    key_z, key_g = jax.random.split(jax.random.key(seed))
+    z = jax.random.normal(key_z, (n, model.latent_size), model.dtype)
+    if greedy:
+        tokens = _greedy(model, z, max_len)
+    else:
+        gumbel = jax.random.gumbel(key_g, (n, max_len, model.vocab_size), model.dtype)
+        tokens = _sample(model, z, gumbel, max_len, temperature, top_k)
+    return vocab.decode(np.asarray(tokens))
+
+
+def reconstruction(model: SeqVAE, vocab: smiles.Vocabulary, sequences: list[str], max_length: int) -> dict[str, float]:
+    """Token and whole-sequence accuracy decoding from mu, teacher-forced and free-running (greedy)."""
+    tokens, lengths = vocab.encode(sequences, max_length)
+    mu = _encode_mu(model, tokens, lengths)
+    mask = tokens != smiles.SPECIAL_TOKENS.index("<pad>")
+    forced = np.asarray(_teacher_forced_argmax(model, mu, tokens))
+    free = np.asarray(_greedy(model, mu, tokens.shape[1]))
+    return {
+        "tf_token_acc": metrics.token_accuracy(forced, tokens, mask),
+        "tf_sequence_acc": metrics.sequence_accuracy(forced, tokens, mask),
+        "free_token_acc": metrics.token_accuracy(free, tokens, mask),
+        "free_sequence_acc": metrics.sequence_accuracy(free, tokens, mask),
+    }
+
+
+def evaluate(model: SeqVAE, dataset: Dataset, task: VAETask, *, seed: int = 0) -> dict:
+    """Reconstruction of held-out molecules, prior samples' MOSES metrics, KL per dimension, interpolation."""
+    model.eval()
+    test = dataset.test[: task.eval_sequences]
+    report = {"reconstruction": reconstruction(model, dataset.vocab, test, task.max_length)}
+    generated = sample(model, dataset.vocab, task.eval_samples, max_len=task.max_length + 1, seed=seed)
+    report["samples"] = {
+        "n": len(generated),
+        "validity": metrics.validity(generated),
+        "uniqueness": metrics.uniqueness(generated, k=len(generated)),
+        "novelty": metrics.novelty(generated, dataset.train),
+        "examples": [s for s in generated[:10]],
+    }
+    tokens, lengths = dataset.vocab.encode(test, task.max_length)
+    mu, logvar = (np.asarray(a) for a in jax.jit(lambda t, l: model.encode(t, l))(tokens, lengths))
+    kl_per_dim = np.mean(-0.5 * (1 + logvar - mu**2 - np.exp(logvar)), axis=0)
+    report["latent"] = {"kl": float(kl_per_dim.sum()), "kl_per_dim": kl_per_dim.round(4).tolist(),
+                        "active_units": metrics.kl_active_units(mu)}
+    path = metrics.interpolate(mu[0], mu[1], 7).astype(np.asarray(mu).dtype)
+    report["interpolation"] = {"from": test[0], "to": test[1],
+                               "path": dataset.vocab.decode(np.asarray(_greedy(model, path, task.max_length + 1)))}
+    return report
+
+
+def train(task: VAETask, cfg: TrainConfig, out_dir: str | Path | None = None, *, resume: bool = False, callback=None,
+          seed: int = 0, dataset: Dataset | None = None, **fit_kwargs):
+    """Train a fresh VAE (or resume `out_dir`); returns `(model, dataset, history)`."""
+    dataset = load_dataset(task) if dataset is None else dataset
+    model = build_model(task, dataset.vocab.size, seed)
+    valid_tokens, valid_lengths = dataset.vocab.encode(dataset.valid[:512], task.max_length)
+    eval_loss = nnx.jit(lambda m, t, l: m.loss(t, l, eps=jnp.zeros((t.shape[0], m.latent_size), m.dtype)))
+
+    def eval_fn(m: SeqVAE) -> dict[str, float]:
+        m.eval()
+        out = eval_loss(m, valid_tokens, valid_lengths)
+        acc = reconstruction(m, dataset.vocab, dataset.valid[:256], task.max_length)
+        return {"recon": float(out["recon"]), "kl": float(out["kl"]), "free_sequence_acc": acc["free_sequence_acc"]}
+
+    history = fit(
+        model,
+        make_loss_fn(task),
+        make_batch_fn(task, dataset),
+        cfg,
+        out_dir=out_dir,
+        eval_fn=eval_fn,
+        resume=resume,
+        callback=callback,
+        metadata={"model": "vae", "task": asdict(task), "vocab": dataset.vocab.to_json(), "seed": seed},
+        **fit_kwargs,
+    )
+    return model, dataset, history
+
+
+def load(out_dir: str | Path, step: int | None = None) -> tuple[SeqVAE, smiles.Vocabulary, VAETask]:
+    """Rebuild a trained VAE (model, vocabulary, task) from its checkpoint."""
+    from jax_scan_rnn import checkpoint
+
+    meta = checkpoint.read_metadata(Path(out_dir) / "checkpoints", step)
+    if meta.get("model") != "vae":
+        raise ValueError(f"checkpoint: expected a VAE run, got model {meta.get('model')!r} in {out_dir}")
+    task = VAETask(**meta["task"])
+    vocab = smiles.Vocabulary.from_json(meta["vocab"])
+    model = build_model(task, vocab.size, meta.get("seed", 0))
+    restore_model(out_dir, model, step)
+    return model, vocab, task

@@ -1,0 +1,522 @@
+"""`SeqVAE`: the GRU sequence VAE of seed 003 (`docs/vae_spec.md`), with its decoder as one `lax.scan`.
+
+A token sequence is encoded by a GRU into a Gaussian latent; a second GRU, whose initial state comes
+from a sample `z` of that latent, decodes it back one token at a time. The structure is the spec's,
+number for number, and the attribute names are `torch_ref.SeqVAE`'s state_dict prefixes, so
+`jsr.load_torch_state_dict` / `jsr.torch_state_dict` move weights between the twins unchanged.
+
+Tokens: `PAD, SOS, EOS = 0, 1, 2`, then the vocabulary (V ids in all). A batch is `tokens [B, T]` (int):
+each row its tokens, one `<eos>`, then `<pad>`; `lengths [B]` counts the non-pad tokens (`<eos>`
+included). `<sos>` is never stored: the decoder is given it. With e(a) = one_hot(a, V):
+
+    s          = last layer's final state of gru_encoder over e(tokens[b, :lengths[b]])
+                 (bidirectional: [forward final (step lengths-1); backward final (started at lengths-1)])
+    mu, logvar = fc_mu(s), fc_logvar(s)                                  # [B, Z] each
+    z          = mu + exp(logvar / 2) * eps                              # [B, Z]
+    h_{-1}     = tanh(latent_to_hidden(z)) as [B, L, H] -> [L, B, H]     # layer l: columns l*H:(l+1)*H
+    h_t        = gru_decoder([e(a_t); z if concat_z], h_{t-1});  logits_t = h2o(h_t)
+    a_0 = <sos>; a_t = tokens[:, t-1] (teacher forcing) or the model's own choice from logits_{t-1}
+
+Why it is fast. Layer 0 of the decoder reads a one-hot, and `e(a) @ W_ih` is exactly row `a` of `W_ih`
+(one product by 1.0, the rest exact zeros), so the projection is a row gather `W_tok[a]`, never a one-hot
+matmul; `z`'s share `z @ W_z + b_ih` does not change over time and is computed once. Every decoding mode
+is `feedback_scan` (the project's one feedback driver) with three small rules:
+
+    inject(fb, x_t)  = embed(fb) + (z @ W_z + b_ih)     embed: W_tok[fb] for a token id [B] (gather),
+                                                               fb @ W_tok for a vector [B, V] (gumbel-softmax)
+    readout(h, x_t)  = h2o(h)                           (teacher forcing: h; h2o then runs once on [T, B, H])
+    feed(y, x_t)     = what step t+1 reads              teacher forcing: nothing (the inputs are in x_t);
+                                                        scheduled sampling: where(coin, model's choice, truth);
+                                                        free running: the model's choice
+
+Teacher forcing therefore hoists the whole input projection (one gather over [T, B], feedback_scan's
+`prepare`; per chunk under `remat_chunk`) out of the loop, and h2o runs once on all steps afterwards;
+scheduled sampling and generation keep only the fed-back gather, the recurrent matmuls and h2o inside it.
+One scan runs all L layers per step (measured faster on CPU than L layer-by-layer scans for L = 3).
+`generate` outputs token ids, never [B, T, V] logits or one-hots, so 10,000 latents decode in one call.
+The encoder reads a real one-hot through `gru_encoder` (the spec, literally): with V ~ 40 its input matmul
+is a few percent of the step, not worth a second code path in `layers.py`.
+
+Randomness is explicit: `eps` (latent noise), `gumbel` (sampling noise) and `replace_mask` (scheduled
+sampling coins, one per token) can all be passed in, so torch can be fed the same draws. When `eps` or
+a needed `gumbel` is None, a key is taken from the module's own stream `sample_rngs` (the constructor's
+`rngs["sample"]`, which falls back to its default stream): `eps = normal(key, [B, Z])`; `decode`'s
+`gumbel = gumbel(key, [B, T, V])`; `generate` draws step t's noise in the loop as
+`gumbel(fold_in(key, t), [B, V])` (no [B, max_len, V] array). `replace_mask` is always the caller's
+(`replace_mask(key, tokens.shape, p)` draws one).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jax_scan_rnn.feedback import feedback_scan
+from jax_scan_rnn.layers import GRU, Linear
+
+Array = jax.Array
+
+# Special token ids (docs/vae_spec.md); the vocabulary proper starts at 3.
+PAD, SOS, EOS = 0, 1, 2
+DECODE_MODES = ("argmax", "sample", "gumbel_softmax")
+GENERATE_MODES = ("greedy", "sample")
+TOKEN_DTYPE = jnp.int32  # ids fed back and returned; fixed, whatever jax_enable_x64 says
+
+
+# ----------------------------------------------------------------------------------------------------
+# Helpers
+# ----------------------------------------------------------------------------------------------------
+
+
+def replace_mask(key: Array, shape: tuple[int, int], p: float | Array) -> Array:
+    """Scheduled-sampling coins, one per token: bool `shape` ([B, T]), True (feed the prediction) w.p. `p`."""
+    if isinstance(p, (int, float)) and not 0.0 <= p <= 1.0:
+        raise ValueError(f"p: expected a probability in [0, 1], got {p!r}")
+    return jax.random.uniform(key, tuple(shape)) < p
+
+
+def pad_after_eos(tokens: Array) -> Array:
+    """tokens `[B, T]` with every position after a row's first `<eos>` set to `<pad>` (the `<eos>` kept)."""
+    is_eos = (tokens == EOS).astype(jnp.int32)
+    eos_before = jnp.cumsum(is_eos, axis=1) - is_eos  # number of <eos> strictly before each position
+    return jnp.where(eos_before > 0, jnp.asarray(PAD, tokens.dtype), tokens)
+
+
+def _is_concrete(x: Any) -> bool:
+    return not isinstance(x, jax.core.Tracer)
+
+
+def _check_positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or (isinstance(value, (int, float)) and not value > 0):
+        raise ValueError(f"{name}: expected a number > 0, got {value!r}")
+    if not isinstance(value, (int, float)) and jnp.ndim(value) != 0:
+        raise ValueError(f"{name}: expected a scalar > 0, got shape {tuple(jnp.shape(value))}")
+
+
+def _check_nonnegative(name: str, value: Any) -> None:
+    if isinstance(value, bool) or (isinstance(value, (int, float)) and not value >= 0):
+        raise ValueError(f"{name}: expected a number >= 0, got {value!r}")
+    if not isinstance(value, (int, float)) and jnp.ndim(value) != 0:
+        raise ValueError(f"{name}: expected a scalar >= 0, got shape {tuple(jnp.shape(value))}")
+
+
+def _check_shape(name: str, x: Array, expected: tuple[int | None, ...], symbols: str) -> None:
+    """ValueError unless x's shape is `expected` (None: any size >= 1); `symbols` spells it, e.g. "[B, Z]"."""
+    shape = tuple(x.shape)
+    if len(shape) != len(expected) or any(n == 0 or (e is not None and n != e) for n, e in zip(shape, expected)):
+        spelled = ", ".join(s if e is None else str(e) for s, e in zip(symbols[1:-1].split(", "), expected))
+        raise ValueError(f"{name}: expected shape {symbols} = [{spelled}], got {list(shape)}")
+
+
+def _as_float(name: str, x: Any, expected: tuple[int | None, ...], symbols: str, dtype) -> Array:
+    """A floating array of the expected shape, cast to the model's compute dtype `dtype`."""
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"{name}: expected a floating dtype, got {x.dtype}")
+    _check_shape(name, x, expected, symbols)
+    return x.astype(dtype)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The model
+# ----------------------------------------------------------------------------------------------------
+
+
+class SeqVAE(nnx.Module):
+    """GRU sequence VAE: tokens [B, T] -> latent [B, Z] -> logits [B, T, V] (see the module docstring).
+
+    Args:
+      vocab_size: V, number of token ids, the specials PAD, SOS, EOS = 0, 1, 2 included (V >= 3).
+      hidden_size: H of every GRU layer (encoder and decoder).
+      latent_size: Z.
+      num_layers: L, stacked GRU layers, in the encoder and in the decoder.
+      bidirectional: bidirectional encoder (the decoder is always forward).
+      concat_z: append z to the decoder's input at every step, besides initialising its state from z.
+      param_dtype: parameter dtype; all computation runs in it (float arguments are cast to it).
+      compute_dtype: None, or the GRU matmuls' operand dtype (`jnp.bfloat16`); states, gates and sums
+        stay in `param_dtype` (see `cells.RNNCell.matmul`).
+      unroll: `lax.scan` unroll factor of both GRUs and of the feedback loop.
+      remat_chunk: None, or rematerialise the time loops in chunks of this many steps when training
+        (memory ~T/c + c instead of ~T; see `scan.time_scan`).
+      rngs: `nnx.Rngs`: `params` for the initialisation (torch's), `sample` (or its default stream) for
+        `eps`/`gumbel` not passed in.
+
+    Attributes (the torch twin's state_dict prefixes); D = 2 if bidirectional else 1:
+      gru_encoder: `GRU(V, H, L, bidirectional=bidirectional)`, reads one-hot [B, T, V].
+      fc_mu, fc_logvar: `Linear(D*H, Z)`.
+      latent_to_hidden: `Linear(Z, L*H)`; the decoder's layer l starts at `tanh` of columns l*H:(l+1)*H.
+      gru_decoder: `GRU(V + (Z if concat_z else 0), H, L)`; `w_ih` rows 0..V-1 read the token, V.. read z.
+      h2o: `Linear(H, V)`, hidden state to vocabulary logits.
+      sample_rngs: the rng stream for noise that is not passed in (not a parameter).
+
+    `model(tokens, lengths, ...)` is `model.loss(tokens, lengths, ...)`.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden_size: int,
+        latent_size: int,
+        num_layers: int,
+        *,
+        bidirectional: bool = False,
+        concat_z: bool = False,
+        param_dtype=jnp.float32,
+        compute_dtype=None,
+        unroll: int = 1,
+        remat_chunk: int | None = None,
+        rngs: nnx.Rngs,
+    ):
+        for name, value, low in (
+            ("vocab_size", vocab_size, 3),  # room for PAD, SOS, EOS
+            ("hidden_size", hidden_size, 1),
+            ("latent_size", latent_size, 1),
+            ("num_layers", num_layers, 1),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name}: expected an int >= {low}, got {value!r}")
+        if not jnp.issubdtype(param_dtype, jnp.floating):
+            raise TypeError(f"param_dtype: expected a floating dtype, got {jnp.dtype(param_dtype)}")
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.latent_size = latent_size
+        self.num_layers = num_layers
+        self.bidirectional = bool(bidirectional)
+        self.concat_z = bool(concat_z)
+        directions = 2 if bidirectional else 1
+        kw = dict(param_dtype=param_dtype, rngs=rngs)
+        rnn = dict(compute_dtype=compute_dtype, unroll=unroll, remat_chunk=remat_chunk, **kw)
+
+        self.gru_encoder = GRU(vocab_size, hidden_size, num_layers, bidirectional=self.bidirectional, **rnn)
+        self.fc_mu = Linear(directions * hidden_size, latent_size, **kw)
+        self.fc_logvar = Linear(directions * hidden_size, latent_size, **kw)
+        self.latent_to_hidden = Linear(latent_size, num_layers * hidden_size, **kw)
+        decoder_input = vocab_size + (latent_size if self.concat_z else 0)
+        self.gru_decoder = GRU(decoder_input, hidden_size, num_layers, **rnn)
+        self.h2o = Linear(hidden_size, vocab_size, **kw)
+        self.sample_rngs = rngs["sample"].fork()
+
+    @property
+    def dtype(self):
+        """The parameters' dtype, in which everything is computed."""
+        return self.h2o.kernel[...].dtype
+
+    # ------------------------------------------------------------------------------------------------
+    # Encoder and latent
+    # ------------------------------------------------------------------------------------------------
+
+    def encode(self, tokens: Array, lengths: Array) -> tuple[Array, Array]:
+        """tokens [B, T] (int), lengths [B] (int) -> (mu [B, Z], logvar [B, Z]).
+
+        The encoder reads `one_hot(tokens)` [B, T, V] with `lengths` honoured (no state comes from steps
+        at or beyond `lengths`); its summary is the last layer's final state (forward: at step
+        lengths-1; bidirectional: `[forward final; backward final]`, the backward pass started at step
+        lengths-1), as torch's packed `h_n[-1]` / `[h_n[-2]; h_n[-1]]`.
+        """
+        tokens = self._check_tokens(tokens)
+        lengths = self._check_lengths(lengths, tokens.shape)
+        x = jax.nn.one_hot(tokens, self.vocab_size, dtype=self.dtype)  # [B, T, V]
+        _, h_n = self.gru_encoder(x, lengths=lengths)  # [L*D, B, H]
+        summary = jnp.concatenate([h_n[-2], h_n[-1]], axis=-1) if self.bidirectional else h_n[-1]
+        return self.fc_mu(summary), self.fc_logvar(summary)
+
+    def reparameterize(self, mu: Array, logvar: Array, eps: Array | None = None) -> Array:
+        """z = mu + exp(logvar / 2) * eps: [B, Z]. eps [B, Z] ~ N(0, I) from `sample_rngs` when None.
+
+        Always samples: pass `eps=jnp.zeros_like(mu)` to decode the mean.
+        """
+        dt = self.dtype
+        mu = _as_float("mu", mu, (None, self.latent_size), "[B, Z]", dt)
+        logvar = _as_float("logvar", logvar, tuple(mu.shape), "[B, Z]", dt)
+        if eps is None:
+            eps = jax.random.normal(self.sample_rngs(), mu.shape, dt)
+        eps = _as_float("eps", eps, tuple(mu.shape), "[B, Z]", dt)
+        return mu + jnp.exp(0.5 * logvar) * eps
+
+    def initial_hidden(self, z: Array) -> Array:
+        """The decoder's initial state from z [B, Z]: tanh(latent_to_hidden(z)) [B, L*H] -> [L, B, H]."""
+        z = self._check_z(z)
+        h0 = jnp.tanh(self.latent_to_hidden(z))  # [B, L*H]
+        return jnp.swapaxes(h0.reshape(z.shape[0], self.num_layers, self.hidden_size), 0, 1)
+
+    # ------------------------------------------------------------------------------------------------
+    # Decoder
+    # ------------------------------------------------------------------------------------------------
+
+    def _decoder_rules(self, z: Array):
+        """(carries, embed, base): the decoder's initial per-layer carries, the fed-value projection, and
+        the time-invariant part of layer 0's projection `z @ W_z + b_ih` ([B, 3H] or [3H])."""
+        first = self.gru_decoder.layers[0]
+        dt = z.dtype
+        w_ih = first.w_ih[...]  # [V (+ Z), 3H]
+        w_tok = w_ih[: self.vocab_size]
+        base = first.b_ih[...].astype(dt)
+        if self.concat_z:
+            base = first.matmul(z, w_ih[self.vocab_size :]) + base  # [B, 3H], hoisted out of the loop
+        rows = w_tok.astype(first.compute_dtype or dt).astype(dt)  # what a one-hot matmul would read
+
+        def embed(fb: Array) -> Array:
+            # A token id [B] selects its row (= one_hot(fb) @ w_tok, bit for bit); a vector [B, V]
+            # (straight-through gumbel-softmax) is multiplied.
+            return rows[fb] if jnp.issubdtype(fb.dtype, jnp.integer) else first.matmul(fb, w_tok)
+
+        carries = self.gru_decoder.unstack_state(self.initial_hidden(z))
+        return carries, embed, base
+
+    def decode(
+        self,
+        z: Array,
+        tokens: Array,
+        *,
+        replace_mask: Array | None = None,
+        mode: str = "argmax",
+        gumbel: Array | None = None,
+        temperature: float | Array = 1.0,
+        tau: float | Array = 1.0,
+    ) -> Array:
+        """Decode z [B, Z] against tokens [B, T] (int): -> logits [B, T, V], logits_t predicting tokens[:, t].
+
+        Step t is fed a_0 = <sos>, then:
+        - `replace_mask=None`, teacher forcing: a_t = tokens[:, t-1]; the input projection of all steps is
+          one gather before the scan.
+        - `replace_mask` bool [B, T], scheduled sampling (one coin per token; column 0 is ignored):
+          a_t = pred_{t-1} where replace_mask[:, t], else tokens[:, t-1]. pred_{t-1} from logits_{t-1}:
+            "argmax"          argmax(logits_{t-1}) (ties: lowest index);
+            "sample"          argmax(logits_{t-1} / temperature + gumbel[:, t-1]) (Gumbel-max sampling);
+            "gumbel_softmax"  differentiable straight-through vector fed in place of the one-hot:
+                              y_soft = softmax((logits_{t-1} + gumbel[:, t-1]) / tau),
+                              y_hard = one_hot(argmax(y_soft)), fed y_hard + y_soft - stop_gradient(y_soft)
+                              (replaced positions only; the others are fed the true token's one-hot).
+        `gumbel` [B, T, V]: standard Gumbel noise (its last step is unused), drawn from `sample_rngs` when
+        None and the mode needs it. Under teacher forcing `mode`, `gumbel`, `temperature`, `tau` are
+        checked but unused; `temperature` is used by "sample" only, `tau` by "gumbel_softmax" only.
+        """
+        tokens = self._check_tokens(tokens)
+        batch, steps = tokens.shape
+        z = self._check_z(z, batch)
+        if mode not in DECODE_MODES:
+            raise ValueError(f"mode: expected one of {DECODE_MODES}, got {mode!r}")
+        _check_positive("temperature", temperature)
+        _check_positive("tau", tau)
+        dt = self.dtype
+        if gumbel is not None:
+            gumbel = _as_float("gumbel", gumbel, (batch, steps, self.vocab_size), "[B, T, V]", dt)
+        carries, embed, base = self._decoder_rules(z)
+        unroll = self.gru_decoder.unroll
+        truth = jnp.swapaxes(tokens, 0, 1)  # [T, B]; truth[t] is fed to step t+1
+
+        if replace_mask is None:  # teacher forcing: every input known up front
+            inputs = jnp.concatenate([jnp.full((1, batch), SOS, TOKEN_DTYPE), truth[:-1]])  # [T, B]
+            _, _, hs = feedback_scan(
+                self.gru_decoder,
+                carries,
+                None,  # nothing is fed back
+                inputs.astype(TOKEN_DTYPE),
+                prepare=lambda a: embed(a) + base,  # [T, B, 3H]: all steps' layer-0 projections, one gather
+                inject=lambda _, xp_t: xp_t,
+                readout=lambda h, _: h,
+                feed=lambda _y, _x: None,
+                unroll=unroll,
+                remat_chunk=self.gru_decoder.remat_chunk,
+            )
+            return self.h2o(jnp.swapaxes(hs, 0, 1))  # [B, T, V]: one matmul for all steps
+
+        replace_mask = jnp.asarray(replace_mask)
+        if replace_mask.dtype != jnp.bool_:
+            raise TypeError(f"replace_mask: expected a bool array or None, got dtype {replace_mask.dtype}")
+        _check_shape("replace_mask", replace_mask, (batch, steps), "[B, T]")
+        if gumbel is None and mode != "argmax":
+            gumbel = jax.random.gumbel(self.sample_rngs(), (batch, steps, self.vocab_size), dt)
+        # Step t's feed decides a_{t+1}: it reads truth[t], the coin replace_mask[:, t+1] and gumbel[:, t].
+        coins = jnp.concatenate([replace_mask[:, 1:], jnp.zeros((batch, 1), bool)], axis=1).T  # [T, B]
+        noise = None if mode == "argmax" else jnp.swapaxes(gumbel, 0, 1)  # [T, B, V]
+
+        if mode == "gumbel_softmax":
+            first = jax.nn.one_hot(jnp.full((batch,), SOS), self.vocab_size, dtype=dt)  # a vector [B, V]
+
+            def feed(logits, x_t):
+                truth_t, coin_t, g_t = x_t
+                y_soft = jax.nn.softmax((logits + g_t) / tau, axis=-1)
+                y_hard = jax.nn.one_hot(jnp.argmax(y_soft, axis=-1), self.vocab_size, dtype=dt)
+                straight_through = y_hard + y_soft - jax.lax.stop_gradient(y_soft)
+                teacher = jax.nn.one_hot(truth_t, self.vocab_size, dtype=dt)
+                return jnp.where(coin_t[:, None], straight_through, teacher)
+
+        else:
+            first = jnp.full((batch,), SOS, TOKEN_DTYPE)  # a token id [B]
+
+            def feed(logits, x_t):
+                truth_t, coin_t, g_t = x_t
+                scores = logits if mode == "argmax" else logits / temperature + g_t
+                return jnp.where(coin_t, jnp.argmax(scores, axis=-1).astype(TOKEN_DTYPE), truth_t)
+
+        _, _, logits = feedback_scan(
+            self.gru_decoder,
+            carries,
+            first,
+            (truth.astype(TOKEN_DTYPE), coins, noise),
+            inject=lambda fb, _: embed(fb) + base,
+            readout=lambda h, _: self.h2o(h),
+            feed=feed,
+            unroll=unroll,
+            remat_chunk=self.gru_decoder.remat_chunk,
+        )
+        return jnp.swapaxes(logits, 0, 1)  # [B, T, V]
+
+    # ------------------------------------------------------------------------------------------------
+    # Loss and generation
+    # ------------------------------------------------------------------------------------------------
+
+    def loss(
+        self,
+        tokens: Array,
+        lengths: Array,
+        *,
+        beta: float | Array = 1.0,
+        free_bits: float | Array = 0.0,
+        eps: Array | None = None,
+        replace_mask: Array | None = None,
+        mode: str = "argmax",
+        gumbel: Array | None = None,
+        temperature: float | Array = 1.0,
+        tau: float | Array = 1.0,
+    ) -> dict[str, Array]:
+        """Encode, sample z (with `eps`), decode (the decoder options go to `decode`), and score.
+
+        `beta` and `free_bits` may be traced scalars (annealing schedules under jit). Returns:
+          recon       scalar: sum over t and positions with tokens != <pad> of
+                      cross_entropy(logits[:, t], tokens[:, t]), divided by B (per-sequence sum, batch mean);
+          kl_per_dim  [Z]: batch mean of -0.5 * (1 + logvar - mu^2 - exp(logvar));
+          kl          scalar: sum(kl_per_dim) if free_bits == 0, else sum(max(kl_per_dim, free_bits))
+                      (free bits, Kingma et al. 2016, on the batch-averaged per-dimension KL);
+          total       scalar: recon + beta * kl.
+        """
+        _check_nonnegative("beta", beta)
+        _check_nonnegative("free_bits", free_bits)
+        tokens = self._check_tokens(tokens)
+        mu, logvar = self.encode(tokens, lengths)
+        z = self.reparameterize(mu, logvar, eps)
+        logits = self.decode(
+            z, tokens, replace_mask=replace_mask, mode=mode, gumbel=gumbel, temperature=temperature, tau=tau
+        )
+        log_probs = jax.nn.log_softmax(logits, axis=-1)  # [B, T, V]
+        target = jnp.take_along_axis(log_probs, tokens[..., None].astype(TOKEN_DTYPE), axis=-1)[..., 0]
+        recon = -jnp.sum(jnp.where(tokens != PAD, target, 0.0)) / tokens.shape[0]
+        kl_per_dim = jnp.mean(-0.5 * (1.0 + logvar - mu**2 - jnp.exp(logvar)), axis=0)  # [Z]
+        clamped = jnp.sum(jnp.maximum(kl_per_dim, free_bits))
+        if isinstance(free_bits, (int, float)):
+            kl = jnp.sum(kl_per_dim) if free_bits == 0 else clamped
+        else:
+            kl = jnp.where(free_bits > 0, clamped, jnp.sum(kl_per_dim))
+        return {"total": recon + beta * kl, "recon": recon, "kl": kl, "kl_per_dim": kl_per_dim}
+
+    def __call__(self, tokens: Array, lengths: Array, **loss_kwargs) -> dict[str, Array]:
+        """`self.loss(tokens, lengths, **loss_kwargs)`."""
+        return self.loss(tokens, lengths, **loss_kwargs)
+
+    def generate(
+        self,
+        z: Array,
+        max_len: int,
+        *,
+        mode: str = "greedy",
+        temperature: float | Array = 1.0,
+        top_k: int = 0,
+        gumbel: Array | None = None,
+    ) -> Array:
+        """Free-running generation from z [B, Z]: -> tokens [B, max_len] (int32). Jit-able; no gradient.
+
+        a_0 = <sos>; next_t = argmax(logits_t) ("greedy"), or ("sample") argmax(logits_t / temperature +
+        gumbel[:, t]) after setting, when top_k > 0, every logit below its row's k-th largest to -inf;
+        a_{t+1} = next_t. Output next_t, with every position after a row's first <eos> set to <pad> (the
+        loop runs all max_len steps). `gumbel` [B, max_len, V]; when None under "sample", step t's noise
+        is `gumbel(fold_in(key, t), [B, V])` with one key from `sample_rngs`. "greedy" ignores
+        `temperature`, `top_k` and `gumbel` (checked when given). `max_len` and `top_k` are static.
+        """
+        z = self._check_z(z)
+        batch = z.shape[0]
+        if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
+            raise ValueError(f"max_len: expected an int >= 1, got {max_len!r}")
+        if mode not in GENERATE_MODES:
+            raise ValueError(f"mode: expected one of {GENERATE_MODES}, got {mode!r}")
+        _check_positive("temperature", temperature)
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k <= self.vocab_size:
+            raise ValueError(f"top_k: expected an int in [0, vocab_size={self.vocab_size}] (0: off), got {top_k!r}")
+        dt = self.dtype
+        if gumbel is not None:
+            gumbel = _as_float("gumbel", gumbel, (batch, max_len, self.vocab_size), "[B, max_len, V]", dt)
+        z = jax.lax.stop_gradient(z)
+        carries, embed, base = self._decoder_rules(z)
+
+        if mode == "greedy":
+            xs = jnp.arange(max_len)  # only the length matters
+        elif gumbel is not None:
+            xs = jnp.swapaxes(gumbel, 0, 1)  # [max_len, B, V]
+        else:
+            key = self.sample_rngs()
+            xs = jax.vmap(lambda t: jax.random.fold_in(key, t))(jnp.arange(max_len))  # one key per step
+
+        def choose(h, x_t):
+            logits = self.h2o(h)  # [B, V]
+            if mode == "greedy":
+                return jnp.argmax(logits, axis=-1).astype(TOKEN_DTYPE)
+            noise = x_t if gumbel is not None else jax.random.gumbel(x_t, logits.shape, dt)
+            if top_k > 0:
+                kth_largest = jax.lax.top_k(logits, top_k)[0][..., -1:]
+                logits = jnp.where(logits < kth_largest, -jnp.inf, logits)
+            return jnp.argmax(logits / temperature + noise, axis=-1).astype(TOKEN_DTYPE)
+
+        _, _, chosen = feedback_scan(
+            self.gru_decoder,
+            carries,
+            jnp.full((batch,), SOS, TOKEN_DTYPE),
+            xs,
+            inject=lambda fb, _: embed(fb) + base,
+            readout=choose,
+            feed=lambda next_t, _: next_t,
+            unroll=self.gru_decoder.unroll,
+        )
+        return pad_after_eos(jnp.swapaxes(chosen, 0, 1))  # [B, max_len]
+
+    # ------------------------------------------------------------------------------------------------
+    # Argument checks (shapes and dtypes always; id and length ranges when the values are concrete)
+    # ------------------------------------------------------------------------------------------------
+
+    def _check_tokens(self, tokens: Any) -> Array:
+        tokens = jnp.asarray(tokens)
+        if not jnp.issubdtype(tokens.dtype, jnp.integer):
+            raise TypeError(f"tokens: expected an integer array of token ids, got dtype {tokens.dtype}")
+        if tokens.ndim != 2 or tokens.shape[0] == 0 or tokens.shape[1] == 0:
+            raise ValueError(f"tokens: expected shape [B, T] with B, T >= 1, got {list(tokens.shape)}")
+        if _is_concrete(tokens):
+            values = np.asarray(tokens)
+            low, high = int(values.min()), int(values.max())
+            if low < 0 or high >= self.vocab_size:
+                raise ValueError(
+                    f"tokens: expected ids in [0, vocab_size={self.vocab_size}), got ids in [{low}, {high}]"
+                )
+        return tokens
+
+    def _check_lengths(self, lengths: Any, tokens_shape: tuple[int, int]) -> Array:
+        try:
+            lengths = jnp.asarray(lengths)
+        except TypeError:
+            raise TypeError(f"lengths: expected an int array of shape [B], got {type(lengths).__name__}") from None
+        if not jnp.issubdtype(lengths.dtype, jnp.integer):
+            raise TypeError(f"lengths: expected an integer array, got dtype {lengths.dtype}")
+        batch, steps = tokens_shape
+        if tuple(lengths.shape) != (batch,):
+            raise ValueError(f"lengths: expected shape [B] = [{batch}], got {list(lengths.shape)}")
+        if _is_concrete(lengths):
+            values = np.asarray(lengths)
+            low, high = int(values.min()), int(values.max())
+            if low < 1 or high > steps:
+                raise ValueError(f"lengths: expected values in [1, T={steps}], got values in [{low}, {high}]")
+        return lengths
+
+    def _check_z(self, z: Any, batch: int | None = None) -> Array:
+        """z must be a floating [B, Z] (B = `batch` when given); returned in the parameters' dtype."""
+        return _as_float("z", z, (batch, self.latent_size), "[B, Z]", self.dtype)
