@@ -8,6 +8,7 @@
     jax-scan-rnn train vae            # the SMILES sequence VAE with scheduled sampling
     jax-scan-rnn sample vae --checkpoint runs/vae -n 1000
     jax-scan-rnn evaluate vae --checkpoint runs/vae
+    jax-scan-rnn bench [--quick]      # scan vs loop timings, tables and plots
 
 Errors in arguments or data (ValueError, TypeError, KeyError, FileNotFoundError) are printed as one
 line on stderr and exit with code 2, like argparse's own usage errors.
@@ -309,6 +310,13 @@ def cmd_evaluate_vae(args: argparse.Namespace) -> int:
     return 0
 
 
+@command("bench")
+def cmd_bench(args: argparse.Namespace) -> int:
+    from jax_scan_rnn import bench
+
+    return bench.run(args)
+
+
 def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -355,6 +363,10 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--steps", type=int, default=500, help="sequence length T (default: 500)")
     check.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
 
+    from jax_scan_rnn import bench
+
+    bench.add_arguments(sub.add_parser("bench", help="time scan against every kind of loop (benchmarks/)"))
+
     train = sub.add_parser("train", help="train a model").add_subparsers(dest="model", required=True, metavar="MODEL")
     trav = train.add_parser("traveller", help="the position-feedback LSTM on the simulated market")
     model = trav.add_argument_group("model and data")
@@ -397,7 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--free-bits", type=float, default=0.0, help="KL free bits per dimension (default: 0)")
     model.add_argument("--eval-samples", type=positive_int, default=1000,
                        help="prior samples for the final report (default: 1000)")
-    add_train_arguments(vae, steps=1500, lr=1e-3, out="runs/vae")
+    add_train_arguments(vae, steps=1200, lr=1e-3, out="runs/vae")
 
     sample = sub.add_parser("sample", help="generate from a trained model").add_subparsers(
         dest="model", required=True, metavar="MODEL"

@@ -1,0 +1,244 @@
+"""The benchmark suite (`jax_scan_rnn.bench`): a tiny smoke run writes consistent results.
+
+No timing is asserted (timings depend on the machine and its load); what is checked is the shape of
+the results: every method has one row per cell, measured rows carry consistent figures, skipped rows
+say why, ratios are computed against the right rows, and the JSON, Markdown and PNG files exist.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from jax_scan_rnn import bench
+
+# Tiny sizes: one run serves the whole module, ~15-40 s on 2 CPU cores (mostly XLA compiles).
+TINY = dict(
+    seq_lens=(6, 12),
+    batch_sizes=(1,),
+    sweep_seq_lens=(3,),
+    vae_batch_sizes=(2,),
+    vae_seq_lens=(4,),
+    vae_hidden=16,
+    vae_latent=4,
+    methods=("torch-loop", "torch-cell", "torch-cuda-graph", "torch-lstm-seq", "jax-scan-u1", "jax-scan-u4",
+             "jax-eager", "jax-jit-loop", "vae-ss-jax", "vae-greedy-jax"),
+    train_methods=("torch-loop", "jax-scan-u1", *bench.LIMIT_KEYS),
+    repeats=2,
+    min_repeats=1,
+    case_budget_s=0.01,
+    min_sample_s=0.001,
+    probe_t=2,
+    torch_threads=1,  # no thread calibration
+    label="tiny",
+)
+AGREE_TOL = 1e-4  # float32 positions after <= 12 feedback steps: every method agrees to ~1e-7
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    cfg = bench.BenchConfig.quick(**TINY)
+    messages: list[str] = []
+    results = bench.run_suite(cfg, progress=messages.append)
+    out = tmp_path_factory.mktemp("bench")
+    paths = bench.write_results(results, out)
+    return cfg, results, paths, messages
+
+
+def test_files_are_written(tiny):
+    _, results, paths, _ = tiny
+    stem = bench.results_stem(results)
+    assert stem == f"{bench.host_kind()}-tiny"
+    assert set(paths) == {"json", "md", "png_forward", "png_train", "png_compile"}
+    for kind, path in paths.items():
+        assert path.exists() and path.stat().st_size > 0, kind
+        assert path.name.startswith(stem)
+        if kind.startswith("png"):
+            assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", kind
+    loaded = json.loads(paths["json"].read_text())
+    assert loaded["schema"] == bench.SCHEMA_VERSION
+    assert loaded["host"]["host_kind"] == bench.host_kind()
+    assert len(loaded["rows"]) == len(results["rows"])
+
+
+def test_one_row_per_method_and_cell(tiny):
+    cfg, results, _, _ = tiny
+    rows = results["rows"]
+    cells: dict[tuple, list[str]] = {}
+    for r in rows:
+        cells.setdefault((r["model"], r["section"], r["mode"], r["B"], r["T"]), []).append(r["method"])
+    grid = {(m, b, t) for m in cfg.modes for b in cfg.batch_sizes for t in cfg.seq_lens}
+    assert {(m, b, t) for model, s, m, b, t in cells if s == "grid" and model == "traveller"} == grid
+    assert {(m, b, t) for model, s, m, b, t in cells if s == "sweep"} == {("forward", cfg.sweep_batch, 3)}
+    vae = {(model, m, b, t) for model, s, m, b, t in cells if model != "traveller"}
+    assert vae == {(model, m, 2, 4) for model in ("vae-ss", "vae-greedy") for m in cfg.modes}
+    for key, methods in cells.items():
+        assert len(methods) == len(set(methods)), key
+        if key[0] == "traveller" and key[1] == "grid":
+            assert bench.SEED_KEY in methods and set(bench.LIMIT_KEYS) <= set(methods), key
+        else:
+            assert bench.SEEDS[key[0]] in methods, key
+    # the suite was asked for these methods (plus the seeds and the limits, which always run)
+    asked = set(TINY["methods"]) | set(bench.SEEDS.values()) | set(bench.LIMIT_KEYS)
+    measured = {r["method"] for r in rows} - {bench.BEST_KEY, bench.AUTO_KEY}
+    assert measured <= asked
+    assert set(results["methods"]) >= measured
+
+
+def test_measured_rows_are_consistent(tiny):
+    cfg, results, _, _ = tiny
+    ok = [r for r in results["rows"] if r["status"] == "ok"]
+    assert ok
+    for r in ok:
+        assert r["per_step_us"] > 0 and math.isfinite(r["per_step_us"])
+        assert r["per_step_us"] == pytest.approx(r["call_s"] / r["T"] * 1e6)
+        assert r["call_s_min"] <= r["call_s"]
+        assert cfg.min_repeats <= len(r["samples"]) <= cfg.repeats
+        assert r["first_call_s"] is not None and r["first_call_s"] > 0
+        assert r["reason"] is None or r["role"] == "derived"
+    not_ok = [r for r in results["rows"] if r["status"] != "ok"]
+    for r in not_ok:
+        assert r["status"] in ("skipped", "n/a", "error")
+        assert r["reason"], r
+        assert r["per_step_us"] is None
+    assert not [r for r in results["rows"] if r["status"] == "error"], "a method failed on tiny sizes"
+
+
+def test_ratios_are_against_seed_and_limit_of_the_same_cell(tiny):
+    _, results, _, _ = tiny
+    for r in results["rows"]:
+        if r["status"] != "ok" or r["section"] != "grid":
+            continue
+        cell = [x for x in results["rows"] if (x["model"], x["section"], x["mode"], x["B"], x["T"]) ==
+                (r["model"], r["section"], r["mode"], r["B"], r["T"]) and x["status"] == "ok"]
+        seed = next(x for x in cell if x["method"] == bench.SEEDS[r["model"]])
+        assert r["speedup_vs_seed"] == pytest.approx(seed["call_s"] / r["call_s"])
+        if r["method"] == seed["method"]:
+            assert r["speedup_vs_seed"] == pytest.approx(1.0)
+        if r["model"] != "traveller":
+            assert r["x_limit"] is None  # no limit row for the VAE
+            continue
+        limit = min((x for x in cell if x["method"] in bench.LIMIT_KEYS), key=lambda x: x["call_s"])
+        assert r["x_limit"] == pytest.approx(r["call_s"] / limit["call_s"])
+        if r is limit:
+            assert r["x_limit"] == pytest.approx(1.0)
+
+
+def test_best_of_sweep_row_is_the_fastest_scan(tiny):
+    _, results, _, _ = tiny
+    if results["unroll_auto_in_library"]:
+        pytest.skip("the library has unroll='auto': no derived best-of-sweep row")
+    best_rows = [r for r in results["rows"] if r["method"] == bench.BEST_KEY]
+    assert len(best_rows) == 4  # forward and train at T = 6, 12
+    for best in best_rows:
+        scans = [r for r in results["rows"] if r["method"].startswith("jax-scan-u") and r["status"] == "ok"
+                 and (r["mode"], r["B"], r["T"]) == (best["mode"], best["B"], best["T"])]
+        assert best["status"] == "ok"
+        assert best["call_s"] == min(r["call_s"] for r in scans)
+        assert best["unroll"] in {r["unroll"] for r in scans}
+        assert best["label"].endswith(str([r["unroll"] for r in scans]))
+
+
+def test_every_method_agrees_with_the_seed_loop(tiny):
+    _, results, _, _ = tiny
+    checked = [r for r in results["rows"] if r.get("max_abs_diff") and r["max_abs_diff"]["value"] is not None]
+    assert {r["method"] for r in checked} >= {"torch-cell", "jax-scan-u1", "jax-scan-u4", "jax-eager", "vae-ss-jax",
+                                              "vae-greedy-jax"}
+    for r in checked:
+        if r["max_abs_diff"].get("metric") == "tokens differing":
+            assert r["max_abs_diff"]["value"] == 0.0, r  # greedy generation: the same tokens
+        else:
+            assert r["max_abs_diff"]["value"] < AGREE_TOL, r
+
+
+def test_skips_say_why(tiny):
+    _, results, _, _ = tiny
+    rows = results["rows"]
+    graph = [r for r in rows if r["method"] == "torch-cuda-graph"]
+    if not results["host"]["torch_device"].startswith("cuda"):
+        assert graph and all(r["status"] == "n/a" and "GPU" in r["reason"] for r in graph)
+    jit_loop = [r for r in rows if r["method"] == "jax-jit-loop"]
+    assert all(r["status"] == "n/a" and "short T" in r["reason"] for r in jit_loop if r["section"] == "grid")
+    assert any(r["status"] == "ok" for r in jit_loop if r["section"] == "sweep")
+    vae_train = [r for r in rows if r["mode"] == "train" and r["model"] != "traveller"]
+    assert vae_train and all(r["status"] == "n/a" for r in vae_train)
+    remat = [r for r in rows if r["method"] == "jax-scan-remat"]
+    assert not remat  # not asked for
+
+
+def test_markdown_names_rows_ratios_and_plots(tiny):
+    _, results, paths, _ = tiny
+    md = paths["md"].read_text()
+    assert md.startswith(f"# Scan vs loop: `{bench.host_kind()}`")
+    assert "**Headline, forward, B=1" not in md  # no T=1000 in the tiny run
+    for name in ("png_forward", "png_train", "png_compile"):
+        assert f"]({paths[name].name})" in md
+    for key in results["methods"]:
+        assert results["methods"][key]["label"] in md
+    assert "| method | T=6 | vs seed | vs limit | T=12 | vs seed | vs limit |" in md
+    assert "## VAE decoder" in md and "tokens differ" in md
+    assert "GPU only" in md or results["host"]["torch_device"].startswith("cuda")
+
+
+def test_headline_and_criteria_handle_missing_cells(tiny):
+    _, results, _, _ = tiny
+    h = bench.headline(results, 1, 1000, "forward")
+    assert h["scan_us"] is None and h["seed_us"] is None
+    h = bench.headline(results, 1, 12, "forward")
+    assert h["scan_us"] > 0 and h["scan_speedup_vs_seed"] > 0 and h["scan_x_limit"] > 0
+    for c in bench.criteria(results):
+        assert c["value"] is None and c["met"] is None
+
+
+def test_progress_is_reported_not_printed(tiny, capsys):
+    _, _, _, messages = tiny
+    assert messages and all(isinstance(m, str) for m in messages)
+    assert capsys.readouterr().out == ""
+
+
+def test_cli_hook_runs_and_prints(tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = parser.parse_args(["--out", str(tmp_path), "--seq-lens", "4", "--batch-sizes", "1", "--sweep-seq-lens",
+                              "3", "--methods", "jax-scan-u1", "--modes", "forward", "--repeats", "1",
+                              "--no-plots", "--label", "cli"])
+    assert bench.run(args) == 0
+    out = capsys.readouterr().out
+    assert "B=1     T=4" in out and "lax.scan" in out
+    stem = f"{bench.host_kind()}-cli"
+    assert (tmp_path / f"{stem}.json").exists() and (tmp_path / f"{stem}.md").exists()
+    assert not list(tmp_path.glob("*.png"))
+
+
+def test_config_from_args_presets_and_errors():
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    quick = bench.config_from_args(parser.parse_args(["--quick"]))
+    assert quick == bench.BenchConfig.quick()
+    default = bench.config_from_args(parser.parse_args([]))
+    assert default == bench.BenchConfig.default()
+    assert default.seq_lens == (100, 1000, 10000) and default.batch_sizes == (1, 64, 1024)
+    with pytest.raises(ValueError, match="methods: unknown"):
+        bench.config_from_args(parser.parse_args(["--methods", "torch-nope"]))
+    with pytest.raises(ValueError, match="modes"):
+        bench.config_from_args(parser.parse_args(["--modes", "backward"]))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--seq-lens", "0,10"])
+    with pytest.raises(ValueError, match="min_repeats"):
+        bench.BenchConfig(repeats=2, min_repeats=3).validate()
+
+
+def test_host_kind_names_the_machine():
+    kind = bench.host_kind()
+    assert kind.startswith(("cpu-", "gpu-")) and " " not in kind
+    if kind.startswith("cpu-"):
+        assert kind.endswith("core")
+
+
+def test_module_does_not_import_torch():
+    code = "import sys, jax_scan_rnn, jax_scan_rnn.bench; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
