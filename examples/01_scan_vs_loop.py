@@ -30,7 +30,7 @@ UNROLL = 4  # lax.scan steps per compiled loop iteration
 REPEATS = 5  # timed calls per method, after one warm-up call
 TORCH_THREADS = 1  # B=1 ops are too small to split; more threads only add synchronisation (a lot, on a busy CPU)
 SEED = 0
-OUT_DIR = Path("outputs/01_scan_vs_loop")
+OUT_DIR = Path("examples/out/01_scan_vs_loop")
 
 # %% Imports, and one set of weights in both frameworks
 import statistics
