@@ -138,7 +138,7 @@ class Traveller(nnx.Module):
             jnp.swapaxes(x, 0, 1),  # time-major [T, B, F]
             prepare=lambda u: first.matmul(u, w_u) + b_ih,  # the features' share of layer 0's input, [T, B, 4H] at once
             inject=lambda fb, up_t: up_t + first.matmul(fb, w_fb),
-            readout=lambda h, _: jnp.tanh(self.output_layer(h)),
+            readout=lambda h, _: jnp.tanh(self.output_layer(h)).astype(x.dtype),  # the carry keeps its dtype
             feed=lambda y, _: y,
             dropout_masks=dropout_masks,
             unroll=lstm.unroll if unroll is None else unroll,

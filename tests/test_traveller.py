@@ -82,3 +82,12 @@ def test_jit_and_unroll_agree():
     for unroll in (3, 8):
         out = nnx.jit(lambda m, x, u=unroll: m(x, unroll=u))(trav, x)
         np.testing.assert_allclose(out, base, atol=1e-13)
+
+
+def test_bfloat16_inputs_keep_their_dtype():
+    """The fed-back positions are part of the scan carry: the float32 readout must not change its dtype."""
+    trav = jsr.Traveller(3, 8, 2, 0.0, rngs=nnx.Rngs(0))
+    x = jnp.asarray(np.random.default_rng(4).standard_normal((2, 10, 3)), jnp.bfloat16)
+    out = trav(x)
+    assert out.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(out, np.float32), trav(x.astype(jnp.float32)), atol=5e-2)
