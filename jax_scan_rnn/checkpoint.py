@@ -58,6 +58,7 @@ __all__ = [
     "read_metadata",
     "step_path",
     "discard_after",
+    "named_leaves",
 ]
 
 FORMAT_VERSION = 1  # bumped when the on-disk layout changes incompatibly
@@ -132,7 +133,7 @@ def _key_name(entry: Any) -> str:
     return str(entry)
 
 
-def _named_leaves(tree: Any, argname: str) -> tuple[list[str], list[Any], Any]:
+def named_leaves(tree: Any, argname: str) -> tuple[list[str], list[Any], Any]:
     """Flatten ``tree`` to (names, leaves, treedef); names are unique ``a/b/c`` paths."""
     with_path, treedef = jax.tree_util.tree_flatten_with_path(tree)
     names, leaves = [], []
@@ -246,7 +247,7 @@ def save(
     except (TypeError, ValueError) as e:
         raise TypeError(f"metadata: expected a JSON-serialisable dict, got one that is not ({e})") from e
 
-    names, leaves, _ = _named_leaves(state, "state")
+    names, leaves, _ = named_leaves(state, "state")
     arrays: dict[str, Any] = {}
     tree_info: dict[str, dict] = {}
     for name, leaf in zip(names, leaves):
@@ -463,7 +464,7 @@ def _load_arrays(path: Path, target: Any) -> Any:
                     out[name] = arr
             return out
 
-        names, leaves, treedef = _named_leaves(target, "target")
+        names, leaves, treedef = named_leaves(target, "target")
         missing = sorted(set(info) - set(names))
         unexpected = sorted(set(names) - set(info))
         if missing or unexpected:

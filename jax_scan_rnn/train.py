@@ -869,7 +869,7 @@ def restore_model(out_dir: str | os.PathLike, model: nnx.Module, step: int | Non
     metadata, path).
     """
     restored = ckpt.restore(Path(out_dir) / CHECKPOINT_DIR, step)
-    names, leaves, treedef = ckpt._named_leaves(nnx.state(model), "model")
+    names, leaves, treedef = ckpt.named_leaves(nnx.state(model), "model")
     values = []
     for name, leaf in zip(names, leaves):
         key = f"train_state/model/{name}"
