@@ -4,7 +4,14 @@
     lstm = jsr.LSTM(input_size, hidden_size, num_layers=1, dropout=0.0, rngs=nnx.Rngs(0))
     out, (h, c) = lstm(x)                      # x [B, T, I] -> out [B, T, H]
     jsr.load_torch_state_dict(lstm, torch_lstm.state_dict())
+
+Importing the package first adds one CPU setting to `XLA_FLAGS` (whole small loops compiled as one
+kernel; `xla_flags.py` says what it does, what it measured, and how to opt out).
 """
+from jax_scan_rnn import xla_flags
+
+xla_flags.configure()  # before anything below can create a JAX backend
+
 from jax_scan_rnn.cells import GRUCell, LSTMCell, RNNCell
 from jax_scan_rnn.convert import load_safetensors, load_torch_state_dict, save_safetensors, torch_state_dict
 from jax_scan_rnn.feedback import feedback_scan

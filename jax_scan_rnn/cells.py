@@ -34,6 +34,29 @@ def _torch_uniform(key: Array, shape: tuple[int, ...], bound: float, dtype) -> A
     return jax.random.uniform(key, shape, dtype, -bound, bound)
 
 
+# A contraction this thin (the Traveller's 2 fed-back positions in, its 2 positions out) is cheaper as
+# broadcast-multiply-add, which XLA fuses into the neighbouring gate arithmetic, than as a matmul call of
+# its own. Measured in the Traveller's scan (H=64, 2 layers, CPU): B=64 forward 168 -> 135 us per step;
+# B=1 unchanged.
+THIN_MATMUL_DIM = 4
+
+
+def matmul(x: Array, w: Array, compute_dtype=None) -> Array:
+    """`x @ w` (`[..., K] x [K, N] -> [..., N]`) with operands in `compute_dtype` (if set) and the result
+    and accumulation in `x`'s dtype.
+
+    With `compute_dtype=jnp.bfloat16` the matmuls read bf16 operands (half the memory traffic, the fast
+    tensor-core path on GPUs) while the state, the gates and every sum stay in float32. When K or N is at
+    most `THIN_MATMUL_DIM` the product is written as a sum of K broadcast products (same value, summed in
+    another order), which XLA fuses with its neighbours.
+    """
+    dtype = compute_dtype or x.dtype
+    a, b = x.astype(dtype), w.astype(dtype)
+    if min(w.shape) <= THIN_MATMUL_DIM:
+        return jnp.sum(a[..., :, None].astype(x.dtype) * b.astype(x.dtype), axis=-2)
+    return jnp.matmul(a, b, preferred_element_type=x.dtype)
+
+
 class RNNCell(nnx.Module):
     """A gated recurrent cell with PyTorch's parameter layout; subclasses define `num_gates` and `step`."""
 
@@ -64,13 +87,8 @@ class RNNCell(nnx.Module):
         self.b_hh = nnx.Param(_torch_uniform(rngs.params(), (gh,), bound, param_dtype))
 
     def matmul(self, x: Array, w: Array) -> Array:
-        """`x @ w` in `compute_dtype` (if set) with the result and accumulation in `x`'s dtype.
-
-        With `compute_dtype=jnp.bfloat16` the matmuls read bf16 operands (half the memory traffic, the
-        fast tensor-core path on GPUs) while the state, the gates and every sum stay in float32.
-        """
-        dtype = self.compute_dtype or x.dtype
-        return jnp.matmul(x.astype(dtype), w.astype(dtype), preferred_element_type=x.dtype)
+        """`matmul(x, w, self.compute_dtype)`: see the module-level `matmul`."""
+        return matmul(x, w, self.compute_dtype)
 
     def input_projection(self, x: Array) -> Array:
         """`x @ w_ih + b_ih`: `[..., I] -> [..., G*H]`. Independent of the state, so hoistable."""

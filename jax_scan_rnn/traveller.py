@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jax_scan_rnn.cells import matmul
 from jax_scan_rnn.feedback import feedback_scan
 from jax_scan_rnn.layers import LSTM, Linear
 
@@ -130,6 +131,11 @@ class Traveller(nnx.Module):
             if tuple(dropout_masks.shape) != expected:
                 raise ValueError(f"dropout_masks: expected shape {list(expected)}, got {tuple(dropout_masks.shape)}")
             dropout_masks = jnp.swapaxes(jnp.asarray(dropout_masks, x.dtype), 0, 1)
+        out = self.output_layer
+
+        def readout(h):  # out(h), as a thin matmul ([H, 2]: fused with the gates, see cells.matmul)
+            return matmul(h, out.kernel[...]) + out.bias[...].astype(h.dtype)
+
         carries = lstm.unstack_state(lstm.initial_state(batch, x.dtype))
         _, _, ys = feedback_scan(
             lstm,
@@ -138,7 +144,7 @@ class Traveller(nnx.Module):
             jnp.swapaxes(x, 0, 1),  # time-major [T, B, F]
             prepare=lambda u: first.matmul(u, w_u) + b_ih,  # the features' share of layer 0's input, [T, B, 4H] at once
             inject=lambda fb, up_t: up_t + first.matmul(fb, w_fb),
-            readout=lambda h, _: jnp.tanh(self.output_layer(h)).astype(x.dtype),  # the carry keeps its dtype
+            readout=lambda h, _: jnp.tanh(readout(h)).astype(x.dtype),  # the carry keeps its dtype
             feed=lambda y, _: y,
             dropout_masks=dropout_masks,
             unroll=lstm.unroll if unroll is None else unroll,

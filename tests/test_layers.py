@@ -146,3 +146,32 @@ def test_bf16_compute_keeps_float32_state_and_stays_close(cls):
 def test_bad_compute_dtype():
     with pytest.raises(TypeError, match="compute_dtype: expected None or a floating dtype"):
         jsr.GRU(3, 4, compute_dtype=jnp.int8, rngs=nnx.Rngs(0))
+
+
+# Summation order differs between the thin (broadcast-multiply-sum) form and a matmul call, so results
+# agree to a few ulps of the magnitudes summed, |x| @ |w| (a dot product's rounding bound), not of the result.
+THIN_MATMUL_RTOL = {jnp.float32: 1e-6, jnp.float64: 1e-14}
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+@pytest.mark.parametrize("shape", [(2, 256), (64, 2), (4, 8), (8, 4), (5, 9)], ids=str)
+def test_cells_matmul_equals_matmul_for_thin_and_wide_weights(dtype, shape):
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((3, 7, shape[0])), dtype)
+    w = jnp.asarray(rng.standard_normal(shape), dtype)
+    got = jsr.cells.matmul(x, w)
+    assert got.shape == (3, 7, shape[1]) and got.dtype == dtype
+    xs, ws = np.asarray(x, np.float64), np.asarray(w, np.float64)
+    err = np.abs(np.asarray(got, np.float64) - xs @ ws)
+    assert np.all(err <= THIN_MATMUL_RTOL[dtype] * (np.abs(xs) @ np.abs(ws))), f"max error {err.max():.2e}"
+
+
+@pytest.mark.parametrize("shape", [(2, 256), (64, 2), (16, 32)], ids=str)
+def test_cells_matmul_reads_bf16_operands_and_accumulates_in_float32(shape):
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.standard_normal((5, shape[0])), jnp.float32)
+    w = jnp.asarray(rng.standard_normal(shape), jnp.float32)
+    got = jsr.cells.matmul(x, w, jnp.bfloat16)
+    rounded = np.asarray(x.astype(jnp.bfloat16), np.float32) @ np.asarray(w.astype(jnp.bfloat16), np.float32)
+    assert got.dtype == jnp.float32
+    np.testing.assert_allclose(got, rounded, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,82 @@
+"""One XLA setting that makes small scans fast on CPU, applied when `jax_scan_rnn` is imported.
+
+XLA:CPU runs a compiled program as a sequence of "thunks" (one per fused kernel or library matmul), and a
+`while` loop (what `lax.scan` becomes) re-dispatches its body's thunks on every iteration. For a small
+step (a Traveller at batch 1 has ~20 thunks of well under a microsecond each) that dispatch is most of
+the time. XLA has a pass that instead compiles a whole small loop into ONE kernel; it only applies to
+loops whose per-iteration bytes (XLA's cost analysis) are below `xla_cpu_small_while_loop_byte_threshold`,
+1 kB by default, which no recurrent layer meets. This module raises that threshold:
+
+    --xla_backend_extra_options=xla_cpu_small_while_loop_byte_threshold=100000000
+
+Measured on a 2-core AMD EPYC (jax 0.10.2; `python benchmarks/xla_flag_sweep.py`, medians, us per time
+step, default -> with the setting): Traveller H=64 L=2 forward at B=1: 4.03 -> 2.64; its train step
+(value and grad): 14.7 -> 8.3; H=128: 11.6 -> 9.0; H=256: 46.3 -> 42.0; float64 H=64: 7.3 -> 5.3. Loops
+whose matmuls XLA hands to its YNNPACK library (every measured batch >= 2) are not converted, so their
+times are unchanged (B=64: 175 vs 172; the SeqVAE's B=128 train steps and 10k-sample generation: equal
+within noise). Results are identical (the same operations, only dispatched differently).
+
+XLA reads its flags once, when JAX creates its first backend, so this must run before the first JAX
+computation; `import jax_scan_rnn` does that. It never overrides a user: if `XLA_FLAGS` already sets
+the threshold, or `JAX_SCAN_RNN_XLA_FLAGS=0` is set, or a backend already exists, nothing changes, and
+`status()` says which. Options prefixed `xla_` are not passed on to LLVM, so GPU backends ignore it.
+"""
+from __future__ import annotations
+
+import os
+import re
+
+SMALL_LOOP_OPTION = "xla_cpu_small_while_loop_byte_threshold"
+SMALL_LOOP_BYTES = 100_000_000  # every measured batch-1 recurrent loop is below; library matmuls keep bigger ones out
+OPT_OUT_ENV = "JAX_SCAN_RNN_XLA_FLAGS"  # "0": leave XLA_FLAGS alone
+
+_status = "not configured"
+
+
+def _backends_initialized() -> bool:
+    try:
+        from jax._src import xla_bridge
+    except ImportError:  # pragma: no cover - jax moved it; assume the worst (no change)
+        return True
+    return bool(xla_bridge.backends_are_initialized())
+
+
+def with_small_loop_option(flags: str, threshold: int = SMALL_LOOP_BYTES) -> str:
+    """`flags` (an XLA_FLAGS string) with the small-loop threshold added to `--xla_backend_extra_options`.
+
+    XLA takes one `--xla_backend_extra_options=k1=v1,k2=v2` flag (the last one wins), so an existing one
+    is extended rather than repeated.
+    """
+    option = f"{SMALL_LOOP_OPTION}={threshold}"
+    match = re.search(r"--xla_backend_extra_options=(\S*)", flags)
+    if match is None:
+        return f"{flags} --xla_backend_extra_options={option}".strip()
+    merged = f"{match.group(1)},{option}" if match.group(1) else option
+    return flags[: match.start(1)] + merged + flags[match.end(1) :]
+
+
+def configure(environ=None) -> str:
+    """Add the small-loop setting to `XLA_FLAGS` if it is safe and useful; returns what happened.
+
+    Returns one of: "set" (added), "user" (XLA_FLAGS already sets the threshold: kept),
+    "opted out" (`JAX_SCAN_RNN_XLA_FLAGS=0`), "too late" (a JAX backend already exists, so XLA has
+    read its flags; set XLA_FLAGS yourself or import jax_scan_rnn first).
+    """
+    global _status
+    env = os.environ if environ is None else environ
+    flags = env.get("XLA_FLAGS", "")
+    if env.get(OPT_OUT_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        _status = "opted out"
+    elif SMALL_LOOP_OPTION in flags:
+        _status = "user"
+    elif _backends_initialized():
+        _status = "too late"
+    else:
+        env["XLA_FLAGS"] = with_small_loop_option(flags)
+        _status = "set"
+    return _status
+
+
+def status() -> str:
+    """What `configure` did in this process (see its docstring), for `jax-scan-rnn info` and the benchmark."""
+    return _status

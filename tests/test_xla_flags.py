@@ -1,0 +1,89 @@
+"""The CPU small-loop setting: how it edits XLA_FLAGS, when it refuses to, and that XLA acts on it."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from jax_scan_rnn import xla_flags
+
+OPTION = f"{xla_flags.SMALL_LOOP_OPTION}={xla_flags.SMALL_LOOP_BYTES}"
+
+
+def test_option_is_added_to_empty_flags():
+    assert xla_flags.with_small_loop_option("") == f"--xla_backend_extra_options={OPTION}"
+
+
+def test_other_flags_are_kept():
+    flags = "--xla_force_host_platform_device_count=4"
+    assert xla_flags.with_small_loop_option(flags) == f"{flags} --xla_backend_extra_options={OPTION}"
+
+
+def test_existing_extra_options_are_extended_not_repeated():
+    flags = "--xla_backend_extra_options=xla_cpu_disable_new_fusion_emitter --foo=1"
+    got = xla_flags.with_small_loop_option(flags)
+    assert got == f"--xla_backend_extra_options=xla_cpu_disable_new_fusion_emitter,{OPTION} --foo=1"
+    assert got.count("--xla_backend_extra_options") == 1
+
+
+@pytest.fixture
+def no_backend(monkeypatch):
+    monkeypatch.setattr(xla_flags, "_status", xla_flags.status())  # restored after the test
+    monkeypatch.setattr(xla_flags, "_backends_initialized", lambda: False)
+
+
+def test_configure_sets_the_flag(no_backend):
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    assert xla_flags.configure(env) == "set"
+    assert OPTION in env["XLA_FLAGS"] and "device_count=2" in env["XLA_FLAGS"]
+    assert xla_flags.status() == "set"
+
+
+def test_configure_keeps_a_users_own_threshold(no_backend):
+    env = {"XLA_FLAGS": f"--xla_backend_extra_options={xla_flags.SMALL_LOOP_OPTION}=0"}
+    assert xla_flags.configure(env) == "user"
+    assert env["XLA_FLAGS"] == f"--xla_backend_extra_options={xla_flags.SMALL_LOOP_OPTION}=0"
+
+
+@pytest.mark.parametrize("value", ["0", "false", "off"])
+def test_configure_can_be_opted_out_of(no_backend, value):
+    env = {xla_flags.OPT_OUT_ENV: value}
+    assert xla_flags.configure(env) == "opted out"
+    assert "XLA_FLAGS" not in env
+
+
+def test_configure_does_nothing_once_a_backend_exists(monkeypatch):
+    monkeypatch.setattr(xla_flags, "_status", xla_flags.status())
+    monkeypatch.setattr(xla_flags, "_backends_initialized", lambda: True)
+    env = {}
+    assert xla_flags.configure(env) == "too late"
+    assert env == {}
+
+
+def _run(code: str, **env_overrides) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", xla_flags.OPT_OUT_ENV)}
+    env.update(env_overrides)
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
+                         timeout=300, check=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
+SMALL_CALL_PROBE = """
+    import jax, jax.numpy as jnp
+    from flax import nnx
+    import jax_scan_rnn as jsr
+    model = jsr.Traveller(3, 8, 2, rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split(model)
+    f = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x))
+    text = f.lower(state, jnp.ones((1, 50, 3))).compile().as_text()
+    print(jsr.xla_flags.status(), "xla_cpu_small_call" in text)
+"""
+
+
+def test_importing_the_package_makes_xla_compile_a_batch1_scan_as_one_kernel():
+    # The attribute XLA puts on a loop it compiled whole; without the setting the loop stays thunk by thunk.
+    assert _run(SMALL_CALL_PROBE) == "set True"
+    assert _run(SMALL_CALL_PROBE, **{xla_flags.OPT_OUT_ENV: "0"}) == "opted out False"
