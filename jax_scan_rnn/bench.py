@@ -141,7 +141,7 @@ class BenchConfig:
             train_batch_sizes=(1,),
             vae_batch_sizes=(64,),
             sweep_seq_lens=(5, 10),
-            train_methods=(SEED_KEY, "torch-cell", "torch-script", "jax-scan-u1", "jax-scan-u4", *LIMIT_KEYS),
+            train_methods=(SEED_KEY, "torch-cell", "torch-script", "jax-scan-u1", "jax-scan-u4", AUTO_KEY, *LIMIT_KEYS),
             repeats=5,
             min_repeats=2,
             case_budget_s=0.3,
@@ -1430,7 +1430,8 @@ def _run(cfg: BenchConfig, ctx: _Context, progress, started: float, load_start) 
     if cfg.methods is None:
         wanted = set(table)
     else:
-        wanted = set(cfg.methods) | {SEED_KEY, *LIMIT_KEYS}
+        # The seed loop, the limits and the library's own choice (the headline row) always run.
+        wanted = set(cfg.methods) | {SEED_KEY, *LIMIT_KEYS} | ({AUTO_KEY} if auto else set())
         asked_models = {table[k].model for k in wanted if k in table}
         wanted |= {SEEDS[model] for model in asked_models}  # each model's ratios need its torch loop
         if not auto and AUTO_KEY in wanted:

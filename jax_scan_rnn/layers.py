@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jax_scan_rnn.cells import GRUCell, LSTMCell, RNNCell
-from jax_scan_rnn.scan import time_scan
+from jax_scan_rnn.scan import Unroll, resolve_unroll, time_scan
 
 Array = jax.Array
 
@@ -36,7 +36,8 @@ class RNN(nnx.Module):
       param_dtype: dtype of the parameters; computation runs in the input's dtype.
       compute_dtype: None, or the matmul operand dtype (e.g. `jnp.bfloat16` on GPU): states, gates
         and accumulation stay in the input's dtype.
-      unroll: default `lax.scan` unroll factor (time steps per loop iteration); overridable per call.
+      unroll: default `lax.scan` unroll factor (time steps per loop iteration), or "auto": the measured
+        best for the batch size and backend (`scan.auto_unroll`); overridable per call.
       remat_chunk: None, or rematerialise the time loop in chunks of this many steps when
         differentiating (training memory ~T/c + c instead of ~T; see `scan.time_scan`).
       bidirectional: also run each layer backward in time (torch's `bidirectional=True`): outputs
@@ -55,7 +56,7 @@ class RNN(nnx.Module):
         *,
         param_dtype=jnp.float32,
         compute_dtype=None,
-        unroll: int = 1,
+        unroll: Unroll = "auto",
         remat_chunk: int | None = None,
         bidirectional: bool = False,
         rngs: nnx.Rngs,
@@ -64,8 +65,7 @@ class RNN(nnx.Module):
             raise ValueError(f"num_layers: expected a positive int, got {num_layers!r}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout: expected a probability in [0, 1), got {dropout!r}")
-        if not isinstance(unroll, int) or unroll < 1:
-            raise ValueError(f"unroll: expected a positive int, got {unroll!r}")
+        resolve_unroll(unroll, 1)  # validates
         self.input_size = input_size
         self.hidden_size = hidden_size
         self.num_layers = num_layers
@@ -142,6 +142,10 @@ class RNN(nnx.Module):
             raise ValueError(f"{name}: expected shape [B, T, {self.input_size}], got {tuple(x.shape)}")
         return x
 
+    def scan_unroll(self, unroll: Unroll | None, batch_size: int) -> int:
+        """The int unroll of a scan over `batch_size` sequences: `unroll`, else the module's; "auto" resolved."""
+        return resolve_unroll(self.unroll if unroll is None else unroll, batch_size)
+
     # -- dropout ---------------------------------------------------------------------------------
     def dropout_masks(self, shape: tuple[int, ...], dtype) -> Array | None:
         """Scaled keep-masks `[L-1, *shape]` for the inter-layer dropout, or None when it is inactive.
@@ -178,7 +182,7 @@ class RNN(nnx.Module):
         return new_carries, h
 
     def __call__(
-        self, x: Array, initial_state=None, *, lengths: Array | None = None, unroll: int | None = None
+        self, x: Array, initial_state=None, *, lengths: Array | None = None, unroll: Unroll | None = None
     ):
         """Run the stack over a whole sequence.
 
@@ -197,7 +201,7 @@ class RNN(nnx.Module):
         state = self.initial_state(batch, x.dtype) if initial_state is None else self.check_state(
             initial_state, batch, x.dtype
         )
-        unroll = self.unroll if unroll is None else unroll
+        unroll = self.scan_unroll(unroll, batch)
         valid, reverse_index = None, None
         if lengths is not None:
             lengths = self.check_lengths(lengths, batch, steps)

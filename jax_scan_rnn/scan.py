@@ -4,6 +4,7 @@
 
 `unroll` puts that many time steps in each iteration of the compiled while loop: fewer loop
 iterations (less per-iteration overhead, more room for XLA to fuse across steps) for a bigger program.
+`auto_unroll` picks it from measurements (the layers' default, `unroll="auto"`).
 
 `remat_chunk` trades compute for memory when training on long sequences. Backpropagation through a
 plain scan keeps every step's intermediates: memory grows like T. With chunks of c steps, the outer scan
@@ -19,12 +20,37 @@ chunk, inside the rematerialised region, so the projected `[T, B, G*H]` inputs a
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
 
 PyTree = Any
+Unroll = int | Literal["auto"]
+
+# unroll="auto", from `python benchmarks/tune_scan.py unroll` (Traveller, 2 LSTM layers, T=1000; the log is
+# benchmarks/results/unroll-cpu-2core.txt). On CPU, with the small-loop setting of xla_flags.py:
+# at B=1, unroll 2 cut the train step 8.6 -> 7.6 us/step (H=64) and 140 -> 126 (H=256), forward equal
+# within noise; from B=8 on, every unroll > 1 was slower, training most (B=64: 623 us/step at 1, 905 at 4,
+# 2327 at 16), because the unrolled body's larger backward keeps more of each step live.
+# GPU: not measured yet (benchmarks/gpu.sh sweeps unroll 1, 4, 16); 1 until it is.
+AUTO_UNROLL_CPU_BATCH1 = 2
+
+
+def auto_unroll(batch: int, backend: str | None = None) -> int:
+    """The measured best `unroll` for a scan over a batch of `batch` sequences on `backend` (default:
+    JAX's default backend). See `AUTO_UNROLL_CPU_BATCH1` for the measurements."""
+    backend = backend or jax.default_backend()
+    return AUTO_UNROLL_CPU_BATCH1 if backend == "cpu" and batch == 1 else 1
+
+
+def resolve_unroll(unroll: Unroll, batch: int) -> int:
+    """`unroll` as an int: "auto" -> `auto_unroll(batch)`; a positive int is kept; anything else is an error."""
+    if unroll == "auto":
+        return auto_unroll(batch)
+    if isinstance(unroll, bool) or not isinstance(unroll, int) or unroll < 1:
+        raise ValueError(f"unroll: expected a positive int or 'auto', got {unroll!r}")
+    return unroll
 
 
 def time_scan(
@@ -43,13 +69,14 @@ def time_scan(
       carry: the initial carry.
       xs: per-step inputs, time-major `[T, ...]` leaves (None leaves allowed).
       prepare: optional `xs -> step inputs`, applied to many steps at once (all, or one chunk).
-      unroll: time steps per compiled loop iteration.
+      unroll: time steps per compiled loop iteration (callers resolve "auto" with `resolve_unroll`,
+        since only they know the batch size).
       remat_chunk: None for a plain scan; else the chunk length c of the rematerialised scan.
     Returns:
       `(final carry, ys)` with `ys` time-major `[T, ...]`, exactly as `lax.scan`.
     """
-    if not isinstance(unroll, int) or unroll < 1:
-        raise ValueError(f"unroll: expected a positive int, got {unroll!r}")
+    if isinstance(unroll, bool) or not isinstance(unroll, int) or unroll < 1:
+        raise ValueError(f"unroll: expected a positive int (resolve 'auto' with resolve_unroll), got {unroll!r}")
     prepare = (lambda xs: xs) if prepare is None else prepare
     if remat_chunk is None:
         return jax.lax.scan(step, carry, prepare(xs), unroll=unroll)

@@ -25,6 +25,7 @@ from flax import nnx
 from jax_scan_rnn.cells import matmul
 from jax_scan_rnn.feedback import feedback_scan
 from jax_scan_rnn.layers import LSTM, Linear
+from jax_scan_rnn.scan import Unroll
 
 Array = jax.Array
 NUM_POSITIONS = 2
@@ -40,7 +41,7 @@ class Traveller(nnx.Module):
       dropout: inter-layer dropout probability (training mode only, as in `torch.nn.LSTM`).
       param_dtype: parameter dtype; computation runs in the inputs' dtype.
       compute_dtype: None, or the LSTM matmuls' operand dtype (`jnp.bfloat16`); state stays float32.
-      unroll: default `lax.scan` unroll factor.
+      unroll: default `lax.scan` unroll factor, or "auto" (measured per batch size: `scan.auto_unroll`).
       remat_chunk: None, or rematerialise the time loop in chunks of this many steps when training
         (memory ~T/c + c instead of ~T; see `scan.time_scan`).
       rngs: `nnx.Rngs` (streams `params`, and `dropout` if `dropout > 0`).
@@ -55,7 +56,7 @@ class Traveller(nnx.Module):
         *,
         param_dtype=jnp.float32,
         compute_dtype=None,
-        unroll: int = 1,
+        unroll: Unroll = "auto",
         remat_chunk: int | None = None,
         rngs: nnx.Rngs,
     ):
@@ -79,7 +80,7 @@ class Traveller(nnx.Module):
         *,
         layout: Literal["auto", "batch", "seed"] = "auto",
         dropout_masks: Array | None = None,
-        unroll: int | None = None,
+        unroll: Unroll | None = None,
     ) -> Array:
         """Positions for every step.
 
@@ -114,7 +115,7 @@ class Traveller(nnx.Module):
             raise ValueError(f"inputs: the seed layout is [T, 1, {self.num_inputs}], got {tuple(x.shape)}")
         return layout == "seed" or (layout == "auto" and x.shape[1] == 1)
 
-    def positions(self, x: Array, *, dropout_masks: Array | None = None, unroll: int | None = None) -> Array:
+    def positions(self, x: Array, *, dropout_masks: Array | None = None, unroll: Unroll | None = None) -> Array:
         """The feedback recurrence on validated `[B, T, F]` inputs -> `[B, T, 2]`."""
         lstm = self.lstm_layers
         batch, steps, _ = x.shape
@@ -147,7 +148,7 @@ class Traveller(nnx.Module):
             readout=lambda h, _: jnp.tanh(readout(h)).astype(x.dtype),  # the carry keeps its dtype
             feed=lambda y, _: y,
             dropout_masks=dropout_masks,
-            unroll=lstm.unroll if unroll is None else unroll,
+            unroll=lstm.scan_unroll(unroll, batch),
             remat_chunk=lstm.remat_chunk,
         )
         return jnp.swapaxes(ys, 0, 1)

@@ -56,6 +56,7 @@ from flax import nnx
 
 from jax_scan_rnn.feedback import feedback_scan
 from jax_scan_rnn.layers import GRU, Linear
+from jax_scan_rnn.scan import Unroll
 
 Array = jax.Array
 
@@ -138,7 +139,8 @@ class SeqVAE(nnx.Module):
       param_dtype: parameter dtype; all computation runs in it (float arguments are cast to it).
       compute_dtype: None, or the GRU matmuls' operand dtype (`jnp.bfloat16`); states, gates and sums
         stay in `param_dtype` (see `cells.RNNCell.matmul`).
-      unroll: `lax.scan` unroll factor of both GRUs and of the feedback loop.
+      unroll: `lax.scan` unroll factor of both GRUs and of the feedback loop, or "auto" (measured per
+        batch size: `scan.auto_unroll`).
       remat_chunk: None, or rematerialise the time loops in chunks of this many steps when training
         (memory ~T/c + c instead of ~T; see `scan.time_scan`).
       rngs: `nnx.Rngs`: `params` for the initialisation (torch's), `sample` (or its default stream) for
@@ -166,7 +168,7 @@ class SeqVAE(nnx.Module):
         concat_z: bool = False,
         param_dtype=jnp.float32,
         compute_dtype=None,
-        unroll: int = 1,
+        unroll: Unroll = "auto",
         remat_chunk: int | None = None,
         rngs: nnx.Rngs,
     ):
@@ -305,7 +307,7 @@ class SeqVAE(nnx.Module):
         if gumbel is not None:
             gumbel = _as_float("gumbel", gumbel, (batch, steps, self.vocab_size), "[B, T, V]", dt)
         carries, embed, base = self._decoder_rules(z)
-        unroll = self.gru_decoder.unroll
+        unroll = self.gru_decoder.scan_unroll(None, batch)
         truth = jnp.swapaxes(tokens, 0, 1)  # [T, B]; truth[t] is fed to step t+1
 
         if replace_mask is None:  # teacher forcing: every input known up front
@@ -477,7 +479,7 @@ class SeqVAE(nnx.Module):
             inject=lambda fb, _: embed(fb) + base,
             readout=choose,
             feed=lambda next_t, _: next_t,
-            unroll=self.gru_decoder.unroll,
+            unroll=self.gru_decoder.scan_unroll(None, batch),
         )
         return pad_after_eos(jnp.swapaxes(chosen, 0, 1))  # [B, max_len]
 

@@ -5,16 +5,24 @@ XLA:CPU runs a compiled program as a sequence of "thunks" (one per fused kernel 
 step (a Traveller at batch 1 has ~20 thunks of well under a microsecond each) that dispatch is most of
 the time. XLA has a pass that instead compiles a whole small loop into ONE kernel; it only applies to
 loops whose per-iteration bytes (XLA's cost analysis) are below `xla_cpu_small_while_loop_byte_threshold`,
-1 kB by default, which no recurrent layer meets. This module raises that threshold:
+1 kB by default, which no recurrent layer meets. This module raises that threshold to 2 MB:
 
-    --xla_backend_extra_options=xla_cpu_small_while_loop_byte_threshold=100000000
+    --xla_backend_extra_options=xla_cpu_small_while_loop_byte_threshold=2000000
 
-Measured on a 2-core AMD EPYC (jax 0.10.2; `python benchmarks/xla_flag_sweep.py`, medians, us per time
-step, default -> with the setting): Traveller H=64 L=2 forward at B=1: 4.03 -> 2.64; its train step
-(value and grad): 14.7 -> 8.3; H=128: 11.6 -> 9.0; H=256: 46.3 -> 42.0; float64 H=64: 7.3 -> 5.3. Loops
-whose matmuls XLA hands to its YNNPACK library (every measured batch >= 2) are not converted, so their
-times are unchanged (B=64: 175 vs 172; the SeqVAE's B=128 train steps and 10k-sample generation: equal
-within noise). Results are identical (the same operations, only dispatched differently).
+Measured on a 2-core AMD EPYC (jax 0.10.2; `python benchmarks/tune_scan.py flag --threshold 100000000`,
+so that every loop XLA would convert was; us per time step, default -> converted; Traveller, 2 LSTM
+layers, forward / value-and-grad train step):
+
+    B=1 H=64   float32   4.03 -> 2.81    train 15.9 -> 9.7
+    B=1 H=128  float32  11.5  -> 9.0     train 37.3 -> 33.8
+    B=1 H=64   float64   6.84 -> 5.72    train 26.2 -> 21.0
+    B=1 H=256  float32  45.2  -> 48.3    train 176  -> 140     (mixed: a second run gave 46.3 -> 42.0)
+    B=1 H=256  float64  87.7  -> 104     train 252  -> 305     (slower)
+
+so 2 MB admits the first three (their loop bodies touch ~0.2-1 MB per step) and leaves H=256 (over
+3 MB of weights per step, where streaming them dominates and XLA's generic loop code is no better) as it
+was. Loops whose matmuls XLA hands to its YNNPACK library (every measured batch >= 2) are never
+converted, so their times are unchanged. Results are the same operations, dispatched differently.
 
 XLA reads its flags once, when JAX creates its first backend, so this must run before the first JAX
 computation; `import jax_scan_rnn` does that. It never overrides a user: if `XLA_FLAGS` already sets
@@ -27,7 +35,7 @@ import os
 import re
 
 SMALL_LOOP_OPTION = "xla_cpu_small_while_loop_byte_threshold"
-SMALL_LOOP_BYTES = 100_000_000  # every measured batch-1 recurrent loop is below; library matmuls keep bigger ones out
+SMALL_LOOP_BYTES = 2_000_000  # per-iteration bytes (XLA cost analysis): admits the loops measured faster, see above
 OPT_OUT_ENV = "JAX_SCAN_RNN_XLA_FLAGS"  # "0": leave XLA_FLAGS alone
 
 _status = "not configured"

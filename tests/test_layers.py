@@ -73,7 +73,7 @@ def test_integer_initial_state_is_a_type_error():
     [
         (dict(num_layers=0), "num_layers: expected a positive int, got 0"),
         (dict(dropout=1.0), r"dropout: expected a probability in \[0, 1\), got 1.0"),
-        (dict(unroll=0), "unroll: expected a positive int, got 0"),
+        (dict(unroll=0), "unroll: expected a positive int or 'auto', got 0"),
         (dict(hidden_size=-1), "hidden_size: expected a positive int, got -1"),
     ],
 )

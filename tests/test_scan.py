@@ -31,7 +31,7 @@ def test_chunked_remat_equals_plain_scan_including_a_remainder():
 def test_bad_arguments():
     with pytest.raises(ValueError, match="remat_chunk: expected None or a positive int, got 0"):
         time_scan(lambda c, x: (c, x), 0.0, jnp.zeros(3), remat_chunk=0)
-    with pytest.raises(ValueError, match="unroll: expected a positive int, got 0"):
+    with pytest.raises(ValueError, match="unroll: expected a positive int \(resolve .auto. with resolve_unroll\), got 0"):
         time_scan(lambda c, x: (c, x), 0.0, jnp.zeros(3), unroll=0)
 
 
@@ -76,3 +76,23 @@ def train_step_temp_bytes(remat_chunk, steps=2000):
 def test_remat_cuts_training_memory_on_long_sequences():
     plain, remat = train_step_temp_bytes(None), train_step_temp_bytes(50)  # ~sqrt(2000), a divisor
     assert remat * 3 <= plain, f"remat temp memory {remat} B is not a third of the plain scan's {plain} B"
+
+
+def test_auto_unroll_follows_the_measured_rule():
+    from jax_scan_rnn import scan
+
+    assert scan.auto_unroll(1, "cpu") == scan.AUTO_UNROLL_CPU_BATCH1
+    assert scan.auto_unroll(8, "cpu") == 1 and scan.auto_unroll(64, "cpu") == 1
+    assert scan.auto_unroll(1, "gpu") == 1  # not measured there yet
+    assert scan.resolve_unroll(3, 1) == 3
+    with pytest.raises(ValueError, match="unroll: expected a positive int or 'auto', got 'fast'"):
+        scan.resolve_unroll("fast", 1)
+    with pytest.raises(ValueError, match="resolve 'auto' with resolve_unroll"):
+        time_scan(lambda c, x: (c, x), 0.0, jnp.zeros(3), unroll="auto")
+
+
+def test_auto_unroll_gives_the_same_numbers_as_unroll_1():
+    model = jsr.Traveller(3, 8, 2, param_dtype=jnp.float64, rngs=nnx.Rngs(0))
+    assert model.lstm_layers.unroll == "auto"
+    x = jnp.asarray(np.random.default_rng(2).standard_normal((1, 37, 3)))
+    np.testing.assert_allclose(model(x, layout="batch"), model(x, layout="batch", unroll=1), rtol=0, atol=1e-13)

@@ -1,0 +1,165 @@
+"""Measure the two process-level choices of this project's scans: XLA's small-loop setting and `unroll`.
+
+    python benchmarks/tune_scan.py flag     # each config with and without the setting (two processes)
+    python benchmarks/tune_scan.py flag --threshold 100000000   # ... with a larger threshold
+    python benchmarks/tune_scan.py unroll   # time per step vs unroll, forward and train step
+    python benchmarks/tune_scan.py unroll --out benchmarks/results/unroll-cpu-2core.json
+
+`flag` backs the figures quoted in `jax_scan_rnn/xla_flags.py`; `unroll` the table behind
+`unroll="auto"` (`jax_scan_rnn/scan.py`, `AUTO_UNROLL`). The model is the Traveller (2 LSTM layers, F=8),
+a forward pass or a value-and-grad train step of a linear loss. Each figure: the minimum over 3 rounds of
+the median of n calls after 2 warm-up calls, divided by T (us per time step). Runs on whatever JAX
+backend is present; takes ~5 minutes per subcommand on a 2-core CPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+FLAG_CONFIGS = ["1x64", "1x128", "1x256", "1x64:f64", "1x256:f64", "4x64", "64x64", "8x128", "64x64:f64", "128x256"]
+UNROLL_CONFIGS = ["1x64", "1x256", "8x64", "64x64", "64x256", "512x64"]
+UNROLLS = (1, 2, 4, 8, 16)
+
+
+def _time_per_step(fn, args, steps: int) -> float:
+    import jax
+    import numpy as np
+
+    jax.block_until_ready(fn(*args))
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    once = time.perf_counter() - start
+    n = max(3, min(30, int(0.3 / max(once, 1e-6))))
+    medians = []
+    for _ in range(3):
+        times = []
+        for _ in range(n):
+            start = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            times.append(time.perf_counter() - start)
+        medians.append(float(np.median(times)))
+    return min(medians) / steps * 1e6
+
+
+def _model(config: str, steps: int):
+    """'BxH[:f64]' -> (params, rest, graphdef, x, r)."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    import jax_scan_rnn as jsr
+
+    shape, _, dtype_name = config.partition(":")
+    batch, hidden = map(int, shape.split("x"))
+    if dtype_name == "f64":
+        jax.config.update("jax_enable_x64", True)
+    dtype = jnp.float64 if dtype_name == "f64" else jnp.float32
+    model = jsr.Traveller(8, hidden, 2, param_dtype=dtype, rngs=nnx.Rngs(0))
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    x = jax.random.normal(jax.random.key(1), (batch, steps, 8), dtype)
+    r = jax.random.normal(jax.random.key(2), (batch, steps, 2), dtype)
+    return graphdef, params, rest, x, r
+
+
+def _functions(graphdef, rest, unroll):
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    def positions(p, x):
+        return nnx.merge(graphdef, p, rest).positions(x, unroll=unroll)
+
+    def loss(p, x, r):
+        return -jnp.mean(jnp.sum(positions(p, x) * r, -1))
+
+    return jax.jit(positions), jax.jit(jax.value_and_grad(loss))
+
+
+def _steps_for(config: str) -> int:
+    batch = int(config.split("x")[0])
+    return 1000 if batch <= 64 else 100
+
+
+def flag_worker(configs: list[str]) -> list[dict]:
+    """In this process (XLA_FLAGS already decided): forward and train time per step of each config."""
+    import jax
+
+    import jax_scan_rnn as jsr
+
+    rows = []
+    for config in configs:
+        steps = _steps_for(config)
+        graphdef, params, rest, x, r = _model(config, steps)
+        fwd, train = _functions(graphdef, rest, 1)
+        one_kernel = "xla_cpu_small_call" in fwd.lower(params, x).compile().as_text()
+        rows.append({"config": config, "T": steps, "one_kernel": one_kernel, "xla_flags": jsr.xla_flags.status(),
+                     "forward_us": _time_per_step(fwd, (params, x), steps),
+                     "train_us": _time_per_step(train, (params, x, r), steps), "backend": jax.default_backend()})
+    return rows
+
+
+def run_flag(configs: list[str], threshold: int | None) -> list[dict]:
+    """Each config in a process with the setting (the library's, or `threshold`) and one without."""
+    from jax_scan_rnn.xla_flags import OPT_OUT_ENV, with_small_loop_option
+
+    results = []
+    for arm in ("set", "default"):
+        env = dict(os.environ, **{OPT_OUT_ENV: "1" if arm == "set" else "0"})
+        if arm == "set" and threshold is not None:
+            env["XLA_FLAGS"] = with_small_loop_option(env.get("XLA_FLAGS", ""), threshold)
+        out = subprocess.run([sys.executable, __file__, "_flag_worker", *configs], env=env, capture_output=True,
+                             text=True, check=True)
+        results += [dict(row, arm=arm) for row in json.loads(out.stdout.strip().splitlines()[-1])]
+    return results
+
+
+def run_unroll(configs: list[str]) -> list[dict]:
+    rows = []
+    for config in configs:
+        steps = _steps_for(config)
+        graphdef, params, rest, x, r = _model(config, steps)
+        for unroll in UNROLLS:
+            fwd, train = _functions(graphdef, rest, unroll)
+            start = time.perf_counter()
+            fwd(params, x)
+            compile_s = time.perf_counter() - start
+            row = {"config": config, "T": steps, "unroll": unroll, "compile_s": compile_s,
+                   "forward_us": _time_per_step(fwd, (params, x), steps),
+                   "train_us": _time_per_step(train, (params, x, r), steps)}
+            rows.append(row)
+            print(f"{config:10s} T={steps:5d} unroll={unroll:2d}  forward {row['forward_us']:9.2f} us/step  "
+                  f"train {row['train_us']:9.2f} us/step  first call {compile_s:5.2f} s", flush=True)
+    return rows
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=["flag", "unroll", "_flag_worker"])
+    parser.add_argument("configs", nargs="*", help="BxH or BxH:f64 (default: the module's lists)")
+    parser.add_argument("--out", help="also write the rows as JSON here")
+    parser.add_argument("--threshold", type=int, help="flag: this small-loop threshold instead of the library's")
+    args = parser.parse_args(argv)
+    if args.what == "_flag_worker":
+        print(json.dumps(flag_worker(args.configs)))
+        return
+    if args.what == "flag":
+        rows = run_flag(args.configs or FLAG_CONFIGS, args.threshold)
+        by = {(r["config"], r["arm"]): r for r in rows}
+        print(f"{'config':10s} {'one kernel':>10s} {'forward default -> set':>26s} {'train default -> set':>26s}")
+        for config in args.configs or FLAG_CONFIGS:
+            off, on = by[(config, "default")], by[(config, "set")]
+            print(f"{config:10s} {str(on['one_kernel']):>10s} {off['forward_us']:11.2f} -> {on['forward_us']:8.2f} us "
+                  f"{off['train_us']:11.2f} -> {on['train_us']:8.2f} us")
+    else:
+        rows = run_unroll(args.configs or UNROLL_CONFIGS)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
