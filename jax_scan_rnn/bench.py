@@ -11,8 +11,8 @@ One process times, side by side, on one set of weights (a `torch_ref.Traveller` 
           loop, `torch._higher_order_ops.scan` eager and under `torch.compile`, `torch.compile` of the
           Python loop (short T only: Dynamo unrolls it), a CUDA-graph capture of the loop (GPU only), and
           `nn.LSTM` over the whole sequence with the feedback removed (a lower bound for torch).
-  jax     `lax.scan` at unroll 1, 4, 16 (plus "auto" when the library has it, else the best of that
-          sweep, labelled so), `nn.LSTM`'s JAX twin over the whole sequence (no feedback), a Python
+  jax     `lax.scan` at unroll 1, 4, 16 and "auto" (the library's measured choice, `scan.auto_unroll`),
+          `nn.LSTM`'s JAX twin over the whole sequence (no feedback), a Python
           loop under `jax.jit` (unrolled: short T only), and eager op-by-op JAX (short T only).
   limit   the same FLOPs with the time dependency removed: every step's matmuls and gate math as a few
           batched ops over [B*T] rows, in XLA and in torch; the faster one is the "limit".
@@ -74,8 +74,7 @@ QUICK_METHODS = (  # the rows of the quick preset
 )
 LIMIT_KEYS = ("limit-xla", "limit-torch")  # the "limit" of a cell is the faster of these two
 SCAN_UNROLLS = (1, 4, 16)
-BEST_KEY = "jax-scan-best"  # derived row when the library has no unroll="auto"
-AUTO_KEY = "jax-scan-auto"
+AUTO_KEY = "jax-scan-auto"  # the library's own choice: the headline row
 MODES = ("forward", "train")
 
 
@@ -650,7 +649,12 @@ def _jax_case_from_positions(ctx: _Context, batch: int, steps: int, mode: str, p
 def _build_jax_scan(unroll) -> Callable:
     def build(ctx: _Context, batch: int, steps: int, mode: str) -> _Case:
         case = _jax_case_from_positions(ctx, batch, steps, mode, _scan_positions(ctx, unroll))
-        case.info["unroll"] = unroll
+        if unroll == "auto":  # record what it chose
+            from jax_scan_rnn.scan import auto_unroll
+
+            case.info["unroll"] = f"auto ({auto_unroll(batch)})"
+        else:
+            case.info["unroll"] = unroll
         return case
 
     return build
@@ -925,16 +929,6 @@ def _vae_jax(ctx: _Context, vae: _VAEContext, d: dict, task: str, mode: str) -> 
                               train=True, output=False)
 
 
-def _auto_unroll_supported(ctx: _Context) -> bool:
-    """Whether this library's Traveller takes `unroll="auto"` (an automatic choice)."""
-    x = ctx.jnp.zeros((1, 3, ctx.cfg.num_inputs), ctx.jax_dtype)
-    try:
-        ctx.jax.eval_shape(lambda p: _scan_positions(ctx, "auto")(p, x), ctx.params)
-    except Exception:  # noqa: BLE001 - any failure means "not supported"
-        return False
-    return True
-
-
 # ----------------------------------------------------------------------------------------------------
 # The method table
 # ----------------------------------------------------------------------------------------------------
@@ -988,7 +982,7 @@ def _methods() -> dict[str, Method]:
                            note=f"jsr.Traveller: one jitted lax.scan over T, {u} step(s) per loop iteration"))
     rows += [
         Method(AUTO_KEY, "jax: lax.scan, unroll=auto", "jax", "compiled", _build_jax_scan("auto"),
-               note="the library's automatic unroll choice (only where jsr.Traveller accepts unroll='auto')"),
+               note="the library's default: unroll chosen from measurements (jax_scan_rnn.scan.auto_unroll)"),
         Method("jax-jit-loop", "jax: jit(Python loop), short T", "jax", "compiled", lambda *a: _build_jax_jit_loop(*a),
                where="sweep", modes=("forward",),
                modes_note="forward only (its compile of the unrolled backward grows with T as well)",
@@ -1295,33 +1289,12 @@ def _fmt_s(seconds: float) -> str:
     return f"{seconds:.2g} s" if seconds < 10 else f"{seconds:.0f} s"
 
 
-def _derive(rows: list[dict], auto: bool) -> list[dict]:
-    """Add the "best of sweep" rows (when there is no unroll='auto'), then the ratios of every row."""
-    derived = []
+def _derive(rows: list[dict]) -> list[dict]:
+    """The ratios of every row (vs its cell's seed loop and limit)."""
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         groups.setdefault((row["model"], row["section"], row["mode"], row["B"], row["T"]), []).append(row)
-    for (model, section, mode, batch, steps), group in groups.items():
-        if not auto and section == "grid" and model == "traveller":
-            scans = [r for r in group if r["method"].startswith("jax-scan-u") and r["status"] == "ok"]
-            tried = [r["unroll"] for r in scans]
-            best = {
-                "model": model, "method": BEST_KEY, "label": f"jax: lax.scan, best of unroll sweep {tried}",
-                "framework": "jax", "role": "derived", "mode": mode, "B": batch, "T": steps, "section": section,
-                "status": "ok" if scans else "skipped", "reason": None if scans else "no lax.scan row ran here",
-                "per_step_us": None, "call_s": None, "call_s_min": None, "samples": [], "calls_per_sample": None,
-                "first_call_s": None, "compile_s": None, "memory": None, "max_abs_diff": None,
-                "speedup_vs_seed": None, "x_limit": None,
-            }
-            if scans:
-                pick = min(scans, key=lambda r: r["call_s"])
-                for k in ("per_step_us", "call_s", "call_s_min", "samples", "calls_per_sample", "first_call_s",
-                          "compile_s", "memory", "max_abs_diff"):
-                    best[k] = pick[k]
-                best["unroll"] = pick.get("unroll")
-                best["reason"] = f"the fastest of unroll {tried} here: unroll={pick.get('unroll')}"
-            group.append(best)
-            derived.append(best)
+    for (model, *_), group in groups.items():
         seed = next((r for r in group if r["method"] == SEEDS.get(model) and r["status"] == "ok"), None)
         limits = [r for r in group if r["method"] in LIMIT_KEYS and r["status"] == "ok"]
         limit = min(limits, key=lambda r: r["call_s"]) if limits else None
@@ -1333,16 +1306,7 @@ def _derive(rows: list[dict], auto: bool) -> list[dict]:
             if limit is not None:
                 row["x_limit"] = row["call_s"] / limit["call_s"]
                 row["limit_method"] = limit["method"]
-    out = []
-    for key, group in groups.items():  # cells in measuring order; a derived row after its cell's scan rows
-        measured = [r for r in group if r.get("role") != "derived"]
-        extra = [d for d in derived if any(d is g for g in group)]
-        last_scan = max((i for i, r in enumerate(measured) if r["method"].startswith("jax-scan-u")), default=None)
-        if last_scan is None:
-            out += measured + extra
-        else:
-            out += measured[: last_scan + 1] + extra + measured[last_scan + 1:]
-    return out
+    return [row for group in groups.values() for row in group]  # cells in measuring order
 
 
 def _versions(ctx: _Context, threads: dict) -> dict:
@@ -1423,19 +1387,14 @@ def _run(cfg: BenchConfig, ctx: _Context, progress, started: float, load_start) 
     threads = _calibrate_torch_threads(ctx)
     _warm_up_compilers(ctx)
     engine = _Engine(cfg, ctx, progress)
-    auto = _auto_unroll_supported(ctx)
     table = dict(METHODS)
-    if not auto:
-        table.pop(AUTO_KEY)  # replaced by the derived "best of sweep" row
     if cfg.methods is None:
         wanted = set(table)
     else:
         # The seed loop, the limits and the library's own choice (the headline row) always run.
-        wanted = set(cfg.methods) | {SEED_KEY, *LIMIT_KEYS} | ({AUTO_KEY} if auto else set())
+        wanted = set(cfg.methods) | {SEED_KEY, AUTO_KEY, *LIMIT_KEYS}
         asked_models = {table[k].model for k in wanted if k in table}
         wanted |= {SEEDS[model] for model in asked_models}  # each model's ratios need its torch loop
-        if not auto and AUTO_KEY in wanted:
-            wanted |= {f"jax-scan-u{u}" for u in SCAN_UNROLLS}
     methods = [m for k, m in table.items() if k in wanted]
     grid_methods = [m for m in methods if m.where in ("grid", "both") and m.model == "traveller"]
     sweep_methods = [m for m in methods if m.where in ("sweep", "both") and m.model == "traveller"]
@@ -1461,17 +1420,13 @@ def _run(cfg: BenchConfig, ctx: _Context, progress, started: float, load_start) 
         except KeyboardInterrupt:  # e.g. a hard time limit (gpu.sh): keep what was measured
             interrupted = f"interrupted during {mode} B={batch} T={steps} ({section}) after {engine.elapsed():.0f} s"
             break
-    rows = _derive(rows, auto)
+    rows = _derive(rows)
     for row in rows:
         row["samples"] = [round(s, 9) for s in row["samples"]]
     used = {r["method"] for r in rows}
     described = {m.key: {"label": m.label, "framework": m.framework, "role": m.role, "model": m.model,
                          "kind": m.kind, "note": m.note}
                  for m in methods if m.key in used}
-    if BEST_KEY in used:
-        described[BEST_KEY] = {"label": "jax: lax.scan, best of unroll sweep", "framework": "jax",
-                               "role": "derived", "model": "traveller", "kind": "compiled",
-                               "note": "no unroll='auto' in the library yet: the fastest lax.scan row of each cell"}
     return {
         "schema": SCHEMA_VERSION,
         "kind": "jax-scan-rnn benchmark",
@@ -1480,7 +1435,6 @@ def _run(cfg: BenchConfig, ctx: _Context, progress, started: float, load_start) 
         "host": _versions(ctx, threads),
         "load_average": {"start": load_start, "end": _loadavg()},
         "config": dataclasses.asdict(cfg),
-        "unroll_auto_in_library": auto,
         "jax_bf16": ctx.jax_bf16,
         "interrupted": interrupted,
         "methods": described,
@@ -1559,7 +1513,7 @@ def headline(results: dict, batch: int = 1, steps: int = 1000, mode: str = "forw
     rows = [r for r in results["rows"] if r["section"] == "grid" and r["model"] == "traveller"
             and r["B"] == batch and r["T"] == steps and r["mode"] == mode]
     seed = _find(rows, method=SEED_KEY, status="ok")
-    scans = [r for r in rows if r["method"] in (AUTO_KEY, BEST_KEY) and r["status"] == "ok"]
+    scans = [r for r in rows if r["method"] == AUTO_KEY and r["status"] == "ok"]
     scan = scans[0] if scans else None
     limits = [r for r in rows if r["method"] in LIMIT_KEYS and r["status"] == "ok"]
     limit = min(limits, key=lambda r: r["call_s"]) if limits else None
@@ -1720,7 +1674,7 @@ def markdown(results: dict, plots: dict[str, str] | None = None) -> str:
 
     b0 = batch_sizes[0]
     compiled = [r for r in trav if r["section"] == "grid" and r["status"] == "ok" and r["B"] == b0
-                and r["role"] != "derived" and (r["compile_s"] is not None or r["method"].startswith("torch-compile"))]
+                and (r["compile_s"] is not None or r["method"].startswith("torch-compile"))]
     if compiled:
         lines += [f"## First call (compile included), B={b0}", "",
                   "| method | mode |" + "".join(f" T={t} |" for t in seq_lens), "|---|---|" + "---:|" * len(seq_lens)]
@@ -1734,7 +1688,7 @@ def markdown(results: dict, plots: dict[str, str] | None = None) -> str:
                     lines.append(f"| {_label(methods, key)} | {mode} | " + " | ".join(cells) + " |")
         lines.append("")
 
-    mem = [r for r in trav if r["section"] == "grid" and r["status"] == "ok" and r["memory"] and r["role"] != "derived"]
+    mem = [r for r in trav if r["section"] == "grid" and r["status"] == "ok" and r["memory"]]
     if mem:
         lines += ["## Memory", "",
                   "JAX rows: temporary buffers of the compiled program (`compiled.memory_analysis()`); "
@@ -1757,7 +1711,7 @@ def markdown(results: dict, plots: dict[str, str] | None = None) -> str:
             lines.append("")
 
     agree = [r for r in trav if r.get("max_abs_diff") and r["max_abs_diff"].get("value") is not None
-             and r["method"] != r["max_abs_diff"]["vs"] and r["role"] != "derived"]
+             and r["method"] != r["max_abs_diff"]["vs"]]
     if agree:
         worst: dict[str, dict] = {}
         for r in agree:
@@ -1844,7 +1798,7 @@ def _plot(results: dict, out: Path, stem: str) -> dict[str, Path]:
     fig, ax = plt.subplots(figsize=(7.5, 5))
     b0 = cfg["sweep_batch"]
     compiling = [k for k in methods if methods[k].get("kind") == "compiled"
-                 and methods[k]["role"] not in ("limit", "bound", "derived")]
+                 and methods[k]["role"] not in ("limit", "bound")]
     for key in compiling:  # the one-off cost of the first call: first call minus a warm call
         pts = sorted((r["T"], max(r["first_call_s"] - r["call_s"], 1e-4)) for r in rows if r["method"] == key
                      and r["mode"] == "forward" and r["status"] == "ok" and r["B"] == b0)
@@ -1854,7 +1808,8 @@ def _plot(results: dict, out: Path, stem: str) -> dict[str, Path]:
            ylabel="first call minus a warm call (s)",
            title=f"Compile / trace / capture cost vs T, forward, B={b0} ({results['host']['host_kind']})")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:  # a run of VAE rows only has no compile curve
+        ax.legend(fontsize=8)
     fig.tight_layout()
     path = out / f"{stem}-compile.png"
     fig.savefig(path, dpi=110)
@@ -1874,7 +1829,7 @@ def _styles(keys: list[str]) -> dict[str, dict]:
             style.update(color="black", linestyle="--", marker="x")
         elif key == SEED_KEY:
             style.update(color="tab:red", linewidth=2.2)
-        elif key in (AUTO_KEY, BEST_KEY):
+        elif key == AUTO_KEY:
             style.update(color="tab:blue", linewidth=2.2)
         elif key.endswith("lstm-seq"):
             style.update(linestyle=":")
@@ -1907,6 +1862,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-sizes", type=_int_list, metavar="B,B,...", help="batch sizes of the grid")
     parser.add_argument("--sweep-seq-lens", type=_int_list, metavar="T,T,...",
                         help="short sequence lengths for the compile-bound loops")
+    parser.add_argument("--vae-batch-sizes", type=_int_list, metavar="B,B,...",
+                        help="batch sizes of the VAE decoder rows (the VAE issue's point: 128)")
+    parser.add_argument("--vae-seq-lens", type=_int_list, metavar="T,T,...", help="sequence lengths of the VAE rows")
     parser.add_argument("--methods", metavar="KEY,KEY,...",
                         help=f"only these rows (the seed loop and limits always run); keys: {', '.join(METHODS)}")
     parser.add_argument("--modes", default=None, metavar="MODE,...", help="forward,train (default: both)")
@@ -1924,8 +1882,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     """The BenchConfig an argparse namespace (from `add_arguments`) asks for."""
     overrides: dict[str, Any] = {"dtype": args.dtype}
-    for name in ("seq_lens", "batch_sizes", "sweep_seq_lens", "max_call_s", "budget_s", "repeats",
-                 "torch_threads", "label"):
+    for name in ("seq_lens", "batch_sizes", "sweep_seq_lens", "vae_batch_sizes", "vae_seq_lens", "max_call_s",
+                 "budget_s", "repeats", "torch_threads", "label"):
         value = getattr(args, name, None)
         if value is not None:
             overrides[name] = value

@@ -52,6 +52,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         ("optax", optax.__version__),
         ("backend", jax.default_backend()),
         ("devices", ", ".join(f"{d.platform}:{d.id} ({d.device_kind})" for d in jax.devices())),
+        ("xla small-loop setting", f"{jax_scan_rnn.xla_flags.status()} (jax_scan_rnn/xla_flags.py)"),
     ]
     try:
         import torch

@@ -82,10 +82,10 @@ def test_one_row_per_method_and_cell(tiny):
             assert bench.SEED_KEY in methods and set(bench.LIMIT_KEYS) <= set(methods), key
         else:
             assert bench.SEEDS[key[0]] in methods, key
-    # the suite was asked for these methods (plus the seeds and the limits, which always run)
-    asked = set(TINY["methods"]) | set(bench.SEEDS.values()) | set(bench.LIMIT_KEYS)
-    measured = {r["method"] for r in rows} - {bench.BEST_KEY, bench.AUTO_KEY}
-    assert measured <= asked
+    # the suite was asked for these methods (plus the seeds, the limits and the auto row, which always run)
+    asked = set(TINY["methods"]) | set(bench.SEEDS.values()) | set(bench.LIMIT_KEYS) | {bench.AUTO_KEY}
+    measured = {r["method"] for r in rows}
+    assert measured <= asked and bench.AUTO_KEY in measured
     assert set(results["methods"]) >= measured
 
 
@@ -128,19 +128,13 @@ def test_ratios_are_against_seed_and_limit_of_the_same_cell(tiny):
             assert r["x_limit"] == pytest.approx(1.0)
 
 
-def test_best_of_sweep_row_is_the_fastest_scan(tiny):
+def test_auto_row_runs_the_library_choice(tiny):
     _, results, _, _ = tiny
-    if results["unroll_auto_in_library"]:
-        pytest.skip("the library has unroll='auto': no derived best-of-sweep row")
-    best_rows = [r for r in results["rows"] if r["method"] == bench.BEST_KEY]
-    assert len(best_rows) == 4  # forward and train at T = 6, 12
-    for best in best_rows:
-        scans = [r for r in results["rows"] if r["method"].startswith("jax-scan-u") and r["status"] == "ok"
-                 and (r["mode"], r["B"], r["T"]) == (best["mode"], best["B"], best["T"])]
-        assert best["status"] == "ok"
-        assert best["call_s"] == min(r["call_s"] for r in scans)
-        assert best["unroll"] in {r["unroll"] for r in scans}
-        assert best["label"].endswith(str([r["unroll"] for r in scans]))
+    auto = [r for r in results["rows"] if r["method"] == bench.AUTO_KEY and r["section"] == "grid"]
+    assert auto and all(r["status"] == "ok" for r in auto)
+    from jax_scan_rnn.scan import auto_unroll
+
+    assert {r["unroll"] for r in auto} == {f"auto ({auto_unroll(r['B'])})" for r in auto}
 
 
 def test_every_method_agrees_with_the_seed_loop(tiny):

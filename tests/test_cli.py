@@ -20,7 +20,7 @@ def test_version(capsys):
 def test_info_lists_devices_and_versions(capsys):
     assert main(["info"]) == 0
     out = capsys.readouterr().out
-    for key in ("jax ", "flax", "devices", "torch"):
+    for key in ("jax ", "flax", "devices", "torch", "xla small-loop setting"):
         assert key in out
 
 
