@@ -27,7 +27,7 @@ TINY = dict(
     vae_latent=4,
     methods=("torch-loop", "torch-cell", "torch-cuda-graph", "torch-lstm-seq", "jax-scan-u1", "jax-scan-u4",
              "jax-eager", "jax-jit-loop", "vae-ss-jax", "vae-greedy-jax"),
-    train_methods=("torch-loop", "jax-scan-u1", *bench.LIMIT_KEYS),
+    train_methods=("torch-loop", "jax-scan-u1", bench.AUTO_KEY, *bench.LIMIT_KEYS),
     repeats=2,
     min_repeats=1,
     case_budget_s=0.01,

@@ -1,0 +1,135 @@
+"""What the suite measures and how long it tries: `BenchConfig`, its two presets, and the row keys
+that the rest of the suite (and its results) refer to.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+SCHEMA_VERSION = 1
+SEED_KEY = "torch-loop"  # the reference row of every "x faster than the seed" ratio (Traveller)
+SEEDS = {"traveller": SEED_KEY, "vae-ss": "vae-ss-torch", "vae-greedy": "vae-greedy-torch"}  # per model
+LIMIT_CHUNK_ROWS = 4096  # rows (batch x steps) per chunk of the XLA limit row
+QUICK_METHODS = (  # the rows of the quick preset
+    "torch-loop", "torch-cell", "torch-script", "torch-compile-scan", "torch-compile-loop", "torch-cuda-graph",
+    "torch-lstm-seq", "jax-scan-u1", "jax-scan-u4", "jax-jit-loop", "jax-eager", "limit-xla", "limit-torch",
+    "vae-ss-torch", "vae-ss-jax", "vae-greedy-torch", "vae-greedy-jax",
+)
+LIMIT_KEYS = ("limit-xla", "limit-torch")  # the "limit" of a cell is the faster of these two
+SCAN_UNROLLS = (1, 4, 16)
+AUTO_KEY = "jax-scan-auto"  # the library's own choice: the headline row
+MODES = ("forward", "train")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Configuration
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What to measure and how long to try. `quick()` and `default()` are the two presets."""
+
+    seq_lens: tuple[int, ...] = (100, 1000, 10000)  # T of the main grid
+    batch_sizes: tuple[int, ...] = (1, 64, 1024)  # B of the main grid
+    hidden_size: int = 64  # H of both LSTM layers
+    num_layers: int = 2  # stacked LSTM layers
+    num_inputs: int = 8  # F, features per step
+    modes: tuple[str, ...] = MODES  # "forward" and/or "train"
+    methods: tuple[str, ...] | None = None  # keys of METHODS to run (None: all); the seed and limits always run
+    train_methods: tuple[str, ...] | None = None  # of those, the ones with a train-step row (None: all)
+    train_batch_sizes: tuple[int, ...] | None = None  # B with train-step rows (None: all of batch_sizes)
+    sweep_seq_lens: tuple[int, ...] = (10, 25, 50)  # short T at which the compile-bound loops are measured
+    sweep_batch: int = 1  # B of that short-T sweep
+    short_max_t: int = 100  # eager op-by-op JAX runs in the grid only up to this T
+    vae_batch_sizes: tuple[int, ...] = (1, 64)  # B of the VAE decoder rows (empty: no VAE rows)
+    vae_seq_lens: tuple[int, ...] = (100,)  # T of the VAE decoder rows (SMILES-length sequences)
+    vae_vocab: int = 40  # V, tokens including <pad>, <sos>, <eos> (a SMILES vocabulary is ~40)
+    vae_hidden: int = 256  # H of the VAE's GRUs (the VAE task's default)
+    vae_latent: int = 64  # Z
+    vae_layers: int = 1  # GRU layers
+    repeats: int = 5  # timed samples per case (at most)
+    min_repeats: int = 3  # timed samples per case (at least, unless the case is skipped)
+    case_budget_s: float = 1.0  # stop sampling a case at min_repeats once its samples took this long
+    min_sample_s: float = 0.02  # one sample averages enough calls to last this long
+    max_call_s: float = 2.0  # skip a case whose predicted single call is longer
+    # (B, T) cells whose ratios matter most (the issues' targets, and the seed's whole curve at B=1): there the
+    # seed and limit rows, which every ratio needs, may take headline_cap_factor times max_call_s per call.
+    headline_cells: tuple[tuple[int, int], ...] = ((1, 100), (1, 1000), (1, 10000), (64, 1000))
+    headline_cap_factor: float = 5.0
+    probe_t: int = 8  # T of the short probe that predicts an eager method's call time
+    budget_s: float = 780.0  # start no new case after this many seconds (a safety net, not a target)
+    memory_fraction: float = 0.5  # skip a JAX case whose compiled buffers exceed this share of free RAM
+    dtype: str = "float32"  # "float32" or "bfloat16" (compute dtype of inputs; bf16 is for GPUs)
+    matmul_precision: str = "highest"  # float32 on GPU: JAX matmul precision, and TF32 off in torch
+    torch_threads: int | None = None  # torch intra-op threads on CPU; None: the faster of 1 and torch's default
+    seed: int = 0  # weights and data
+    label: str = "default"  # preset name, recorded in the results
+
+    @classmethod
+    def default(cls, **overrides) -> BenchConfig:
+        """The full suite: T in {100, 1000, 10000}, B in {1, 64, 1024}; ~15 minutes on a 2-core CPU."""
+        return dataclasses.replace(cls(), **overrides)
+
+    @classmethod
+    def quick(cls, **overrides) -> BenchConfig:
+        """A short run (under 2 minutes on a 2-core CPU): T=1000, B in {1, 64} (train: B=1), fewer rows
+        (QUICK_METHODS: no eager torch scan, no unroll=16, no whole-sequence JAX LSTM, no teacher forcing),
+        fewer samples."""
+        quick = cls(
+            methods=QUICK_METHODS,
+            seq_lens=(1000,),
+            batch_sizes=(1, 64),
+            train_batch_sizes=(1,),
+            vae_batch_sizes=(64,),
+            sweep_seq_lens=(5, 10),
+            train_methods=(SEED_KEY, "torch-cell", "torch-script", "jax-scan-u1", "jax-scan-u4", AUTO_KEY, *LIMIT_KEYS),
+            repeats=5,
+            min_repeats=2,
+            case_budget_s=0.3,
+            max_call_s=1.5,
+            headline_cap_factor=3.0,
+            budget_s=75.0,
+            label="quick",
+        )
+        return dataclasses.replace(quick, **overrides)
+
+    def validate(self) -> None:
+        def positive_ints(name: str, values) -> None:
+            if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
+                raise ValueError(f"{name}: expected a non-empty list of positive ints, got {values!r}")
+
+        positive_ints("seq_lens", self.seq_lens)
+        positive_ints("batch_sizes", self.batch_sizes)
+        if self.sweep_seq_lens:
+            positive_ints("sweep_seq_lens", self.sweep_seq_lens)
+        if self.train_batch_sizes is not None:
+            positive_ints("train_batch_sizes", self.train_batch_sizes)
+        if self.vae_batch_sizes:
+            positive_ints("vae_batch_sizes", self.vae_batch_sizes)
+            positive_ints("vae_seq_lens", self.vae_seq_lens)
+        for name in ("hidden_size", "num_layers", "num_inputs", "sweep_batch", "repeats", "min_repeats", "probe_t"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: expected a positive int, got {value!r}")
+        if self.min_repeats > self.repeats:
+            raise ValueError(f"min_repeats: expected at most repeats ({self.repeats}), got {self.min_repeats}")
+        bad_modes = [m for m in self.modes if m not in MODES]
+        if not self.modes or bad_modes:
+            raise ValueError(f"modes: expected a non-empty subset of {MODES}, got {self.modes!r}")
+        # The method table is built on top of this module (methods.py imports it), so it is looked up here.
+        from jax_scan_rnn.bench.methods import METHODS
+
+        for name in ("methods", "train_methods"):
+            keys = getattr(self, name)
+            unknown = [m for m in keys if m not in METHODS] if keys is not None else []
+            if unknown:
+                raise ValueError(f"{name}: unknown {unknown}; expected keys of {sorted(METHODS)}")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"dtype: expected 'float32' or 'bfloat16', got {self.dtype!r}")
+        for name in ("case_budget_s", "min_sample_s", "max_call_s", "budget_s", "memory_fraction"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and value > 0):
+                raise ValueError(f"{name}: expected a positive number, got {value!r}")
+        if self.torch_threads is not None and (not isinstance(self.torch_threads, int) or self.torch_threads < 1):
+            raise ValueError(f"torch_threads: expected a positive int or None, got {self.torch_threads!r}")

@@ -1,0 +1,433 @@
+"""The measuring engine: builds every case of a (B, T, mode) cell, warms it up, samples the cases
+round-robin, derives the ratios, and `run_suite` returns it all as a JSON-ready dict.
+"""
+from __future__ import annotations
+
+import dataclasses
+import gc
+import math
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from jax_scan_rnn.bench.config import AUTO_KEY, LIMIT_KEYS, SCHEMA_VERSION, SEED_KEY, SEEDS, BenchConfig
+from jax_scan_rnn.bench.machine import _available_memory, _cpu_model, _loadavg, host_kind
+from jax_scan_rnn.bench.methods import METHODS, Method, Skip, _Case, _Context
+
+
+# ----------------------------------------------------------------------------------------------------
+# The measuring engine
+# ----------------------------------------------------------------------------------------------------
+
+
+def _calibrate_torch_threads(ctx: _Context) -> dict:
+    """On CPU, time the seed loop (B=1) and the cell loop (B=64) with 1 thread and with torch's default.
+
+    On a busy machine, torch's OpenMP threads wait for each other and the per-step loops get several
+    times slower with 2 threads than with 1; the benchmark gives torch the faster setting, and says so.
+    """
+    torch = ctx.torch
+    default = torch.get_num_threads()
+    if ctx.cfg.torch_threads is not None:
+        torch.set_num_threads(ctx.cfg.torch_threads)
+        return {"chosen": ctx.cfg.torch_threads, "default": default, "how": "given"}
+    if ctx.on_gpu or default == 1:
+        return {"chosen": default, "default": default, "how": "torch default"}
+    timings = {}
+    for threads in sorted({1, default}):
+        torch.set_num_threads(threads)
+        samples = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for method, batch in (("loop", 1), ("cell", 64)):
+                x = ctx.t(ctx.data(batch, 20)["x"])
+                with torch.no_grad():
+                    ctx.torch_model(x, method=method, layout="batch")
+            samples.append(time.perf_counter() - t0)
+        timings[threads] = statistics.median(samples)
+    chosen = min(timings, key=timings.get)
+    torch.set_num_threads(chosen)
+    return {"chosen": chosen, "default": default, "how": "calibrated",
+            "calibration_s": {str(k): round(v, 5) for k, v in timings.items()}}
+
+
+def _base_row(method: Method, model: str, mode: str, batch: int, steps: int, section: str) -> dict:
+    return {
+        "model": model, "method": method.key, "label": method.label, "framework": method.framework,
+        "role": method.role, "mode": mode, "B": batch, "T": steps, "section": section,
+        "status": "pending", "reason": None, "per_step_us": None, "call_s": None, "call_s_min": None,
+        "samples": [], "calls_per_sample": None, "first_call_s": None, "compile_s": None, "memory": None,
+        "max_abs_diff": None, "speedup_vs_seed": None, "x_limit": None,
+    }
+
+
+class _Engine:
+    def __init__(self, cfg: BenchConfig, ctx: _Context, progress: Callable[[str], None] | None):
+        self.cfg = cfg
+        self.ctx = ctx
+        self.progress = progress or (lambda message: None)
+        self.start = time.perf_counter()
+        self.history: dict[tuple, float] = {}  # (method, mode, B, T) -> seconds per step
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def cap(self, method: Method, batch: int, steps: int) -> float:
+        """Longest predicted call allowed; the seed and limit rows get longer in the headline cells."""
+        headline = (batch, steps) in self.cfg.headline_cells and method.role in ("seed", "limit")
+        factor = self.cfg.headline_cap_factor if headline else 1.0
+        return self.cfg.max_call_s * factor
+
+    def predict(self, key: str, mode: str, batch: int, steps: int) -> float | None:
+        """Predicted seconds per call from this method's earlier cells (None: no earlier cell).
+
+        From the same B: the smallest time per step seen at a shorter T, times T (the smallest, so that
+        one disturbed measurement does not skip everything after it). Else from a smaller B at this T,
+        scaled up linearly in B beyond 32 rows.
+        """
+        same_b = [s for (k, m, b, t), s in self.history.items() if (k, m, b) == (key, mode, batch) and t < steps]
+        if same_b:
+            return min(same_b) * steps
+        smaller_b = [(b, s) for (k, m, b, t), s in self.history.items() if (k, m, t) == (key, mode, steps) and b < batch]
+        if smaller_b:
+            b, s = max(smaller_b)
+            return s * steps * max(1.0, batch / max(b, 32))
+        return None
+
+    def cell(self, methods: Sequence[Method], model: str, batch: int, steps: int, mode: str, section: str) -> list[dict]:
+        """Measure every method on one (B, T, mode): build and warm up each, then sample round-robin."""
+        rows, live = [], []
+        # Forget every graph Dynamo compiled so far: each cell's first calls compile from scratch (the
+        # compile times are comparable across cells) and no cache limit is reached over the suite.
+        self.ctx.torch._dynamo.reset()
+        for method in methods:
+            row = _base_row(method, model, mode, batch, steps, section)
+            rows.append(row)
+            reason = self.static_skip(method, batch, steps, mode, section)
+            if reason:
+                row["status"], row["reason"] = reason
+                row["mode_na"] = mode not in method.modes  # tables leave such rows out
+                continue
+            if self.elapsed() > self.cfg.budget_s:
+                row["status"], row["reason"] = "skipped", f"suite budget of {self.cfg.budget_s:.0f} s spent"
+                continue
+            cap = self.cap(method, batch, steps)
+            predicted = self.predict(method.key, mode, batch, steps)
+            # Eager methods are probed at this B below (which also sees fixed per-call costs that a
+            # per-step extrapolation misses); the history only skips them when clearly hopeless.
+            hopeless = cap * (10 if method.kind == "eager" else 1)
+            if predicted is not None and predicted > hopeless:
+                row["status"] = "skipped"
+                row["reason"] = f"predicted {_fmt_s(predicted)} per call > {_fmt_s(cap)} cap"
+                continue
+            self.progress(f"[{self.elapsed():6.0f} s] {mode:<7} B={batch:<5} T={steps:<6} {method.label}")
+            try:
+                case = self.build_and_warm(method, row, batch, steps, mode, cap)
+            except Skip as why:
+                row["status"] = "skipped" if str(why).startswith(("predicted", "compiled buffers")) else "n/a"
+                row["reason"] = str(why)
+            except Exception as err:  # noqa: BLE001 - one failing method must not stop the suite
+                row["status"], row["reason"] = "error", _one_line(err)
+            else:
+                live.append((row, case))
+            gc.collect()
+        self.agreement(rows)
+        self.sample(live)
+        for row, _ in live:
+            self.finish(row)
+        live.clear()
+        gc.collect()
+        return rows
+
+    def static_skip(self, method: Method, batch: int, steps: int, mode: str, section: str) -> tuple[str, str] | None:
+        if method.gpu_only and not self.ctx.on_gpu:
+            return "n/a", "GPU only: no CUDA device on this machine"
+        if mode not in method.modes:
+            return "n/a", method.modes_note or f"no {mode} row"
+        if mode == "train" and self.cfg.train_batch_sizes is not None and batch not in self.cfg.train_batch_sizes:
+            return "n/a", f"no train rows at B={batch} in the {self.cfg.label} preset"
+        if mode == "train" and self.cfg.train_methods is not None and method.key not in self.cfg.train_methods:
+            return "n/a", f"no train row in the {self.cfg.label} preset"
+        if section == "grid" and method.where == "sweep":
+            return "n/a", f"short T only: see the compile sweep (T in {list(self.cfg.sweep_seq_lens)})"
+        if section == "grid" and method.max_t is not None and steps > min(method.max_t, self.cfg.short_max_t):
+            return "n/a", f"short T only (T <= {min(method.max_t, self.cfg.short_max_t)})"
+        return None
+
+    def build_and_warm(self, method: Method, row: dict, batch: int, steps: int, mode: str, cap: float) -> _Case:
+        ctx = self.ctx
+        short, long = self.cfg.probe_t, 4 * self.cfg.probe_t
+        if method.kind == "eager" and steps > long:
+            # Two short calls fit call time = a + b * T (a: per-call costs, b: per step), each after a
+            # warm-up call of its length that pays the first-use costs (allocations, oneDNN primitives,
+            # TorchScript profiling, the eager scan's tracing).
+            times = []
+            for probe_steps in (short, long):  # each length warmed up first (e.g. the eager scan re-traces)
+                probe = method.build(ctx, batch, probe_steps, mode)
+                probe.call()
+                t0 = time.perf_counter()
+                probe.call()
+                times.append(time.perf_counter() - t0)
+                del probe
+            b = max((times[1] - times[0]) / (long - short), times[1] / long / 4)
+            a = max(times[0] - b * short, 0.0)
+            if a + b * steps > cap:
+                raise Skip(f"predicted {_fmt_s(a + b * steps)} per call > {_fmt_s(cap)} cap "
+                           f"(probes at T={short}, {long})")
+        mem_before = self.torch_mem_reset()
+        t0 = time.perf_counter()
+        case = method.build(ctx, batch, steps, mode)
+        out = case.call()
+        row["first_call_s"] = time.perf_counter() - t0
+        row["compile_s"] = case.compile_s
+        row["memory"] = self.memory(method, case, mem_before)
+        row.update(case.info)
+        if case.output is not None and out is not None:
+            row["_output"] = case.output(out)
+        return case
+
+    def torch_mem_reset(self) -> int | None:
+        if not self.ctx.on_gpu:
+            return None
+        torch = self.ctx.torch
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        return torch.cuda.memory_allocated()
+
+    def memory(self, method: Method, case: _Case, mem_before: int | None) -> dict | None:
+        memory = dict(case.memory) if case.memory else None
+        if self.ctx.on_gpu and method.framework == "torch":
+            torch = self.ctx.torch
+            peak = torch.cuda.max_memory_allocated() - (mem_before or 0)
+            memory = {"kind": "torch-cuda-peak", "peak_bytes": int(peak)}
+        elif self.ctx.on_gpu and method.framework == "jax":
+            stats = self.ctx.jax_device.memory_stats() or {}
+            if "peak_bytes_in_use" in stats:
+                memory = dict(memory or {"kind": "jax-device"})
+                memory["process_peak_bytes"] = int(stats["peak_bytes_in_use"])
+        return memory
+
+    def agreement(self, rows: list[dict]) -> None:
+        """Max |positions - reference| per forward row; reference: the seed loop, else lax.scan unroll=1."""
+        outputs = {r["method"]: r.pop("_output") for r in rows if "_output" in r}
+        model = rows[0]["model"] if rows else "traveller"
+        seed = SEEDS.get(model, SEED_KEY)
+        ref_key = seed if seed in outputs else ("jax-scan-u1" if "jax-scan-u1" in outputs else None)
+        if ref_key is None:
+            return
+        ref = outputs[ref_key]
+        for row in rows:
+            out = outputs.get(row["method"])
+            if out is None or row["role"] in ("limit", "bound"):
+                continue
+            if out.shape != ref.shape:
+                row["max_abs_diff"] = {"vs": ref_key, "value": None, "note": f"shape {out.shape} != {ref.shape}"}
+            elif np.issubdtype(out.dtype, np.integer):  # generated tokens: the share that differ
+                row["max_abs_diff"] = {"vs": ref_key, "value": float(np.mean(out != ref)), "metric": "tokens differing"}
+            else:
+                row["max_abs_diff"] = {"vs": ref_key, "value": float(np.max(np.abs(out.astype(np.float64) - ref)))}
+
+    def sample(self, live: list[tuple[dict, _Case]]) -> None:
+        """Round-robin: each pass takes one sample of every unfinished case, so load drifts hit all alike."""
+        cfg = self.cfg
+        calls: dict[int, int] = {}
+        for row, case in live:  # calls per sample from one more warm call (itself a sample if slow enough)
+            t0 = time.perf_counter()
+            case.call()
+            one = max(time.perf_counter() - t0, 1e-7)
+            calls[id(row)] = max(1, min(10_000, math.ceil(cfg.min_sample_s / one)))
+            row["calls_per_sample"] = calls[id(row)]
+            if calls[id(row)] == 1:
+                row["samples"].append(one)
+        active = list(live)
+        while active:
+            for item in list(active):
+                row, case = item
+                n = calls[id(row)]
+                if self.done(row, n):
+                    active.remove(item)
+                    continue
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    case.call()
+                row["samples"].append((time.perf_counter() - t0) / n)
+                if self.done(row, n):
+                    active.remove(item)
+
+    def done(self, row: dict, calls: int) -> bool:
+        samples, cfg = row["samples"], self.cfg
+        return len(samples) >= cfg.repeats or (len(samples) >= cfg.min_repeats and sum(samples) * calls >= cfg.case_budget_s)
+
+    def finish(self, row: dict) -> None:
+        samples = row["samples"]
+        row["status"] = "ok"
+        row["call_s"] = statistics.median(samples)
+        row["call_s_min"] = min(samples)
+        row["per_step_us"] = row["call_s"] / row["T"] * 1e6
+        self.history[(row["method"], row["mode"], row["B"], row["T"])] = row["call_s"] / row["T"]
+
+
+def _one_line(err: BaseException) -> str:
+    text = f"{type(err).__name__}: {err}".strip().splitlines()
+    return (text[0] if text else type(err).__name__)[:300]
+
+
+def _fmt_s(seconds: float) -> str:
+    return f"{seconds:.2g} s" if seconds < 10 else f"{seconds:.0f} s"
+
+
+def _derive(rows: list[dict]) -> list[dict]:
+    """The ratios of every row (vs its cell's seed loop and limit)."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["model"], row["section"], row["mode"], row["B"], row["T"]), []).append(row)
+    for (model, *_), group in groups.items():
+        seed = next((r for r in group if r["method"] == SEEDS.get(model) and r["status"] == "ok"), None)
+        limits = [r for r in group if r["method"] in LIMIT_KEYS and r["status"] == "ok"]
+        limit = min(limits, key=lambda r: r["call_s"]) if limits else None
+        for row in group:
+            if row["status"] != "ok":
+                continue
+            if seed is not None:
+                row["speedup_vs_seed"] = seed["call_s"] / row["call_s"]
+            if limit is not None:
+                row["x_limit"] = row["call_s"] / limit["call_s"]
+                row["limit_method"] = limit["method"]
+    return [row for group in groups.values() for row in group]  # cells in measuring order
+
+
+def _versions(ctx: _Context, threads: dict) -> dict:
+    import flax
+    import jax
+
+    torch = ctx.torch
+    info = {
+        "host_kind": host_kind(),
+        "platform": platform.platform(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "flax": flax.__version__,
+        "torch": torch.__version__,
+        "jax_devices": [f"{d.platform}:{d.device_kind}" for d in jax.devices()],
+        "torch_device": str(ctx.torch_device) + (f" ({torch.cuda.get_device_name()})" if ctx.on_gpu else ""),
+        "torch_threads": threads,
+        "memory_available_gib": round((_available_memory() or 0) / 2**30, 1),
+    }
+    return info
+
+
+def run_suite(cfg: BenchConfig | None = None, *, progress: Callable[[str], None] | None = None) -> dict:
+    """Run the benchmark; returns the results as a JSON-ready dict (see `write_results`). Prints nothing."""
+    cfg = cfg or BenchConfig.default()
+    cfg.validate()
+    import jax
+
+    started = time.time()
+    load_start = _loadavg()
+    precision = None
+    if cfg.dtype == "float32" and cfg.matmul_precision:
+        precision = jax.default_matmul_precision(cfg.matmul_precision)
+        precision.__enter__()
+    try:
+        ctx = _Context(cfg)
+        torch = ctx.torch
+        tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+        if ctx.on_gpu and cfg.dtype == "float32":
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+        dynamo = torch._dynamo.config
+        limit_name = "recompile_limit" if hasattr(dynamo, "recompile_limit") else "cache_size_limit"
+        old_limit = getattr(dynamo, limit_name)
+        setattr(dynamo, limit_name, max(old_limit, 64))
+        # torch.compile keeps compiled graphs on disk between processes (FX graph and AOT-autograd caches):
+        # a second run would time cache hits, not compiles. Those are off here; the C++/Triton kernel cache
+        # stays on, as on any machine that has compiled before (a first-ever run takes longer).
+        switches = [(torch._inductor.config, "fx_graph_cache"), (torch._functorch.config, "enable_autograd_cache")]
+        saved = [(mod, name, getattr(mod, name)) for mod, name in switches if hasattr(mod, name)]
+        for mod, name, _ in saved:
+            setattr(mod, name, False)
+        try:
+            results = _run(cfg, ctx, progress, started, load_start)
+        finally:
+            setattr(dynamo, limit_name, old_limit)
+            for mod, name, value in saved:
+                setattr(mod, name, value)
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+    finally:
+        if precision is not None:
+            precision.__exit__(None, None, None)
+    return results
+
+
+def _warm_up_compilers(ctx: _Context) -> None:
+    """Pay each compiler's one-time start-up (imports, toolchain, worker pools) before any row is timed."""
+    torch, jax, jnp = ctx.torch, ctx.jax, ctx.jnp
+    x = torch.ones(4, device=ctx.torch_device)
+    torch.compile(lambda v: torch.tanh(v) * 2 + 1, fullgraph=True)(x)
+    jax.block_until_ready(jax.jit(lambda v: jnp.tanh(v) * 2 + 1)(jnp.ones(4)))
+    torch._dynamo.reset()
+
+
+def _run(cfg: BenchConfig, ctx: _Context, progress, started: float, load_start) -> dict:
+    threads = _calibrate_torch_threads(ctx)
+    _warm_up_compilers(ctx)
+    engine = _Engine(cfg, ctx, progress)
+    table = dict(METHODS)
+    if cfg.methods is None:
+        wanted = set(table)
+    else:
+        # The seed loop, the limits and the library's own choice (the headline row) always run.
+        wanted = set(cfg.methods) | {SEED_KEY, AUTO_KEY, *LIMIT_KEYS}
+        asked_models = {table[k].model for k in wanted if k in table}
+        wanted |= {SEEDS[model] for model in asked_models}  # each model's ratios need its torch loop
+    methods = [m for k, m in table.items() if k in wanted]
+    grid_methods = [m for m in methods if m.where in ("grid", "both") and m.model == "traveller"]
+    sweep_methods = [m for m in methods if m.where in ("sweep", "both") and m.model == "traveller"]
+    vae_methods = {model: [m for m in methods if m.model == model] for model in ("vae-ss", "vae-greedy")}
+
+    # Order: the short-T sweep, the Traveller grid up to the VAE's batch sizes, the VAE rows, then the
+    # larger batches (on a CPU mostly skipped as too slow: the first to go when the budget runs out).
+    plan = [(sweep_methods, "traveller", cfg.sweep_batch, steps, "forward", "sweep")
+            for steps in sorted(cfg.sweep_seq_lens) if "forward" in cfg.modes]
+    vae_max_b = max(cfg.vae_batch_sizes, default=0)
+    grid = [(grid_methods, "traveller", batch, steps, mode, "grid") for batch in sorted(cfg.batch_sizes)
+            for steps in sorted(cfg.seq_lens) for mode in cfg.modes]
+    plan += [p for p in grid if p[2] <= vae_max_b]
+    plan += [(vae_methods[model], model, batch, steps, mode, "grid") for model in ("vae-ss", "vae-greedy")
+             for batch in sorted(cfg.vae_batch_sizes) for steps in sorted(cfg.vae_seq_lens) for mode in cfg.modes
+             if vae_methods[model]]
+    plan += [p for p in grid if p[2] > vae_max_b]
+    rows: list[dict] = []
+    interrupted = None
+    for methods_, model, batch, steps, mode, section in plan:
+        try:
+            rows += engine.cell(methods_, model, batch, steps, mode, section)
+        except KeyboardInterrupt:  # e.g. a hard time limit (gpu.sh): keep what was measured
+            interrupted = f"interrupted during {mode} B={batch} T={steps} ({section}) after {engine.elapsed():.0f} s"
+            break
+    rows = _derive(rows)
+    for row in rows:
+        row["samples"] = [round(s, 9) for s in row["samples"]]
+    used = {r["method"] for r in rows}
+    described = {m.key: {"label": m.label, "framework": m.framework, "role": m.role, "model": m.model,
+                         "kind": m.kind, "note": m.note}
+                 for m in methods if m.key in used}
+    return {
+        "schema": SCHEMA_VERSION,
+        "kind": "jax-scan-rnn benchmark",
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+        "wall_s": round(engine.elapsed(), 1),
+        "host": _versions(ctx, threads),
+        "load_average": {"start": load_start, "end": _loadavg()},
+        "config": dataclasses.asdict(cfg),
+        "jax_bf16": ctx.jax_bf16,
+        "interrupted": interrupted,
+        "methods": described,
+        "rows": rows,
+    }

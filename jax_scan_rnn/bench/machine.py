@@ -1,0 +1,60 @@
+"""The machine the suite runs on: its short name (`host_kind`), GPU, CPU model, free memory, load."""
+from __future__ import annotations
+
+import os
+import platform
+import re
+
+
+# ----------------------------------------------------------------------------------------------------
+# The machine
+# ----------------------------------------------------------------------------------------------------
+
+
+def _gpu_name() -> str | None:
+    import jax
+
+    for dev in jax.devices():
+        if dev.platform in ("gpu", "cuda", "rocm"):
+            return dev.device_kind
+    return None
+
+
+def host_kind() -> str:
+    """A short name for this machine's kind: `gpu-h200` from the first GPU JAX sees, else `cpu-<N>core`."""
+    gpu = _gpu_name()
+    if gpu:
+        tokens = re.findall(r"[a-z]+\d+[a-z]*", gpu.lower())
+        model = tokens[0] if tokens else re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-")
+        return f"gpu-{model}"
+    return f"cpu-{os.cpu_count() or 1}core"
+
+
+def _available_memory() -> int | None:
+    """Bytes of RAM available now (MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _loadavg() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        return None
