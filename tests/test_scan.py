@@ -31,7 +31,7 @@ def test_chunked_remat_equals_plain_scan_including_a_remainder():
 def test_bad_arguments():
     with pytest.raises(ValueError, match="remat_chunk: expected None or a positive int, got 0"):
         time_scan(lambda c, x: (c, x), 0.0, jnp.zeros(3), remat_chunk=0)
-    with pytest.raises(ValueError, match="unroll: expected a positive int \(resolve .auto. with resolve_unroll\), got 0"):
+    with pytest.raises(ValueError, match=r"unroll: expected a positive int \(resolve .auto. with resolve_unroll\), got 0"):
         time_scan(lambda c, x: (c, x), 0.0, jnp.zeros(3), unroll=0)
 
 
