@@ -9,7 +9,9 @@
 #   1. float32 with TF32 off (jax.default_matmul_precision("highest"), torch allow_tf32=False and
 #      NVIDIA_TF32_OVERRIDE=0): the whole grid, T in {100, 1000, 10000}, B in {1, 64, 1024};
 #   2. bfloat16 (inputs and compute in bf16, JAX parameters kept in float32), the rows where bf16 applies;
-#   3. pytest parity_tests -q (float32 and float64 parity, matmul precision pinned by the tests).
+#   3. pytest parity_tests -q (float32 and float64 parity, matmul precision pinned by the tests);
+#   4. the unroll sweep behind unroll="auto" (benchmarks/tune_scan.py; into the log only), so that
+#      jax_scan_rnn.scan.auto_unroll can be set for GPUs from measurements.
 # Writes at most 8 files (the device machine's limit): <kind>.json/.md and three PNGs, <kind>-bf16.json/.md,
 # and gpu-run.log with everything printed. Without a GPU it says so and runs the quick suite on the CPU
 # instead (GPU-only rows are then marked n/a), so the script can be checked anywhere.
@@ -70,9 +72,9 @@ if [ "$GPU" != "yes" ]; then
 fi
 
 # 1. float32, TF32 off. The suite stops starting new cases at --budget-s; the limit is a hard stop.
-# (Worst case, every step at its limit: 280 + 90 + 90 s plus start-up, under the 8 minutes.)
-NVIDIA_TF32_OVERRIDE=0 run 280 $PY -m jax_scan_rnn.bench --out "$OUT" \
-    --sweep-seq-lens 5,10 --max-call-s 1.5 --budget-s 210
+# (Worst case, every step at its limit: 250 + 90 + 90 + 60 s plus start-up, under the 8 minutes.)
+NVIDIA_TF32_OVERRIDE=0 run 250 $PY -m jax_scan_rnn.bench --out "$OUT" \
+    --sweep-seq-lens 5,10 --max-call-s 1.5 --budget-s 185
 
 # 2. bfloat16 where it applies: the loops, lax.scan, nn.LSTM / jsr.LSTM, the limits (no plots: file limit).
 run 90 $PY -m jax_scan_rnn.bench --out "$OUT" --dtype bfloat16 --no-plots \
@@ -81,6 +83,9 @@ run 90 $PY -m jax_scan_rnn.bench --out "$OUT" --dtype bfloat16 --no-plots \
 
 # 3. parity on the GPU.
 run 90 $PY -m pytest parity_tests -q -p no:cacheprovider
+
+# 4. unroll on this GPU (time per step vs unroll 1..16, forward and train step): printed to the log.
+NVIDIA_TF32_OVERRIDE=0 run 60 $PY benchmarks/tune_scan.py unroll 1x64 64x64 512x64
 
 say "done in $(($(date +%s) - START)) s; files in $OUT:"
 ls -l "$OUT" | tee -a "$LOG"

@@ -32,8 +32,9 @@ Unroll = int | Literal["auto"]
 # benchmarks/results/unroll-cpu-2core.txt). On CPU, with the small-loop setting of xla_flags.py:
 # at B=1, unroll 2 cut the train step 8.6 -> 7.6 us/step (H=64) and 140 -> 126 (H=256), forward equal
 # within noise; from B=8 on, every unroll > 1 was slower, training most (B=64: 623 us/step at 1, 905 at 4,
-# 2327 at 16), because the unrolled body's larger backward keeps more of each step live.
-# GPU: not measured yet (benchmarks/gpu.sh sweeps unroll 1, 4, 16); 1 until it is.
+# 2327 at 16; B=512, T=100: 4.1 ms at 1, 5.4 at 4, 16.6 at 16), because the unrolled body's larger
+# backward keeps more of each step live.
+# GPU: not measured yet (benchmarks/gpu.sh runs this sweep into its log); 1 until it is.
 AUTO_UNROLL_CPU_BATCH1 = 2
 
 
