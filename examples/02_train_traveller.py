@@ -14,7 +14,6 @@ Output: a utility table on held-out paths, and PNGs of the training curve and of
 # %% Config
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax

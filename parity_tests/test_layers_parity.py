@@ -5,7 +5,6 @@ torch's default initialisation gives every bias a non-zero value, which is what 
 """
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

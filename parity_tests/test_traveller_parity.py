@@ -5,7 +5,6 @@ compounds along the path; agreement at step 1000 is a strong check.
 """
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax

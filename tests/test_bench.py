@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+import jax_scan_rnn as jsr
 from jax_scan_rnn import bench
 
 # Tiny sizes: one run serves the whole module, ~15-40 s on 2 CPU cores (mostly XLA compiles).
@@ -62,6 +63,7 @@ def test_files_are_written(tiny):
     loaded = json.loads(paths["json"].read_text())
     assert loaded["schema"] == bench.SCHEMA_VERSION
     assert loaded["host"]["host_kind"] == bench.host_kind()
+    assert loaded["host"]["xla_small_loop_setting"] == jsr.xla_flags.status()  # it changes batch-1 times
     assert len(loaded["rows"]) == len(results["rows"])
 
 

@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 
-import pytest
 
 # 4-way data parallelism computes the same mean gradient, but the all-reduce sums the per-device
 # partial sums in another order than one device's single reduction: float32 rounding (~1e-7 relative per

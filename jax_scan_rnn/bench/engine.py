@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from jax_scan_rnn import xla_flags
 from jax_scan_rnn.bench.config import AUTO_KEY, LIMIT_KEYS, SCHEMA_VERSION, SEED_KEY, SEEDS, BenchConfig
 from jax_scan_rnn.bench.machine import _available_memory, _cpu_model, _loadavg, host_kind
 from jax_scan_rnn.bench.methods import METHODS, Method, Skip, _Case, _Context
@@ -318,6 +319,9 @@ def _versions(ctx: _Context, threads: dict) -> dict:
         "torch_device": str(ctx.torch_device) + (f" ({torch.cuda.get_device_name()})" if ctx.on_gpu else ""),
         "torch_threads": threads,
         "memory_available_gib": round((_available_memory() or 0) / 2**30, 1),
+        # The CPU small-loop setting changes batch-1 scan times (jax_scan_rnn/xla_flags.py).
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "xla_small_loop_setting": xla_flags.status(),
     }
     return info
 

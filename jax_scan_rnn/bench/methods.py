@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from jax_scan_rnn import cells
 from jax_scan_rnn.bench.config import AUTO_KEY, LIMIT_CHUNK_ROWS, MODES, SCAN_UNROLLS, SEED_KEY, BenchConfig
 from jax_scan_rnn.bench.machine import _available_memory
 
@@ -151,7 +152,6 @@ class _Case:
     compile_s: float | None = None  # ahead-of-time compile (JAX) or capture (CUDA graph), if measured apart
     memory: dict | None = None  # static memory figures known once built
     info: dict = field(default_factory=dict)  # extra fields for the row (e.g. the unroll used)
-    memory_probe: Callable[[], dict | None] | None = None  # after the first call (e.g. torch CUDA peak)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -532,12 +532,8 @@ def _build_jax_limit(ctx: _Context, batch: int, steps: int, mode: str) -> _Case:
     def block(w, z, h_prev, c_prev):  # z [..., 2 + F], h_prev, c_prev [..., H] -> positions [..., 2]
         for k in range(layers):
             def lin(a, name, k=k):
-                weight = w[f"lstm_layers.weight_{name}_l{k}"].T
-                if operands is not None:
-                    product = jnp.matmul(a.astype(operands), weight.astype(operands), preferred_element_type=a.dtype)
-                else:
-                    product = a @ weight.astype(a.dtype)
-                return product + w[f"lstm_layers.bias_{name}_l{k}"].astype(a.dtype)
+                weight = w[f"lstm_layers.weight_{name}_l{k}"].T.astype(a.dtype)
+                return cells.matmul(a, weight, operands) + w[f"lstm_layers.bias_{name}_l{k}"].astype(a.dtype)
 
             i, f, g, o = jnp.split(lin(z, "ih") + lin(h_prev, "hh"), 4, axis=-1)
             c = sigmoid(f) * c_prev + sigmoid(i) * jnp.tanh(g)

@@ -171,8 +171,8 @@ def make_loss_fn(task: VAETask):
 
 
 @nnx.jit
-def _encode_mu(model, tokens, lengths):
-    return model.encode(tokens, lengths)[0]
+def _encode(model, tokens, lengths):
+    return model.encode(tokens, lengths)  # (mu, logvar)
 
 
 @nnx.jit(static_argnames=("max_len",))
@@ -206,7 +206,7 @@ def sample(model: SeqVAE, vocab: smiles.Vocabulary, n: int, *, max_len: int, see
 def reconstruction(model: SeqVAE, vocab: smiles.Vocabulary, sequences: list[str], max_length: int) -> dict[str, float]:
     """Token and whole-sequence accuracy decoding from mu, teacher-forced and free-running (greedy)."""
     tokens, lengths = vocab.encode(sequences, max_length)
-    mu = _encode_mu(model, tokens, lengths)
+    mu = _encode(model, tokens, lengths)[0]
     mask = tokens != smiles.SPECIAL_TOKENS.index("<pad>")
     forced = np.asarray(_teacher_forced_argmax(model, mu, tokens))
     free = np.asarray(_greedy(model, mu, tokens.shape[1]))
@@ -229,10 +229,10 @@ def evaluate(model: SeqVAE, dataset: Dataset, task: VAETask, *, seed: int = 0) -
         "validity": metrics.validity(generated),
         "uniqueness": metrics.uniqueness(generated, k=len(generated)),
         "novelty": metrics.novelty(generated, dataset.train),
-        "examples": [s for s in generated[:10]],
+        "examples": list(generated[:10]),
     }
     tokens, lengths = dataset.vocab.encode(test, task.max_length)
-    mu, logvar = (np.asarray(a) for a in jax.jit(lambda t, l: model.encode(t, l))(tokens, lengths))
+    mu, logvar = (np.asarray(a) for a in _encode(model, tokens, lengths))  # reuses reconstruction's compiled encoder
     kl_per_dim = np.mean(-0.5 * (1 + logvar - mu**2 - np.exp(logvar)), axis=0)
     report["latent"] = {"kl": float(kl_per_dim.sum()), "kl_per_dim": kl_per_dim.round(4).tolist(),
                         "active_units": metrics.kl_active_units(mu)}
