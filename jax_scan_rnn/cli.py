@@ -231,12 +231,14 @@ def vae_task(args: argparse.Namespace):
 
 
 def print_vae_report(report: dict) -> None:
-    rec, samples, latent = report["reconstruction"], report["samples"], report["latent"]
+    rec, latent = report["reconstruction"], report["latent"]
     print(f"{'reconstruction (decoding from mu)':<36} {'token acc':>10} {'sequence acc':>13}")
     print(f"{'  teacher-forced':<36} {rec['tf_token_acc']:>10.3f} {rec['tf_sequence_acc']:>13.3f}")
     print(f"{'  free-running (greedy)':<36} {rec['free_token_acc']:>10.3f} {rec['free_sequence_acc']:>13.3f}")
-    print(f"prior samples (n={samples['n']}): valid {samples['validity']:.3f}  unique {samples['uniqueness']:.3f}  "
-          f"novel {samples['novelty']:.3f}")
+    for key, how in (("samples", "sampled, T=1"), ("samples_greedy", "greedy")):
+        samples = report[key]
+        print(f"prior samples, {how} (n={samples['n']}): valid {samples['validity']:.3f}  "
+              f"unique {samples['uniqueness']:.3f}  novel {samples['novelty']:.3f}")
     print(f"latent: KL {latent['kl']:.2f} nats, active units {latent['active_units']} of {len(latent['kl_per_dim'])}")
     print("interpolation:", " -> ".join(report["interpolation"]["path"][:: max(1, len(report["interpolation"]["path"]) // 4)]))
 

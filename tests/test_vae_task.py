@@ -59,18 +59,20 @@ def test_cli_train_sample_evaluate(corpus, tmp_path, capsys):
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "skipped: empty 1, too_long 1" in printed
-    assert "prior samples (n=20)" in printed and "free-running (greedy)" in printed
+    assert "prior samples, sampled, T=1 (n=20)" in printed and "prior samples, greedy (n=20)" in printed
+    assert "free-running (greedy)" in printed
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train_rows = [r for r in rows if r["split"] == "train"]
     assert [r["step"] for r in train_rows] == [4, 8, 12]
     assert train_rows[-1]["metrics"]["p_replace"] > 0  # scheduled sampling is on by default
     report = json.loads((out / "evaluation.json").read_text())
     assert 0.0 <= report["samples"]["validity"] <= 1.0
+    assert 0.0 <= report["samples_greedy"]["validity"] <= 1.0 and report["samples_greedy"]["n"] == 20
 
     assert main(["sample", "vae", "--checkpoint", str(out), "-n", "7", "--output", str(tmp_path / "s.txt")]) == 0
     assert len((tmp_path / "s.txt").read_text().splitlines()) == 7
     assert main(["evaluate", "vae", "--checkpoint", str(out), "-n", "10"]) == 0
-    assert "prior samples (n=10)" in capsys.readouterr().out
+    assert "prior samples, greedy (n=10)" in capsys.readouterr().out
 
 
 @pytest.mark.slow  # exact resume is covered by tests/test_train.py; this checks the VAE's CLI wiring of it
