@@ -5,7 +5,7 @@
     jax-scan-rnn check                # parity self-check against torch.nn on random weights
     jax-scan-rnn train traveller      # train the position-feedback LSTM on the simulated market
     jax-scan-rnn evaluate traveller --checkpoint runs/traveller
-    jax-scan-rnn train vae            # the SMILES sequence VAE with scheduled sampling
+    jax-scan-rnn train vae            # the SMILES sequence VAE (teacher forcing; --decoding scheduled)
     jax-scan-rnn sample vae --checkpoint runs/vae -n 1000
     jax-scan-rnn evaluate vae --checkpoint runs/vae
     jax-scan-rnn bench [--quick]      # scan vs loop timings, tables and plots
@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from jax_scan_rnn.checkpoint import CheckpointError
+from jax_scan_rnn.tasks.vae import LEARNING_RATE as VAE_LEARNING_RATE
 from jax_scan_rnn.train import NonFiniteLossError
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
@@ -384,7 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_train_arguments(trav, steps=1000, lr=3e-3, out="runs/traveller")
 
-    vae = train.add_parser("vae", help="the SMILES sequence VAE (GRU encoder/decoder, scheduled sampling)")
+    vae = train.add_parser("vae", help="the SMILES sequence VAE (GRU encoder/decoder, teacher forcing or scheduled "
+                                       "sampling)")
     model = vae.add_argument_group("model and data")
     model.add_argument("--data", default="rdkit",
                        help="rdkit (SMILES shipped with rdkit), moses (pip install --no-deps molsets) or a text "
@@ -396,8 +398,9 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--bidirectional", action="store_true", help="bidirectional encoder")
     model.add_argument("--concat-z", action="store_true", help="append z to every decoder input (as MOSES)")
     model.add_argument("--batch-size", type=positive_int, default=128, help="sequences per step (default: 128)")
-    model.add_argument("--decoding", choices=["teacher", "scheduled"], default="scheduled",
-                       help="teacher forcing only, or scheduled sampling per token (default: scheduled)")
+    model.add_argument("--decoding", choices=["teacher", "scheduled"], default="teacher",
+                       help="teacher forcing only, or scheduled sampling per token (default: teacher; see the "
+                            "README for what each does to reconstruction and to sampled molecules)")
     model.add_argument("--ss-mode", choices=["argmax", "sample", "gumbel_softmax"], default="argmax",
                        help="the model's own token: argmax, a sample, or straight-through Gumbel (default: argmax)")
     model.add_argument("--ss-schedule", choices=["linear", "exponential", "inverse_sigmoid"],
@@ -412,7 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--free-bits", type=float, default=0.0, help="KL free bits per dimension (default: 0)")
     model.add_argument("--eval-samples", type=positive_int, default=1000,
                        help="prior samples for the final report (default: 1000)")
-    add_train_arguments(vae, steps=1200, lr=1e-3, out="runs/vae")
+    add_train_arguments(vae, steps=1200, lr=VAE_LEARNING_RATE, out="runs/vae")
 
     sample = sub.add_parser("sample", help="generate from a trained model").add_subparsers(
         dest="model", required=True, metavar="MODEL"

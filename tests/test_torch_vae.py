@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from torch_ref import SeqVAE
-from torch_ref.vae import EOS, PAD, SOS, pad_after_eos, sample_gumbel
+from torch_ref.vae import EOS, PAD, SOS, pad_after_eos, replace_mask_like, sample_gumbel
 
 # float64: two paths that run the same operations grouped differently (one fused GRU call over T vs. T
 # one-step calls; a packed batch vs. one sequence alone) differ only by accumulated rounding, ~1e-16 per op.
@@ -366,6 +366,19 @@ def test_loss_passes_decoder_options_through():
 # ----------------------------------------------------------------------------------------------------
 # Generation
 # ----------------------------------------------------------------------------------------------------
+
+
+def test_replace_mask_like_draws_one_coin_per_token():
+    tokens = torch.zeros(64, 50, dtype=torch.long)
+    assert not replace_mask_like(tokens, 0.0).any() and replace_mask_like(tokens, 1.0).all()
+    coins = replace_mask_like(tokens, 0.3, generator=torch.Generator().manual_seed(0))
+    assert coins.dtype == torch.bool and coins.shape == (64, 50)
+    assert abs(coins.float().mean().item() - 0.3) < 0.03  # 3200 coins: ~4 standard deviations
+    assert not (coins == coins[:1]).all(dim=0).any()  # no time step shares one coin over the batch (the seed's bug)
+    again = replace_mask_like(tokens, 0.3, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(coins, again)
+    with pytest.raises(ValueError, match=r"p: expected a probability in \[0, 1\], got 1.5"):
+        replace_mask_like(tokens, 1.5)
 
 
 def test_pad_after_eos():

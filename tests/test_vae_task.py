@@ -27,11 +27,11 @@ def tiny(corpus, **kw):
 
 def test_schedules_reach_their_midpoint_and_cap():
     for schedule in ("linear", "exponential", "inverse_sigmoid"):
-        task = task_lib.VAETask(ss_schedule=schedule, ss_midpoint=400, ss_max=1.0)
+        task = task_lib.VAETask(decoding="scheduled", ss_schedule=schedule, ss_midpoint=400, ss_max=1.0)
         assert task.replacement_probability(400) == pytest.approx(0.5, abs=1e-3), schedule
         assert task.replacement_probability(0) < 0.02  # inverse sigmoid starts at 1/(k+1)
-    assert task_lib.VAETask(ss_max=0.3).replacement_probability(10_000) == pytest.approx(0.3)
-    assert task_lib.VAETask(decoding="teacher").replacement_probability(10_000) == 0.0
+    assert task_lib.VAETask(decoding="scheduled", ss_max=0.3).replacement_probability(10_000) == pytest.approx(0.3)
+    assert task_lib.VAETask().replacement_probability(10_000) == 0.0  # teacher forcing is the default
     assert task_lib.VAETask(kl_warmup=100, max_beta=1.0).beta(50) == pytest.approx(0.5)
 
 
@@ -54,7 +54,7 @@ def test_bad_task_arguments():
 def test_cli_train_sample_evaluate(corpus, tmp_path, capsys):
     out = tmp_path / "run"
     args = ["train", "vae", "--data", str(corpus), "--hidden-size", "16", "--latent-size", "4", "--batch-size", "8",
-            "--ss-midpoint", "5", "--steps", "12", "--log-every", "4", "--eval-every", "0",
+            "--decoding", "scheduled", "--ss-midpoint", "5", "--steps", "12", "--log-every", "4", "--eval-every", "0",
             "--checkpoint-every", "6", "--eval-samples", "20", "--out", str(out)]
     assert main(args) == 0
     printed = capsys.readouterr().out
@@ -64,7 +64,7 @@ def test_cli_train_sample_evaluate(corpus, tmp_path, capsys):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train_rows = [r for r in rows if r["split"] == "train"]
     assert [r["step"] for r in train_rows] == [4, 8, 12]
-    assert train_rows[-1]["metrics"]["p_replace"] > 0  # scheduled sampling is on by default
+    assert train_rows[-1]["metrics"]["p_replace"] > 0  # --decoding scheduled took effect
     report = json.loads((out / "evaluation.json").read_text())
     assert 0.0 <= report["samples"]["validity"] <= 1.0
     assert 0.0 <= report["samples_greedy"]["validity"] <= 1.0 and report["samples_greedy"]["n"] == 20
