@@ -9,9 +9,9 @@ What it teaches:
      token. In `jsr.SeqVAE` it is the same `lax.scan` as teacher forcing and generation, only the
      "what is fed back" rule differs.
   3. It is not free: the target stays the true next token after a prefix the model corrupted, which
-     rewards continuing the original string where it no longer parses. Prior samples decoded at temperature 1
-     are far less often valid SMILES than teacher forcing's (the README's table: 4 % vs 51 % at 1200
-     steps). Which to use depends on the job: reconstruction from a latent, or generation.
+     rewards continuing the original string where it no longer parses. Prior samples decoded at
+     temperature 1 are far less often valid SMILES than teacher forcing's (the README's table: 4 % vs
+     51 % at 1200 steps). Which to use depends on the job: reconstruction from a latent, or generation.
   4. Both runs use the same data, initialisation, steps and noise; only the decoding differs.
 
 Run:   python examples/03_smiles_vae.py     (about 6 minutes on a 2-core CPU; STEPS below sets it)
@@ -43,8 +43,8 @@ print(f"{len(dataset.train)} training molecules, vocabulary of {dataset.vocab.si
 print("e.g.", ", ".join(dataset.train[:3]))
 
 # %% Train the same model twice: teacher forcing alone, then scheduled sampling
-config = TrainConfig(steps=STEPS, learning_rate=vae_task.LEARNING_RATE, warmup_steps=50, log_every=50, eval_every=0,
-                     checkpoint_every=0)
+config = TrainConfig(steps=STEPS, learning_rate=vae_task.LEARNING_RATE, warmup_steps=50, log_every=50,
+                     eval_every=0, checkpoint_every=0)
 results, curves = {}, {}
 for decoding in ("teacher", "scheduled"):
     task = vae_task.VAETask(**{**BASE.__dict__, "decoding": decoding})
