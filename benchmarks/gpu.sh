@@ -11,7 +11,8 @@
 #   2. bfloat16 (inputs and compute in bf16, JAX parameters kept in float32), the rows where bf16 applies;
 #   3. pytest parity_tests -q (float32 and float64 parity, matmul precision pinned by the tests);
 #   4. the unroll sweep behind unroll="auto" (benchmarks/tune_scan.py; into the log only), so that
-#      jax_scan_rnn.scan.auto_unroll can be set for GPUs from measurements.
+#      jax_scan_rnn.scan.auto_unroll can be set for GPUs from measurements;
+#   5. the hoisting A/B behind hoist_inputs="auto" (scan.auto_hoist; into the log only).
 # Writes at most 8 files (the device machine's limit): <kind>.json/.md and three PNGs, <kind>-bf16.json/.md,
 # and gpu-run.log with everything printed. Without a GPU it says so and runs the quick suite on the CPU
 # instead (GPU-only rows are then marked n/a), so the script can be checked anywhere.
@@ -72,9 +73,9 @@ if [ "$GPU" != "yes" ]; then
 fi
 
 # 1. float32, TF32 off. The suite stops starting new cases at --budget-s; the limit is a hard stop.
-# (Worst case, every step at its limit: 250 + 90 + 90 + 60 s plus start-up, under the 8 minutes.)
-NVIDIA_TF32_OVERRIDE=0 run 250 $PY -m jax_scan_rnn.bench --out "$OUT" \
-    --sweep-seq-lens 5,10 --max-call-s 1.5 --budget-s 185
+# (Worst case, every step at its limit: 220 + 90 + 80 + 50 + 30 s plus start-up, under the 8 minutes.)
+NVIDIA_TF32_OVERRIDE=0 run 220 $PY -m jax_scan_rnn.bench --out "$OUT" \
+    --sweep-seq-lens 5,10 --max-call-s 1.5 --budget-s 160
 
 # 2. bfloat16 where it applies: the loops, lax.scan, nn.LSTM / jsr.LSTM, the limits (no plots: file limit).
 run 90 $PY -m jax_scan_rnn.bench --out "$OUT" --dtype bfloat16 --no-plots \
@@ -82,10 +83,13 @@ run 90 $PY -m jax_scan_rnn.bench --out "$OUT" --dtype bfloat16 --no-plots \
     --sweep-seq-lens 5 --max-call-s 1 --budget-s 50
 
 # 3. parity on the GPU.
-run 90 $PY -m pytest parity_tests -q -p no:cacheprovider
+run 80 $PY -m pytest parity_tests -q -p no:cacheprovider
 
 # 4. unroll on this GPU (time per step vs unroll 1..16, forward and train step): printed to the log.
-NVIDIA_TF32_OVERRIDE=0 run 60 $PY benchmarks/tune_scan.py unroll 1x64 64x64 512x64
+NVIDIA_TF32_OVERRIDE=0 run 50 $PY benchmarks/tune_scan.py unroll 1x64 64x64 512x64
+
+# 5. the input projection before the loop or inside each step, on this GPU: printed to the log.
+NVIDIA_TF32_OVERRIDE=0 run 30 $PY benchmarks/tune_scan.py hoist 1x64 64x64 1024x64
 
 say "done in $(($(date +%s) - START)) s; files in $OUT:"
 ls -l "$OUT" | tee -a "$LOG"

@@ -4,9 +4,11 @@
     python benchmarks/tune_scan.py flag --threshold 100000000   # ... with a larger threshold
     python benchmarks/tune_scan.py unroll   # time per step vs unroll, forward and train step
     python benchmarks/tune_scan.py unroll --out benchmarks/results/unroll-cpu-2core.json
+    python benchmarks/tune_scan.py hoist    # features projected before the loop vs inside each step
 
 `flag` backs the figures quoted in `jax_scan_rnn/xla_flags.py`; `unroll` the table behind
-`unroll="auto"` (`jax_scan_rnn/scan.py`, `AUTO_UNROLL`). The model is the Traveller (2 LSTM layers, F=8),
+`unroll="auto"` (`jax_scan_rnn/scan.py`, `AUTO_UNROLL`); `hoist` the rule behind `hoist_inputs="auto"`
+(`scan.auto_hoist`). The model is the Traveller (2 LSTM layers, F=8),
 a forward pass or a value-and-grad train step of a linear loss. Each figure: the minimum over 3 rounds of
 the median of n calls after 2 warm-up calls, divided by T (us per time step). Runs on whatever JAX
 backend is present; takes ~5 minutes per subcommand on a 2-core CPU.
@@ -23,6 +25,7 @@ import time
 FLAG_CONFIGS = ["1x64", "1x128", "1x256", "1x64:f64", "1x256:f64", "4x64", "64x64", "8x128", "64x64:f64", "128x256"]
 UNROLL_CONFIGS = ["1x64", "1x256", "8x64", "64x64", "64x256", "512x64"]
 UNROLLS = (1, 2, 4, 8, 16)
+HOIST_CONFIGS = ["1x64", "8x64", "64x64", "1024x64", "1x256", "64x256"]
 
 
 def _time_per_step(fn, args, steps: int) -> float:
@@ -45,7 +48,7 @@ def _time_per_step(fn, args, steps: int) -> float:
     return min(medians) / steps * 1e6
 
 
-def _model(config: str, steps: int):
+def _model(config: str, steps: int, hoist_inputs="auto"):
     """'BxH[:f64]' -> (params, rest, graphdef, x, r)."""
     import jax
     import jax.numpy as jnp
@@ -58,7 +61,7 @@ def _model(config: str, steps: int):
     if dtype_name == "f64":
         jax.config.update("jax_enable_x64", True)
     dtype = jnp.float64 if dtype_name == "f64" else jnp.float32
-    model = jsr.Traveller(8, hidden, 2, param_dtype=dtype, rngs=nnx.Rngs(0))
+    model = jsr.Traveller(8, hidden, 2, param_dtype=dtype, hoist_inputs=hoist_inputs, rngs=nnx.Rngs(0))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     x = jax.random.normal(jax.random.key(1), (batch, steps, 8), dtype)
     r = jax.random.normal(jax.random.key(2), (batch, steps, 2), dtype)
@@ -136,9 +139,33 @@ def run_unroll(configs: list[str]) -> list[dict]:
     return rows
 
 
+def run_hoist(configs: list[str]) -> list[dict]:
+    import jax
+    import numpy as np
+
+    rows = []
+    for config in configs:
+        steps = _steps_for(config)
+        out = {}
+        for hoist in (True, False):
+            graphdef, params, rest, x, r = _model(config, steps, hoist_inputs=hoist)
+            fwd, train = _functions(graphdef, rest, 1)
+            out[hoist] = np.asarray(fwd(params, x))
+            row = {"config": config, "T": steps, "hoist_inputs": hoist, "backend": jax.default_backend(),
+                   "forward_us": _time_per_step(fwd, (params, x), steps),
+                   "train_us": _time_per_step(train, (params, x, r), steps)}
+            rows.append(row)
+        before, inside = rows[-2], rows[-1]
+        diff = float(np.max(np.abs(out[True] - out[False])))
+        print(f"{config:10s} T={steps:5d}  forward {before['forward_us']:9.2f} -> {inside['forward_us']:9.2f} us/step  "
+              f"train {before['train_us']:9.2f} -> {inside['train_us']:9.2f} us/step  (hoisted -> inside; "
+              f"max diff {diff:.1e})", flush=True)
+    return rows
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["flag", "unroll", "_flag_worker"])
+    parser.add_argument("what", choices=["flag", "unroll", "hoist", "_flag_worker"])
     parser.add_argument("configs", nargs="*", help="BxH or BxH:f64 (default: the module's lists)")
     parser.add_argument("--out", help="also write the rows as JSON here")
     parser.add_argument("--threshold", type=int, help="flag: this small-loop threshold instead of the library's")
@@ -154,6 +181,8 @@ def main(argv=None) -> None:
             off, on = by[(config, "default")], by[(config, "set")]
             print(f"{config:10s} {str(on['one_kernel']):>10s} {off['forward_us']:11.2f} -> {on['forward_us']:8.2f} us "
                   f"{off['train_us']:11.2f} -> {on['train_us']:8.2f} us")
+    elif args.what == "hoist":
+        rows = run_hoist(args.configs or HOIST_CONFIGS)
     else:
         rows = run_unroll(args.configs or UNROLL_CONFIGS)
     if args.out:

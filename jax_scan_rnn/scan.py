@@ -45,6 +45,31 @@ def auto_unroll(batch: int, backend: str | None = None) -> int:
     return AUTO_UNROLL_CPU_BATCH1 if backend == "cpu" and batch == 1 else 1
 
 
+# Hoisting an input projection out of the loop (`prepare`: one [T*B, I] x [I, G*H] matmul before the scan,
+# the loop then reads a [T, B, G*H] array) against computing it inside each step. On CPU, measured on the
+# Traveller (H=64, 2 layers, F=8; `python benchmarks/tune_scan.py hoist`, the log is
+# benchmarks/results/hoist-cpu-2core.txt), inside the loop was faster at every measured size, forward
+# (us/step, hoisted -> inside): B=1 3.14 -> 2.92, B=8 20.2 -> 12.7, B=64 156 -> 90, B=1024 (T=100) 1419 -> 737,
+# H=256: B=1 47.5 -> 41.5, B=64 816 -> 607; train steps faster or equal (B=64: 662 -> 556). The hoisted
+# matmul has a small K, so it is bound by writing its [T, B, G*H] result (65 MB at B=64, T=1000: out of
+# cache), and the loop then streams it back; inside the loop the same product is one more small matmul on
+# data in cache.
+# GPU: not measured yet; hoisting is the usual win there (one large matmul instead of T small launches).
+def auto_hoist(backend: str | None = None) -> bool:
+    """Whether to hoist input projections out of the time loop on `backend` (default: JAX's default
+    backend): False on CPU, True elsewhere (see the measurements above)."""
+    return (backend or jax.default_backend()) != "cpu"
+
+
+def resolve_hoist(hoist: bool | Literal["auto"]) -> bool:
+    """`hoist` as a bool: "auto" -> `auto_hoist()`; True/False kept; anything else is an error."""
+    if hoist == "auto":
+        return auto_hoist()
+    if not isinstance(hoist, bool):
+        raise ValueError(f"hoist_inputs: expected True, False or 'auto', got {hoist!r}")
+    return hoist
+
+
 def resolve_unroll(unroll: Unroll, batch: int) -> int:
     """`unroll` as an int: "auto" -> `auto_unroll(batch)`; a positive int is kept; anything else is an error."""
     if unroll == "auto":

@@ -10,9 +10,12 @@ readout squashed by `tanh` gives the new positions in [-1, 1]^2:
 Attribute names are the seed's (`lstm_layers`, `output_layer`) so PyTorch checkpoints of the seed's
 class (and `torch_ref.Traveller`) convert with `jsr.load_torch_state_dict` unchanged.
 
-Why it is fast: the features' share of layer 0's input projection, `u_t @ W_u + b_ih`, does not depend on
-the feedback, so it is computed for all T steps as one matmul before the scan; inside the loop only
-the 2-wide fed-back part `x_{t-1} @ W_x` and the recurrent matmuls remain.
+Why it is fast: the whole recurrence, feedback included, is one compiled loop. Layer 0's input
+projection has a part that does not depend on the feedback, the features' `u_t @ W_u + b_ih`; with
+`hoist_inputs=True` it is computed for all T steps as one matmul before the loop, and only the 2-wide
+fed-back part `x_{t-1} @ W_x` stays inside. That is the usual win on a GPU. On a CPU it was measured
+slower at every batch size (`scan.auto_hoist`), so there the default computes `[x_{t-1}, u_t] @ W_ih` inside
+each step, as torch does.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from flax import nnx
 from jax_scan_rnn.cells import matmul
 from jax_scan_rnn.feedback import feedback_scan
 from jax_scan_rnn.layers import LSTM, Linear
-from jax_scan_rnn.scan import Unroll
+from jax_scan_rnn.scan import Unroll, resolve_hoist
 
 Array = jax.Array
 NUM_POSITIONS = 2
@@ -44,6 +47,9 @@ class Traveller(nnx.Module):
       unroll: default `lax.scan` unroll factor, or "auto" (measured per batch size: `scan.auto_unroll`).
       remat_chunk: None, or rematerialise the time loop in chunks of this many steps when training
         (memory ~T/c + c instead of ~T; see `scan.time_scan`).
+      hoist_inputs: project the features for all steps before the loop (True), inside each step
+        (False), or "auto": measured per backend (`scan.auto_hoist`: inside on CPU). Same numbers either
+        way up to float rounding.
       rngs: `nnx.Rngs` (streams `params`, and `dropout` if `dropout > 0`).
     """
 
@@ -58,8 +64,11 @@ class Traveller(nnx.Module):
         compute_dtype=None,
         unroll: Unroll = "auto",
         remat_chunk: int | None = None,
+        hoist_inputs: bool | Literal["auto"] = "auto",
         rngs: nnx.Rngs,
     ):
+        resolve_hoist(hoist_inputs)  # validates
+        self.hoist_inputs = hoist_inputs
         self.num_inputs = num_inputs
         self.lstm_layers = LSTM(
             num_inputs + NUM_POSITIONS,
@@ -137,14 +146,19 @@ class Traveller(nnx.Module):
         def readout(h):  # out(h), as a thin matmul ([H, 2]: fused with the gates, see cells.matmul)
             return matmul(h, out.kernel[...]) + out.bias[...].astype(h.dtype)
 
+        if resolve_hoist(self.hoist_inputs):
+            # The features' share of layer 0's input for all steps at once, [T, B, 4H]; the loop adds the rest.
+            projection = dict(prepare=lambda u: first.matmul(u, w_u) + b_ih,
+                              inject=lambda fb, up_t: up_t + first.matmul(fb, w_fb))
+        else:
+            projection = dict(inject=lambda fb, u_t: first.matmul(jnp.concatenate([fb, u_t], -1), w_ih) + b_ih)
         carries = lstm.unstack_state(lstm.initial_state(batch, x.dtype))
         _, _, ys = feedback_scan(
             lstm,
             carries,
             jnp.zeros((batch, NUM_POSITIONS), x.dtype),
             jnp.swapaxes(x, 0, 1),  # time-major [T, B, F]
-            prepare=lambda u: first.matmul(u, w_u) + b_ih,  # the features' share of layer 0's input, [T, B, 4H] at once
-            inject=lambda fb, up_t: up_t + first.matmul(fb, w_fb),
+            **projection,
             readout=lambda h, _: jnp.tanh(readout(h)).astype(x.dtype),  # the carry keeps its dtype
             feed=lambda y, _: y,
             dropout_masks=dropout_masks,

@@ -26,11 +26,17 @@ TRAJECTORY_ATOL = 1e-4
 MARKET = trading.MarketConfig()
 
 
-def make_pair(dtype: str, num_inputs=4, hidden=32, layers=2, seed=0):
+# Both ways of computing layer 0's input projection (`hoist_inputs`): before the loop (the GPU default)
+# and inside each step (the CPU default), so the parity suite covers the path another backend takes.
+HOIST = [True, False]
+
+
+def make_pair(dtype: str, num_inputs=4, hidden=32, layers=2, seed=0, hoist_inputs="auto"):
     torch.manual_seed(seed)
     jdt, tdt = DTYPES[dtype]
     ref = TorchTraveller(num_inputs, hidden, layers, 0.0).to(tdt)
-    ours = jsr.Traveller(num_inputs, hidden, layers, 0.0, param_dtype=jdt, rngs=nnx.Rngs(seed))
+    ours = jsr.Traveller(num_inputs, hidden, layers, 0.0, param_dtype=jdt, hoist_inputs=hoist_inputs,
+                         rngs=nnx.Rngs(seed))
     jsr.load_torch_state_dict(ours, ref.state_dict())
     return ref, ours
 
@@ -46,15 +52,16 @@ def test_seed_layout_forward_over_1000_steps(dtype):
     assert_steps_close("positions (seed layout)", got, want, POSITION_ATOL[dtype], time_axis=0)
 
 
+@pytest.mark.parametrize("hoist", HOIST)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_batched_forward_over_1000_steps(dtype):
-    ref, ours = make_pair(dtype, layers=3)
+def test_batched_forward_over_1000_steps(dtype, hoist):
+    ref, ours = make_pair(dtype, layers=3, hoist_inputs=hoist)
     market = trading.simulate(MARKET, 5, 1000, seed=1)
     with torch.no_grad():
         want = ref(torch.from_numpy(market.features).to(DTYPES[dtype][1]))
     got = ours(jnp.asarray(market.features, DTYPES[dtype][0]))
     assert got.shape == (5, 1000, 2)
-    assert_steps_close("positions (batched)", got, want, POSITION_ATOL[dtype])
+    assert_steps_close(f"positions (batched, hoist_inputs={hoist})", got, want, POSITION_ATOL[dtype])
 
 
 METHODS = ["loop", "cell", "script"] + (["scan"] if scan_available() else [])
@@ -94,17 +101,18 @@ def jax_loss_and_grads(model, features, returns):
     return loss, jsr.torch_state_dict(holder)
 
 
+@pytest.mark.parametrize("hoist", HOIST)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_utility_gradients_match_torch(dtype):
+def test_utility_gradients_match_torch(dtype, hoist):
     jdt, tdt = DTYPES[dtype]
-    ref, ours = make_pair(dtype)
+    ref, ours = make_pair(dtype, hoist_inputs=hoist)
     market = trading.simulate(MARKET, 8, 300, seed=4)
     t_loss = utility_loss(ref(torch.from_numpy(market.features).to(tdt)), torch.from_numpy(market.returns).to(tdt))
     t_loss.backward()
     j_loss, j_grads = jax_loss_and_grads(ours, jnp.asarray(market.features, jdt), jnp.asarray(market.returns, jdt))
     assert_close("utility loss", j_loss, t_loss, POSITION_ATOL[dtype])
     want = {k: p.grad for k, p in ref.named_parameters()}
-    assert_grads_close(j_grads, want, grad_rtol_for(jdt), context=f"utility {dtype}: ")
+    assert_grads_close(j_grads, want, grad_rtol_for(jdt), context=f"utility {dtype}, hoist_inputs={hoist}: ")
 
 
 def test_fifty_adam_steps_end_in_the_same_parameters():

@@ -96,3 +96,30 @@ def test_auto_unroll_gives_the_same_numbers_as_unroll_1():
     assert model.lstm_layers.unroll == "auto"
     x = jnp.asarray(np.random.default_rng(2).standard_normal((1, 37, 3)))
     np.testing.assert_allclose(model(x, layout="batch"), model(x, layout="batch", unroll=1), rtol=0, atol=1e-13)
+
+
+def test_auto_hoist_follows_the_measured_rule():
+    from jax_scan_rnn import scan
+
+    assert scan.auto_hoist("cpu") is False and scan.auto_hoist("gpu") is True
+    assert scan.resolve_hoist(True) is True and scan.resolve_hoist(False) is False
+    assert scan.resolve_hoist("auto") is scan.auto_hoist()
+    with pytest.raises(ValueError, match="hoist_inputs: expected True, False or 'auto', got 'yes'"):
+        jsr.Traveller(3, 8, 2, hoist_inputs="yes", rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("remat_chunk", [None, 7])
+def test_hoisted_and_inside_projections_give_the_same_numbers(remat_chunk):
+    """Layer 0's feature projection before the loop or inside it: the same positions and gradients."""
+    x = jnp.asarray(np.random.default_rng(3).standard_normal((2, 30, 3)))
+    results = []
+    for hoist in (True, False):
+        model = jsr.Traveller(3, 8, 2, param_dtype=jnp.float64, hoist_inputs=hoist, remat_chunk=remat_chunk,
+                              rngs=nnx.Rngs(0))
+        loss, grads = nnx.value_and_grad(lambda m: (m(x) ** 2).sum())(model)
+        results.append((model(x), loss, jax.tree.leaves(grads)))
+    (pos_a, loss_a, grads_a), (pos_b, loss_b, grads_b) = results
+    np.testing.assert_allclose(pos_b, pos_a, atol=REMAT_ATOL)
+    np.testing.assert_allclose(loss_b, loss_a, atol=REMAT_ATOL)
+    for a, b in zip(grads_b, grads_a):
+        np.testing.assert_allclose(b, a, atol=REMAT_ATOL)
