@@ -129,9 +129,6 @@ class Traveller(nnx.Module):
         lstm = self.lstm_layers
         batch, steps, _ = x.shape
         first = lstm.layers[0]
-        w_ih = first.w_ih[...]  # [2 + F, 4H]: rows 0-1 read the positions, as in torch's concat
-        w_fb, w_u = w_ih[:NUM_POSITIONS], w_ih[NUM_POSITIONS:]
-        b_ih = first.b_ih[...].astype(x.dtype)
         if dropout_masks is None:
             dropout_masks = lstm.dropout_masks((steps, batch, lstm.hidden_size), x.dtype)
             if dropout_masks is not None:
@@ -146,12 +143,15 @@ class Traveller(nnx.Module):
         def readout(h):  # out(h), as a thin matmul ([H, 2]: fused with the gates, see cells.matmul)
             return matmul(h, out.kernel[...]) + out.bias[...].astype(h.dtype)
 
+        # Layer 0 reads [positions, features], as torch's concat: w_ih [2 + F, 4H], rows 0-1 the positions.
         if resolve_hoist(self.hoist_inputs):
             # The features' share of layer 0's input for all steps at once, [T, B, 4H]; the loop adds the rest.
+            w_ih, b_ih = first.w_ih[...], first.b_ih[...].astype(x.dtype)
+            w_fb, w_u = w_ih[:NUM_POSITIONS], w_ih[NUM_POSITIONS:]
             projection = dict(prepare=lambda u: first.matmul(u, w_u) + b_ih,
                               inject=lambda fb, up_t: up_t + first.matmul(fb, w_fb))
-        else:
-            projection = dict(inject=lambda fb, u_t: first.matmul(jnp.concatenate([fb, u_t], -1), w_ih) + b_ih)
+        else:  # layer 0's whole input projection in each step, as the seed's loop computes it
+            projection = dict(inject=lambda fb, u_t: first.input_projection(jnp.concatenate([fb, u_t], -1)))
         carries = lstm.unstack_state(lstm.initial_state(batch, x.dtype))
         _, _, ys = feedback_scan(
             lstm,
