@@ -5,11 +5,13 @@
     python benchmarks/tune_scan.py unroll   # time per step vs unroll, forward and train step
     python benchmarks/tune_scan.py unroll --out benchmarks/results/unroll-cpu-2core.json
     python benchmarks/tune_scan.py hoist    # features projected before the loop vs inside each step
+    python benchmarks/tune_scan.py hoist-layers   # the same for jsr.LSTM/GRU over whole sequences, the VAE
 
 `flag` backs the figures quoted in `jax_scan_rnn/xla_flags.py`; `unroll` the table behind
 `unroll="auto"` (`jax_scan_rnn/scan.py`, `AUTO_UNROLL`); `hoist` the rule behind `hoist_inputs="auto"`
-(`scan.auto_hoist`). The model is the Traveller (2 LSTM layers, F=8),
-a forward pass or a value-and-grad train step of a linear loss. Each figure: the minimum over 3 rounds of
+(`scan.auto_hoist`). The model is the Traveller (2 LSTM layers, F=8), a forward pass or a value-and-grad
+train step of a linear loss; `hoist-layers` times `jsr.LSTM`/`jsr.GRU` (`HOIST_LAYER_CASES`, forward and
+gradient of a sum of squares) and the SeqVAE's teacher-forced decoder (forward). Each figure: the minimum over 3 rounds of
 the median of n calls after 2 warm-up calls, divided by T (us per time step). Runs on whatever JAX
 backend is present; takes ~5 minutes per subcommand on a 2-core CPU.
 """
@@ -26,6 +28,13 @@ FLAG_CONFIGS = ["1x64", "1x128", "1x256", "1x64:f64", "1x256:f64", "4x64", "64x6
 UNROLL_CONFIGS = ["1x64", "1x256", "8x64", "64x64", "64x256", "512x64"]
 UNROLLS = (1, 2, 4, 8, 16)
 HOIST_CONFIGS = ["1x64", "8x64", "64x64", "1024x64", "1x256", "64x256"]
+# (kind, I, H, L, B, T, lengths): the VAE's encoder (one-hot V=40, B=128, T=60, with lengths), a deeper
+# stack, wide inputs, and LSTMs from B=1 to B=1024.
+HOIST_LAYER_CASES = [
+    ("GRU", 40, 256, 1, 128, 60, True), ("GRU", 40, 256, 3, 128, 60, True), ("GRU", 256, 256, 2, 128, 60, False),
+    ("LSTM", 8, 64, 2, 1, 1000, False), ("LSTM", 64, 64, 1, 64, 1000, False), ("LSTM", 64, 64, 2, 8, 1000, False),
+    ("LSTM", 256, 256, 2, 64, 200, False), ("LSTM", 64, 64, 2, 1024, 100, False),
+]
 
 
 def _time_per_step(fn, args, steps: int) -> float:
@@ -163,9 +172,72 @@ def run_hoist(configs: list[str]) -> list[dict]:
     return rows
 
 
+def run_hoist_layers() -> list[dict]:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    import jax_scan_rnn as jsr
+
+    rows = []
+    for kind, inputs, hidden, layers, batch, steps, with_lengths in HOIST_LAYER_CASES:
+        rng = np.random.default_rng(0)
+        x = jnp.asarray(rng.standard_normal((batch, steps, inputs)), jnp.float32)
+        lengths = jnp.asarray(rng.integers(steps // 2, steps + 1, batch)) if with_lengths else None
+        out, row = {}, {}
+        for hoist in (True, False):
+            model = getattr(jsr, kind)(inputs, hidden, layers, hoist_inputs=hoist, rngs=nnx.Rngs(0))
+            graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+            def run(p, x, graphdef=graphdef, rest=rest):
+                return nnx.merge(graphdef, p, rest)(x, lengths=lengths)[0]
+
+            fwd = jax.jit(run)
+            grad = jax.jit(jax.grad(lambda p, x, run=run: jnp.sum(run(p, x) ** 2)))
+            out[hoist] = np.asarray(fwd(params, x))
+            row[hoist] = {"case": f"{kind} I={inputs} H={hidden} L={layers} B={batch}", "T": steps,
+                          "lengths": with_lengths, "hoist_inputs": hoist, "backend": jax.default_backend(),
+                          "forward_us": _time_per_step(fwd, (params, x), steps),
+                          "train_us": _time_per_step(grad, (params, x), steps)}
+            rows.append(row[hoist])
+        diff = float(np.max(np.abs(out[True] - out[False])))
+        print(f"{row[True]['case']:28s} T={steps:5d}{' lengths' if with_lengths else ''}  forward "
+              f"{row[True]['forward_us']:9.2f} -> {row[False]['forward_us']:9.2f} us/step  grad "
+              f"{row[True]['train_us']:9.2f} -> {row[False]['train_us']:9.2f} us/step  (hoisted -> inside; "
+              f"max diff {diff:.1e})", flush=True)
+    rows += _hoist_vae_decoder()
+    return rows
+
+
+def _hoist_vae_decoder(batch: int = 128, steps: int = 60) -> list[dict]:
+    """SeqVAE.decode under teacher forcing (V=40, H=256, Z=64, one layer), forward."""
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    import jax_scan_rnn as jsr
+
+    rng = np.random.default_rng(0)
+    tokens = jax.numpy.asarray(rng.integers(3, 40, (batch, steps)), jax.numpy.int32)
+    z = jax.numpy.asarray(rng.standard_normal((batch, 64)), jax.numpy.float32)
+    out, rows = {}, []
+    for hoist in (True, False):
+        graphdef, params, rest = nnx.split(jsr.SeqVAE(40, 256, 64, 1, hoist_inputs=hoist, rngs=nnx.Rngs(0)),
+                                           nnx.Param, ...)
+        decode = jax.jit(lambda p, z, tokens, g=graphdef, r=rest: nnx.merge(g, p, r).decode(z, tokens))
+        out[hoist] = np.asarray(decode(params, z, tokens))
+        rows.append({"case": f"SeqVAE teacher-forced decode B={batch}", "T": steps, "hoist_inputs": hoist,
+                     "backend": jax.default_backend(), "forward_us": _time_per_step(decode, (params, z, tokens), steps)})
+    diff = float(np.max(np.abs(out[True] - out[False])))
+    print(f"{rows[0]['case']:28s} T={steps:5d}  forward {rows[0]['forward_us']:9.2f} -> {rows[1]['forward_us']:9.2f} "
+          f"us/step  (hoisted -> inside; max diff {diff:.1e})", flush=True)
+    return rows
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["flag", "unroll", "hoist", "_flag_worker"])
+    parser.add_argument("what", choices=["flag", "unroll", "hoist", "hoist-layers", "_flag_worker"])
     parser.add_argument("configs", nargs="*", help="BxH or BxH:f64 (default: the module's lists)")
     parser.add_argument("--out", help="also write the rows as JSON here")
     parser.add_argument("--threshold", type=int, help="flag: this small-loop threshold instead of the library's")
@@ -183,6 +255,8 @@ def main(argv=None) -> None:
                   f"{off['train_us']:11.2f} -> {on['train_us']:8.2f} us")
     elif args.what == "hoist":
         rows = run_hoist(args.configs or HOIST_CONFIGS)
+    elif args.what == "hoist-layers":
+        rows = run_hoist_layers()
     else:
         rows = run_unroll(args.configs or UNROLL_CONFIGS)
     if args.out:

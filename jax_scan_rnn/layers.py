@@ -5,8 +5,11 @@
     gru = GRU(input_size, hidden_size, rngs=nnx.Rngs(0))
     out, h = gru(x, initial_state)  # h [num_layers, B, H]
 
-The time loop is `jax.lax.scan`. Because nothing is fed back, each layer's input projection for all T
-steps is one `[B*T, I] x [I, G*H]` matmul before its scan; only `h @ w_hh` stays inside the loop.
+The time loop is `jax.lax.scan`, one per layer (and direction). Because nothing is fed back, each layer's
+input projection `x_t @ w_ih + b_ih` can be computed for all T steps as one `[T*B, I] x [I, G*H]` matmul
+before its scan (`hoist_inputs=True`), leaving only `h @ w_hh` inside the loop; or inside each step
+(`False`). "auto" (the default) chooses per backend from measurements (`scan.auto_hoist`): inside on CPU,
+where the hoisted product's `[T, B, G*H]` result is written out and streamed back from memory.
 Dropout (rate `dropout`) is applied to the outputs of every layer but the last, in training mode only
 (`module.train()` / `module.eval()`, NNX's switches), exactly where `torch.nn.LSTM` applies it.
 
@@ -15,12 +18,14 @@ next input depends on the current output, so a whole-sequence scan per layer is 
 """
 from __future__ import annotations
 
+from typing import Literal
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from jax_scan_rnn.cells import GRUCell, LSTMCell, RNNCell
-from jax_scan_rnn.scan import Unroll, resolve_unroll, time_scan
+from jax_scan_rnn.scan import Unroll, resolve_hoist, resolve_unroll, time_scan
 
 Array = jax.Array
 
@@ -40,6 +45,9 @@ class RNN(nnx.Module):
         best for the batch size and backend (`scan.auto_unroll`); overridable per call.
       remat_chunk: None, or rematerialise the time loop in chunks of this many steps when
         differentiating (training memory ~T/c + c instead of ~T; see `scan.time_scan`).
+      hoist_inputs: compute each layer's input projection for all steps before its loop (True), inside
+        each step (False), or "auto": per backend (`scan.auto_hoist`). Same numbers either way (float
+        rounding aside).
       bidirectional: also run each layer backward in time (torch's `bidirectional=True`): outputs
         `[B, T, 2H]` (forward, backward), states `[2L, B, H]` ordered layer 0 fwd, layer 0 bwd, ...
       rngs: `nnx.Rngs` with a `params` stream (and a `dropout` stream if `dropout > 0`).
@@ -58,6 +66,7 @@ class RNN(nnx.Module):
         compute_dtype=None,
         unroll: Unroll = "auto",
         remat_chunk: int | None = None,
+        hoist_inputs: bool | Literal["auto"] = "auto",
         bidirectional: bool = False,
         rngs: nnx.Rngs,
     ):
@@ -66,11 +75,13 @@ class RNN(nnx.Module):
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout: expected a probability in [0, 1), got {dropout!r}")
         resolve_unroll(unroll, 1)  # validates
+        resolve_hoist(hoist_inputs)  # validates
         self.input_size = input_size
         self.hidden_size = hidden_size
         self.num_layers = num_layers
         self.unroll = unroll
         self.remat_chunk = remat_chunk
+        self.hoist_inputs = hoist_inputs
         self.bidirectional = bidirectional
         self.num_directions = 2 if bidirectional else 1
 
@@ -202,6 +213,7 @@ class RNN(nnx.Module):
             initial_state, batch, x.dtype
         )
         unroll = self.scan_unroll(unroll, batch)
+        hoist = resolve_hoist(self.hoist_inputs)
         valid, reverse_index = None, None
         if lengths is not None:
             lengths = self.check_lengths(lengths, batch, steps)
@@ -219,12 +231,12 @@ class RNN(nnx.Module):
         for k in range(self.num_layers):
             if k > 0:
                 seq = self.dropout(seq)
-            carry, out = self._scan_layer(self.layers[k], next(carries), seq, valid, unroll, self.remat_chunk)
+            carry, out = self._scan_layer(self.layers[k], next(carries), seq, valid, unroll, self.remat_chunk, hoist)
             finals.append(carry)
             if self.bidirectional:
                 backward = jnp.take_along_axis(seq, reverse_index[:, :, None], axis=0)
                 carry, out_b = self._scan_layer(
-                    self.reverse_layers[k], next(carries), backward, valid, unroll, self.remat_chunk
+                    self.reverse_layers[k], next(carries), backward, valid, unroll, self.remat_chunk, hoist
                 )
                 finals.append(carry)
                 out = jnp.concatenate([out, jnp.take_along_axis(out_b, reverse_index[:, :, None], axis=0)], -1)
@@ -232,29 +244,26 @@ class RNN(nnx.Module):
         return jnp.swapaxes(seq, 0, 1), self.stack_carries(finals)
 
     @staticmethod
-    def _scan_layer(cell: RNNCell, carry, seq: Array, valid: Array | None, unroll: int, remat_chunk: int | None):
-        """One layer, one direction over time-major `seq [T, B, I]`; `valid [T, B]` freezes padding."""
-        # The input projection of many steps is one matmul (`prepare`), outside the per-step loop.
-        if valid is None:
-            return time_scan(
-                cell.step, carry, seq, prepare=cell.input_projection, unroll=unroll, remat_chunk=remat_chunk
-            )
+    def _scan_layer(
+        cell: RNNCell, carry, seq: Array, valid: Array | None, unroll: int, remat_chunk: int | None, hoist: bool
+    ):
+        """One layer, one direction over time-major `seq [T, B, I]`; `valid [T, B]` freezes padding.
 
-        def masked_step(carry, inputs):
-            xp_t, valid_t = inputs
-            new_carry, h = cell.step(carry, xp_t)
+        `hoist`: the input projection of many steps as one matmul (`prepare`) before the loop, else each
+        step projects its own `x_t`.
+        """
+
+        def step(carry, inputs):
+            x_t, valid_t = inputs
+            new_carry, h = cell.step(carry, x_t if hoist else cell.input_projection(x_t))
+            if valid_t is None:
+                return new_carry, h
             keep = valid_t[:, None]
             carry = jax.tree.map(lambda new, old: jnp.where(keep, new, old), new_carry, carry)
             return carry, jnp.where(keep, h, jnp.zeros_like(h))
 
-        return time_scan(
-            masked_step,
-            carry,
-            (seq, valid),
-            prepare=lambda xs: (cell.input_projection(xs[0]), xs[1]),
-            unroll=unroll,
-            remat_chunk=remat_chunk,
-        )
+        prepare = (lambda xs: (cell.input_projection(xs[0]), xs[1])) if hoist else None
+        return time_scan(step, carry, (seq, valid), prepare=prepare, unroll=unroll, remat_chunk=remat_chunk)
 
     @staticmethod
     def check_lengths(lengths, batch_size: int, steps: int) -> Array:

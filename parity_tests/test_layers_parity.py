@@ -24,14 +24,19 @@ from parity_tests.compare import (
 )
 
 KINDS = ("LSTM", "GRU")
+# Both ways of computing each layer's input projection (`hoist_inputs`): before the loop (the GPU default)
+# and inside each step (the CPU default); each must match torch on its own.
+HOIST = (True, False)
 DTYPES = {"float32": (jnp.float32, torch.float32), "float64": (jnp.float64, torch.float64)}
 
 
-def make_pair(kind: str, input_size: int, hidden: int, layers: int, dtype: str, seed: int = 0):
+def make_pair(kind: str, input_size: int, hidden: int, layers: int, dtype: str, seed: int = 0, hoist_inputs="auto"):
     torch.manual_seed(seed)
     jdt, tdt = DTYPES[dtype]
     ref = getattr(torch_ref, kind)(input_size, hidden, layers).to(tdt)
-    ours = getattr(jsr, kind)(input_size, hidden, layers, param_dtype=jdt, rngs=nnx.Rngs(seed + 1))
+    ours = getattr(jsr, kind)(
+        input_size, hidden, layers, param_dtype=jdt, hoist_inputs=hoist_inputs, rngs=nnx.Rngs(seed + 1)
+    )
     jsr.load_torch_state_dict(ours, ref.state_dict())
     return ref, ours
 
@@ -40,22 +45,23 @@ def state_leaves(state) -> list:
     return list(state) if isinstance(state, tuple) else [state]
 
 
+@pytest.mark.parametrize("hoist", HOIST)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("batch", [1, 7])
 @pytest.mark.parametrize("layers", [1, 2, 3])
 @pytest.mark.parametrize("kind", KINDS)
-def test_forward_matches_torch_every_step(kind, layers, batch, dtype):
+def test_forward_matches_torch_every_step(kind, layers, batch, dtype, hoist):
     steps = 500
-    ref, ours = make_pair(kind, 6, 24, layers, dtype)
+    ref, ours = make_pair(kind, 6, 24, layers, dtype, hoist_inputs=hoist)
     x = np.random.default_rng(1).standard_normal((batch, steps, 6))
     with torch.no_grad():
         t_out, t_state = ref(torch.from_numpy(x).to(DTYPES[dtype][1]))
     j_out, j_state = ours(jnp.asarray(x, DTYPES[dtype][0]))
     assert j_out.dtype == DTYPES[dtype][0]
     atol = atol_for(j_out.dtype)
-    assert_steps_close(f"{kind} output", j_out, t_out, atol)
+    assert_steps_close(f"{kind} output (hoist_inputs={hoist})", j_out, t_out, atol)
     for name, j, t in zip(("h", "c"), state_leaves(j_state), state_leaves(t_state)):
-        assert_close(f"{kind} final {name}", j, t, atol)
+        assert_close(f"{kind} final {name} (hoist_inputs={hoist})", j, t, atol)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -86,12 +92,13 @@ def jax_gradients(model, x, w_out, w_state):
     return jsr.torch_state_dict(holder), g_x
 
 
+@pytest.mark.parametrize("hoist", HOIST)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("layers", [1, 3])
 @pytest.mark.parametrize("kind", KINDS)
-def test_gradients_match_torch(kind, layers, dtype):
+def test_gradients_match_torch(kind, layers, dtype, hoist):
     jdt, tdt = DTYPES[dtype]
-    ref, ours = make_pair(kind, 5, 16, layers, dtype)
+    ref, ours = make_pair(kind, 5, 16, layers, dtype, hoist_inputs=hoist)
     rng = np.random.default_rng(3)
     x = rng.standard_normal((7, 200, 5))
     w_out = rng.standard_normal((7, 200, 16))
@@ -109,8 +116,9 @@ def test_gradients_match_torch(kind, layers, dtype):
         ours, jnp.asarray(x, jdt), jnp.asarray(w_out, jdt), [jnp.asarray(w, jdt) for w in w_state]
     )
     rtol = grad_rtol_for(jdt)
-    assert_grads_close(j_grads, t_grads, rtol, context=f"{kind} L={layers} {dtype}: ")
-    assert_grads_close({"input": j_gx}, {"input": t_x.grad}, rtol, context=f"{kind} L={layers} {dtype}: ")
+    context = f"{kind} L={layers} {dtype} hoist_inputs={hoist}: "
+    assert_grads_close(j_grads, t_grads, rtol, context=context)
+    assert_grads_close({"input": j_gx}, {"input": t_x.grad}, rtol, context=context)
 
 
 @pytest.mark.parametrize("kind", ["LSTMCell", "GRUCell"])
@@ -189,12 +197,15 @@ def packed_torch_run(ref, x, lengths):
     return out, state
 
 
+@pytest.mark.parametrize("hoist", HOIST)
 @pytest.mark.parametrize("bidirectional", [False, True])
 @pytest.mark.parametrize("kind", KINDS)
-def test_lengths_match_packed_sequences(kind, bidirectional):
+def test_lengths_match_packed_sequences(kind, bidirectional, hoist):
     torch.manual_seed(7)
     ref = getattr(torch_ref, kind)(4, 10, 2, bidirectional=bidirectional).double()
-    ours = getattr(jsr, kind)(4, 10, 2, bidirectional=bidirectional, param_dtype=jnp.float64, rngs=nnx.Rngs(0))
+    ours = getattr(jsr, kind)(
+        4, 10, 2, bidirectional=bidirectional, hoist_inputs=hoist, param_dtype=jnp.float64, rngs=nnx.Rngs(0)
+    )
     jsr.load_torch_state_dict(ours, ref.state_dict())
     assert list(jsr.torch_state_dict(ours)) == list(ref.state_dict())
     rng = np.random.default_rng(7)
@@ -203,7 +214,7 @@ def test_lengths_match_packed_sequences(kind, bidirectional):
     with torch.no_grad():
         t_out, t_state = packed_torch_run(ref, x, lengths)
     j_out, j_state = ours(jnp.asarray(x), lengths=jnp.asarray(lengths))
-    label = f"{kind} bidirectional={bidirectional} with lengths"
+    label = f"{kind} bidirectional={bidirectional} hoist_inputs={hoist} with lengths"
     assert_steps_close(f"{label}: output", j_out, t_out, atol_for(np.float64))
     for name, j, t in zip(("h", "c"), state_leaves(j_state), state_leaves(t_state)):
         assert_close(f"{label}: final {name}", j, t, atol_for(np.float64))

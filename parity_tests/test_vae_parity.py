@@ -34,6 +34,10 @@ LOSS_RTOL = {"float32": 1e-5, "float64": 1e-12}
 # is tiny; 1e-4 (float32) on parameters of size ~0.5 still catches any wrong gradient or update rule.
 TRAJECTORY_ATOL = {"float32": 1e-4, "float64": 1e-10}
 
+# Both ways of computing the GRUs' and teacher forcing's input projections (`hoist_inputs`): before the
+# loop (the GPU default) and inside each step (the CPU default).
+HOIST = (True, False)
+
 V, H, Z, L = 12, 16, 4, 2  # vocabulary (specials included), hidden, latent, layers
 B, T = 6, 10
 LENGTHS = [10, 1, 4, 7, 2, 9]  # the full T, a lone <eos>, and everything in between
@@ -48,7 +52,7 @@ def full_precision_matmuls():
         yield
 
 
-def make_pair(dtype: str, *, bidirectional=False, concat_z=False, seed=0):
+def make_pair(dtype: str, *, bidirectional=False, concat_z=False, seed=0, hoist_inputs="auto"):
     """torch_ref.SeqVAE with wide random weights and non-zero biases, and jsr.SeqVAE loaded from it."""
     jdt, tdt = DTYPES[dtype]
     torch.manual_seed(seed)
@@ -61,7 +65,8 @@ def make_pair(dtype: str, *, bidirectional=False, concat_z=False, seed=0):
     # loaded through convert, as in the real use.
     ours = nnx.eval_shape(
         lambda: jsr.SeqVAE(
-            V, H, Z, L, bidirectional=bidirectional, concat_z=concat_z, param_dtype=jdt, rngs=nnx.Rngs(0)
+            V, H, Z, L, bidirectional=bidirectional, concat_z=concat_z, param_dtype=jdt,
+            hoist_inputs=hoist_inputs, rngs=nnx.Rngs(0),
         )
     )
     for _, variable in nnx.iter_graph(ours):
@@ -172,17 +177,19 @@ def test_state_dict_keys_match_and_round_trip(bidirectional, concat_z):
         assert torch.equal(back.state_dict()[key], value), f"round trip changed {key}"
 
 
+@pytest.mark.parametrize("hoist", HOIST)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("bidirectional", [False, True])
-def test_encoder_mu_and_logvar_with_lengths(bidirectional, dtype):
-    ref, ours = make_pair(dtype, bidirectional=bidirectional)
+def test_encoder_mu_and_logvar_with_lengths(bidirectional, dtype, hoist):
+    ref, ours = make_pair(dtype, bidirectional=bidirectional, hoist_inputs=hoist)
     tokens, lengths = make_batch()
     with torch.no_grad():
         t_mu, t_logvar = ref.encode(*to_torch(tokens, lengths))
     j_mu, j_logvar = ours.encode(*to_jax(tokens, lengths))
     atol = atol_for(DTYPES[dtype][0])
-    assert_close(f"mu (bidirectional={bidirectional}, {dtype})", j_mu, t_mu, atol)
-    assert_close(f"logvar (bidirectional={bidirectional}, {dtype})", j_logvar, t_logvar, atol)
+    label = f"bidirectional={bidirectional}, hoist_inputs={hoist}, {dtype}"
+    assert_close(f"mu ({label})", j_mu, t_mu, atol)
+    assert_close(f"logvar ({label})", j_logvar, t_logvar, atol)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -199,12 +206,13 @@ def jax_decode(model, z, tokens, replace_mask, gumbel, *, mode, temperature, tau
 CASES = ["teacher", "ss_argmax", "ss_sample", "ss_gumbel_softmax"]
 
 
+@pytest.mark.parametrize("hoist", HOIST)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES)
-def test_decoder_logits_every_step(case, dtype):
+def test_decoder_logits_every_step(case, dtype, hoist):
     """Teacher forcing, and scheduled sampling with a shared mask (and shared gumbel noise)."""
     concat_z = case in ("teacher", "ss_sample")  # both decoder inputs layouts, spread over the cases
-    ref, ours = make_pair(dtype, concat_z=concat_z)
+    ref, ours = make_pair(dtype, concat_z=concat_z, hoist_inputs=hoist)
     tokens, lengths = make_batch()
     t_kw, j_kw = loss_kwargs(dtype, case, torch_side=True), loss_kwargs(dtype, case, torch_side=False)
     z = np.random.default_rng(5).standard_normal((B, Z)).astype(dtype)
@@ -215,7 +223,8 @@ def test_decoder_logits_every_step(case, dtype):
         ours, jnp.asarray(z), jnp.asarray(tokens), j_kw.get("replace_mask"), j_kw.get("gumbel"),
         mode=j_kw.get("mode", "argmax"), temperature=j_kw.get("temperature", 1.0), tau=j_kw.get("tau", 1.0),
     )
-    assert_steps_close(f"{case} logits ({dtype})", j_logits, t_logits, atol_for(DTYPES[dtype][0]))
+    label = f"{case} logits ({dtype}, hoist_inputs={hoist})"
+    assert_steps_close(label, j_logits, t_logits, atol_for(DTYPES[dtype][0]))
     if case != "teacher":  # the draws did replace some tokens, and the predictions differ from the truth
         predictions = np.asarray(jnp.argmax(j_logits, -1))[:, :-1]
         assert (j_kw["replace_mask"][:, 1:] & (predictions != tokens[:, :-1])).any(), "nothing was fed back"
@@ -228,23 +237,25 @@ def test_decoder_logits_every_step(case, dtype):
 
 
 @pytest.mark.parametrize(
-    "dtype, case, bidirectional, concat_z",
-    [  # every case in each dtype would double the time; each case, dtype and layout appears at least once
-        ("float64", "teacher", False, False),
-        ("float32", "teacher", True, True),
-        ("float32", "ss_argmax", True, False),
-        ("float64", "ss_sample", False, True),
-        ("float64", "ss_gumbel_softmax", True, False),
-        ("float32", "ss_gumbel_softmax", False, True),
+    "dtype, case, bidirectional, concat_z, hoist",
+    [  # every case in each dtype would double the time; each case, dtype, layout and hoist appears at least once
+        ("float64", "teacher", False, False, False),
+        ("float32", "teacher", True, True, False),
+        ("float64", "teacher", True, True, True),
+        ("float32", "ss_argmax", True, False, True),
+        ("float32", "ss_argmax", False, False, False),
+        ("float64", "ss_sample", False, True, False),
+        ("float64", "ss_gumbel_softmax", True, False, False),
+        ("float32", "ss_gumbel_softmax", False, True, True),
     ],
 )
-def test_elbo_gradients_for_every_parameter(dtype, case, bidirectional, concat_z):
-    ref, ours = make_pair(dtype, bidirectional=bidirectional, concat_z=concat_z)
+def test_elbo_gradients_for_every_parameter(dtype, case, bidirectional, concat_z, hoist):
+    ref, ours = make_pair(dtype, bidirectional=bidirectional, concat_z=concat_z, hoist_inputs=hoist)
     tokens, lengths = make_batch()
     t_kw, j_kw = loss_kwargs(dtype, case, torch_side=True), loss_kwargs(dtype, case, torch_side=False)
     t_out, t_grads = torch_elbo(ref, *to_torch(tokens, lengths), t_kw, free_bits=0.05)
     j_out, j_grads = jax_elbo(ours, *to_jax(tokens, lengths), j_kw, free_bits=0.05)
-    context = f"ELBO {case} (bidirectional={bidirectional}, concat_z={concat_z}, {dtype}): "
+    context = f"ELBO {case} (bidirectional={bidirectional}, concat_z={concat_z}, hoist_inputs={hoist}, {dtype}): "
     assert_losses_close(context, j_out, t_out, dtype)
     assert_grads_close(j_grads, t_grads, grad_rtol_for(DTYPES[dtype][0]), context=context)
 

@@ -104,8 +104,13 @@ def test_auto_hoist_follows_the_measured_rule():
     assert scan.auto_hoist("cpu") is False and scan.auto_hoist("gpu") is True
     assert scan.resolve_hoist(True) is True and scan.resolve_hoist(False) is False
     assert scan.resolve_hoist("auto") is scan.auto_hoist()
-    with pytest.raises(ValueError, match="hoist_inputs: expected True, False or 'auto', got 'yes'"):
-        jsr.Traveller(3, 8, 2, hoist_inputs="yes", rngs=nnx.Rngs(0))
+    for build in (
+        lambda: jsr.Traveller(3, 8, 2, hoist_inputs="yes", rngs=nnx.Rngs(0)),
+        lambda: jsr.GRU(3, 8, hoist_inputs="yes", rngs=nnx.Rngs(0)),
+        lambda: jsr.SeqVAE(8, 8, 2, 1, hoist_inputs="yes", rngs=nnx.Rngs(0)),
+    ):
+        with pytest.raises(ValueError, match="hoist_inputs: expected True, False or 'auto', got 'yes'"):
+            build()
 
 
 @pytest.mark.parametrize("remat_chunk", [None, 7])
@@ -122,4 +127,27 @@ def test_hoisted_and_inside_projections_give_the_same_numbers(remat_chunk):
     np.testing.assert_allclose(pos_b, pos_a, atol=REMAT_ATOL)
     np.testing.assert_allclose(loss_b, loss_a, atol=REMAT_ATOL)
     for a, b in zip(grads_b, grads_a):
+        np.testing.assert_allclose(b, a, atol=REMAT_ATOL)
+
+
+@pytest.mark.parametrize("remat_chunk", [None, 7])
+def test_layers_hoisted_and_inside_give_the_same_numbers(remat_chunk):
+    """jsr.LSTM (bidirectional, with lengths) and the SeqVAE's teacher-forced loss, projections before the
+    loop or inside it: the same outputs and gradients, with and without remat."""
+    rng = np.random.default_rng(4)
+    x = jnp.asarray(rng.standard_normal((3, 30, 5)))
+    lengths = jnp.asarray([30, 4, 17])
+    tokens = jnp.asarray(rng.integers(3, 9, (3, 12)))
+    results = []
+    for hoist in (True, False):
+        lstm = jsr.LSTM(5, 6, 2, bidirectional=True, param_dtype=jnp.float64, hoist_inputs=hoist,
+                        remat_chunk=remat_chunk, rngs=nnx.Rngs(0))
+        vae = jsr.SeqVAE(9, 6, 2, 2, param_dtype=jnp.float64, hoist_inputs=hoist, remat_chunk=remat_chunk,
+                         rngs=nnx.Rngs(0))
+        out, grads = nnx.value_and_grad(lambda m: (m(x, lengths=lengths)[0] ** 2).sum())(lstm)
+        elbo, vae_grads = nnx.value_and_grad(
+            lambda m: m.loss(tokens, jnp.full((3,), 12), eps=jnp.zeros((3, 2)))["total"]
+        )(vae)
+        results.append([out, *jax.tree.leaves(grads), elbo, *jax.tree.leaves(vae_grads)])
+    for a, b in zip(*results):
         np.testing.assert_allclose(b, a, atol=REMAT_ATOL)
