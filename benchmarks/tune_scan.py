@@ -1,4 +1,4 @@
-"""Measure the two process-level choices of this project's scans: XLA's small-loop setting and `unroll`.
+"""Measure the process-level choices of this project's scans: XLA's small-loop setting, `unroll`, hoisting.
 
     python benchmarks/tune_scan.py flag     # each config with and without the setting (two processes)
     python benchmarks/tune_scan.py flag --threshold 100000000   # ... with a larger threshold
@@ -8,12 +8,13 @@
     python benchmarks/tune_scan.py hoist-layers   # the same for jsr.LSTM/GRU over whole sequences, the VAE
 
 `flag` backs the figures quoted in `jax_scan_rnn/xla_flags.py`; `unroll` the table behind
-`unroll="auto"` (`jax_scan_rnn/scan.py`, `AUTO_UNROLL`); `hoist` the rule behind `hoist_inputs="auto"`
-(`scan.auto_hoist`). The model is the Traveller (2 LSTM layers, F=8), a forward pass or a value-and-grad
-train step of a linear loss; `hoist-layers` times `jsr.LSTM`/`jsr.GRU` (`HOIST_LAYER_CASES`, forward and
-gradient of a sum of squares) and the SeqVAE's teacher-forced decoder (forward). Each figure: the minimum over 3 rounds of
-the median of n calls after 2 warm-up calls, divided by T (us per time step). Runs on whatever JAX
-backend is present; takes ~5 minutes per subcommand on a 2-core CPU.
+`unroll="auto"` (`jax_scan_rnn/scan.py`, `AUTO_UNROLL`); `hoist` and `hoist-layers` the rule behind
+`hoist_inputs="auto"` (`scan.auto_hoist`). The model is the Traveller (2 LSTM layers, F=8), a forward
+pass or a value-and-grad train step of a linear loss; `hoist-layers` times `jsr.LSTM`/`jsr.GRU`
+(`HOIST_LAYER_CASES`, forward and gradient of a sum of squares) and the SeqVAE's teacher-forced decoder.
+Each figure: the minimum over 3 rounds (`hoist-layers`: 5 rounds, the two arms interleaved) of the median
+of n calls after warm-up calls, divided by T (us per time step). Runs on whatever JAX backend is present;
+takes ~2-5 minutes per subcommand on a 2-core CPU.
 """
 from __future__ import annotations
 
@@ -55,6 +56,31 @@ def _time_per_step(fn, args, steps: int) -> float:
             times.append(time.perf_counter() - start)
         medians.append(float(np.median(times)))
     return min(medians) / steps * 1e6
+
+
+def _time_interleaved(calls: list, steps: int, rounds: int = 5) -> list[float]:
+    """us per step of each `(fn, args)` in `calls`, their rounds interleaved (A B A B ...) so that a drift
+    in the machine's speed hits both arms of an A/B alike: min over rounds of the median of n calls."""
+    import jax
+    import numpy as np
+
+    once = []
+    for fn, args in calls:
+        jax.block_until_ready(fn(*args))
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        once.append(time.perf_counter() - start)
+    n = max(3, min(30, int(0.3 / max(max(once), 1e-6))))
+    best = [float("inf")] * len(calls)
+    for _ in range(rounds):
+        for i, (fn, args) in enumerate(calls):
+            times = []
+            for _ in range(n):
+                start = time.perf_counter()
+                jax.block_until_ready(fn(*args))
+                times.append(time.perf_counter() - start)
+            best[i] = min(best[i], float(np.median(times)))
+    return [b / steps * 1e6 for b in best]
 
 
 def _model(config: str, steps: int, hoist_inputs="auto"):
@@ -185,7 +211,7 @@ def run_hoist_layers() -> list[dict]:
         rng = np.random.default_rng(0)
         x = jnp.asarray(rng.standard_normal((batch, steps, inputs)), jnp.float32)
         lengths = jnp.asarray(rng.integers(steps // 2, steps + 1, batch)) if with_lengths else None
-        out, row = {}, {}
+        arms = {}
         for hoist in (True, False):
             model = getattr(jsr, kind)(inputs, hidden, layers, hoist_inputs=hoist, rngs=nnx.Rngs(0))
             graphdef, params, rest = nnx.split(model, nnx.Param, ...)
@@ -193,18 +219,18 @@ def run_hoist_layers() -> list[dict]:
             def run(p, x, graphdef=graphdef, rest=rest):
                 return nnx.merge(graphdef, p, rest)(x, lengths=lengths)[0]
 
-            fwd = jax.jit(run)
-            grad = jax.jit(jax.grad(lambda p, x, run=run: jnp.sum(run(p, x) ** 2)))
-            out[hoist] = np.asarray(fwd(params, x))
-            row[hoist] = {"case": f"{kind} I={inputs} H={hidden} L={layers} B={batch}", "T": steps,
-                          "lengths": with_lengths, "hoist_inputs": hoist, "backend": jax.default_backend(),
-                          "forward_us": _time_per_step(fwd, (params, x), steps),
-                          "train_us": _time_per_step(grad, (params, x), steps)}
-            rows.append(row[hoist])
-        diff = float(np.max(np.abs(out[True] - out[False])))
-        print(f"{row[True]['case']:28s} T={steps:5d}{' lengths' if with_lengths else ''}  forward "
-              f"{row[True]['forward_us']:9.2f} -> {row[False]['forward_us']:9.2f} us/step  grad "
-              f"{row[True]['train_us']:9.2f} -> {row[False]['train_us']:9.2f} us/step  (hoisted -> inside; "
+            grad = jax.grad(lambda p, x, run=run: jnp.sum(run(p, x) ** 2))
+            arms[hoist] = (jax.jit(run), jax.jit(grad), params)
+        forward = _time_interleaved([(arms[h][0], (arms[h][2], x)) for h in (True, False)], steps)
+        train = _time_interleaved([(arms[h][1], (arms[h][2], x)) for h in (True, False)], steps)
+        outs = [np.asarray(fwd(params, x)) for fwd, _, params in arms.values()]
+        diff = float(np.max(np.abs(outs[0] - outs[1])))
+        case = f"{kind} I={inputs} H={hidden} L={layers} B={batch}"
+        for i, hoist in enumerate((True, False)):
+            rows.append({"case": case, "T": steps, "lengths": with_lengths, "hoist_inputs": hoist,
+                         "backend": jax.default_backend(), "forward_us": forward[i], "train_us": train[i]})
+        print(f"{case:28s} T={steps:5d}{' lengths' if with_lengths else ''}  forward {forward[0]:9.2f} -> "
+              f"{forward[1]:9.2f} us/step  grad {train[0]:9.2f} -> {train[1]:9.2f} us/step  (hoisted -> inside; "
               f"max diff {diff:.1e})", flush=True)
     rows += _hoist_vae_decoder()
     return rows
@@ -221,18 +247,18 @@ def _hoist_vae_decoder(batch: int = 128, steps: int = 60) -> list[dict]:
     rng = np.random.default_rng(0)
     tokens = jax.numpy.asarray(rng.integers(3, 40, (batch, steps)), jax.numpy.int32)
     z = jax.numpy.asarray(rng.standard_normal((batch, 64)), jax.numpy.float32)
-    out, rows = {}, []
+    arms = {}
     for hoist in (True, False):
         graphdef, params, rest = nnx.split(jsr.SeqVAE(40, 256, 64, 1, hoist_inputs=hoist, rngs=nnx.Rngs(0)),
                                            nnx.Param, ...)
-        decode = jax.jit(lambda p, z, tokens, g=graphdef, r=rest: nnx.merge(g, p, r).decode(z, tokens))
-        out[hoist] = np.asarray(decode(params, z, tokens))
-        rows.append({"case": f"SeqVAE teacher-forced decode B={batch}", "T": steps, "hoist_inputs": hoist,
-                     "backend": jax.default_backend(), "forward_us": _time_per_step(decode, (params, z, tokens), steps)})
-    diff = float(np.max(np.abs(out[True] - out[False])))
-    print(f"{rows[0]['case']:28s} T={steps:5d}  forward {rows[0]['forward_us']:9.2f} -> {rows[1]['forward_us']:9.2f} "
-          f"us/step  (hoisted -> inside; max diff {diff:.1e})", flush=True)
-    return rows
+        arms[hoist] = (jax.jit(lambda p, z, tokens, g=graphdef, r=rest: nnx.merge(g, p, r).decode(z, tokens)), params)
+    forward = _time_interleaved([(arms[h][0], (arms[h][1], z, tokens)) for h in (True, False)], steps)
+    out = {h: np.asarray(fn(p, z, tokens)) for h, (fn, p) in arms.items()}
+    case = f"SeqVAE teacher-forced decode B={batch}"
+    print(f"{case:28s} T={steps:5d}  forward {forward[0]:9.2f} -> {forward[1]:9.2f} us/step  (hoisted -> inside; "
+          f"max diff {float(np.max(np.abs(out[True] - out[False]))):.1e})", flush=True)
+    return [{"case": case, "T": steps, "hoist_inputs": h, "backend": jax.default_backend(), "forward_us": forward[i]}
+            for i, h in enumerate((True, False))]
 
 
 def main(argv=None) -> None:

@@ -55,9 +55,9 @@ def auto_unroll(batch: int, backend: str | None = None) -> int:
 # cache), and the loop then streams it back; inside the loop the same product is one more small matmul on
 # data in cache. The same held for `jsr.LSTM`/`jsr.GRU` over whole sequences and the SeqVAE
 # (`python benchmarks/tune_scan.py hoist-layers`, log benchmarks/results/hoist-layers-cpu-2core.txt), forward:
-# GRU I=40 (one-hot) H=256 B=128 T=60 with lengths, as the VAE's encoder, 799 -> 434 us/step; GRU I=256 H=256
-# L=2 B=128 2036 -> 1139; LSTM I=64 H=64 B=64 153 -> 68; the VAE's teacher-forced decoder 721 -> 325;
-# gradients faster or equal.
+# GRU I=40 (one-hot) H=256 B=128 T=60 with lengths, as the VAE's encoder, 998 -> 636 us/step; GRU I=256 H=256
+# L=2 B=128 1908 -> 1118; LSTM I=64 H=64 B=64 130 -> 61, B=1024 2412 -> 1167; the VAE's teacher-forced
+# decoder 572 -> 330; gradients faster or equal (GRU L=3: 7594 -> 6400).
 # GPU: not measured yet; hoisting is the usual win there (one large matmul instead of T small launches).
 def auto_hoist(backend: str | None = None) -> bool:
     """Whether to hoist input projections out of the time loop on `backend` (default: JAX's default

@@ -17,7 +17,7 @@ import numpy as np
 from jax_scan_rnn import xla_flags
 from jax_scan_rnn.bench.config import AUTO_KEY, LIMIT_KEYS, SCHEMA_VERSION, SEED_KEY, SEEDS, BenchConfig
 from jax_scan_rnn.bench.machine import _available_memory, _cpu_model, _loadavg, host_kind
-from jax_scan_rnn.bench.methods import METHODS, Method, Skip, _Case, _Context
+from jax_scan_rnn.bench.methods import METHODS, Method, Skip, _Case, _Context, vae_torch_probe
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -25,11 +25,13 @@ from jax_scan_rnn.bench.methods import METHODS, Method, Skip, _Case, _Context
 # ----------------------------------------------------------------------------------------------------
 
 
-def _calibrate_torch_threads(ctx: _Context) -> dict:
-    """On CPU, time the seed loop (B=1) and the cell loop (B=64) with 1 thread and with torch's default.
+def _calibrate_torch_threads(ctx: _Context, probe: Callable[[], None] | None = None) -> dict:
+    """On CPU, time a probe of torch work with 1 thread and with torch's default; keep the faster.
 
-    On a busy machine, torch's OpenMP threads wait for each other and the per-step loops get several
-    times slower with 2 threads than with 1; the benchmark gives torch the faster setting, and says so.
+    The default probe is the Traveller's: its seed loop (B=1) and cell loop (B=64). On a busy machine,
+    torch's OpenMP threads wait for each other and such per-step loops get several times slower with 2
+    threads than with 1, while wide matmuls (the VAE rows: `probe` is then its decoder loop) gain from
+    every thread; the benchmark gives torch the faster setting for each model, and says so.
     """
     torch = ctx.torch
     default = torch.get_num_threads()
@@ -38,16 +40,22 @@ def _calibrate_torch_threads(ctx: _Context) -> dict:
         return {"chosen": ctx.cfg.torch_threads, "default": default, "how": "given"}
     if ctx.on_gpu or default == 1:
         return {"chosen": default, "default": default, "how": "torch default"}
+
+    def traveller_probe() -> None:
+        for method, batch in (("loop", 1), ("cell", 64)):
+            x = ctx.t(ctx.data(batch, 20)["x"])
+            with torch.no_grad():
+                ctx.torch_model(x, method=method, layout="batch")
+
+    probe = probe or traveller_probe
     timings = {}
     for threads in sorted({1, default}):
         torch.set_num_threads(threads)
+        probe()  # warm-up: first calls allocate
         samples = []
         for _ in range(3):
             t0 = time.perf_counter()
-            for method, batch in (("loop", 1), ("cell", 64)):
-                x = ctx.t(ctx.data(batch, 20)["x"])
-                with torch.no_grad():
-                    ctx.torch_model(x, method=method, layout="batch")
+            probe()
             samples.append(time.perf_counter() - t0)
         timings[threads] = statistics.median(samples)
     chosen = min(timings, key=timings.get)
@@ -301,7 +309,7 @@ def _derive(rows: list[dict]) -> list[dict]:
     return [row for group in groups.values() for row in group]  # cells in measuring order
 
 
-def _versions(ctx: _Context, threads: dict) -> dict:
+def _versions(ctx: _Context, threads: dict, vae_threads: dict | None = None) -> dict:
     import flax
     import jax
 
@@ -317,7 +325,8 @@ def _versions(ctx: _Context, threads: dict) -> dict:
         "torch": torch.__version__,
         "jax_devices": [f"{d.platform}:{d.device_kind}" for d in jax.devices()],
         "torch_device": str(ctx.torch_device) + (f" ({torch.cuda.get_device_name()})" if ctx.on_gpu else ""),
-        "torch_threads": threads,
+        "torch_threads": threads,  # the Traveller rows'
+        "torch_threads_vae": vae_threads,  # the VAE rows' (None: no torch VAE rows)
         "memory_available_gib": round((_available_memory() or 0) / 2**30, 1),
         # The CPU small-loop setting changes batch-1 scan times (jax_scan_rnn/xla_flags.py).
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
@@ -407,9 +416,18 @@ def _run(cfg: BenchConfig, ctx: _Context, progress, started: float, load_start) 
              for batch in sorted(cfg.vae_batch_sizes) for steps in sorted(cfg.vae_seq_lens) for mode in cfg.modes
              if vae_methods[model]]
     plan += [p for p in grid if p[2] > vae_max_b]
+    # The VAE rows' torch work is wide matmuls, not the Traveller's per-step loops: calibrated on its own.
+    vae_threads = None
+    if any(m.framework == "torch" for ms in vae_methods.values() for m in ms) and cfg.vae_batch_sizes:
+        try:
+            vae_threads = _calibrate_torch_threads(ctx, vae_torch_probe(ctx, min(cfg.vae_batch_sizes)))
+        except Skip:
+            pass
     rows: list[dict] = []
     interrupted = None
     for methods_, model, batch, steps, mode, section in plan:
+        chosen = vae_threads if vae_threads is not None and model != "traveller" else threads
+        ctx.torch.set_num_threads(chosen["chosen"])
         try:
             rows += engine.cell(methods_, model, batch, steps, mode, section)
         except KeyboardInterrupt:  # e.g. a hard time limit (gpu.sh): keep what was measured
@@ -427,7 +445,7 @@ def _run(cfg: BenchConfig, ctx: _Context, progress, started: float, load_start) 
         "kind": "jax-scan-rnn benchmark",
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
         "wall_s": round(engine.elapsed(), 1),
-        "host": _versions(ctx, threads),
+        "host": _versions(ctx, threads, vae_threads),
         "load_average": {"start": load_start, "end": _loadavg()},
         "config": dataclasses.asdict(cfg),
         "jax_bf16": ctx.jax_bf16,

@@ -622,6 +622,23 @@ class _VAEContext:
         return self._data[key]
 
 
+def vae_torch_probe(ctx: _Context, batch: int, steps: int = 8) -> Callable[[], None]:
+    """One call of torch_ref's scheduled-sampling decoder loop at (batch, steps): what the VAE rows'
+    torch thread setting is calibrated on (`engine._calibrate_torch_threads`)."""
+    torch = ctx.torch
+    if ctx.vae is None:
+        ctx.vae = _VAEContext(ctx)
+    d = ctx.vae.data(batch, steps)
+    tokens, mask = torch.from_numpy(d["tokens"]), torch.from_numpy(d["mask"])
+    z = torch.from_numpy(d["z"])
+
+    def call() -> None:
+        with torch.no_grad():
+            ctx.vae.torch_model.decode(z, tokens, replace_mask=mask)
+
+    return call
+
+
 def _build_vae(task: str, framework: str) -> Callable:
     """Builder of a VAE row: task "ss" (scheduled sampling), "tf" (teacher forcing) or "greedy"."""
 

@@ -130,12 +130,15 @@ def markdown(results: dict, plots: dict[str, str] | None = None) -> str:
     """The results as Markdown: headline, criteria, per-step tables, compile sweep, memory, agreement."""
     host, cfg, rows = results["host"], results["config"], results["rows"]
     threads = host["torch_threads"]
+    vae = host.get("torch_threads_vae")
+    vae_threads = f"; VAE rows: {vae['chosen']}, {vae['how']}" if vae else ""
     lines = [
         f"# Scan vs loop: `{host['host_kind']}` ({cfg['dtype']}, preset `{cfg['label']}`)",
         "",
         f"Machine: {host['cpu']} ({host['cpu_count']} cores), torch device `{host['torch_device']}`, "
         f"JAX devices {', '.join(host['jax_devices'])}. torch {host['torch']} "
-        f"({threads['chosen']} intra-op thread(s), {threads['how']}), jax {host['jax']}, flax {host['flax']}, "
+        f"({threads['chosen']} intra-op thread(s), {threads['how']}{vae_threads}), jax {host['jax']}, "
+        f"flax {host['flax']}, "
         f"Python {host['python']}."
         + (f" JAX bf16 via `{results['jax_bf16']}`." if results.get("jax_bf16") else "")
         + f" Load average at start / end: {results['load_average']['start']} / "
