@@ -25,16 +25,16 @@ from jax_scan_rnn.bench.methods import METHODS, Method, Skip, _Case, _Context, v
 # ----------------------------------------------------------------------------------------------------
 
 
-def _calibrate_torch_threads(ctx: _Context, probe: Callable[[], None] | None = None) -> dict:
+def _calibrate_torch_threads(ctx: _Context, default: int, probe: Callable[[], None] | None = None) -> dict:
     """On CPU, time a probe of torch work with 1 thread and with torch's default; keep the faster.
 
     The default probe is the Traveller's: its seed loop (B=1) and cell loop (B=64). On a busy machine,
     torch's OpenMP threads wait for each other and such per-step loops get several times slower with 2
     threads than with 1, while wide matmuls (the VAE rows: `probe` is then its decoder loop) gain from
-    every thread; the benchmark gives torch the faster setting for each model, and says so.
+    every thread; the benchmark gives torch the faster setting for each model, and says so. `default`:
+    torch's own thread count (read before any calibration changed it).
     """
     torch = ctx.torch
-    default = torch.get_num_threads()
     if ctx.cfg.torch_threads is not None:
         torch.set_num_threads(ctx.cfg.torch_threads)
         return {"chosen": ctx.cfg.torch_threads, "default": default, "how": "given"}
@@ -326,7 +326,7 @@ def _versions(ctx: _Context, threads: dict, vae_threads: dict | None = None) -> 
         "jax_devices": [f"{d.platform}:{d.device_kind}" for d in jax.devices()],
         "torch_device": str(ctx.torch_device) + (f" ({torch.cuda.get_device_name()})" if ctx.on_gpu else ""),
         "torch_threads": threads,  # the Traveller rows'
-        "torch_threads_vae": vae_threads,  # the VAE rows' (None: no torch VAE rows)
+        "torch_threads_vae": vae_threads,  # the VAE rows', per batch size (None: no torch VAE rows)
         "memory_available_gib": round((_available_memory() or 0) / 2**30, 1),
         # The CPU small-loop setting changes batch-1 scan times (jax_scan_rnn/xla_flags.py).
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
@@ -388,7 +388,8 @@ def _warm_up_compilers(ctx: _Context) -> None:
 
 
 def _run(cfg: BenchConfig, ctx: _Context, progress, started: float, load_start) -> dict:
-    threads = _calibrate_torch_threads(ctx)
+    default_threads = ctx.torch.get_num_threads()
+    threads = _calibrate_torch_threads(ctx, default_threads)
     _warm_up_compilers(ctx)
     engine = _Engine(cfg, ctx, progress)
     table = dict(METHODS)
@@ -416,17 +417,19 @@ def _run(cfg: BenchConfig, ctx: _Context, progress, started: float, load_start) 
              for batch in sorted(cfg.vae_batch_sizes) for steps in sorted(cfg.vae_seq_lens) for mode in cfg.modes
              if vae_methods[model]]
     plan += [p for p in grid if p[2] > vae_max_b]
-    # The VAE rows' torch work is wide matmuls, not the Traveller's per-step loops: calibrated on its own.
-    vae_threads = None
-    if any(m.framework == "torch" for ms in vae_methods.values() for m in ms) and cfg.vae_batch_sizes:
+    # The VAE rows' torch work is matmuls as wide as their batch, not the Traveller's per-step loops:
+    # calibrated on its own decoder loop, per batch size.
+    vae_threads: dict[int, dict] = {}
+    if any(m.framework == "torch" for ms in vae_methods.values() for m in ms):
         try:
-            vae_threads = _calibrate_torch_threads(ctx, vae_torch_probe(ctx, min(cfg.vae_batch_sizes)))
+            for batch in sorted(cfg.vae_batch_sizes):
+                vae_threads[batch] = _calibrate_torch_threads(ctx, default_threads, vae_torch_probe(ctx, batch))
         except Skip:
-            pass
+            vae_threads = {}
     rows: list[dict] = []
     interrupted = None
     for methods_, model, batch, steps, mode, section in plan:
-        chosen = vae_threads if vae_threads is not None and model != "traveller" else threads
+        chosen = threads if model == "traveller" else vae_threads.get(batch, threads)
         ctx.torch.set_num_threads(chosen["chosen"])
         try:
             rows += engine.cell(methods_, model, batch, steps, mode, section)
@@ -445,7 +448,7 @@ def _run(cfg: BenchConfig, ctx: _Context, progress, started: float, load_start) 
         "kind": "jax-scan-rnn benchmark",
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
         "wall_s": round(engine.elapsed(), 1),
-        "host": _versions(ctx, threads, vae_threads),
+        "host": _versions(ctx, threads, {str(b): t for b, t in vae_threads.items()} or None),
         "load_average": {"start": load_start, "end": _loadavg()},
         "config": dataclasses.asdict(cfg),
         "jax_bf16": ctx.jax_bf16,

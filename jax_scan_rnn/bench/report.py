@@ -131,7 +131,8 @@ def markdown(results: dict, plots: dict[str, str] | None = None) -> str:
     host, cfg, rows = results["host"], results["config"], results["rows"]
     threads = host["torch_threads"]
     vae = host.get("torch_threads_vae")
-    vae_threads = f"; VAE rows: {vae['chosen']}, {vae['how']}" if vae else ""
+    vae_threads = ("; VAE rows: " + ", ".join(f"{t['chosen']} at B={b}" for b, t in vae.items())
+                   + f", {next(iter(vae.values()))['how']}") if vae else ""
     lines = [
         f"# Scan vs loop: `{host['host_kind']}` ({cfg['dtype']}, preset `{cfg['label']}`)",
         "",
