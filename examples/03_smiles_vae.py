@@ -14,7 +14,7 @@ What it teaches:
      50 % at 1200 steps). Which to use depends on the job: reconstruction from a latent, or generation.
   4. Both runs use the same data, initialisation, steps and noise; only the decoding differs.
 
-Run:   python examples/03_smiles_vae.py     (about 6 minutes on a 2-core CPU; STEPS below sets it)
+Run:   python examples/03_smiles_vae.py     (about 5 minutes on a 2-core CPU; STEPS below sets it)
 Output: a table of free-running reconstruction and prior-sample validity, and a PNG of the curves.
 """
 # %% Config

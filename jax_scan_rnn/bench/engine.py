@@ -48,16 +48,16 @@ def _calibrate_torch_threads(ctx: _Context, default: int, probe: Callable[[], No
                 ctx.torch_model(x, method=method, layout="batch")
 
     probe = probe or traveller_probe
-    timings = {}
-    for threads in sorted({1, default}):
-        torch.set_num_threads(threads)
-        probe()  # warm-up: first calls allocate
-        samples = []
-        for _ in range(3):
+    candidates = sorted({1, default})
+    samples: dict[int, list[float]] = {threads: [] for threads in candidates}
+    for round_ in range(6):  # the settings alternate, so that a change of machine load hits both alike
+        for threads in candidates:
+            torch.set_num_threads(threads)
             t0 = time.perf_counter()
             probe()
-            samples.append(time.perf_counter() - t0)
-        timings[threads] = statistics.median(samples)
+            if round_ > 0:  # round 0 is the warm-up: first calls allocate
+                samples[threads].append(time.perf_counter() - t0)
+    timings = {threads: statistics.median(times) for threads, times in samples.items()}
     chosen = min(timings, key=timings.get)
     torch.set_num_threads(chosen)
     return {"chosen": chosen, "default": default, "how": "calibrated",

@@ -622,9 +622,11 @@ class _VAEContext:
         return self._data[key]
 
 
-def vae_torch_probe(ctx: _Context, batch: int, steps: int = 8) -> Callable[[], None]:
+def vae_torch_probe(ctx: _Context, batch: int, steps: int | None = None) -> Callable[[], None]:
     """One call of torch_ref's scheduled-sampling decoder loop at (batch, steps): what the VAE rows'
-    torch thread setting is calibrated on (`engine._calibrate_torch_threads`)."""
+    torch thread setting is calibrated on (`engine._calibrate_torch_threads`). `steps` defaults to
+    ~2,000 sequence-steps per call (20 at most, 2 at least), ~10-100 ms on a CPU."""
+    steps = steps or max(2, min(20, 2000 // batch))
     torch = ctx.torch
     if ctx.vae is None:
         ctx.vae = _VAEContext(ctx)
