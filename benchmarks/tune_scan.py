@@ -39,28 +39,14 @@ HOIST_LAYER_CASES = [
 
 
 def _time_per_step(fn, args, steps: int) -> float:
-    import jax
-    import numpy as np
-
-    jax.block_until_ready(fn(*args))
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    once = time.perf_counter() - start
-    n = max(3, min(30, int(0.3 / max(once, 1e-6))))
-    medians = []
-    for _ in range(3):
-        times = []
-        for _ in range(n):
-            start = time.perf_counter()
-            jax.block_until_ready(fn(*args))
-            times.append(time.perf_counter() - start)
-        medians.append(float(np.median(times)))
-    return min(medians) / steps * 1e6
+    """us per time step of `fn(*args)`: min over 3 rounds of the median of n calls, after warm-up."""
+    return _time_interleaved([(fn, args)], steps, rounds=3)[0]
 
 
 def _time_interleaved(calls: list, steps: int, rounds: int = 5) -> list[float]:
     """us per step of each `(fn, args)` in `calls`, their rounds interleaved (A B A B ...) so that a drift
-    in the machine's speed hits both arms of an A/B alike: min over rounds of the median of n calls."""
+    in the machine's speed hits both arms of an A/B alike: min over rounds of the median of n calls, n
+    chosen so that a round of the slowest lasts ~0.3 s (3 to 30 calls)."""
     import jax
     import numpy as np
 
