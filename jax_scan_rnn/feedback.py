@@ -18,8 +18,10 @@ Three rules for `feed` cover every use in this project:
   - scheduled sampling / free running: `fb = where(coin_t, model's token from y_t, ground truth)`, with the
     per-token coins and any sampling noise passed in `x_t`, so another framework can be fed the same draws.
 
-Whatever does not depend on the feedback is projected by `prepare` for many steps at once (one big
-matmul before the loop); `inject` then adds only the fed-back part inside the loop.
+Whatever does not depend on the feedback can be projected by `prepare` for many steps at once (one big
+matmul before the loop), `inject` then adding only the fed-back part inside the loop; or `inject` can
+project everything each step. The models choose with their `hoist_inputs` (`scan.auto_hoist`: inside
+the loop on CPU, where it measured faster).
 """
 from __future__ import annotations
 

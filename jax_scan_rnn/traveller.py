@@ -67,8 +67,6 @@ class Traveller(nnx.Module):
         hoist_inputs: bool | Literal["auto"] = "auto",
         rngs: nnx.Rngs,
     ):
-        resolve_hoist(hoist_inputs)  # validates
-        self.hoist_inputs = hoist_inputs
         self.num_inputs = num_inputs
         self.lstm_layers = LSTM(
             num_inputs + NUM_POSITIONS,
@@ -79,6 +77,7 @@ class Traveller(nnx.Module):
             compute_dtype=compute_dtype,
             unroll=unroll,
             remat_chunk=remat_chunk,
+            hoist_inputs=hoist_inputs,  # kept (and validated) by the stack, like unroll and remat_chunk
             rngs=rngs,
         )
         self.output_layer = Linear(hidden_size, NUM_POSITIONS, param_dtype=param_dtype, rngs=rngs)
@@ -144,7 +143,7 @@ class Traveller(nnx.Module):
             return matmul(h, out.kernel[...]) + out.bias[...].astype(h.dtype)
 
         # Layer 0 reads [positions, features], as torch's concat: w_ih [2 + F, 4H], rows 0-1 the positions.
-        if resolve_hoist(self.hoist_inputs):
+        if resolve_hoist(lstm.hoist_inputs):
             # The features' share of layer 0's input for all steps at once, [T, B, 4H]; the loop adds the rest.
             w_ih, b_ih = first.w_ih[...], first.b_ih[...].astype(x.dtype)
             w_fb, w_u = w_ih[:NUM_POSITIONS], w_ih[NUM_POSITIONS:]
