@@ -199,7 +199,7 @@ def run_hoist_layers() -> list[dict]:
         lengths = jnp.asarray(rng.integers(steps // 2, steps + 1, batch)) if with_lengths else None
         arms = {}
         for hoist in (True, False):
-            model = getattr(jsr, kind)(inputs, hidden, layers, hoist_inputs=hoist, rngs=nnx.Rngs(0))
+            model = getattr(jsr, kind)(inputs, hidden, layers, batch_first=True, hoist_inputs=hoist, rngs=nnx.Rngs(0))
             graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
             def run(p, x, graphdef=graphdef, rest=rest):

@@ -7,9 +7,10 @@ Flax's own cells differ from `torch.nn` (carry order `(c, h)`, one bias, and `nn
 Parameter layout (per cell), with G gates (LSTM: 4, GRU: 3) stacked along the last axis:
 
     w_ih  [I, G*H]   = torch `weight_ih`.T     (Flax's `x @ kernel` convention)
-    w_hh  [H, G*H]   = torch `weight_hh`.T
-    b_ih  [G*H]      = torch `bias_ih`
-    b_hh  [G*H]      = torch `bias_hh`
+    w_hh  [R, G*H]   = torch `weight_hh`.T     (R = H, or P for an LSTM with a projection)
+    b_ih  [G*H]      = torch `bias_ih`         (absent, None, with `bias=False`)
+    b_hh  [G*H]      = torch `bias_hh`         (absent, None, with `bias=False`)
+    w_hr  [H, P]     = torch `weight_hr`.T     (LSTM with `proj_size=P > 0` only)
 
 Both biases are kept, as in PyTorch, so that a torch -> jax -> torch round trip is bit-exact and
 the GRU's `b_hn` (which sits inside `r * (...)`) keeps its meaning.
@@ -66,14 +67,16 @@ class RNNCell(nnx.Module):
         self,
         input_size: int,
         hidden_size: int,
+        bias: bool = True,
         *,
         param_dtype=jnp.float32,
         compute_dtype=None,
         rngs: nnx.Rngs,
     ):
         for name, value in (("input_size", input_size), ("hidden_size", hidden_size)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: expected a positive int, got {value!r}")
+            check_size(name, value)
+        if not isinstance(bias, bool):
+            raise TypeError(f"bias: expected True or False, got {bias!r}")
         if compute_dtype is not None and not jnp.issubdtype(compute_dtype, jnp.floating):
             raise TypeError(f"compute_dtype: expected None or a floating dtype, got {compute_dtype!r}")
         self.input_size = input_size
@@ -82,9 +85,18 @@ class RNNCell(nnx.Module):
         gh = self.num_gates * hidden_size
         bound = 1.0 / math.sqrt(hidden_size)
         self.w_ih = nnx.Param(_torch_uniform(rngs.params(), (input_size, gh), bound, param_dtype))
-        self.w_hh = nnx.Param(_torch_uniform(rngs.params(), (hidden_size, gh), bound, param_dtype))
-        self.b_ih = nnx.Param(_torch_uniform(rngs.params(), (gh,), bound, param_dtype))
-        self.b_hh = nnx.Param(_torch_uniform(rngs.params(), (gh,), bound, param_dtype))
+        self.w_hh = nnx.Param(_torch_uniform(rngs.params(), (self.state_size, gh), bound, param_dtype))
+        self.b_ih = nnx.Param(_torch_uniform(rngs.params(), (gh,), bound, param_dtype)) if bias else None
+        self.b_hh = nnx.Param(_torch_uniform(rngs.params(), (gh,), bound, param_dtype)) if bias else None
+
+    @property
+    def state_size(self) -> int:
+        """R, the size of the recurrent output `h` (H; P for an LSTM with a projection)."""
+        return self.hidden_size
+
+    @property
+    def bias(self) -> bool:
+        return self.b_ih is not None
 
     def matmul(self, x: Array, w: Array) -> Array:
         """`matmul(x, w, self.compute_dtype)`: see the module-level `matmul`."""
@@ -92,7 +104,7 @@ class RNNCell(nnx.Module):
 
     def input_projection(self, x: Array) -> Array:
         """`x @ w_ih + b_ih`: `[..., I] -> [..., G*H]`. Independent of the state, so hoistable."""
-        return self.matmul(x, self.w_ih[...]) + self.b_ih[...].astype(x.dtype)
+        return _add_bias(self.matmul(x, self.w_ih[...]), self.b_ih)
 
     def initial_state(self, batch_size: int, dtype=jnp.float32):
         """The zero state for `batch_size` sequences (`[B, H]` arrays)."""
@@ -107,27 +119,55 @@ class RNNCell(nnx.Module):
         return self.step(carry, self.input_projection(x))
 
     def _hidden_projection(self, h: Array) -> Array:
-        return self.matmul(h, self.w_hh[...]) + self.b_hh[...].astype(h.dtype)
+        return _add_bias(self.matmul(h, self.w_hh[...]), self.b_hh)
+
+
+def _add_bias(y: Array, b: nnx.Param | None) -> Array:
+    return y if b is None else y + b[...].astype(y.dtype)
+
+
+def check_size(name: str, value, minimum: int = 1) -> int:
+    """`value` must be an int >= `minimum` (a bool is not a size); returns it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {value!r}")
+    return value
 
 
 class LSTMCell(RNNCell):
-    """`torch.nn.LSTMCell`. Carry `(h, c)`, each `[B, H]` (PyTorch's order, not Flax's `(c, h)`).
+    """`torch.nn.LSTMCell`, and one layer of `torch.nn.LSTM(proj_size=P)`. Carry `(h [B, R], c [B, H])`
+    (PyTorch's order, not Flax's `(c, h)`), R = H, or P with a projection.
 
         i = sigmoid(W_ii x + b_ii + W_hi h + b_hi)
         f = sigmoid(W_if x + b_if + W_hf h + b_hf)
         g = tanh   (W_ig x + b_ig + W_hg h + b_hg)
         o = sigmoid(W_io x + b_io + W_ho h + b_ho)
         c' = f * c + i * g
-        h' = o * tanh(c')
+        h' = o * tanh(c')                   (proj_size = 0)
+        h' = W_hr (o * tanh(c'))            (proj_size = P > 0: h' is [B, P], c' stays [B, H])
 
-    Gates are stacked i, f, g, o along the `4*H` axis of `w_ih [I, 4H]`, `w_hh [H, 4H]`, `b_ih`, `b_hh`.
+    Gates are stacked i, f, g, o along the `4*H` axis of `w_ih [I, 4H]`, `w_hh [R, 4H]`, `b_ih`, `b_hh`;
+    `w_hr [H, P]` is torch's `weight_hr.T`.
     """
 
     num_gates = 4
 
+    def __init__(self, input_size: int, hidden_size: int, bias: bool = True, *, proj_size: int = 0, **kwargs):
+        check_size("hidden_size", hidden_size)
+        check_size("proj_size", proj_size, minimum=0)
+        if proj_size >= hidden_size:
+            raise ValueError(f"proj_size: expected 0 or an int < hidden_size={hidden_size}, got {proj_size}")
+        self.proj_size = proj_size
+        super().__init__(input_size, hidden_size, bias, **kwargs)
+        rngs, param_dtype = kwargs["rngs"], kwargs.get("param_dtype", jnp.float32)
+        bound = 1.0 / math.sqrt(hidden_size)
+        self.w_hr = nnx.Param(_torch_uniform(rngs.params(), (hidden_size, proj_size), bound, param_dtype)) if proj_size else None
+
+    @property
+    def state_size(self) -> int:
+        return self.proj_size or self.hidden_size
+
     def initial_state(self, batch_size: int, dtype=jnp.float32) -> tuple[Array, Array]:
-        zeros = jnp.zeros((batch_size, self.hidden_size), dtype)
-        return zeros, zeros
+        return jnp.zeros((batch_size, self.state_size), dtype), jnp.zeros((batch_size, self.hidden_size), dtype)
 
     def step(self, carry: tuple[Array, Array], xp: Array) -> tuple[tuple[Array, Array], Array]:
         h, c = carry
@@ -135,6 +175,8 @@ class LSTMCell(RNNCell):
         i, f, g, o = jnp.split(gates, 4, axis=-1)
         c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
         h = jax.nn.sigmoid(o) * jnp.tanh(c)
+        if self.w_hr is not None:
+            h = self.matmul(h, self.w_hr[...])
         return (h, c), h
 
 

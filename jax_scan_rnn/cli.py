@@ -84,10 +84,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(f"{'model':<6} {'layers':>6} {'T':>5} {'max |out diff|':>15} {'max |state diff|':>17} {'round trip':>10}")
     for name in ("LSTM", "GRU"):
         for layers in (1, 2):
+            # torch's defaults on both sides, as a user writes them: time-major x [T, B, I].
             ref = getattr(torch_ref, name)(8, 32, layers)
             ours = getattr(jsr, name)(8, 32, layers, rngs=nnx.Rngs(args.seed))
             jsr.load_torch_state_dict(ours, ref.state_dict())
-            x = rng.standard_normal((4, args.steps, 8)).astype(np.float32)
+            x = rng.standard_normal((args.steps, 4, 8)).astype(np.float32)
             with torch.no_grad():
                 t_out, t_state = ref(torch.from_numpy(x))
             j_out, j_state = ours(jnp.asarray(x))

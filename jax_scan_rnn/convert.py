@@ -6,7 +6,8 @@
 The one table of what maps to what (`_layout`), per kind of submodule:
 
     RNN (jsr.LSTM/GRU) layer k   weight_ih_l{k} = w_ih.T   weight_hh_l{k} = w_hh.T
-                                 bias_ih_l{k}   = b_ih     bias_hh_l{k}   = b_hh
+                                 bias_ih_l{k}   = b_ih     bias_hh_l{k}   = b_hh     (unless bias=False)
+                                 weight_hr_l{k} = w_hr.T                         (LSTM with proj_size > 0)
       its backward direction     the same keys with `_reverse` appended (`reverse_layers[k]`)
     RNNCell (LSTMCell/GRUCell)   weight_ih = w_ih.T  weight_hh = w_hh.T  bias_ih = b_ih  bias_hh = b_hh
     nnx.Linear                   weight = kernel.T   bias = bias
@@ -62,10 +63,14 @@ def _layout(module: nnx.Module, prefix: str = "") -> Iterator[Entry]:
 
 
 def _cell_layout(cell: RNNCell, prefix: str, suffix: str) -> Iterator[Entry]:
+    # torch.nn.LSTM's order of `_flat_weights_names`: weight_ih, weight_hh, bias_ih, bias_hh, weight_hr.
     yield f"{prefix}weight_ih{suffix}", cell.w_ih, True
     yield f"{prefix}weight_hh{suffix}", cell.w_hh, True
-    yield f"{prefix}bias_ih{suffix}", cell.b_ih, False
-    yield f"{prefix}bias_hh{suffix}", cell.b_hh, False
+    if cell.b_ih is not None:
+        yield f"{prefix}bias_ih{suffix}", cell.b_ih, False
+        yield f"{prefix}bias_hh{suffix}", cell.b_hh, False
+    if getattr(cell, "w_hr", None) is not None:
+        yield f"{prefix}weight_hr{suffix}", cell.w_hr, True
 
 
 def torch_state_dict(module: nnx.Module) -> dict[str, np.ndarray]:

@@ -1,9 +1,15 @@
-"""Multi-layer `LSTM` and `GRU` over whole sequences, with `torch.nn.LSTM/GRU(batch_first=True)` semantics.
+"""Multi-layer `LSTM` and `GRU` over whole sequences: `torch.nn.LSTM`/`torch.nn.GRU`'s constructor and meaning.
 
     lstm = LSTM(input_size, hidden_size, num_layers=2, dropout=0.1, rngs=nnx.Rngs(0))
-    out, (h, c) = lstm(x)          # x [B, T, I] -> out [B, T, H]; h, c [num_layers, B, H]
-    gru = GRU(input_size, hidden_size, rngs=nnx.Rngs(0))
-    out, h = gru(x, initial_state)  # h [num_layers, B, H]
+    out, (h, c) = lstm(x)           # x [T, B, I] (torch's default, batch_first=False) -> out [T, B, H]
+    gru = GRU(input_size, hidden_size, batch_first=True, rngs=nnx.Rngs(0))
+    out, h = gru(x, h0)             # x [B, T, I] -> out [B, T, H]; h0, h [num_layers, B, H]
+    out, h = gru(x[0])              # unbatched [T, I] -> out [T, H], h [num_layers, H], as torch
+
+The constructor takes torch's arguments by the same names, positions and defaults (`input_size,
+hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0, bidirectional=False`, and
+`proj_size=0` for the LSTM), so code copied from PyTorch means the same thing here; the options torch
+lacks (`unroll`, `remat_chunk`, `hoist_inputs`, dtypes, `rngs`) are keyword-only.
 
 The time loop is `jax.lax.scan`, one per layer (and direction). Because nothing is fed back, each layer's
 input projection `x_t @ w_ih + b_ih` can be computed for all T steps as one `[T*B, I] x [I, G*H]` matmul
@@ -22,9 +28,10 @@ from typing import Literal
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
-from jax_scan_rnn.cells import GRUCell, LSTMCell, RNNCell
+from jax_scan_rnn.cells import GRUCell, LSTMCell, RNNCell, check_size
 from jax_scan_rnn.scan import Unroll, resolve_hoist, resolve_unroll, time_scan
 
 Array = jax.Array
@@ -33,11 +40,20 @@ Array = jax.Array
 class RNN(nnx.Module):
     """A stack of `num_layers` cells of type `cell_type`; `LSTM` and `GRU` only choose the cell.
 
-    Args:
+    Args (torch's, same positions and defaults):
       input_size: I, features per step of the input.
       hidden_size: H, features of the state and of each output step.
       num_layers: L, stacked layers; layer k > 0 reads layer k-1's outputs.
+      bias: whether the cells have the biases `b_ih`, `b_hh`.
+      batch_first: False (torch's default): `x` is time-major `[T, B, I]` and so is the output; True:
+        `[B, T, I]`. The states are `[L*D, B, H]` either way, as in torch. Unbatched `[T, I]` input is
+        read as one sequence whatever this says.
       dropout: inter-layer dropout probability (training mode only), as in `torch.nn.LSTM`.
+      bidirectional: also run each layer backward in time: outputs `[..., 2H]` (forward, backward),
+        states `[2L, B, H]` ordered layer 0 fwd, layer 0 bwd, ...
+      proj_size: (LSTM only) P > 0 projects each layer's `h` to P features (`h = W_hr (o * tanh(c))`):
+        outputs `[..., D*P]`, h `[L*D, B, P]`, c `[L*D, B, H]`.
+    Keyword-only (not in torch):
       param_dtype: dtype of the parameters; computation runs in the input's dtype.
       compute_dtype: None, or the matmul operand dtype (e.g. `jnp.bfloat16` on GPU): states, gates
         and accumulation stay in the input's dtype.
@@ -48,8 +64,6 @@ class RNN(nnx.Module):
       hoist_inputs: compute each layer's input projection for all steps before its loop (True), inside
         each step (False), or "auto": per backend (`scan.auto_hoist`). Same numbers either way (float
         rounding aside).
-      bidirectional: also run each layer backward in time (torch's `bidirectional=True`): outputs
-        `[B, T, 2H]` (forward, backward), states `[2L, B, H]` ordered layer 0 fwd, layer 0 bwd, ...
       rngs: `nnx.Rngs` with a `params` stream (and a `dropout` stream if `dropout > 0`).
     """
 
@@ -60,25 +74,35 @@ class RNN(nnx.Module):
         input_size: int,
         hidden_size: int,
         num_layers: int = 1,
+        bias: bool = True,
+        batch_first: bool = False,
         dropout: float = 0.0,
+        bidirectional: bool = False,
         *,
         param_dtype=jnp.float32,
         compute_dtype=None,
         unroll: Unroll = "auto",
         remat_chunk: int | None = None,
         hoist_inputs: bool | Literal["auto"] = "auto",
-        bidirectional: bool = False,
         rngs: nnx.Rngs,
+        **cell_kwargs,
     ):
-        if not isinstance(num_layers, int) or num_layers < 1:
-            raise ValueError(f"num_layers: expected a positive int, got {num_layers!r}")
-        if not 0.0 <= dropout < 1.0:
+        check_size("num_layers", num_layers)
+        if cell_kwargs.get("proj_size") and self.cell_type is not LSTMCell:
+            raise ValueError(f"proj_size: supported by LSTM only (as in torch), got {cell_kwargs['proj_size']!r}")
+        for name, value in (("bias", bias), ("batch_first", batch_first), ("bidirectional", bidirectional)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{name}: expected True or False, got {value!r}")
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout: expected a probability in [0, 1), got {dropout!r}")
+        if remat_chunk is not None:
+            check_size("remat_chunk", remat_chunk)
         resolve_unroll(unroll, 1)  # validates
         resolve_hoist(hoist_inputs)  # validates
         self.input_size = input_size
         self.hidden_size = hidden_size
         self.num_layers = num_layers
+        self.batch_first = batch_first
         self.unroll = unroll
         self.remat_chunk = remat_chunk
         self.hoist_inputs = hoist_inputs
@@ -86,22 +110,21 @@ class RNN(nnx.Module):
         self.num_directions = 2 if bidirectional else 1
 
         def cells():
-            return nnx.List(
-                [
-                    self.cell_type(
-                        input_size if k == 0 else self.num_directions * hidden_size,
-                        hidden_size,
-                        param_dtype=param_dtype,
-                        compute_dtype=compute_dtype,
-                        rngs=rngs,
-                    )
-                    for k in range(num_layers)
-                ]
-            )
+            layers = []
+            for k in range(num_layers):
+                size = input_size if k == 0 else self.num_directions * layers[-1].state_size
+                layers.append(self.cell_type(size, hidden_size, bias, param_dtype=param_dtype,
+                                             compute_dtype=compute_dtype, rngs=rngs, **cell_kwargs))
+            return nnx.List(layers)
 
         self.layers = cells()  # forward direction, layer k
         self.reverse_layers = cells() if bidirectional else nnx.List([])  # backward direction, layer k
-        self.dropout = nnx.Dropout(dropout, rngs=rngs)
+        self.dropout = nnx.Dropout(float(dropout), rngs=rngs)
+
+    @property
+    def output_size(self) -> int:
+        """Features per output step: D * H (D * P for an LSTM with a projection)."""
+        return self.num_directions * self.layers[0].state_size
 
     # -- states --------------------------------------------------------------------------------
     def directions(self) -> list[RNNCell]:
@@ -123,34 +146,45 @@ class RNN(nnx.Module):
         """The public `[L, B, H]` layout -> a list of per-layer carries."""
         return [jax.tree.map(lambda s, k=k: s[k], state) for k in range(self.num_layers * self.num_directions)]
 
-    def check_state(self, state, batch_size: int, dtype) -> object:
-        """Validate a user-supplied `initial_state` and cast it to `dtype`."""
+    def check_state(self, state, batch_size: int, dtype, unbatched: bool = False) -> object:
+        """Validate a user-supplied `initial_state` and cast it to `dtype`; returns the `[L*D, B, H]` layout.
+
+        `unbatched`: the state of one unbatched sequence, `[L*D, H]` leaves (torch's `hx` for `[T, I]` input).
+        """
         expected = self.initial_state(batch_size, dtype)
+        desc = self._state_desc(None if unbatched else batch_size)
         exp_struct, got_struct = jax.tree.structure(expected), jax.tree.structure(state)
         if exp_struct != got_struct:
-            raise ValueError(
-                f"initial_state: expected {self._state_desc(batch_size)}, got a value of structure {got_struct}"
-            )
+            raise ValueError(f"initial_state: expected {desc}, got a value of structure {got_struct}")
         for e, g in zip(jax.tree.leaves(expected), jax.tree.leaves(state)):
-            if tuple(jnp.shape(g)) != e.shape:
-                raise ValueError(
-                    f"initial_state: expected {self._state_desc(batch_size)}, got shape {tuple(jnp.shape(g))}"
-                )
+            want = (e.shape[0], e.shape[2]) if unbatched else e.shape
+            if tuple(jnp.shape(g)) != want:
+                raise ValueError(f"initial_state: expected {desc}, got shape {tuple(jnp.shape(g))}")
             if not jnp.issubdtype(jnp.result_type(g), jnp.floating):
                 raise TypeError(f"initial_state: expected a floating dtype, got {jnp.result_type(g)}")
-        return jax.tree.map(lambda g: jnp.asarray(g, dtype), state)
+        cast = jax.tree.map(lambda g: jnp.asarray(g, dtype), state)
+        return jax.tree.map(lambda g: g[:, None], cast) if unbatched else cast
 
-    def _state_desc(self, batch_size: int) -> str:
-        shape = f"[{self.num_layers * self.num_directions}, {batch_size}, {self.hidden_size}]"
-        return f"a tuple (h, c) of {shape} arrays" if self.cell_type is LSTMCell else f"a {shape} array"
+    def _state_desc(self, batch_size: int | None) -> str:
+        batch = "" if batch_size is None else f"{batch_size}, "
+        shape = f"[{self.num_layers * self.num_directions}, {batch}{{}}]"
+        h = shape.format(self.layers[0].state_size)
+        if self.cell_type is not LSTMCell:
+            return f"a {h} array"
+        c = shape.format(self.hidden_size)
+        return f"a tuple (h, c) of {h} arrays" if h == c else f"a tuple (h {h}, c {c})"
 
     def check_input(self, x: Array, name: str = "x") -> Array:
-        """`x` must be a float `[B, T, I]` array; returns it as a jax array."""
+        """`x` must be a float array of the layout the module was built for; returns it as a jax array."""
         x = jnp.asarray(x)
         if not jnp.issubdtype(x.dtype, jnp.floating):
             raise TypeError(f"{name}: expected a floating dtype, got {x.dtype}")
-        if x.ndim != 3 or x.shape[-1] != self.input_size:
-            raise ValueError(f"{name}: expected shape [B, T, {self.input_size}], got {tuple(x.shape)}")
+        if x.ndim not in (2, 3) or x.shape[-1] != self.input_size or 0 in x.shape:
+            layout = "[B, T, {0}]" if self.batch_first else "[T, B, {0}] (batch_first=False)"
+            raise ValueError(
+                f"{name}: expected shape {layout.format(self.input_size)} or unbatched [T, {self.input_size}], "
+                f"with T, B >= 1, got {tuple(x.shape)}"
+            )
         return x
 
     def scan_unroll(self, unroll: Unroll | None, batch_size: int) -> int:
@@ -195,22 +229,36 @@ class RNN(nnx.Module):
     def __call__(
         self, x: Array, initial_state=None, *, lengths: Array | None = None, unroll: Unroll | None = None
     ):
-        """Run the stack over a whole sequence.
+        """Run the stack over a whole sequence, as `torch.nn.LSTM/GRU.forward`.
 
         Args:
-          x: `[B, T, I]` floating input.
-          initial_state: None (zeros) or the public state layout (LSTM `(h, c)`, GRU `h`; `[L*D, B, H]`).
+          x: floating input, `[T, B, I]` (batch_first=False, torch's default), `[B, T, I]`
+            (batch_first=True), or one unbatched sequence `[T, I]`.
+          initial_state: None (zeros) or the public state layout (LSTM `(h, c)`, GRU `h`; `[L*D, B, H]`,
+            `[L*D, H]` for unbatched input), torch's `hx`.
           lengths: optional `[B]` int, the valid steps of each sequence, as torch's
             `pack_padded_sequence`: steps `t >= lengths[b]` neither change the state nor produce output
-            (their outputs are 0), and the backward direction starts at step `lengths[b] - 1`.
+            (their outputs are 0), and the backward direction starts at step `lengths[b] - 1`. Checked
+            to lie in 1..T when concrete; under `jit` (traced) they cannot be checked, and are clipped
+            to 0..T instead (0: no valid step, zero outputs and the initial state), so an out-of-range
+            length never produces NaN.
           unroll: `lax.scan` unroll factor; defaults to the module's `unroll`.
         Returns:
-          `(out [B, T, D*H], final_state)`, the final state in the public layout.
+          `(out, final_state)`: `out` in the input's layout with `D*H` features (`D*P` with a
+          projection), the final state in the public layout.
         """
         x = self.check_input(x)
-        batch, steps, _ = x.shape
-        state = self.initial_state(batch, x.dtype) if initial_state is None else self.check_state(
-            initial_state, batch, x.dtype
+        unbatched = x.ndim == 2
+        if unbatched:
+            if lengths is not None:
+                raise ValueError("lengths: expected None for unbatched [T, I] input (one sequence), got an array")
+            x = x[:, None]  # [T, 1, I]
+        elif self.batch_first:
+            x = jnp.swapaxes(x, 0, 1)
+        seq = x  # time-major [T, B, I]: lax.scan slices the leading axis
+        steps, batch, _ = seq.shape
+        state = self.initial_state(batch, seq.dtype) if initial_state is None else self.check_state(
+            initial_state, batch, seq.dtype, unbatched
         )
         unroll = self.scan_unroll(unroll, batch)
         hoist = resolve_hoist(self.hoist_inputs)
@@ -225,7 +273,6 @@ class RNN(nnx.Module):
             reverse_index = jnp.broadcast_to(steps - 1 - t, (steps, batch)) if lengths is None else jnp.where(
                 valid, lengths[None, :] - 1 - t, t
             )
-        seq = jnp.swapaxes(x, 0, 1)  # time-major [T, B, I]: lax.scan slices the leading axis
         carries = iter(self.unstack_state(state))
         finals = []
         for k in range(self.num_layers):
@@ -241,7 +288,10 @@ class RNN(nnx.Module):
                 finals.append(carry)
                 out = jnp.concatenate([out, jnp.take_along_axis(out_b, reverse_index[:, :, None], axis=0)], -1)
             seq = out
-        return jnp.swapaxes(seq, 0, 1), self.stack_carries(finals)
+        final = self.stack_carries(finals)
+        if unbatched:
+            return seq[:, 0], jax.tree.map(lambda s: s[:, 0], final)
+        return (jnp.swapaxes(seq, 0, 1) if self.batch_first else seq), final
 
     @staticmethod
     def _scan_layer(
@@ -267,28 +317,60 @@ class RNN(nnx.Module):
 
     @staticmethod
     def check_lengths(lengths, batch_size: int, steps: int) -> Array:
+        """`lengths` as a `[B]` int array: checked to lie in 1..T when concrete, clipped to 0..T when traced."""
+        if not isinstance(lengths, jax.core.Tracer):
+            concrete = np.asarray(lengths)
+            if concrete.shape != (batch_size,) or not np.issubdtype(concrete.dtype, np.integer):
+                raise ValueError(
+                    f"lengths: expected an int array of shape [{batch_size}], got {concrete.dtype} {concrete.shape}"
+                )
+            bad = np.flatnonzero((concrete < 1) | (concrete > steps))
+            if bad.size:
+                raise ValueError(
+                    f"lengths: expected every length in 1..T={steps}, got lengths[{bad[0]}]={concrete[bad[0]]}"
+                    + (f" ({bad.size} out of range)" if bad.size > 1 else "")
+                )
         lengths = jnp.asarray(lengths)
         if lengths.shape != (batch_size,) or not jnp.issubdtype(lengths.dtype, jnp.integer):
             raise ValueError(
                 f"lengths: expected an int array of shape [{batch_size}], got {lengths.dtype} {tuple(lengths.shape)}"
             )
-        return lengths
+        return jnp.clip(lengths, 0, steps)
 
 
 class LSTM(RNN):
-    """`torch.nn.LSTM(input_size, hidden_size, num_layers, dropout=dropout, batch_first=True)`.
+    """`torch.nn.LSTM(input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
+    bidirectional=False, proj_size=0)`; see `RNN` for the arguments.
 
-    Returns `(out [B, T, D*H], (h [L*D, B, H], c [L*D, B, H]))`, D = 2 if bidirectional else 1.
-    Cell equations: `cells.LSTMCell`.
+    Returns `(out [T, B, D*R], (h [L*D, B, R], c [L*D, B, H]))` (`out [B, T, D*R]` with batch_first),
+    D = 2 if bidirectional else 1, R = proj_size or H. Cell equations: `cells.LSTMCell`.
     """
 
     cell_type = LSTMCell
 
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        bias: bool = True,
+        batch_first: bool = False,
+        dropout: float = 0.0,
+        bidirectional: bool = False,
+        proj_size: int = 0,
+        **kwargs,
+    ):
+        super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
+                         proj_size=proj_size, **kwargs)
+        self.proj_size = proj_size
+
 
 class GRU(RNN):
-    """`torch.nn.GRU(input_size, hidden_size, num_layers, dropout=dropout, batch_first=True)`.
+    """`torch.nn.GRU(input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
+    bidirectional=False)`; see `RNN` for the arguments.
 
-    Returns `(out [B, T, D*H], h [L*D, B, H])`. Cell equations: `cells.GRUCell`.
+    Returns `(out [T, B, D*H], h [L*D, B, H])` (`out [B, T, D*H]` with batch_first). Cell equations:
+    `cells.GRUCell`.
     """
 
     cell_type = GRUCell

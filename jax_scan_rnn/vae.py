@@ -151,10 +151,10 @@ class SeqVAE(nnx.Module):
         `eps`/`gumbel` not passed in.
 
     Attributes (the torch twin's state_dict prefixes); D = 2 if bidirectional else 1:
-      gru_encoder: `GRU(V, H, L, bidirectional=bidirectional)`, reads one-hot [B, T, V].
+      gru_encoder: `GRU(V, H, L, batch_first=True, bidirectional=bidirectional)`, reads one-hot [B, T, V].
       fc_mu, fc_logvar: `Linear(D*H, Z)`.
       latent_to_hidden: `Linear(Z, L*H)`; the decoder's layer l starts at `tanh` of columns l*H:(l+1)*H.
-      gru_decoder: `GRU(V + (Z if concat_z else 0), H, L)`; `w_ih` rows 0..V-1 read the token, V.. read z.
+      gru_decoder: `GRU(V + (Z if concat_z else 0), H, L, batch_first=True)`; `w_ih` rows 0..V-1 read the token, V.. read z.
       h2o: `Linear(H, V)`, hidden state to vocabulary logits.
       sample_rngs: the rng stream for noise that is not passed in (not a parameter).
 
@@ -199,12 +199,14 @@ class SeqVAE(nnx.Module):
             compute_dtype=compute_dtype, unroll=unroll, remat_chunk=remat_chunk, hoist_inputs=hoist_inputs, **kw
         )
 
-        self.gru_encoder = GRU(vocab_size, hidden_size, num_layers, bidirectional=self.bidirectional, **rnn)
+        self.gru_encoder = GRU(
+            vocab_size, hidden_size, num_layers, batch_first=True, bidirectional=self.bidirectional, **rnn
+        )
         self.fc_mu = Linear(directions * hidden_size, latent_size, **kw)
         self.fc_logvar = Linear(directions * hidden_size, latent_size, **kw)
         self.latent_to_hidden = Linear(latent_size, num_layers * hidden_size, **kw)
         decoder_input = vocab_size + (latent_size if self.concat_z else 0)
-        self.gru_decoder = GRU(decoder_input, hidden_size, num_layers, **rnn)
+        self.gru_decoder = GRU(decoder_input, hidden_size, num_layers, batch_first=True, **rnn)
         self.h2o = Linear(hidden_size, vocab_size, **kw)
         self.sample_rngs = rngs["sample"].fork()
 

@@ -5,6 +5,7 @@ torch's default initialisation gives every bias a non-zero value, which is what 
 """
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -33,9 +34,11 @@ DTYPES = {"float32": (jnp.float32, torch.float32), "float64": (jnp.float64, torc
 def make_pair(kind: str, input_size: int, hidden: int, layers: int, dtype: str, seed: int = 0, hoist_inputs="auto"):
     torch.manual_seed(seed)
     jdt, tdt = DTYPES[dtype]
-    ref = getattr(torch_ref, kind)(input_size, hidden, layers).to(tdt)
+    # The batch-major layout throughout this file's older tests; torch's own default (time-major) and its
+    # other constructor options are the subject of `test_torch_constructor_means_the_same`.
+    ref = getattr(torch_ref, kind)(input_size, hidden, layers, batch_first=True).to(tdt)
     ours = getattr(jsr, kind)(
-        input_size, hidden, layers, param_dtype=jdt, hoist_inputs=hoist_inputs, rngs=nnx.Rngs(seed + 1)
+        input_size, hidden, layers, batch_first=True, param_dtype=jdt, hoist_inputs=hoist_inputs, rngs=nnx.Rngs(seed + 1)
     )
     jsr.load_torch_state_dict(ours, ref.state_dict())
     return ref, ours
@@ -202,9 +205,10 @@ def packed_torch_run(ref, x, lengths):
 @pytest.mark.parametrize("kind", KINDS)
 def test_lengths_match_packed_sequences(kind, bidirectional, hoist):
     torch.manual_seed(7)
-    ref = getattr(torch_ref, kind)(4, 10, 2, bidirectional=bidirectional).double()
+    ref = getattr(torch_ref, kind)(4, 10, 2, batch_first=True, bidirectional=bidirectional).double()
     ours = getattr(jsr, kind)(
-        4, 10, 2, bidirectional=bidirectional, hoist_inputs=hoist, param_dtype=jnp.float64, rngs=nnx.Rngs(0)
+        4, 10, 2, batch_first=True, bidirectional=bidirectional, hoist_inputs=hoist, param_dtype=jnp.float64,
+        rngs=nnx.Rngs(0),
     )
     jsr.load_torch_state_dict(ours, ref.state_dict())
     assert list(jsr.torch_state_dict(ours)) == list(ref.state_dict())
@@ -223,8 +227,8 @@ def test_lengths_match_packed_sequences(kind, bidirectional, hoist):
 @pytest.mark.parametrize("kind", KINDS)
 def test_bidirectional_without_lengths_matches_torch(kind):
     torch.manual_seed(8)
-    ref = getattr(torch_ref, kind)(3, 6, 3, bidirectional=True).double()
-    ours = getattr(jsr, kind)(3, 6, 3, bidirectional=True, param_dtype=jnp.float64, rngs=nnx.Rngs(0))
+    ref = getattr(torch_ref, kind)(3, 6, 3, batch_first=True, bidirectional=True).double()
+    ours = getattr(jsr, kind)(3, 6, 3, batch_first=True, bidirectional=True, param_dtype=jnp.float64, rngs=nnx.Rngs(0))
     jsr.load_torch_state_dict(ours, ref.state_dict())
     x = np.random.default_rng(8).standard_normal((2, 25, 3))
     with torch.no_grad():
@@ -234,3 +238,111 @@ def test_bidirectional_without_lengths_matches_torch(kind):
     assert_steps_close(f"{kind} bidirectional output", j_out, t_out, atol_for(np.float64))
     for j, t in zip(state_leaves(j_state), state_leaves(t_state)):
         assert_close(f"{kind} bidirectional final state", j, t, atol_for(np.float64))
+
+
+# torch.nn.LSTM/GRU constructor calls as a PyTorch user writes them, passed unchanged to jsr.LSTM/GRU.
+# (kind, positional args after (input_size, hidden_size), keyword args)
+TORCH_CONSTRUCTORS = [
+    ("LSTM", (), {}),  # torch's defaults: one layer, time-major
+    ("GRU", (2,), {}),
+    ("LSTM", (2, True, True), {}),  # num_layers, bias, batch_first by position
+    ("GRU", (2,), {"bias": False}),
+    ("LSTM", (2,), {"bias": False, "bidirectional": True}),
+    ("LSTM", (1,), {"proj_size": 3}),
+    ("LSTM", (2,), {"proj_size": 3, "bidirectional": True, "batch_first": True}),
+    ("GRU", (3,), {"bidirectional": True}),
+]
+
+
+def torch_pair(kind: str, args: tuple, kwargs: dict, dtype: str, input_size: int = 4, hidden: int = 6):
+    torch.manual_seed(11)
+    jdt, tdt = DTYPES[dtype]
+    ref = getattr(torch.nn, kind)(input_size, hidden, *args, **kwargs).to(tdt)
+    ours = getattr(jsr, kind)(input_size, hidden, *args, **kwargs, param_dtype=jdt, rngs=nnx.Rngs(0))
+    jsr.load_torch_state_dict(ours, ref.state_dict())
+    return ref, ours
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind,args,kwargs", TORCH_CONSTRUCTORS)
+def test_torch_constructor_means_the_same(kind, args, kwargs, dtype):
+    """Code written for torch.nn gives the same outputs, states and gradients in jsr, and its weights
+    round-trip bit for bit."""
+    jdt, tdt = DTYPES[dtype]
+    ref, ours = torch_pair(kind, args, kwargs, dtype)
+    label = f"{kind}(4, 6, *{args}, **{kwargs}) {dtype}"
+    batch_first = ref.batch_first
+    assert ours.batch_first == batch_first, label
+    assert ours.output_size == (getattr(ref, "proj_size", 0) or ref.hidden_size) * (1 + ref.bidirectional), label
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((5, 30, 4) if batch_first else (30, 5, 4))
+    t_x = torch.from_numpy(x).to(tdt).requires_grad_(True)
+    t_out, t_state = ref(t_x)
+    j_out, j_state = ours(jnp.asarray(x, jdt))
+    atol = atol_for(jdt)
+    assert_steps_close(f"{label}: output", j_out, t_out.detach(), atol, time_axis=1 if batch_first else 0)
+    for name, j, t in zip(("h", "c"), state_leaves(j_state), state_leaves(t_state)):
+        assert_close(f"{label}: final {name}", j, t.detach(), atol)
+
+    # Gradients of a weighted sum of the outputs and the final states, per torch key and for the input.
+    w_out = rng.standard_normal(t_out.shape)
+    w_state = [rng.standard_normal(tuple(s.shape)) for s in state_leaves(t_state)]
+    t_loss = (t_out * torch.from_numpy(w_out).to(tdt)).sum() + sum(
+        (s * torch.from_numpy(w).to(tdt)).sum() for s, w in zip(state_leaves(t_state), w_state)
+    )
+    t_loss.backward()
+    j_grads, j_gx = jax_gradients(
+        ours, jnp.asarray(x, jdt), jnp.asarray(w_out, jdt), [jnp.asarray(w, jdt) for w in w_state]
+    )
+    t_grads = {k: p.grad for k, p in ref.named_parameters()}
+    assert_grads_close(j_grads, t_grads, grad_rtol_for(jdt), context=f"{label}: ")
+    assert_grads_close({"input": j_gx}, {"input": t_x.grad}, grad_rtol_for(jdt), context=f"{label}: ")
+
+    # Weights back to torch: the same keys in the same order, bit for bit, into a fresh torch module.
+    back = jsr.torch_state_dict(ours)
+    assert list(back) == list(ref.state_dict()), label
+    twin = getattr(torch.nn, kind)(4, 6, *args, **kwargs).to(tdt)
+    twin.load_state_dict({k: torch.from_numpy(v) for k, v in back.items()}, strict=True)
+    for key, value in ref.state_dict().items():
+        assert torch.equal(twin.state_dict()[key], value), f"{label}: {key} changed in the round trip"
+
+
+@pytest.mark.parametrize("kind,args,kwargs", TORCH_CONSTRUCTORS)
+def test_unbatched_input_as_torch(kind, args, kwargs):
+    """torch reads a 2-D input as one unbatched sequence [T, I] (state [L*D, H]) whatever batch_first says."""
+    ref, ours = torch_pair(kind, args, kwargs, "float64")
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((9, 4))
+    with torch.no_grad():
+        _, t_init = ref(torch.from_numpy(rng.standard_normal((3, 4))))  # a non-zero unbatched state
+        t_out, t_state = ref(torch.from_numpy(x), t_init)
+    j_init = jax.tree.map(lambda t: jnp.asarray(t.numpy()), t_init)
+    j_out, j_state = ours(jnp.asarray(x), j_init)
+    label = f"{kind}(4, 6, *{args}, **{kwargs}) unbatched"
+    assert j_out.shape == tuple(t_out.shape), label
+    assert_steps_close(f"{label}: output", j_out[None], t_out[None], atol_for(np.float64))
+    for name, j, t in zip(("h", "c"), state_leaves(j_state), state_leaves(t_state)):
+        assert j.shape == tuple(t.shape), f"{label}: final {name} shape"
+        assert_close(f"{label}: final {name}", j, t, atol_for(np.float64))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind,kwargs", [("LSTM", {"proj_size": 3}), ("LSTM", {"bias": False}), ("GRU", {})])
+def test_time_major_bidirectional_lengths_match_packed(kind, kwargs, dtype):
+    """torch's default layout with pack_padded_sequence (time-major), bidirectional, 2 layers."""
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+    jdt, tdt = DTYPES[dtype]
+    ref, ours = torch_pair(kind, (2,), {"bidirectional": True, **kwargs}, dtype)
+    rng = np.random.default_rng(14)
+    x = rng.standard_normal((20, 4, 4))  # [T, B, I]
+    lengths = np.array([20, 3, 1, 11])
+    with torch.no_grad():
+        packed = pack_padded_sequence(torch.from_numpy(x).to(tdt), torch.from_numpy(lengths), enforce_sorted=False)
+        t_out, t_state = ref(packed)
+        t_out, _ = pad_packed_sequence(t_out, total_length=20)
+    j_out, j_state = ours(jnp.asarray(x, jdt), lengths=jnp.asarray(lengths))
+    label = f"{kind}(4, 6, 2, bidirectional=True, **{kwargs}) {dtype} time-major with lengths"
+    assert_steps_close(f"{label}: output", j_out, t_out, atol_for(jdt), time_axis=0)
+    for name, j, t in zip(("h", "c"), state_leaves(j_state), state_leaves(t_state)):
+        assert_close(f"{label}: final {name}", j, t, atol_for(jdt))

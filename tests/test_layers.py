@@ -14,26 +14,31 @@ KINDS = (jsr.LSTM, jsr.GRU)
 
 @pytest.mark.parametrize("cls", KINDS)
 def test_output_and_state_shapes(cls):
+    """torch's default layout is time-major: [T, B, I] -> [T, B, H]; batch_first=True reads [B, T, I]."""
     model = cls(3, 5, num_layers=2, rngs=nnx.Rngs(0))
-    out, state = model(jnp.ones((4, 6, 3)))
-    assert out.shape == (4, 6, 5)
+    out, state = model(jnp.ones((6, 4, 3)))
+    assert out.shape == (6, 4, 5)
     for leaf in jax.tree.leaves(state):
         assert leaf.shape == (2, 4, 5)
     assert isinstance(state, tuple) == (cls is jsr.LSTM)
+    out, state = cls(3, 5, 2, batch_first=True, rngs=nnx.Rngs(0))(jnp.ones((4, 6, 3)))
+    assert out.shape == (4, 6, 5) and all(leaf.shape == (2, 4, 5) for leaf in jax.tree.leaves(state))
 
 
 @pytest.mark.parametrize("cls", KINDS)
 def test_wrong_rank_is_a_value_error(cls):
     model = cls(3, 5, rngs=nnx.Rngs(0))
-    with pytest.raises(ValueError, match=r"x: expected shape \[B, T, 3\], got \(6, 3\)"):
-        model(jnp.ones((6, 3)))
+    with pytest.raises(ValueError, match=r"x: expected shape \[T, B, 3\] \(batch_first=False\) or unbatched \[T, 3\], with T, B >= 1, got \(6,\)"):
+        model(jnp.ones((6,)))
 
 
 @pytest.mark.parametrize("cls", KINDS)
 def test_wrong_feature_size_is_a_value_error(cls):
     model = cls(3, 5, rngs=nnx.Rngs(0))
-    with pytest.raises(ValueError, match=r"x: expected shape \[B, T, 3\], got \(2, 6, 4\)"):
+    with pytest.raises(ValueError, match=r"x: expected shape \[T, B, 3\] .* got \(2, 6, 4\)"):
         model(jnp.ones((2, 6, 4)))
+    with pytest.raises(ValueError, match=r"x: expected shape \[B, T, 3\] or unbatched .* got \(2, 0, 3\)"):
+        cls(3, 5, batch_first=True, rngs=nnx.Rngs(0))(jnp.ones((2, 0, 3)))
 
 
 @pytest.mark.parametrize("cls", KINDS)
@@ -47,40 +52,82 @@ def test_mismatched_initial_state_shape_is_a_value_error():
     model = jsr.LSTM(3, 5, num_layers=2, rngs=nnx.Rngs(0))
     bad = (jnp.zeros((1, 2, 5)), jnp.zeros((1, 2, 5)))
     with pytest.raises(ValueError, match=r"initial_state: expected a tuple \(h, c\) of \[2, 2, 5\] arrays, got shape"):
-        model(jnp.ones((2, 6, 3)), bad)
+        model(jnp.ones((6, 2, 3)), bad)
 
 
 def test_lstm_initial_state_must_be_a_pair():
     model = jsr.LSTM(3, 5, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match=r"initial_state: expected a tuple \(h, c\)"):
-        model(jnp.ones((2, 6, 3)), jnp.zeros((1, 2, 5)))
+        model(jnp.ones((6, 2, 3)), jnp.zeros((1, 2, 5)))
 
 
 def test_gru_initial_state_shape():
     model = jsr.GRU(3, 5, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match=r"initial_state: expected a \[1, 2, 5\] array, got shape \(1, 3, 5\)"):
-        model(jnp.ones((2, 6, 3)), jnp.zeros((1, 3, 5)))
+        model(jnp.ones((6, 2, 3)), jnp.zeros((1, 3, 5)))
 
 
 def test_integer_initial_state_is_a_type_error():
     model = jsr.GRU(3, 5, rngs=nnx.Rngs(0))
     with pytest.raises(TypeError, match="initial_state: expected a floating dtype"):
-        model(jnp.ones((2, 6, 3)), jnp.zeros((1, 2, 5), dtype=jnp.int32))
+        model(jnp.ones((6, 2, 3)), jnp.zeros((1, 2, 5), dtype=jnp.int32))
 
 
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(num_layers=0), "num_layers: expected a positive int, got 0"),
+        (dict(num_layers=0), "num_layers: expected an int >= 1, got 0"),
+        (dict(num_layers=True), "num_layers: expected an int >= 1, got True"),
         (dict(dropout=1.0), r"dropout: expected a probability in \[0, 1\), got 1.0"),
         (dict(unroll=0), "unroll: expected a positive int or 'auto', got 0"),
-        (dict(hidden_size=-1), "hidden_size: expected a positive int, got -1"),
+        (dict(hidden_size=-1), "hidden_size: expected an int >= 1, got -1"),
+        (dict(hidden_size=True), "hidden_size: expected an int >= 1, got True"),
+        (dict(proj_size=5), "proj_size: expected 0 or an int < hidden_size=5, got 5"),
+        (dict(proj_size=-1), "proj_size: expected an int >= 0, got -1"),
+        (dict(remat_chunk=0), "remat_chunk: expected an int >= 1, got 0"),
     ],
 )
 def test_bad_constructor_arguments(kwargs, message):
     args = dict(input_size=3, hidden_size=5) | kwargs
     with pytest.raises(ValueError, match=message):
         jsr.LSTM(**args, rngs=nnx.Rngs(0))
+
+
+def test_bad_flags_and_gru_projection():
+    with pytest.raises(TypeError, match="batch_first: expected True or False, got 1"):
+        jsr.GRU(3, 5, 1, True, 1, rngs=nnx.Rngs(0))
+    with pytest.raises(TypeError, match="bias: expected True or False, got 'no'"):
+        jsr.LSTM(3, 5, bias="no", rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="proj_size: supported by LSTM only"):
+        jsr.GRU(3, 5, proj_size=2, rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("cls", KINDS)
+def test_concrete_lengths_are_checked(cls):
+    model = cls(3, 4, bidirectional=True, batch_first=True, rngs=nnx.Rngs(0))
+    x = jnp.ones((3, 5, 3))
+    for bad, where in (([5, 6, 1], "lengths\\[1\\]=6"), ([0, 2, 3], "lengths\\[0\\]=0"), ([2, -4, 9], "lengths\\[1\\]=-4 \\(2 out")):
+        with pytest.raises(ValueError, match=f"lengths: expected every length in 1..T=5, got {where}"):
+            model(x, lengths=jnp.asarray(bad))
+    with pytest.raises(ValueError, match=r"lengths: expected an int array of shape \[3\]"):
+        model(x, lengths=jnp.asarray([1.0, 2.0, 3.0]))
+    with pytest.raises(ValueError, match="lengths: expected None for unbatched"):
+        model(x[0], lengths=jnp.asarray([2]))
+
+
+@pytest.mark.parametrize("cls", KINDS)
+def test_traced_lengths_out_of_range_never_give_nan(cls):
+    """Under jit lengths cannot be checked: they are clipped to 0..T, so a bad one gives finite numbers
+    (> T reads as T; <= 0 as an empty sequence: zero outputs, the initial state)."""
+    model = cls(3, 4, 2, batch_first=True, bidirectional=True, rngs=nnx.Rngs(0))
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((4, 5, 3)), jnp.float32)
+    run = nnx.jit(lambda m, x, n: m(x, lengths=n))
+    out, state = run(model, x, jnp.asarray([9, 5, 0, -4]))
+    assert np.isfinite(np.asarray(out)).all() and all(np.isfinite(np.asarray(s)).all() for s in jax.tree.leaves(state))
+    want, _ = model(x, lengths=jnp.asarray([5, 5, 1, 1]))
+    np.testing.assert_array_equal(out[:2], want[:2])
+    np.testing.assert_array_equal(out[2:], 0.0)
+
 
 
 @pytest.mark.parametrize("cls", KINDS)
@@ -111,7 +158,7 @@ def test_dropout_masks_are_scaled_keep_masks():
 @pytest.mark.parametrize("cls", KINDS)
 def test_step_by_step_equals_whole_sequence(cls):
     """`step` (used by the feedback driver) is the same recurrence as the whole-sequence scan."""
-    model = cls(3, 6, num_layers=3, param_dtype=jnp.float64, rngs=nnx.Rngs(0))
+    model = cls(3, 6, num_layers=3, batch_first=True, param_dtype=jnp.float64, rngs=nnx.Rngs(0))
     x = jnp.asarray(np.random.default_rng(1).standard_normal((2, 9, 3)))
     want, want_state = model(x)
     carries = model.unstack_state(model.initial_state(2, x.dtype))

@@ -140,7 +140,7 @@ def test_layers_hoisted_and_inside_give_the_same_numbers(remat_chunk):
     tokens = jnp.asarray(rng.integers(3, 9, (3, 12)))
     results = []
     for hoist in (True, False):
-        lstm = jsr.LSTM(5, 6, 2, bidirectional=True, param_dtype=jnp.float64, hoist_inputs=hoist,
+        lstm = jsr.LSTM(5, 6, 2, batch_first=True, bidirectional=True, param_dtype=jnp.float64, hoist_inputs=hoist,
                         remat_chunk=remat_chunk, rngs=nnx.Rngs(0))
         vae = jsr.SeqVAE(9, 6, 2, 2, param_dtype=jnp.float64, hoist_inputs=hoist, remat_chunk=remat_chunk,
                          rngs=nnx.Rngs(0))

@@ -1,23 +1,12 @@
-"""`torch.nn.LSTM`/`torch.nn.GRU` with `batch_first=True` by default, as `jax_scan_rnn` uses.
+"""`LSTM`, `GRU`: `torch.nn.LSTM` and `torch.nn.GRU` themselves.
 
-They are the `torch.nn` classes themselves (same parameters, same `state_dict()` keys
-`weight_ih_l{k}`, `weight_hh_l{k}`, `bias_ih_l{k}`, `bias_hh_l{k}`), so a checkpoint of a plain
-`nn.LSTM(..., batch_first=True)` loads unchanged.
+They are the classes PyTorch users already write, with torch's defaults (`batch_first=False`: time-major
+`[T, B, I]`), parameters and `state_dict()` keys (`weight_ih_l{k}`, `weight_hh_l{k}`, `bias_ih_l{k}`,
+`bias_hh_l{k}`, `weight_hr_l{k}` with `proj_size`, `_reverse` for the backward direction). `jsr.LSTM` and
+`jsr.GRU` take the same constructor arguments with the same meaning, so code and checkpoints move across
+unchanged.
 """
 from torch import nn
 
-
-class LSTM(nn.LSTM):
-    """`nn.LSTM(input_size, hidden_size, num_layers, dropout=dropout, batch_first=True)`."""
-
-    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, dropout: float = 0.0, **kwargs):
-        kwargs.setdefault("batch_first", True)
-        super().__init__(input_size, hidden_size, num_layers, dropout=dropout, **kwargs)
-
-
-class GRU(nn.GRU):
-    """`nn.GRU(input_size, hidden_size, num_layers, dropout=dropout, batch_first=True)`."""
-
-    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, dropout: float = 0.0, **kwargs):
-        kwargs.setdefault("batch_first", True)
-        super().__init__(input_size, hidden_size, num_layers, dropout=dropout, **kwargs)
+LSTM = nn.LSTM
+GRU = nn.GRU
