@@ -72,7 +72,8 @@ class Traveller(nnx.Module):
             num_inputs + NUM_POSITIONS,
             hidden_size,
             num_layers,
-            dropout,
+            dropout=dropout,
+            batch_first=True,  # as the seed's nn.LSTM (only its steps run here; the flag keeps the twin's meaning)
             param_dtype=param_dtype,
             compute_dtype=compute_dtype,
             unroll=unroll,
