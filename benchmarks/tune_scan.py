@@ -6,12 +6,16 @@
     python benchmarks/tune_scan.py unroll --out benchmarks/results/unroll-cpu-2core.json
     python benchmarks/tune_scan.py hoist    # features projected before the loop vs inside each step
     python benchmarks/tune_scan.py hoist-layers   # the same for jsr.LSTM/GRU over whole sequences, the VAE
+    python benchmarks/tune_scan.py remat-dropout  # training memory with dropout on: masks per step vs [T] array
 
 `flag` backs the figures quoted in `jax_scan_rnn/xla_flags.py`; `unroll` the table behind
 `unroll="auto"` (`jax_scan_rnn/scan.py`, `AUTO_UNROLL`); `hoist` and `hoist-layers` the rule behind
 `hoist_inputs="auto"` (`scan.auto_hoist`). The model is the Traveller (2 LSTM layers, F=8), a forward
 pass or a value-and-grad train step of a linear loss; `hoist-layers` times `jsr.LSTM`/`jsr.GRU`
 (`HOIST_LAYER_CASES`, forward and gradient of a sum of squares) and the SeqVAE's teacher-forced decoder.
+`remat-dropout` compiles (does not run) a Traveller train step with dropout on and reads XLA's temporary
+memory: without remat, with remat chunks of ~sqrt(T) and each step's masks drawn in the loop (the library),
+and with remat but the `[L-1, T, B, H]` mask array passed in (how dropout worked before).
 Each figure: the minimum over 3 rounds (`hoist-layers`: 5 rounds, the two arms interleaved) of the median
 of n calls after warm-up calls, divided by T (us per time step). Runs on whatever JAX backend is present;
 takes ~2-5 minutes per subcommand on a 2-core CPU.
@@ -95,7 +99,7 @@ def _functions(graphdef, rest, unroll):
     from flax import nnx
 
     def positions(p, x):
-        return nnx.merge(graphdef, p, rest).positions(x, unroll=unroll)
+        return nnx.merge(graphdef, p, rest)(x, unroll=unroll)[0]
 
     def loss(p, x, r):
         return -jnp.mean(jnp.sum(positions(p, x) * r, -1))
@@ -247,9 +251,46 @@ def _hoist_vae_decoder(batch: int = 128, steps: int = 60) -> list[dict]:
             for i, h in enumerate((True, False))]
 
 
+REMAT_DROPOUT_STEPS = (1000, 4000, 16000)
+
+
+def run_remat_dropout(batch: int = 64, hidden: int = 64, layers: int = 3, rate: float = 0.3) -> list[dict]:
+    """Temp bytes of a compiled Traveller train step with dropout on, three ways, for each T."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    import jax_scan_rnn as jsr
+
+    rows = []
+    print(f"Traveller F=8 H={hidden} L={layers} B={batch}, dropout {rate}, train step (grad of sum of squares): "
+          "XLA temp MiB", flush=True)
+    for steps in REMAT_DROPOUT_STEPS:
+        chunk = round(steps**0.5)
+        x = jnp.zeros((batch, steps, 8), jnp.float32)
+        masks = jnp.ones((layers - 1, steps, batch, hidden), jnp.float32)
+        row = {"T": steps, "B": batch, "H": hidden, "L": layers, "remat_chunk": chunk, "backend": jax.default_backend()}
+        for arm, remat, given in (("no remat", None, False), ("remat, masks per step", chunk, False),
+                                  ("remat, [T] mask array", chunk, True)):
+            graphdef, state = nnx.split(jsr.Traveller(8, hidden, layers, dropout=rate, remat_chunk=remat,
+                                                      rngs=nnx.Rngs(0)))
+
+            def grads(state, x, masks, given=given):
+                loss = lambda m: jnp.sum(m(x, dropout_masks=masks if given else None)[0] ** 2)  # noqa: E731
+                return nnx.grad(loss)(nnx.merge(graphdef, state))
+
+            compiled = jax.jit(grads).lower(state, x, masks).compile()
+            row[arm] = compiled.memory_analysis().temp_size_in_bytes
+        rows.append(row)
+        print(f"  T={steps:6d} chunk {chunk:4d}:  " + ",  ".join(
+            f"{arm} {row[arm] / 2**20:8.1f}" for arm in ("no remat", "remat, masks per step", "remat, [T] mask array")
+        ) + f"   (the mask array itself: {masks.nbytes / 2**20:.1f})", flush=True)
+    return rows
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["flag", "unroll", "hoist", "hoist-layers", "_flag_worker"])
+    parser.add_argument("what", choices=["flag", "unroll", "hoist", "hoist-layers", "remat-dropout", "_flag_worker"])
     parser.add_argument("configs", nargs="*", help="BxH or BxH:f64 (default: the module's lists)")
     parser.add_argument("--out", help="also write the rows as JSON here")
     parser.add_argument("--threshold", type=int, help="flag: this small-loop threshold instead of the library's")
@@ -269,6 +310,8 @@ def main(argv=None) -> None:
         rows = run_hoist(args.configs or HOIST_CONFIGS)
     elif args.what == "hoist-layers":
         rows = run_hoist_layers()
+    elif args.what == "remat-dropout":
+        rows = run_remat_dropout()
     else:
         rows = run_unroll(args.configs or UNROLL_CONFIGS)
     if args.out:

@@ -9,7 +9,7 @@ What it teaches
          answer put `@torch.jit.script_method` on a plain `nn.Module`, which compiles nothing: shown);
       3. the PyTorch scan prototype `torch._higher_order_ops.scan` (there is no public `torch.scan`),
          eager and under `torch.compile`;
-      4. `jax.lax.scan`, jitted: `jsr.Traveller`.
+      4. `jax.lax.scan`, compiled: `jsr.jit(jsr.Traveller(...))`.
     Why the numbers come out as they do: docs/scan_vs_loop.md. The full benchmark: `jax-scan-rnn bench`.
 
 How to run
@@ -72,7 +72,7 @@ methods = {}
 
 def seed_loop():
     with torch.no_grad():
-        return torch_model(x_torch, method="loop", layout="batch")
+        return torch_model(x_torch, method="loop", layout="batch")[0]  # (positions, final state)
 
 
 methods["torch: seed loop"] = seed_loop
@@ -107,7 +107,7 @@ print(f"public torch.scan exists: {hasattr(torch, 'scan')}; prototype available:
 
 def scripted():
     with torch.no_grad():
-        return torch_model(x_torch, method="script", layout="batch")
+        return torch_model(x_torch, method="script", layout="batch")[0]
 
 
 methods["torch: jit.script(loop)"] = scripted
@@ -119,27 +119,23 @@ compiled_scan = compiled_loop(torch_model, method="scan")
 def scan_eager():
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return torch_model(x_torch, method="scan", layout="batch")
+        return torch_model(x_torch, method="scan", layout="batch")[0]
 
 
 def scan_compiled():
     with torch.no_grad():
-        return compiled_scan(x_torch, layout="batch")
+        return compiled_scan(x_torch, layout="batch")[0]
 
 
 methods["torch: scan prototype, eager"] = scan_eager
 methods["torch: compile(scan)"] = scan_compiled
 
 # %% 4. lax.scan: the whole loop (both layers, readout, feedback) is one compiled XLA while-loop
-graphdef, state = nnx.split(jax_model)
-
-
-@jax.jit
-def scan_forward(state, x):
-    return nnx.merge(graphdef, state)(x, layout="batch", unroll=UNROLL)
-
-
-methods[f"jax: lax.scan (unroll={UNROLL})"] = lambda: scan_forward(state, x_jax).block_until_ready()
+# `jsr.jit` compiles the model's call once per input shape (an eager `jax_model(x)` would trace and
+# compile the loop again on every call). A call returns (positions, state); JAX runs it asynchronously,
+# so the timing waits for the result with `block_until_ready`.
+fast = jsr.jit(jax_model)
+methods[f"jax: lax.scan (unroll={UNROLL})"] = lambda: fast(x_jax, unroll=UNROLL)[0].block_until_ready()
 
 # %% Do they agree? Same weights, same inputs: the same positions up to float32 rounding
 first_call, outputs = {}, {}

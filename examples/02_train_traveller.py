@@ -49,10 +49,11 @@ optimizer = nnx.Optimizer(
 
 def loss_fn(model, features, returns):
     # The loss is minus the net utility: gains minus risk minus quadratic trading costs.
-    return -trading.net_utility(model(features, layout="batch"), returns, market_cfg).mean()
+    positions, _ = model(features)  # [B, T, 2], and the state after the last step (unused here)
+    return -trading.net_utility(positions, returns, market_cfg).mean()
 
 
-@nnx.jit  # one compiled program: forward scan, backward scan, Adam update
+@nnx.jit  # one compiled program: forward scan, backward scan, Adam update (calls without gradients: jsr.jit)
 def train_step(model, optimizer, features, returns):
     loss, grads = nnx.value_and_grad(loss_fn)(model, features, returns)
     optimizer.update(model, grads)
@@ -70,8 +71,12 @@ for step in range(STEPS):
     if step % 100 == 0 or step == STEPS - 1:
         print(f"step {step:4d}  training utility per step {-losses[-1]:+.4f}")
 
-# %% Evaluate out of sample
-positions = np.asarray(model(jnp.asarray(test_market.features, jnp.float32), layout="batch"))
+# %% Evaluate out of sample, through the one compiled call (it reads the trained weights at each call)
+model.eval()
+fast = jsr.jit(model)
+test_features = jnp.asarray(test_market.features, jnp.float32)
+positions, _ = fast(test_features)
+positions = np.asarray(positions)
 table = trading.utility_table(market_cfg, test_market, positions)
 print(f"\nlearned policy: {table['learned']:+.4f} per step = {table['learned_over_optimal']:.1%} of the optimum")
 
@@ -79,9 +84,19 @@ print(f"\nlearned policy: {table['learned']:+.4f} per step = {table['learned_ove
 reference = torch_ref.Traveller(market_cfg.num_signals, HIDDEN, LAYERS, 0.0).eval()
 reference.load_state_dict({k: torch.from_numpy(v) for k, v in jsr.torch_state_dict(model).items()})
 with torch.no_grad():
-    torch_positions = reference(torch.from_numpy(test_market.features[:4].astype(np.float32)), method="loop")
+    torch_positions, _ = reference(torch.from_numpy(test_market.features[:4].astype(np.float32)), method="loop")
 gap = np.abs(torch_positions.numpy() - positions[:4]).max()
 print(f"PyTorch seed loop vs JAX scan, same weights, 4 paths x 500 steps: max |diff| = {gap:.1e}")
+
+# %% Live use: the model is stateful. Run the history in one call, then one step per new bar from the
+# returned state: the same positions as one call over everything.
+history, state = fast(test_features[:, :490])
+live = []
+for t in range(490, 500):  # ten "new bars"
+    p_t, state = fast.step(state, test_features[:, t])
+    live.append(np.asarray(p_t))
+gap = np.abs(np.stack(live, 1) - positions[:, 490:]).max()
+print(f"10 live steps from the saved state vs one call over all 500 steps: max |diff| = {gap:.1e}")
 
 # %% Plots
 import matplotlib  # noqa: E402

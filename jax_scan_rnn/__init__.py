@@ -13,10 +13,11 @@ from jax_scan_rnn import xla_flags
 xla_flags.configure()  # before anything below can create a JAX backend
 
 from jax_scan_rnn.cells import GRUCell, LSTMCell, RNNCell
+from jax_scan_rnn.compiled import Compiled, jit
 from jax_scan_rnn.convert import load_safetensors, load_torch_state_dict, save_safetensors, torch_state_dict
 from jax_scan_rnn.feedback import feedback_scan
 from jax_scan_rnn.layers import GRU, LSTM, RNN
-from jax_scan_rnn.traveller import Traveller
+from jax_scan_rnn.traveller import Traveller, TravellerState
 from jax_scan_rnn.vae import SeqVAE
 
 __version__ = "0.1.0"
@@ -26,6 +27,7 @@ __all__ = [
     "GRU",
     "RNN",
     "Traveller",
+    "TravellerState",
     "SeqVAE",
     "feedback_scan",
     "LSTMCell",
@@ -35,5 +37,7 @@ __all__ = [
     "torch_state_dict",
     "save_safetensors",
     "load_safetensors",
+    "jit",
+    "Compiled",
     "__version__",
 ]

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from jax_scan_rnn.layers import RNN
 from jax_scan_rnn.scan import time_scan
@@ -47,6 +48,7 @@ def feedback_scan(
     readout: Callable[[Array, PyTree], PyTree],
     feed: Callable[[PyTree, PyTree], PyTree],
     dropout_masks: Array | None = None,
+    dropout_key: Array | None = None,
     prepare: Callable[[PyTree], PyTree] | None = None,
     unroll: int = 1,
     remat_chunk: int | None = None,
@@ -62,6 +64,9 @@ def feedback_scan(
       readout: `(h [B, H], x_t) -> y_t`, the step's output (any pytree).
       feed: `(y_t, x_t) -> fb`, what the next step reads.
       dropout_masks: `[T, L-1, B, H]` scaled inter-layer keep-masks, or None (no dropout).
+      dropout_key: instead of `dropout_masks`, a key from which each step draws its own masks
+        (`core.step_dropout_masks(key, t, ...)`), so no `[T, ...]` mask array exists and remat keeps
+        training memory ~sqrt(T) with dropout on.
       prepare: optional `xs -> xs'` for the work that does not depend on the feedback, done for many
         steps at once before the loop (e.g. the features' input projection); see `scan.time_scan`.
       unroll: time steps per compiled loop iteration (`lax.scan`'s `unroll`).
@@ -71,15 +76,23 @@ def feedback_scan(
       `(final_carries, final_feedback, ys)` with `ys` the stacked `y_t`, time-major `[T, ...]`.
     """
 
+    if dropout_masks is not None and dropout_key is not None:
+        raise ValueError("dropout_key: expected None when dropout_masks are given (one source of masks)")
+    steps = jax.tree.leaves(xs)[0].shape[0]
+    per_step = dropout_masks if dropout_key is None else jnp.arange(steps)  # masks, or step indices to draw from
+
     def body(state, step_in):
         carries, fb = state
         x_t, masks_t = step_in
+        if dropout_key is not None:
+            h_prev = jax.tree.leaves(carries[0])[0]  # [B, R]: the masks' shape and dtype
+            masks_t = core.step_dropout_masks(dropout_key, masks_t, h_prev.shape, h_prev.dtype)
         carries, h = core.step(carries, inject(fb, x_t), masks_t)
         y = readout(h, x_t)
         return (carries, feed(y, x_t)), y
 
     prepare_xs = None if prepare is None else (lambda pair: (prepare(pair[0]), pair[1]))
     (carries, feedback), ys = time_scan(
-        body, (carries, feedback), (xs, dropout_masks), prepare=prepare_xs, unroll=unroll, remat_chunk=remat_chunk
+        body, (carries, feedback), (xs, per_step), prepare=prepare_xs, unroll=unroll, remat_chunk=remat_chunk
     )
     return carries, feedback, ys

@@ -192,15 +192,37 @@ class RNN(nnx.Module):
         return resolve_unroll(self.unroll if unroll is None else unroll, batch_size)
 
     # -- dropout ---------------------------------------------------------------------------------
+    @property
+    def dropout_active(self) -> bool:
+        """Whether inter-layer dropout applies now (rate > 0, more than one layer, training mode)."""
+        return self.num_layers > 1 and self.dropout.rate > 0.0 and not self.dropout.deterministic
+
     def dropout_masks(self, shape: tuple[int, ...], dtype) -> Array | None:
         """Scaled keep-masks `[L-1, *shape]` for the inter-layer dropout, or None when it is inactive.
 
         Drawn from the module's own dropout stream; a caller who needs the same draws in another
         framework passes masks of its own to `step` instead.
         """
-        if self.num_layers == 1 or self.dropout.rate == 0.0 or self.dropout.deterministic:
+        if not self.dropout_active:
             return None
         return self.dropout(jnp.ones((self.num_layers - 1, *shape), dtype))
+
+    def dropout_key(self) -> Array | None:
+        """One key from the module's dropout stream for a whole call, or None when dropout is inactive.
+
+        A feedback loop draws each step's masks from it (`step_dropout_masks`) inside the loop instead of
+        materialising `[L-1, T, B, H]` masks before it, so rematerialised training keeps memory ~sqrt(T).
+        """
+        if not self.dropout_active:
+            return None
+        rngs = self.dropout.rngs
+        return rngs[self.dropout.rng_collection]() if isinstance(rngs, nnx.Rngs) else rngs()
+
+    def step_dropout_masks(self, key: Array, t: Array, shape: tuple[int, ...], dtype) -> Array:
+        """Step `t`'s scaled keep-masks `[L-1, *shape]`: `bernoulli(fold_in(key, t), 1 - rate) / (1 - rate)`."""
+        keep = 1.0 - self.dropout.rate
+        draw = jax.random.bernoulli(jax.random.fold_in(key, t), keep, (self.num_layers - 1, *shape))
+        return jnp.where(draw, jnp.asarray(1.0 / keep, dtype), jnp.zeros((), dtype))
 
     # -- running -----------------------------------------------------------------------------------
     def step(self, carries: list, xp0: Array, dropout_masks: Array | None = None) -> tuple[list, Array]:

@@ -1,4 +1,4 @@
-"""The Traveller: a position-feedback LSTM (seed 000), as one `lax.scan` over time.
+"""The Traveller: a position-feedback LSTM (seed 000), as one `lax.scan` over time, with its state.
 
 At each step t the LSTM reads its own previous positions next to the step's features, and a linear
 readout squashed by `tanh` gives the new positions in [-1, 1]^2:
@@ -6,6 +6,15 @@ readout squashed by `tanh` gives the new positions in [-1, 1]^2:
     z_t = [x_{t-1}, u_t]                     x_{-1} = 0, zero LSTM state; u_t the features [F]
     h_t = LSTM(z_t, state_{t-1})             `num_layers` layers, inter-layer dropout in training only
     x_t = tanh(W_o h_t + b_o)                positions [2]
+
+It is stateful, as the seed's `DeepStatefulMVO`: a call returns the state after its last step
+(`TravellerState`: the LSTM's `h`, `c` and the last positions `x_t`), and the next call continues from
+it. So a live user takes one step per new market bar (`step`), and running T steps in one call, in
+chunks, or one at a time gives the same positions (bit for bit on CPU, tested).
+
+    fast = jsr.jit(trav)
+    positions, state = fast(history)            # [B, T, F] -> [B, T, 2]; state after the last step
+    p_t, state = fast.step(state, u_t)          # the next bar: u_t [B, F] -> p_t [B, 2]
 
 Attribute names are the seed's (`lstm_layers`, `output_layer`) so PyTorch checkpoints of the seed's
 class (and `torch_ref.Traveller`) convert with `jsr.load_torch_state_dict` unchanged.
@@ -19,7 +28,7 @@ each step, as torch does.
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +41,15 @@ from jax_scan_rnn.scan import Unroll, resolve_hoist
 
 Array = jax.Array
 NUM_POSITIONS = 2
+LAYOUTS = ("batch", "seed")
+
+
+class TravellerState(NamedTuple):
+    """The Traveller's state between steps (a pytree; `torch_ref.TravellerState` has the same fields)."""
+
+    h: Array  # [L, B, H] LSTM hidden state per layer
+    c: Array  # [L, B, H] LSTM cell state per layer
+    positions: Array  # [B, 2] the last positions, which the next step reads back
 
 
 class Traveller(nnx.Module):
@@ -83,61 +101,99 @@ class Traveller(nnx.Module):
         )
         self.output_layer = Linear(hidden_size, NUM_POSITIONS, param_dtype=param_dtype, rngs=rngs)
 
+    def initial_state(self, batch_size: int, dtype=jnp.float32) -> TravellerState:
+        """The state before the first step: zero LSTM state, zero positions."""
+        h, c = self.lstm_layers.initial_state(batch_size, dtype)
+        return TravellerState(h, c, jnp.zeros((batch_size, NUM_POSITIONS), dtype))
+
     def __call__(
         self,
         inputs: Array,
+        state: TravellerState | None = None,
         *,
-        layout: Literal["auto", "batch", "seed"] = "auto",
+        layout: Literal["batch", "seed"] = "batch",
         dropout_masks: Array | None = None,
         unroll: Unroll | None = None,
-    ) -> Array:
-        """Positions for every step.
+    ) -> tuple[Array, TravellerState]:
+        """Positions for every step, and the state after the last one.
 
         Args:
-          inputs: `[B, T, F]` ("batch" layout) or the seed's `[T, 1, F]` ("seed" layout: one path).
-          layout: "auto" reads a rank-3 input whose second axis is 1 as the seed's layout (so a batch of
-            single-step paths must say `layout="batch"`); "batch" or "seed" force one.
+          inputs: `[B, T, F]` (layout "batch") or the seed's `[T, 1, F]` (layout "seed": one path).
+          state: None (the initial state: zeros) or the state a previous call returned, to continue from.
+          layout: "batch" or "seed"; never guessed from the shape.
           dropout_masks: `[L-1, T, B, H]` scaled keep-masks used instead of the module's own draws (so
-            another framework can be fed the same masks); given masks apply in any mode.
+            another framework can be fed the same masks); given masks apply in any mode. Without them,
+            training mode draws each step's masks inside the loop from one key of the module's dropout
+            stream (no `[T, ...]` mask array, so `remat_chunk` keeps memory ~sqrt(T)).
           unroll: `lax.scan` unroll factor; defaults to the LSTM's.
         Returns:
-          positions `[B, T, 2]` in [-1, 1], or `[T, 2]` for the seed layout.
+          `(positions, state)`: positions `[B, T, 2]` in [-1, 1] (`[T, 2]` for the seed layout) and the
+          `TravellerState` after the last step (batch 1 for the seed layout).
         """
+        x = self._check_inputs(inputs, layout)
+        if layout == "seed":
+            x = jnp.swapaxes(x, 0, 1)  # [T, 1, F] -> one path [1, T, F]
+        batch, steps, _ = x.shape
+        state = self._check_state(state, batch, x.dtype)
+        if dropout_masks is not None:
+            lstm = self.lstm_layers
+            expected = (lstm.num_layers - 1, steps, batch, lstm.hidden_size)
+            if tuple(jnp.shape(dropout_masks)) != expected:
+                raise ValueError(f"dropout_masks: expected shape {list(expected)}, got {tuple(jnp.shape(dropout_masks))}")
+            dropout_masks = jnp.swapaxes(jnp.asarray(dropout_masks, x.dtype), 0, 1)  # [T, L-1, B, H] for the scan
+        positions, state = self._run(x, state, dropout_masks, unroll)
+        return (positions[0], state) if layout == "seed" else (positions, state)
+
+    def step(
+        self, state: TravellerState | None, inputs_t: Array, *, dropout_masks: Array | None = None
+    ) -> tuple[Array, TravellerState]:
+        """One step, for live use (one call per new bar): features `[B, F]` -> `(positions [B, 2], state)`.
+
+        The same computation as one step of `__call__`, so stepping through a sequence equals one call
+        over it. `state` None starts from the initial state; `dropout_masks` `[L-1, B, H]`, as `__call__`'s.
+        """
+        x = jnp.asarray(inputs_t)
+        if x.ndim != 2:
+            raise ValueError(f"inputs_t: expected shape [B, {self.num_inputs}], got {tuple(x.shape)}")
+        masks = None if dropout_masks is None else jnp.asarray(dropout_masks)[:, None]
+        positions, state = self(x[:, None], state, dropout_masks=masks, unroll=1)
+        return positions[:, 0], state
+
+    def _check_inputs(self, inputs: Array, layout: str) -> Array:
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout: expected 'batch' ([B, T, F]) or 'seed' ([T, 1, F]), got {layout!r}")
         x = jnp.asarray(inputs)
         if not jnp.issubdtype(x.dtype, jnp.floating):
             raise TypeError(f"inputs: expected a floating dtype, got {x.dtype}")
-        seed_layout = self._is_seed_layout(x, layout)
-        if seed_layout:
-            x = jnp.swapaxes(x, 0, 1)  # [T, 1, F] -> one path [1, T, F]
-        positions = self.positions(x, dropout_masks=dropout_masks, unroll=unroll)
-        return positions[0] if seed_layout else positions
+        f = self.num_inputs
+        expected = f"[B, T, {f}]" if layout == "batch" else f"the seed's [T, 1, {f}]"
+        if x.ndim != 3 or x.shape[-1] != f or (layout == "seed" and x.shape[1] != 1) or 0 in x.shape:
+            raise ValueError(f"inputs: expected shape {expected} (layout={layout!r}) with T >= 1, got {tuple(x.shape)}")
+        return x
 
-    def _is_seed_layout(self, x: Array, layout: str) -> bool:
-        if layout not in ("auto", "batch", "seed"):
-            raise ValueError(f"layout: expected 'auto', 'batch' or 'seed', got {layout!r}")
-        if x.ndim != 3 or x.shape[-1] != self.num_inputs:
-            raise ValueError(
-                f"inputs: expected shape [B, T, {self.num_inputs}] or the seed's [T, 1, {self.num_inputs}], "
-                f"got {tuple(x.shape)}"
-            )
-        if layout == "seed" and x.shape[1] != 1:
-            raise ValueError(f"inputs: the seed layout is [T, 1, {self.num_inputs}], got {tuple(x.shape)}")
-        return layout == "seed" or (layout == "auto" and x.shape[1] == 1)
+    def _check_state(self, state: TravellerState | None, batch: int, dtype) -> TravellerState:
+        expected = self.initial_state(batch, dtype)
+        if state is None:
+            return expected
+        if not isinstance(state, tuple) or len(state) != len(expected):
+            raise ValueError(f"state: expected a TravellerState (h, c, positions) or None, got {type(state).__name__}")
+        checked = []
+        for name, want, got in zip(TravellerState._fields, expected, state):
+            got_shape = tuple(jnp.shape(got))
+            if got_shape != want.shape:
+                raise ValueError(f"state.{name}: expected shape {list(want.shape)}, got {list(got_shape)}")
+            if not jnp.issubdtype(jnp.result_type(got), jnp.floating):
+                raise TypeError(f"state.{name}: expected a floating dtype, got {jnp.result_type(got)}")
+            checked.append(jnp.asarray(got, dtype))
+        return TravellerState(*checked)
 
-    def positions(self, x: Array, *, dropout_masks: Array | None = None, unroll: Unroll | None = None) -> Array:
-        """The feedback recurrence on validated `[B, T, F]` inputs -> `[B, T, 2]`."""
+    def _run(
+        self, x: Array, state: TravellerState, dropout_masks: Array | None, unroll: Unroll | None
+    ) -> tuple[Array, TravellerState]:
+        """The feedback recurrence on validated `[B, T, F]` inputs -> (`[B, T, 2]`, final state)."""
         lstm = self.lstm_layers
-        batch, steps, _ = x.shape
+        batch = x.shape[0]
         first = lstm.layers[0]
-        if dropout_masks is None:
-            dropout_masks = lstm.dropout_masks((steps, batch, lstm.hidden_size), x.dtype)
-            if dropout_masks is not None:
-                dropout_masks = jnp.swapaxes(dropout_masks, 0, 1)  # [T, L-1, B, H] for the scan
-        else:
-            expected = (lstm.num_layers - 1, steps, batch, lstm.hidden_size)
-            if tuple(dropout_masks.shape) != expected:
-                raise ValueError(f"dropout_masks: expected shape {list(expected)}, got {tuple(dropout_masks.shape)}")
-            dropout_masks = jnp.swapaxes(jnp.asarray(dropout_masks, x.dtype), 0, 1)
         out = self.output_layer
 
         def readout(h):  # out(h), as a thin matmul ([H, 2]: fused with the gates, see cells.matmul)
@@ -152,17 +208,18 @@ class Traveller(nnx.Module):
                               inject=lambda fb, up_t: up_t + first.matmul(fb, w_fb))
         else:  # layer 0's whole input projection in each step, as the seed's loop computes it
             projection = dict(inject=lambda fb, u_t: first.input_projection(jnp.concatenate([fb, u_t], -1)))
-        carries = lstm.unstack_state(lstm.initial_state(batch, x.dtype))
-        _, _, ys = feedback_scan(
+        carries, last, ys = feedback_scan(
             lstm,
-            carries,
-            jnp.zeros((batch, NUM_POSITIONS), x.dtype),
+            lstm.unstack_state((state.h, state.c)),
+            state.positions,
             jnp.swapaxes(x, 0, 1),  # time-major [T, B, F]
             **projection,
             readout=lambda h, _: jnp.tanh(readout(h)).astype(x.dtype),  # the carry keeps its dtype
             feed=lambda y, _: y,
             dropout_masks=dropout_masks,
+            dropout_key=lstm.dropout_key() if dropout_masks is None else None,
             unroll=lstm.scan_unroll(unroll, batch),
             remat_chunk=lstm.remat_chunk,
         )
-        return jnp.swapaxes(ys, 0, 1)
+        h, c = lstm.stack_carries(carries)
+        return jnp.swapaxes(ys, 0, 1), TravellerState(h, c, last)

@@ -46,8 +46,8 @@ def test_seed_layout_forward_over_1000_steps(dtype):
     ref, ours = make_pair(dtype)
     x = np.random.default_rng(0).standard_normal((1000, 1, 4))
     with torch.no_grad():
-        want = ref(torch.from_numpy(x).to(DTYPES[dtype][1]))
-    got = ours(jnp.asarray(x, DTYPES[dtype][0]))
+        want, _ = ref(torch.from_numpy(x).to(DTYPES[dtype][1]), layout="seed")
+    got, _ = ours(jnp.asarray(x, DTYPES[dtype][0]), layout="seed")
     assert got.shape == (1000, 2)
     assert_steps_close("positions (seed layout)", got, want, POSITION_ATOL[dtype], time_axis=0)
 
@@ -58,8 +58,8 @@ def test_batched_forward_over_1000_steps(dtype, hoist):
     ref, ours = make_pair(dtype, layers=3, hoist_inputs=hoist)
     market = trading.simulate(MARKET, 5, 1000, seed=1)
     with torch.no_grad():
-        want = ref(torch.from_numpy(market.features).to(DTYPES[dtype][1]))
-    got = ours(jnp.asarray(market.features, DTYPES[dtype][0]))
+        want, _ = ref(torch.from_numpy(market.features).to(DTYPES[dtype][1]))
+    got, _ = ours(jnp.asarray(market.features, DTYPES[dtype][0]))
     assert got.shape == (5, 1000, 2)
     assert_steps_close(f"positions (batched, hoist_inputs={hoist})", got, want, POSITION_ATOL[dtype])
 
@@ -72,8 +72,8 @@ def test_every_torch_loop_variant_matches_jax(method):
     ref, ours = make_pair("float64", layers=2)
     x = np.random.default_rng(2).standard_normal((3, 200, 4))
     with torch.no_grad():
-        want = ref(torch.from_numpy(x), method=method)
-    assert_steps_close(f"positions (torch method={method})", ours(jnp.asarray(x)), want, POSITION_ATOL["float64"])
+        want, _ = ref(torch.from_numpy(x), method=method)
+    assert_steps_close(f"positions (torch method={method})", ours(jnp.asarray(x))[0], want, POSITION_ATOL["float64"])
 
 
 def test_shared_dropout_masks_give_the_same_positions():
@@ -85,8 +85,8 @@ def test_shared_dropout_masks_give_the_same_positions():
     x = rng.standard_normal((2, 50, 4))
     masks = (rng.random((2, 50, 2, 16)) > 0.3) / 0.7  # [L-1, T, B, H], scaled keep-masks
     with torch.no_grad():
-        want = ref(torch.from_numpy(x), method="cell", dropout_masks=torch.from_numpy(masks))
-    got = ours(jnp.asarray(x), dropout_masks=jnp.asarray(masks))
+        want, _ = ref(torch.from_numpy(x), method="cell", dropout_masks=torch.from_numpy(masks))
+    got, _ = ours(jnp.asarray(x), dropout_masks=jnp.asarray(masks))
     assert_steps_close("positions with shared dropout masks", got, want, POSITION_ATOL["float64"])
 
 
@@ -95,7 +95,7 @@ def utility_loss(positions, returns):
 
 
 def jax_loss_and_grads(model, features, returns):
-    loss, grads = nnx.jit(nnx.value_and_grad(lambda m: utility_loss(m(features), returns)))(model)
+    loss, grads = nnx.jit(nnx.value_and_grad(lambda m: utility_loss(m(features)[0], returns)))(model)
     holder = nnx.clone(model)
     nnx.update(holder, grads)
     return loss, jsr.torch_state_dict(holder)
@@ -107,7 +107,7 @@ def test_utility_gradients_match_torch(dtype, hoist):
     jdt, tdt = DTYPES[dtype]
     ref, ours = make_pair(dtype, hoist_inputs=hoist)
     market = trading.simulate(MARKET, 8, 300, seed=4)
-    t_loss = utility_loss(ref(torch.from_numpy(market.features).to(tdt)), torch.from_numpy(market.returns).to(tdt))
+    t_loss = utility_loss(ref(torch.from_numpy(market.features).to(tdt))[0], torch.from_numpy(market.returns).to(tdt))
     t_loss.backward()
     j_loss, j_grads = jax_loss_and_grads(ours, jnp.asarray(market.features, jdt), jnp.asarray(market.returns, jdt))
     assert_close("utility loss", j_loss, t_loss, POSITION_ATOL[dtype])
@@ -123,7 +123,7 @@ def test_fifty_adam_steps_end_in_the_same_parameters():
 
     @nnx.jit
     def jax_step(model, optimizer, features, returns):
-        loss, grads = nnx.value_and_grad(lambda m: utility_loss(m(features), returns))(model)
+        loss, grads = nnx.value_and_grad(lambda m: utility_loss(m(features)[0], returns))(model)
         optimizer.update(model, grads)
         return loss
 
@@ -131,7 +131,7 @@ def test_fifty_adam_steps_end_in_the_same_parameters():
         market = trading.simulate(MARKET, 16, 64, seed=100 + step)
         features, returns = market.features.astype(np.float32), market.returns.astype(np.float32)
         t_opt.zero_grad()
-        t_loss = utility_loss(ref(torch.from_numpy(features)), torch.from_numpy(returns))
+        t_loss = utility_loss(ref(torch.from_numpy(features))[0], torch.from_numpy(returns))
         t_loss.backward()
         t_opt.step()
         j_loss = jax_step(ours, optimizer, jnp.asarray(features), jnp.asarray(returns))
@@ -141,3 +141,35 @@ def test_fifty_adam_steps_end_in_the_same_parameters():
     ours_sd = jsr.torch_state_dict(ours)
     for key, value in ref.state_dict().items():
         assert_close(f"parameter {key} after {steps} Adam steps", ours_sd[key], value, TRAJECTORY_ATOL)
+
+
+@pytest.mark.parametrize("hoist", HOIST)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_stateful_live_use_matches_torch(dtype, hoist):
+    """The live path in both frameworks: a history in one call, then one `step` per new bar from the
+    returned state, and a chunk from a state; every position and the final state agree."""
+    jdt, tdt = DTYPES[dtype]
+    ref, ours = make_pair(dtype, layers=2, hoist_inputs=hoist)
+    fast = jsr.jit(ours)
+    market = trading.simulate(MARKET, 3, 300, seed=5)
+    x = market.features
+    t_x = torch.from_numpy(x).to(tdt)
+    with torch.no_grad():
+        t_hist, t_state = ref(t_x[:, :200])
+        t_steps = []
+        for t in range(200, 250):
+            p, t_state = ref.step(t_state, t_x[:, t])
+            t_steps.append(p)
+        t_tail, t_state = ref(t_x[:, 250:], t_state)
+    j_hist, j_state = fast(jnp.asarray(x[:, :200], jdt))
+    j_steps = []
+    for t in range(200, 250):
+        p, j_state = fast.step(j_state, jnp.asarray(x[:, t], jdt))
+        j_steps.append(p)
+    j_tail, j_state = fast(jnp.asarray(x[:, 250:], jdt), j_state)
+    label = f"stateful {dtype} hoist_inputs={hoist}"
+    got = jnp.concatenate([j_hist, jnp.stack(j_steps, 1), j_tail], 1)
+    want = torch.cat([t_hist, torch.stack(t_steps, 1), t_tail], 1)
+    assert_steps_close(f"{label}: positions (history, 50 steps, a chunk)", got, want, POSITION_ATOL[dtype])
+    for field, j, t in zip(jsr.TravellerState._fields, j_state, t_state):
+        assert_close(f"{label}: final state.{field}", j, t, POSITION_ATOL[dtype])

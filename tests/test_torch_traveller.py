@@ -1,4 +1,5 @@
-"""torch_ref.Traveller: its four loop methods agree, it loads the seed's checkpoints, dropout, errors."""
+"""torch_ref.Traveller: its four loop methods agree, state carried across calls, the seed's checkpoints,
+dropout, errors."""
 from __future__ import annotations
 
 import warnings
@@ -7,8 +8,8 @@ import pytest
 import torch
 
 import torch_ref.traveller as traveller_module
-from torch_ref import Traveller
-from torch_ref.traveller import compiled_loop, scan_available
+from torch_ref import Traveller, TravellerState
+from torch_ref.traveller import LAYOUTS, compiled_loop, scan_available
 
 # float64: the methods run the same operations in a different grouping (per-step nn.LSTM vs. cell math),
 # so they differ only by accumulated rounding, ~1e-16 per op.
@@ -92,29 +93,34 @@ def test_all_methods_agree_in_float64_batched(num_layers):
     model = make_model(num_layers)
     x = random_inputs(3, 6, NUM_INPUTS)
     with torch.no_grad():
-        want = model(x, method="loop")
+        want, want_state = model(x, method="loop")
         assert want.shape == (3, 6, 2)
+        assert [tuple(t.shape) for t in want_state] == [(num_layers, 3, HIDDEN), (num_layers, 3, HIDDEN), (3, 2)]
         for method in ALL_METHODS[1:]:
-            assert_close(model(x, method=method), want, TOL_F64, f"method={method}, layers={num_layers}")
+            got, state = model(x, method=method)
+            assert_close(got, want, TOL_F64, f"method={method}, layers={num_layers}")
+            for name in TravellerState._fields:
+                what = f"final state.{name}, method={method}, layers={num_layers}"
+                assert_close(getattr(state, name), getattr(want_state, name), TOL_F64, what)
 
 
 def test_all_methods_agree_in_float32():
     model = make_model(2, dtype=torch.float32)
     x = random_inputs(2, 8, NUM_INPUTS, dtype=torch.float32)
     with torch.no_grad():
-        want = model(x, method="loop")
+        want, _ = model(x, method="loop")
         for method in ALL_METHODS[1:]:
-            assert_close(model(x, method=method), want, TOL_F32, f"float32 method={method}")
+            assert_close(model(x, method=method)[0], want, TOL_F32, f"float32 method={method}")
 
 
 def test_all_methods_agree_in_seed_layout():
     model = make_model(3)
     x = random_inputs(7, 1, NUM_INPUTS)
     with torch.no_grad():
-        want = model(x, method="loop")
+        want, _ = model(x, method="loop", layout="seed")
         assert want.shape == (7, 2)
         for method in ALL_METHODS[1:]:
-            assert_close(model(x, method=method), want, TOL_F64, f"seed layout, method={method}")
+            assert_close(model(x, method=method, layout="seed")[0], want, TOL_F64, f"seed layout, method={method}")
 
 
 @pytest.mark.parametrize("method", ALL_METHODS)
@@ -122,21 +128,23 @@ def test_seed_layout_equals_batch_layout_with_one_sequence(method):
     model = make_model(2)
     x = random_inputs(6, 1, NUM_INPUTS)  # the seed's [T, 1, F]
     with torch.no_grad():
-        seed = model(x, method=method)  # "auto" reads [T, 1, F] as the seed layout
-        explicit = model(x, method=method, layout="seed")
-        batched = model(x.transpose(0, 1), method=method, layout="batch")  # [1, T, F]
-    assert torch.equal(seed, explicit)
-    assert batched.shape == (1, 6, 2)
+        seed, seed_state = model(x, method=method, layout="seed")
+        batched, batch_state = model(x.transpose(0, 1), method=method, layout="batch")  # [1, T, F]
+    assert seed.shape == (6, 2) and batched.shape == (1, 6, 2)
     assert_close(seed, batched[0], TOL_F64, f"seed vs batch B=1, method={method}")
+    assert seed_state.h.shape == (2, 1, HIDDEN) and seed_state.positions.shape == (1, 2)  # B = 1
+    for name in TravellerState._fields:
+        assert_close(getattr(seed_state, name), getattr(batch_state, name), TOL_F64, f"state.{name}, {method}")
 
 
-def test_auto_layout_reads_a_batch_of_one_step_sequences_as_the_seed_layout():
+def test_default_layout_is_batch_even_for_one_step_sequences():
     model = make_model(1)
     x = random_inputs(4, 1, NUM_INPUTS)
     with torch.no_grad():
-        as_seed = model(x, method="cell")  # one sequence of T = 4 steps
-        as_batch = model(x, method="cell", layout="batch")  # four sequences of one step
-    assert as_seed.shape == (4, 2) and as_batch.shape == (4, 1, 2)
+        as_seed, _ = model(x, method="cell", layout="seed")  # one sequence of T = 4 steps
+        as_batch, state = model(x, method="cell")  # the default: four sequences of one step
+    assert LAYOUTS == ("batch", "seed")
+    assert as_seed.shape == (4, 2) and as_batch.shape == (4, 1, 2) and state.positions.shape == (4, 2)
     assert_close(as_seed[0], as_batch[0, 0], TOL_F64, "first step is the same either way")
     assert not torch.allclose(as_seed[1:], as_batch[1:, 0]), "later steps differ: feedback vs. fresh state"
 
@@ -145,8 +153,8 @@ def test_sequences_in_a_batch_are_independent():
     model = make_model(2)
     x = random_inputs(3, 5, NUM_INPUTS)
     with torch.no_grad():
-        whole = model(x, method="cell")
-        alone = torch.cat([model(x[b : b + 1], method="cell", layout="batch") for b in range(3)])
+        whole, _ = model(x, method="cell")
+        alone = torch.cat([model(x[b : b + 1], method="cell", layout="batch")[0] for b in range(3)])
     assert_close(whole, alone, TOL_F64, "batched vs one sequence at a time")
 
 
@@ -159,9 +167,183 @@ def test_methods_share_the_modules_parameters():
     with torch.no_grad():
         model.lstm_layers.bias_hh_l1.add_(0.3)  # an in-place change must reach every method
         model.output_layer.weight.mul_(-1.0)
-        want = model(x, method="loop")
+        want, _ = model(x, method="loop")
         for method in ALL_METHODS[1:]:
-            assert_close(model(x, method=method), want, TOL_F64, f"after an update, method={method}")
+            assert_close(model(x, method=method)[0], want, TOL_F64, f"after an update, method={method}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# State: one call, chunks and single steps are the same computation
+# ---------------------------------------------------------------------------------------------------
+
+CHUNKS = (3, 4, 5)  # T = 12 in three calls of different lengths
+
+
+def assert_identical(got, want, what):
+    """Bit-identical tensors (the same operations on the same values), with a message naming `what`."""
+    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    assert torch.equal(got, want), f"{what}: not bit-identical, max abs difference {(got - want).abs().max():.3e}"
+
+
+def assert_states_identical(got, want, what):
+    assert isinstance(got, TravellerState), f"{what}: got a {type(got).__name__}, not a TravellerState"
+    for name in TravellerState._fields:
+        assert_identical(getattr(got, name), getattr(want, name), f"{what}, state.{name}")
+
+
+def run_in_chunks(model, x, chunks, state=None, **kwargs):
+    """`model` over x [B, T, F] in consecutive chunks of the given lengths, passing the state along."""
+    positions, start = [], 0
+    for length in chunks:
+        p, state = model(x[:, start : start + length], state, **kwargs)
+        positions.append(p)
+        start += length
+    assert start == x.shape[1]
+    return torch.cat(positions, dim=1), state
+
+
+def run_by_step(model, x, state=None):
+    """`model.step` over x [B, T, F], one step at a time."""
+    positions = []
+    for t in range(x.shape[1]):
+        p, state = model.step(state, x[:, t])
+        positions.append(p)
+    return torch.stack(positions, dim=1), state
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("method", ALL_METHODS)
+def test_one_call_chunks_and_single_steps_are_bit_identical(method, dtype):
+    model = make_model(2, dtype=dtype)
+    x = random_inputs(2, sum(CHUNKS), NUM_INPUTS, dtype=dtype)
+    with torch.no_grad():
+        want, want_state = model(x, method=method)
+        got, state = run_in_chunks(model, x, CHUNKS, method=method)
+        assert_identical(got, want, f"positions in chunks {CHUNKS}, method={method}")
+        assert_states_identical(state, want_state, f"chunks {CHUNKS}, method={method}")
+        got, state = run_in_chunks(model, x, [1] * x.shape[1], method=method)
+        assert_identical(got, want, f"positions one step per call, method={method}")
+        assert_states_identical(state, want_state, f"one step per call, method={method}")
+        assert_identical(want_state.positions, want[:, -1], f"state.positions is the last step's, method={method}")
+
+        got, state = run_by_step(model, x)
+        if method == "loop":
+            # `step` runs the cell math of "cell"/"script"/"scan"; "loop" runs nn.LSTM's kernel, which
+            # (in float32 on CPU) rounds differently: equal to rounding, not bit for bit.
+            tol = TOL_F32 if dtype == torch.float32 else TOL_F64
+            assert_close(got, want, tol, "step one at a time vs method=loop")
+            for name in TravellerState._fields:
+                assert_close(getattr(state, name), getattr(want_state, name), tol, f"step vs loop, state.{name}")
+        else:
+            assert_identical(got, want, f"positions of step one at a time, method={method}")
+            assert_states_identical(state, want_state, f"step one at a time, method={method}")
+
+
+def random_state(model, batch, seed=7):
+    lstm = model.lstm_layers
+    g = torch.Generator().manual_seed(seed)
+    shape = (lstm.num_layers, batch, lstm.hidden_size)
+    dtype = lstm.weight_hh_l0.dtype
+    return TravellerState(
+        h=torch.randn(shape, generator=g, dtype=dtype).tanh(),
+        c=torch.randn(shape, generator=g, dtype=dtype),
+        positions=torch.rand(batch, 2, generator=g, dtype=dtype) * 2 - 1,
+    )
+
+
+def test_every_method_starts_from_a_given_state():
+    model = make_model(3)
+    x = random_inputs(2, 5, NUM_INPUTS)
+    start = random_state(model, 2)
+    with torch.no_grad():
+        want, want_state = model(x, start, method="loop")
+        from_zero, _ = model(x, method="loop")
+        assert not torch.allclose(want, from_zero), "the given state must change the positions"
+        # The first step reads the given positions and (h, c): check it against the single-step math.
+        first, _ = model.step(start, x[:, 0])
+        assert_close(want[:, 0], first, TOL_F64, "first step from the given state")
+        for method in ALL_METHODS[1:]:
+            got, state = model(x, start, method=method)
+            assert_close(got, want, TOL_F64, f"positions from a given state, method={method}")
+            for name in TravellerState._fields:
+                what = f"final state.{name} from a given state, method={method}"
+                assert_close(getattr(state, name), getattr(want_state, name), TOL_F64, what)
+    assert_identical(start.h, random_state(model, 2).h, "the given state is not modified in place")
+
+
+def test_state_none_is_the_zero_state():
+    model = make_model(2)
+    zero = model.initial_state(3)
+    assert isinstance(zero, TravellerState)
+    assert [tuple(t.shape) for t in zero] == [(2, 3, HIDDEN), (2, 3, HIDDEN), (3, 2)]
+    assert all(t.dtype == torch.float64 and t.device.type == "cpu" and not t.any() for t in zero)
+    x = random_inputs(3, 4, NUM_INPUTS)
+    with torch.no_grad():
+        for method in ALL_METHODS:
+            assert_identical(model(x, zero, method=method)[0], model(x, method=method)[0], f"zero state, {method}")
+        assert_identical(model.step(zero, x[:, 0])[0], model.step(None, x[:, 0])[0], "step from the zero state")
+    with pytest.raises(TypeError, match=r"batch_size: expected an int, got float"):
+        model.initial_state(2.0)
+
+
+def test_gradients_flow_through_the_state_across_chunks():
+    model = make_model(2)
+    x = random_inputs(2, 7, NUM_INPUTS)
+    weights = torch.linspace(-1.0, 1.0, 2 * 7 * 2, dtype=torch.float64).reshape(2, 7, 2)
+    for method in ("loop", "cell"):
+        model.zero_grad()
+        (model(x, method=method)[0] * weights).sum().backward()
+        want = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        (run_in_chunks(model, x, (3, 4), method=method)[0] * weights).sum().backward()
+        for (name, p), g in zip(model.named_parameters(), want):
+            assert_close(p.grad, g, GRAD_TOL_F64, f"grad of {name} in chunks, method={method}")
+
+
+@pytest.mark.parametrize("method", ALL_METHODS)
+def test_seed_layout_round_trip_with_state(method):
+    """The seed's [T, 1, F] in chunks, and stepped, carries a B = 1 state that the batch layout accepts."""
+    model = make_model(2)
+    x = random_inputs(9, 1, NUM_INPUTS)  # the seed's [T, 1, F]
+    with torch.no_grad():
+        want, want_state = model(x, method=method, layout="seed")
+        assert want.shape == (9, 2) and want_state.h.shape == (2, 1, HIDDEN) and want_state.positions.shape == (1, 2)
+        head, state = model(x[:4], method=method, layout="seed")
+        tail, state = model(x[4:], state, method=method, layout="seed")
+        assert_identical(torch.cat([head, tail]), want, f"seed layout in two chunks, method={method}")
+        assert_states_identical(state, want_state, f"seed layout in two chunks, method={method}")
+        # A state from the seed layout continues in the batch layout ([1, T, F]), and back.
+        _, state = model(x[:4], method=method, layout="seed")
+        tail, state = model(x[4:].transpose(0, 1), state, method=method, layout="batch")
+        assert_identical(tail[0], want[4:], f"seed layout, then batch layout, method={method}")
+        assert_states_identical(state, want_state, f"seed layout, then batch layout, method={method}")
+        stepped = []
+        state = None
+        for t in range(9):
+            p, state = model.step(state, x[t])  # x[t] is [1, F]: one bar of the one sequence
+            stepped.append(p[0])
+        assert_close(torch.stack(stepped), want, TOL_F64, f"seed layout stepped, method={method}")
+
+
+def test_step_draws_dropout_in_training_mode_and_takes_explicit_masks():
+    model = make_model(2, dropout=0.5)
+    x = random_inputs(2, 4, NUM_INPUTS)
+    masks = model.sample_dropout_masks(4, 2, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want, _ = model(x, method="cell", dropout_masks=masks)
+        eval_p, _ = model.step(None, x[:, 0])
+        assert_identical(model.step(None, x[:, 0])[0], eval_p, "no dropout in eval mode")
+        model.train()
+        torch.manual_seed(0)
+        first, _ = model.step(None, x[:, 0])
+        second, _ = model.step(None, x[:, 0])
+        assert not torch.allclose(first, eval_p), "step in training mode: no dropout drawn"
+        assert not torch.allclose(first, second), "step in training mode: the same dropout drawn twice"
+        state, stepped = None, []
+        for t in range(4):
+            p, state = model.step(state, x[:, t], dropout_masks=masks[:, t])
+            stepped.append(p)
+    assert_identical(torch.stack(stepped, 1), want, "step with masks[:, t] vs forward with masks")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -180,9 +362,11 @@ def test_state_dict_of_the_seeds_class_loads_unchanged_and_gives_identical_outpu
     x = random_inputs(9, 1, NUM_INPUTS)
     with torch.no_grad():
         want = seed_model(x)
-        assert torch.equal(model(x, method="loop"), want), "the seed's own loop must be reproduced exactly"
+        got, _ = model(x, method="loop", layout="seed")
+        assert torch.equal(got, want), "the seed's own loop must be reproduced exactly"
         for method in ALL_METHODS[1:]:
-            assert_close(model(x, method=method), want, TOL_F64, f"seed checkpoint, method={method}")
+            got, _ = model(x, method=method, layout="seed")
+            assert_close(got, want, TOL_F64, f"seed checkpoint, method={method}")
     SeedTraveller(NUM_INPUTS, HIDDEN, 2, 0.0).double().load_state_dict(model.state_dict())  # and back
 
 
@@ -193,7 +377,7 @@ def test_seed_class_in_float32_matches_the_loop_exactly():
     model.load_state_dict(seed_model.state_dict())
     x = random_inputs(5, 1, NUM_INPUTS, dtype=torch.float32)
     with torch.no_grad():
-        assert torch.equal(model(x), seed_model(x))
+        assert torch.equal(model(x, layout="seed")[0], seed_model(x))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -209,7 +393,7 @@ def test_gradients_agree_across_methods():
     for method in ALL_METHODS:
         model.zero_grad()
         x = x0.clone().requires_grad_(True)
-        (model(x, method=method) * weights).sum().backward()
+        (model(x, method=method)[0] * weights).sum().backward()
         grads[method] = {"inputs": x.grad} | {name: p.grad.clone() for name, p in model.named_parameters()}
     for method in ALL_METHODS[1:]:
         for name, want in grads["loop"].items():
@@ -226,9 +410,9 @@ def test_dropout_is_off_in_eval_mode():
     no_dropout = make_model(2, dropout=0.0)  # same seed, same weights
     x = random_inputs(2, 5, NUM_INPUTS)
     with torch.no_grad():
-        want = no_dropout(x, method="loop")
+        want, _ = no_dropout(x, method="loop")
         for method in ALL_METHODS:
-            assert_close(model(x, method=method), want, TOL_F64, f"eval mode with dropout, method={method}")
+            assert_close(model(x, method=method)[0], want, TOL_F64, f"eval mode with dropout, method={method}")
 
 
 @pytest.mark.parametrize("method", ALL_METHODS)
@@ -236,11 +420,11 @@ def test_dropout_is_on_in_training_mode(method):
     model = make_model(2, dropout=0.5)
     x = random_inputs(2, 5, NUM_INPUTS)
     with torch.no_grad():
-        eval_out = model(x, method=method)
+        eval_out, _ = model(x, method=method)
         model.train()
         torch.manual_seed(0)
-        first = model(x, method=method)
-        second = model(x, method=method)
+        first, _ = model(x, method=method)
+        second, _ = model(x, method=method)
     assert not torch.allclose(first, eval_out), f"method={method}: training output equals eval output"
     assert not torch.allclose(first, second), f"method={method}: two training passes drew the same dropout"
 
@@ -249,10 +433,10 @@ def test_single_layer_has_no_dropout_even_in_training_mode():
     model = make_model(1, dropout=0.9).train()  # nn.LSTM: dropout only between layers
     x = random_inputs(2, 5, NUM_INPUTS)
     with torch.no_grad():
-        want = model.eval()(x, method="loop")
+        want, _ = model.eval()(x, method="loop")
         model.train()
         for method in ALL_METHODS:
-            assert_close(model(x, method=method), want, TOL_F64, f"one layer in training, method={method}")
+            assert_close(model(x, method=method)[0], want, TOL_F64, f"one layer in training, method={method}")
 
 
 @pytest.mark.parametrize("method", EXPLICIT_MASK_METHODS)
@@ -261,8 +445,8 @@ def test_explicit_masks_of_ones_equal_eval_mode(method):
     x = random_inputs(2, 5, NUM_INPUTS)
     ones = torch.ones(1, 5, 2, HIDDEN, dtype=torch.float64)  # [L-1, T, B, H]
     with torch.no_grad():
-        want = model(x, method="loop")
-        got = model.train()(x, method=method, dropout_masks=ones)
+        want, _ = model(x, method="loop")
+        got, _ = model.train()(x, method=method, dropout_masks=ones)
     assert_close(got, want, TOL_F64, f"masks of ones in training mode, method={method}")
 
 
@@ -271,11 +455,12 @@ def test_explicit_masks_give_the_same_positions_in_every_method():
     x = random_inputs(2, 6, NUM_INPUTS)
     masks = model.sample_dropout_masks(6, 2, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
-        want = model(x, method="cell", dropout_masks=masks)
-        assert not torch.allclose(want, model.eval()(x, method="cell")), "the masks must change something"
+        want, _ = model(x, method="cell", dropout_masks=masks)
+        assert not torch.allclose(want, model.eval()(x, method="cell")[0]), "the masks must change something"
         for method in EXPLICIT_MASK_METHODS[1:]:
             # explicit masks apply in eval mode too: explicit wins over the mode
-            assert_close(model(x, method=method, dropout_masks=masks), want, TOL_F64, f"masks, method={method}")
+            got, _ = model(x, method=method, dropout_masks=masks)
+            assert_close(got, want, TOL_F64, f"masks, method={method}")
 
 
 def test_masks_sit_between_layers_only():
@@ -284,8 +469,8 @@ def test_masks_sit_between_layers_only():
     model = make_model(2, dropout=0.5)
     zeros = torch.zeros(1, 4, 2, HIDDEN, dtype=torch.float64)
     with torch.no_grad():
-        a = model(random_inputs(2, 4, NUM_INPUTS, seed=1), method="cell", dropout_masks=zeros)
-        b = model(random_inputs(2, 4, NUM_INPUTS, seed=2), method="cell", dropout_masks=zeros)
+        a, _ = model(random_inputs(2, 4, NUM_INPUTS, seed=1), method="cell", dropout_masks=zeros)
+        b, _ = model(random_inputs(2, 4, NUM_INPUTS, seed=2), method="cell", dropout_masks=zeros)
     assert_close(a, b, TOL_F64, "positions with the lower layer masked out")
 
 
@@ -334,9 +519,12 @@ def test_whole_model_traces_as_one_graph_with_scan():
     with torch._dynamo.config.patch(allow_rnn=True):
         compiled = torch.compile(model, fullgraph=True, backend="eager")
         with torch.no_grad():
-            got = compiled(x, method="scan")
+            got, got_state = compiled(x, method="scan")
     with torch.no_grad():
-        assert_close(got, model(x, method="loop"), TOL_F64, "torch.compile(model, fullgraph=True), scan")
+        want, want_state = model(x, method="loop")
+    assert isinstance(got_state, TravellerState)
+    assert_close(got, want, TOL_F64, "torch.compile(model, fullgraph=True), scan")
+    assert_close(got_state.c, want_state.c, TOL_F64, "torch.compile(model, fullgraph=True), scan, state.c")
 
 
 @pytest.mark.slow
@@ -345,16 +533,23 @@ def test_compiled_scan_matches_eager_with_gradients():
     model = make_model(2)
     run = compiled_loop(model)  # inductor, fullgraph=True
     x = random_inputs(2, 12, NUM_INPUTS)
-    got = run(x)
+    got, got_state = run(x)
     got.sum().backward()
     got_grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
-    want = model(x, method="loop")
+    want, want_state = model(x, method="loop")
     want.sum().backward()
     assert_close(got, want, TOL_F64, "compiled scan")
+    for name in TravellerState._fields:
+        assert_close(getattr(got_state, name), getattr(want_state, name), TOL_F64, f"compiled scan, state.{name}")
     for (name, p), g in zip(model.named_parameters(), got_grads):
         assert_close(g, p.grad, GRAD_TOL_F64, f"compiled scan grad of {name}")
-    assert_close(run(x[:, :7].contiguous()), model(x[:, :7], method="cell"), TOL_F64, "compiled scan, new T")
+    with torch.no_grad():
+        head, state = run(x[:, :7].contiguous())  # a new T, then the rest from the returned state
+        assert_close(head, model(x[:, :7], method="cell")[0], TOL_F64, "compiled scan, new T")
+        tail, state = run(x[:, 7:].contiguous(), state)
+        assert_close(torch.cat([head, tail], 1), want.detach(), TOL_F64, "compiled scan in two chunks")
+        assert_close(state.h, want_state.h.detach(), TOL_F64, "compiled scan in two chunks, state.h")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -365,12 +560,14 @@ def test_compiled_scan_matches_eager_with_gradients():
 @pytest.mark.parametrize(
     "shape, layout, expected",
     [
-        ((5, NUM_INPUTS), "auto", r"inputs: expected shape \[B, T, 3\].*got \[5, 3\]"),
-        ((2, 5, 4, NUM_INPUTS), "auto", r"inputs: expected shape .*got \[2, 5, 4, 3\]"),
-        ((2, 5, NUM_INPUTS + 1), "auto", r"inputs: expected shape \[B, T, 3\] \(layout 'batch'\), got \[2, 5, 4\]"),
-        ((5, 1, NUM_INPUTS + 1), "auto", r"inputs: expected shape \[T, 1, 3\] \(layout 'seed'\), got \[5, 1, 4\]"),
+        ((5, NUM_INPUTS), "batch", r"inputs: expected shape \[B, T, 3\].*got \[5, 3\] \(rank 2\)"),
+        ((5, NUM_INPUTS), "seed", r"inputs: expected shape \[T, 1, 3\].*got \[5, 3\] \(rank 2\)"),
+        ((2, 5, 4, NUM_INPUTS), "batch", r"inputs: expected shape .*got \[2, 5, 4, 3\]"),
+        ((2, 5, NUM_INPUTS + 1), "batch", r"inputs: expected shape \[B, T, 3\] \(layout 'batch'\), got \[2, 5, 4\]"),
+        ((5, 1, NUM_INPUTS + 1), "seed", r"inputs: expected shape \[T, 1, 3\] \(layout 'seed'\), got \[5, 1, 4\]"),
         ((5, 2, NUM_INPUTS), "seed", r"inputs: expected shape \[T, 1, 3\] \(layout 'seed'\), got \[5, 2, 3\]"),
         ((2, 0, NUM_INPUTS), "batch", r"inputs: expected shape \[B, T, 3\] .*T >= 1, got \[2, 0, 3\]"),
+        ((0, 1, NUM_INPUTS), "seed", r"inputs: expected shape \[T, 1, 3\] .*T >= 1, got \[0, 1, 3\]"),
     ],
 )
 def test_bad_input_shapes_raise_value_error(shape, layout, expected):
@@ -393,8 +590,54 @@ def test_bad_method_or_layout_raise_value_error():
         model(x, method="jit")
     with pytest.raises(ValueError, match=r"layout: expected one of .*got 'time'"):
         model(x, layout="time")
+    with pytest.raises(ValueError, match=r"layout: expected one of \('batch', 'seed'\).*got 'auto'"):
+        model(x, layout="auto")  # no guessing between [B, T, F] and the seed's [T, 1, F]
     with pytest.raises(ValueError, match=r"method: expected 'scan' or 'cell' for compiled_loop, got 'loop'"):
         compiled_loop(model, method="loop")
+    with pytest.raises(ValueError, match=r"layout: expected one of \('batch', 'seed'\).*got 'auto'"):
+        compiled_loop(model, method="cell")(x, layout="auto")  # checked eagerly, before anything compiles
+
+
+def bad_states(model, batch):
+    good = model.initial_state(batch)
+    return [
+        ((good.h, good.c), TypeError, r"state: expected a TravellerState\(h, c, positions\) or None, got tuple"),
+        (good._replace(h=good.h[:, :1]), ValueError,
+         r"state\.h: expected shape \[L, B, H\] = \[2, 2, 8\] \(B = 2, the batch size of the inputs\), "
+         r"got \[2, 1, 8\]"),
+        (good._replace(c=good.c[:1]), ValueError,
+         r"state\.c: expected shape \[L, B, H\] = \[2, 2, 8\].*got \[1, 2, 8\]"),
+        (good._replace(positions=good.positions[:, :1]), ValueError,
+         r"state\.positions: expected shape \[B, 2\] = \[2, 2\].*got \[2, 1\]"),
+        (good._replace(h=good.h.float()), TypeError,
+         r"state\.h: expected dtype torch\.float64 \(the model's parameters\), got torch\.float32"),
+        (good._replace(positions=[[0.0, 0.0]] * batch), TypeError,
+         r"state\.positions: expected a torch\.Tensor, got list"),
+    ]
+
+
+def test_bad_state_raises_a_clear_error():
+    model = make_model(2)
+    x = random_inputs(2, 3, NUM_INPUTS)
+    for state, error, message in bad_states(model, 2):
+        for method in ALL_METHODS:
+            with pytest.raises(error, match=message):
+                model(x, state, method=method)
+        with pytest.raises(error, match=message):
+            model.step(state, x[:, 0])
+    with pytest.raises(ValueError, match=r"state\.h: expected shape \[L, B, H\] = \[2, 1, 8\] \(B = 1"):
+        model(x[:1].transpose(0, 1), model.initial_state(2), layout="seed")  # the seed layout has B = 1
+
+
+def test_bad_step_arguments_raise():
+    model = make_model(2, dropout=0.5)
+    with pytest.raises(ValueError, match=r"x_t: expected shape \[B, 3\], got \[2, 1, 3\]"):
+        model.step(None, random_inputs(2, 1, NUM_INPUTS))
+    with pytest.raises(TypeError, match=r"x_t: expected dtype torch\.float64.*got torch\.float32"):
+        model.step(None, random_inputs(2, NUM_INPUTS, dtype=torch.float32))
+    expected = r"dropout_masks: expected shape \[num_layers-1, B, H\] = \[1, 2, 8\], got \[1, 1, 2, 8\]"
+    with pytest.raises(ValueError, match=expected):
+        model.step(None, random_inputs(2, NUM_INPUTS), dropout_masks=torch.ones(1, 1, 2, HIDDEN, dtype=torch.float64))
 
 
 def test_bad_dropout_masks_raise():

@@ -1,6 +1,7 @@
-"""jsr.Traveller behaviour: layouts, bounds, errors, dropout, jit and unroll."""
+"""jsr.Traveller behaviour: layouts, bounds, errors, state across calls, dropout, jit and unroll."""
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -11,29 +12,33 @@ import jax_scan_rnn as jsr
 
 def model(**kwargs):
     args = dict(num_inputs=3, hidden_size=8, num_layers=2, dropout=0.0) | kwargs
-    return jsr.Traveller(**args, param_dtype=jnp.float64, rngs=nnx.Rngs(0))
+    dtype = args.pop("param_dtype", jnp.float64)
+    return jsr.Traveller(**args, param_dtype=dtype, rngs=nnx.Rngs(0))
 
 
 def test_batched_and_seed_layouts():
     trav = model()
     x = np.random.default_rng(0).standard_normal((4, 20, 3))
-    batched = trav(x)
+    batched, state = trav(x)
     assert batched.shape == (4, 20, 2)
     assert np.all(np.abs(batched) <= 1.0)
-    seed = trav(x[1][:, None, :])  # the seed's [T, 1, F] -> [T, 2]
-    assert seed.shape == (20, 2)
+    assert state.h.shape == state.c.shape == (2, 4, 8) and state.positions.shape == (4, 2)
+    np.testing.assert_array_equal(state.positions, batched[:, -1])
+    seed, seed_state = trav(x[1][:, None, :], layout="seed")  # the seed's [T, 1, F] -> [T, 2]
+    assert seed.shape == (20, 2) and seed_state.positions.shape == (1, 2)
     np.testing.assert_allclose(seed, batched[1], atol=1e-14)
 
 
-def test_layout_can_be_forced_for_single_step_batches():
+def test_layout_is_never_guessed():
+    """A [5, 1, F] input is five one-step paths unless the seed layout is asked for."""
     trav = model()
     x = np.random.default_rng(1).standard_normal((5, 1, 3))
-    assert trav(x).shape == (5, 2)  # auto: the seed's layout, one path of 5 steps
-    assert trav(x, layout="batch").shape == (5, 1, 2)  # five paths of one step
-    with pytest.raises(ValueError, match=r"inputs: the seed layout is \[T, 1, 3\], got \(5, 2, 3\)"):
+    assert trav(x)[0].shape == (5, 1, 2)
+    assert trav(x, layout="seed")[0].shape == (5, 2)
+    with pytest.raises(ValueError, match=r"inputs: expected shape the seed's \[T, 1, 3\] \(layout='seed'\) with T >= 1, got \(5, 2, 3\)"):
         trav(np.zeros((5, 2, 3)), layout="seed")
-    with pytest.raises(ValueError, match="layout: expected 'auto', 'batch' or 'seed', got 'time'"):
-        trav(x, layout="time")
+    with pytest.raises(ValueError, match=r"layout: expected 'batch' \(\[B, T, F\]\) or 'seed' \(\[T, 1, F\]\), got 'auto'"):
+        trav(x, layout="auto")
 
 
 def test_positions_feed_back():
@@ -42,21 +47,65 @@ def test_positions_feed_back():
     x = np.zeros((1, 10, 3))
     y = np.array(x)
     y[0, 0] = 5.0
-    a, b = trav(x), trav(y)
+    a, b = trav(x)[0], trav(y)[0]
     assert not np.allclose(a[0, 5:], b[0, 5:])
 
 
 @pytest.mark.parametrize(
     "x, error, message",
     [
-        (np.zeros((4, 3)), ValueError, r"inputs: expected shape \[B, T, 3\] or the seed's \[T, 1, 3\], got \(4, 3\)"),
+        (np.zeros((4, 3)), ValueError, r"inputs: expected shape \[B, T, 3\] \(layout='batch'\) with T >= 1, got \(4, 3\)"),
         (np.zeros((2, 4, 5)), ValueError, r"inputs: expected shape \[B, T, 3\] .* got \(2, 4, 5\)"),
+        (np.zeros((2, 0, 3)), ValueError, r"inputs: expected shape \[B, T, 3\] .* got \(2, 0, 3\)"),
         (np.zeros((2, 4, 3), np.int32), TypeError, "inputs: expected a floating dtype, got int32"),
     ],
 )
 def test_bad_inputs(x, error, message):
     with pytest.raises(error, match=message):
         model()(x)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+@pytest.mark.parametrize("hoist", [True, False])
+def test_one_call_chunks_and_steps_are_bit_identical(dtype, hoist):
+    """Live use: T steps in one call, in chunks carrying the state, or one `step` per bar, compiled or
+    eager, give the same positions and final state, bit for bit (CPU)."""
+    trav = model(param_dtype=dtype, hoist_inputs=hoist)
+    x = jnp.asarray(np.random.default_rng(5).standard_normal((3, 12, 3)), dtype)
+    fast = jsr.jit(trav)
+    whole, final = fast(x)
+    state, chunks = None, []
+    for a, b in ((0, 1), (1, 5), (5, 12)):
+        p, state = fast(x[:, a:b], state)
+        chunks.append(p)
+    step_state, steps = None, []
+    for t in range(12):
+        p, step_state = fast.step(step_state, x[:, t])
+        steps.append(p)
+    for name, got, got_final in (("chunks", jnp.concatenate(chunks, 1), state), ("steps", jnp.stack(steps, 1), step_state)):
+        np.testing.assert_array_equal(got, whole, err_msg=f"{name}: positions")
+        for field, a, b in zip(jsr.TravellerState._fields, got_final, final):
+            np.testing.assert_array_equal(a, b, err_msg=f"{name}: final state.{field}")
+    # An eager call runs the hoisted projection as an op of its own, which XLA rounds differently from
+    # the same product fused into the compiled call: equal to a few ulps, not bit for bit.
+    np.testing.assert_allclose(trav(x)[0], whole, rtol=EAGER_RTOL[dtype], atol=EAGER_RTOL[dtype])
+
+
+EAGER_RTOL = {jnp.float32: 1e-6, jnp.float64: 1e-14}
+
+
+def test_bad_state_is_named():
+    trav = model()
+    x = np.zeros((2, 4, 3))
+    _, state = trav(x)
+    with pytest.raises(ValueError, match=r"state.h: expected shape \[2, 3, 8\], got \[2, 2, 8\]"):
+        trav(np.zeros((3, 4, 3)), state)
+    with pytest.raises(ValueError, match=r"state: expected a TravellerState \(h, c, positions\) or None, got ndarray"):
+        trav(x, np.zeros((2, 2)))
+    with pytest.raises(TypeError, match="state.positions: expected a floating dtype, got int32"):
+        trav(x, state._replace(positions=np.zeros((2, 2), np.int32)))
+    with pytest.raises(ValueError, match=r"inputs_t: expected shape \[B, 3\], got \(2, 4, 3\)"):
+        trav.step(state, x)
 
 
 def test_dropout_masks_shape_is_checked():
@@ -68,19 +117,54 @@ def test_dropout_masks_shape_is_checked():
 def test_dropout_in_training_only_and_ones_masks_equal_eval():
     trav = model(num_layers=3, dropout=0.5)
     x = np.random.default_rng(2).standard_normal((2, 12, 3))
-    assert not np.allclose(trav(x), trav(x))
-    ones = trav(x, dropout_masks=np.ones((2, 12, 2, 8)))
+    assert not np.allclose(trav(x)[0], trav(x)[0])
+    ones = trav(x, dropout_masks=np.ones((2, 12, 2, 8)))[0]
     trav.eval()
-    np.testing.assert_allclose(trav(x), trav(x))
-    np.testing.assert_allclose(trav(x), ones, atol=1e-14)
+    np.testing.assert_allclose(trav(x)[0], trav(x)[0])
+    np.testing.assert_allclose(trav(x)[0], ones, atol=1e-14)
+
+
+def test_dropout_drawn_per_step_is_a_scaled_keep_mask_at_the_rate():
+    """Training mode draws each step's masks inside the loop from one key (no [T, ...] mask array):
+    the masks are 0 or 1/(1-p) with P(0) = p, fresh per step and per call."""
+    lstm = model(num_layers=3, dropout=0.25).lstm_layers
+    key = lstm.dropout_key()
+    masks = jnp.stack([lstm.step_dropout_masks(key, t, (64, 8), jnp.float32) for t in range(50)])
+    assert masks.shape == (50, 2, 64, 8)
+    np.testing.assert_allclose(np.unique(np.asarray(masks)), [0.0, 1 / 0.75], rtol=1e-6)
+    assert abs(float((masks == 0).mean()) - 0.25) < 0.02
+    assert not np.array_equal(masks[0], masks[1])
+    assert not np.array_equal(key, lstm.dropout_key())
+    lstm.eval()
+    assert lstm.dropout_key() is None
+
+
+def test_remat_with_dropout_keeps_no_mask_array():
+    """With dropout on and remat_chunk, the compiled training step holds no [L-1, T, B, H] masks: its
+    temporary memory grows like sqrt(T): 4x the steps (chunks of sqrt(T)) costs ~2x the memory, where
+    anything O(T) would cost ~4x. (A [1, T, 8, 32] float32 mask array alone is 1.6 MB at T=1600.)"""
+
+    def temp_bytes(steps):
+        trav = model(num_layers=2, dropout=0.3, hidden_size=32, remat_chunk=int(steps**0.5), param_dtype=jnp.float32)
+        graphdef, state = nnx.split(trav)
+
+        def grads(state, x):
+            return nnx.grad(lambda m: jnp.sum(m(x)[0] ** 2))(nnx.merge(graphdef, state))
+
+        x = jnp.zeros((8, steps, 3), jnp.float32)
+        compiled = jax.jit(grads).lower(state, x).compile()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    small, large = temp_bytes(400), temp_bytes(1600)
+    assert large < 2.5 * small, f"temp bytes {small} at T=400 -> {large} at T=1600"
 
 
 def test_jit_and_unroll_agree():
     trav = model()
     x = jnp.asarray(np.random.default_rng(3).standard_normal((2, 37, 3)))
-    base = trav(x)
+    base = trav(x)[0]
     for unroll in (3, 8):
-        out = nnx.jit(lambda m, x, u=unroll: m(x, unroll=u))(trav, x)
+        out = nnx.jit(lambda m, x, u=unroll: m(x, unroll=u)[0])(trav, x)
         np.testing.assert_allclose(out, base, atol=1e-13)
 
 
@@ -88,6 +172,6 @@ def test_bfloat16_inputs_keep_their_dtype():
     """The fed-back positions are part of the scan carry: the float32 readout must not change its dtype."""
     trav = jsr.Traveller(3, 8, 2, 0.0, rngs=nnx.Rngs(0))
     x = jnp.asarray(np.random.default_rng(4).standard_normal((2, 10, 3)), jnp.bfloat16)
-    out = trav(x)
-    assert out.dtype == jnp.bfloat16
-    np.testing.assert_allclose(np.asarray(out, np.float32), trav(x.astype(jnp.float32)), atol=5e-2)
+    out, state = trav(x)
+    assert out.dtype == jnp.bfloat16 and state.positions.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(out, np.float32), trav(x.astype(jnp.float32))[0], atol=5e-2)

@@ -77,7 +77,7 @@ SMALL_CALL_PROBE = """
     import jax_scan_rnn as jsr
     model = jsr.Traveller(3, 8, 2, rngs=nnx.Rngs(0))
     graphdef, state = nnx.split(model)
-    f = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x))
+    f = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x)[0])
     text = f.lower(state, jnp.ones((1, 50, 3))).compile().as_text()
     print(jsr.xla_flags.status(), "xla_cpu_small_call" in text)
 """

@@ -11,7 +11,8 @@ held by `lstm_layers` and `output_layer`:
 - ``"script"`` the same loop function compiled with `torch.jit.script` (TorchScript; deprecated);
 - ``"scan"``   the prototype `torch._higher_order_ops.scan` (see `scan_available`).
 
-Equations (gates stacked i, f, g, o as in `torch.nn.LSTM`; p_{-1} = 0, h^k_{-1} = c^k_{-1} = 0)::
+Equations (gates stacked i, f, g, o as in `torch.nn.LSTM`; the zero state is p_{-1} = 0,
+h^k_{-1} = c^k_{-1} = 0, or the state passed in, see below)::
 
     z^0_t = [p_{t-1}; x_t]                                          # [B, 2 + F], position FIRST
     i, f, g, o = split4(W_ih^k z^k_t + b_ih^k + W_hh^k h^k_{t-1} + b_hh^k)
@@ -19,6 +20,29 @@ Equations (gates stacked i, f, g, o as in `torch.nn.LSTM`; p_{-1} = 0, h^k_{-1} 
     h^k_t = sigmoid(o) * tanh(c^k_t)
     z^{k+1}_t = m^k_t * h^k_t                                       # inter-layer dropout mask
     p_t = tanh(W_out h^{L-1}_t + b_out)                             # [B, 2]
+
+State (`TravellerState`, everything one step hands to the next; after step t)::
+
+    h          [L, B, H]   h^k_t for k = 0 .. L-1 (as `nn.LSTM`'s h_n)
+    c          [L, B, H]   c^k_t
+    positions  [B, 2]      p_t, read back by step t + 1
+
+Stateful use. The model is an online optimiser: in live trading it takes one step per new market bar,
+continuing from where it stopped. So every call takes a state (None: the zero state) and returns the
+state after its last step::
+
+    positions, state = trav(inputs, state)      # [B, T, F] -> [B, T, 2], from `state` (None: zeros)
+    positions, state = trav(more_inputs, state) # continues the same sequences
+    p_t, state = trav.step(state, x_t)          # one step: x_t [B, F] -> p_t [B, 2] (one new bar)
+
+Running T steps in one call, in chunks (passing the state along) or one `step` at a time gives the same
+positions and the same final state: bit-identical on CPU within one method, as each call runs the same
+operations on the same values. `step` runs the single-step function of "cell", "script" and "scan"
+(`_traveller_step`), so it is bit-identical to them too; "loop" runs `nn.LSTM`, whose float32 CPU
+kernel rounds differently, so it agrees with `step` to rounding only (float64 matched bit for bit in
+torch 2.13, which is not promised). Layout "seed" ([T, 1, F]) carries a state with B = 1. In training
+mode the dropout masks of a chunked run are drawn per call, so they differ from a one-call run unless
+passed in (`dropout_masks`). For truncated backpropagation through time, detach the state between calls.
 
 Weight layout (the `state_dict()` keys of the seed's own class, so its checkpoints load unchanged)::
 
@@ -33,7 +57,7 @@ Weight layout (the `state_dict()` keys of the seed's own class, so its checkpoin
 import functools
 import warnings
 from collections.abc import Callable
-from typing import List, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -56,7 +80,21 @@ else:
         import torch.utils.mkldnn  # noqa: F401
 
 METHODS = ("loop", "cell", "script", "scan")
-LAYOUTS = ("auto", "batch", "seed")
+# "batch": [B, T, F] -> [B, T, 2] (the default); "seed": the seed's [T, 1, F] -> [T, 2]. There is no
+# "auto": [B, 1, F] (B one-step sequences) and [T, 1, F] (one sequence) look alike, so the caller says.
+LAYOUTS = ("batch", "seed")
+
+
+class TravellerState(NamedTuple):
+    """What one step of `Traveller` hands to the next (see the module docstring).
+
+    Returned by every call (`forward`, `step`, `compiled_loop`'s `run`) as the state after the last step;
+    pass it to the next call to continue the same sequences. `Traveller.initial_state(B)` is the zero state.
+    """
+
+    h: Tensor  # [L, B, H] LSTM hidden state per layer (nn.LSTM's h_n)
+    c: Tensor  # [L, B, H] LSTM cell state per layer (nn.LSTM's c_n)
+    positions: Tensor  # [B, 2] the last positions produced (what the next step reads back)
 
 
 def scan_available() -> bool:
@@ -117,30 +155,25 @@ def _traveller_step(
     return position, new_h, new_c
 
 
-def _zero_state(xs: Tensor, num_layers: int, hidden_size: int) -> Tuple[Tensor, List[Tensor], List[Tensor]]:
-    """Zero position [B, 2] and zero LSTM state (num_layers x [B, H] for h and c) for xs [T, B, F]."""
-    batch = xs.shape[1]
-    position = xs.new_zeros([batch, 2])
-    h = [xs.new_zeros([batch, hidden_size]) for _ in range(num_layers)]
-    c = [xs.new_zeros([batch, hidden_size]) for _ in range(num_layers)]
-    return position, h, c
-
-
-def _traveller_loop(xs: Tensor, weights: List[Tensor], hidden_size: int, masks: Optional[Tensor]) -> Tensor:
+def _traveller_loop(
+    xs: Tensor, position: Tensor, h: Tensor, c: Tensor, weights: List[Tensor], masks: Optional[Tensor]
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """The Python loop over time of `method="cell"`; `method="script"` is this function scripted.
 
-    xs [T, B, F] (time-major); masks [L-1, T, B, H] or None. Returns positions [T, B, 2].
+    xs [T, B, F] (time-major); the state before the first step: position [B, 2], h, c [L, B, H];
+    masks [L-1, T, B, H] or None. Returns (positions [T, B, 2], and the state after the last step:
+    position [B, 2], h [L, B, H], c [L, B, H]).
     """
-    num_layers = (len(weights) - 2) // 4
-    position, h, c = _zero_state(xs, num_layers, hidden_size)
+    h_list = h.unbind(0)
+    c_list = c.unbind(0)
     positions: List[Tensor] = []
     for t in range(xs.shape[0]):
         masks_t: Optional[Tensor] = None
         if masks is not None:
             masks_t = masks[:, t]
-        position, h, c = _traveller_step(xs[t], position, h, c, weights, masks_t)
+        position, h_list, c_list = _traveller_step(xs[t], position, h_list, c_list, weights, masks_t)
         positions.append(position)
-    return torch.stack(positions)
+    return torch.stack(positions), position, torch.stack(h_list), torch.stack(c_list)
 
 
 @functools.cache
@@ -167,8 +200,13 @@ def _scripted_loop() -> Callable[..., Tensor]:
             ) from err
 
 
-def _scan_loop(xs: Tensor, weights: List[Tensor], hidden_size: int, masks: Optional[Tensor]) -> Tensor:
-    """The loop as `torch._higher_order_ops.scan`: xs [T, B, F], masks [L-1, T, B, H] -> [T, B, 2].
+def _scan_loop(
+    xs: Tensor, position: Tensor, h: Tensor, c: Tensor, weights: List[Tensor], masks: Optional[Tensor]
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The loop as `torch._higher_order_ops.scan`, with `_traveller_loop`'s arguments and results.
+
+    xs [T, B, F], state before the first step (position [B, 2], h, c [L, B, H]), masks [L-1, T, B, H]
+    -> (positions [T, B, 2], position [B, 2], h [L, B, H], c [L, B, H]).
 
     In eager mode this is no faster than "cell": eager scan is a Python loop over T. Worse, torch 2.13
     runs even eager scan through Dynamo, so the first call for each new structure (layers, dtype, masks
@@ -181,30 +219,35 @@ def _scan_loop(xs: Tensor, weights: List[Tensor], hidden_size: int, masks: Optio
             'method="scan" needs torch._higher_order_ops.scan, which this torch '
             f"({torch.__version__}) does not provide; use method='cell', 'script' or 'loop'"
         )
-    num_layers = (len(weights) - 2) // 4
-    init = _zero_state(xs, num_layers, hidden_size)
+    # The carry is (position [B, 2], h [L, B, H], c [L, B, H]): whole tensors, not per-layer lists. With
+    # lists, torch 2.13's compiled backward fails ("scan might be aliasing the input or the output!") as
+    # soon as the final carry is returned, which the state needs. The initial carry is cloned: the state
+    # passed in may be a previous call's output or a user's tensor, and scan must not alias its inputs.
+    init = (position.clone(), h.clone(), c.clone())
     # The weights are closed over, not passed as xs: Dynamo lifts them into scan's `additional_inputs`,
     # so gradients reach the module's Parameters. Masks are per step, so they are scanned like xs.
     per_step = (xs,) if masks is None else (xs, masks.movedim(1, 0))  # masks -> [T, L-1, B, H]
 
-    def combine(carry: Tuple[Tensor, List[Tensor], List[Tensor]], step: Tuple[Tensor, ...]):
+    def combine(carry: Tuple[Tensor, Tensor, Tensor], step: Tuple[Tensor, ...]):
         position, h, c = carry
         masks_t = step[1] if len(step) > 1 else None
-        position, h, c = _traveller_step(step[0], position, h, c, weights, masks_t)
-        # scan forbids outputs that alias each other or an input, hence clones. The per-step output is
-        # a clone of the carried position; the carry itself is cloned too because in torch 2.13 the
-        # backward partition of a compiled scan otherwise returns a carry that backward also saves
-        # twice ("scan might be aliasing the input or the output!" under inductor). Clones of [B, H]
-        # tensors are cheap next to the step, and inductor removes them.
-        carry = (position.clone(), [t.clone() for t in h], [t.clone() for t in c])
+        position, h_list, c_list = _traveller_step(
+            step[0], position, list(h.unbind(0)), list(c.unbind(0)), weights, masks_t
+        )
+        # scan forbids outputs that alias each other or an input, hence the clones of the position (it
+        # is both carried and emitted); stacking makes new h and c tensors. Inductor removes the copies.
+        carry = (position.clone(), torch.stack(h_list), torch.stack(c_list))
         return carry, position.clone()
 
-    _, positions = _torch_scan(combine, init, per_step)
-    return positions
+    (position, h, c), positions = _torch_scan(combine, init, per_step)
+    return positions, position, h, c
 
 
-# The signature shared by the loop functions: (xs [T, B, F], weights, hidden_size, masks) -> [T, B, 2].
-_Loop = Callable[[Tensor, List[Tensor], int, Optional[Tensor]], Tensor]
+# The signature shared by the loop functions: (xs [T, B, F], position [B, 2], h [L, B, H], c [L, B, H],
+# weights, masks) -> (positions [T, B, 2], position [B, 2], h [L, B, H], c [L, B, H]).
+_Loop = Callable[
+    [Tensor, Tensor, Tensor, Tensor, List[Tensor], Optional[Tensor]], Tuple[Tensor, Tensor, Tensor, Tensor]
+]
 
 
 def _loop_function(method: str) -> _Loop:
@@ -218,7 +261,7 @@ def _loop_function(method: str) -> _Loop:
     raise ValueError(f"method: expected one of {METHODS[1:]}, got {method!r}")
 
 
-def _call_quietly(loop: _Loop, *args) -> Tensor:
+def _call_quietly(loop: _Loop, *args) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """`loop(*args)` without torch's "`.grad` of a non-leaf Tensor" UserWarning.
 
     Dynamo (behind scan, eager or compiled) reads `.grad` of every tensor it wraps, which warns for a
@@ -241,6 +284,9 @@ def _call_quietly(loop: _Loop, *args) -> Tensor:
 class Traveller(nn.Module):
     """Position-feedback LSTM: inputs [B, T, F] -> positions [B, T, 2] (or the seed's [T, 1, F] -> [T, 2]).
 
+    Stateful: `positions, state = model(inputs, state)` continues from `state` (None: the zero state) and
+    returns the state after the last step; `model.step(state, x_t)` takes one step (one new bar).
+
     Args:
         num_inputs: F, the number of features per step.
         hidden_size: H of every LSTM layer.
@@ -253,7 +299,7 @@ class Traveller(nn.Module):
         output_layer: `nn.Linear(hidden_size, 2)`.
         activation: `nn.Tanh()`.
 
-    See the module docstring for the equations and the weight layout.
+    See the module docstring for the equations, the state and the weight layout.
     """
 
     def __init__(self, num_inputs: int, hidden_size: int, num_layers: int, dropout: float):
@@ -278,6 +324,21 @@ class Traveller(nn.Module):
         weights += [self.output_layer.weight, self.output_layer.bias]
         return weights
 
+    def initial_state(self, batch_size: int) -> TravellerState:
+        """The zero state for `batch_size` sequences: h, c [L, B, H] and positions [B, 2], all zeros, in the
+        model's dtype and on its device. It is what `state=None` means."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int):
+            raise TypeError(f"batch_size: expected an int, got {type(batch_size).__name__}")
+        if batch_size < 0:
+            raise ValueError(f"batch_size: expected an int >= 0, got {batch_size}")
+        ref = self.lstm_layers.weight_hh_l0
+        lstm = self.lstm_layers
+        return TravellerState(
+            h=ref.new_zeros(lstm.num_layers, batch_size, lstm.hidden_size),
+            c=ref.new_zeros(lstm.num_layers, batch_size, lstm.hidden_size),
+            positions=ref.new_zeros(batch_size, 2),
+        )
+
     def sample_dropout_masks(
         self, seq_len: int, batch_size: int, *, generator: torch.Generator | None = None
     ) -> Tensor:
@@ -285,7 +346,8 @@ class Traveller(nn.Module):
 
         Each entry is 0 with probability `dropout`, else 1/(1-dropout) (all zeros when dropout == 1), drawn
         independently per layer gap, step, sequence and unit, like `nn.LSTM`'s dropout. Pass the result
-        as `forward(..., dropout_masks=...)` (or to another framework) to reproduce one draw exactly.
+        as `forward(..., dropout_masks=...)` (or to another framework) to reproduce one draw exactly;
+        `masks[:, t]` is what `step(..., dropout_masks=...)` takes for step t.
         """
         ref = self.lstm_layers.weight_hh_l0
         shape = (self.lstm_layers.num_layers - 1, seq_len, batch_size, self.lstm_layers.hidden_size)
@@ -298,22 +360,24 @@ class Traveller(nn.Module):
     def forward(
         self,
         inputs: Tensor,
+        state: TravellerState | None = None,
         *,
         method: str = "loop",
-        layout: str = "auto",
+        layout: str = "batch",
         dropout_masks: Tensor | None = None,
-    ) -> Tensor:
-        """Run the feedback loop over time.
+    ) -> tuple[Tensor, TravellerState]:
+        """Run the feedback loop over time, from `state`, and return the positions and the final state.
 
         Args:
             inputs: float tensor, [B, T, F] (layout "batch") or the seed's [T, 1, F] (layout "seed").
+            state: the state before the first step (`TravellerState` with h, c [L, B, H] and positions
+                [B, 2], B = 1 in the seed layout), e.g. the state a previous call returned; None (default)
+                is the zero state, `initial_state(B)`.
             method: "loop" (the seed's loop over `lstm_layers`), "cell" (eager loop of LSTM-cell math),
                 "script" (that loop under TorchScript) or "scan" (`torch._higher_order_ops.scan`). All read
                 the same Parameters and agree to rounding.
-            layout: "batch": [B, T, F] -> [B, T, 2]. "seed": [T, 1, F] -> [T, 2], the seed's own shapes.
-                "auto" (default) picks "seed" when inputs is 3-D with inputs.shape[1] == 1, otherwise
-                "batch". Hence a batch of B one-step sequences [B, 1, F] is read as one sequence of T = B
-                steps under "auto": pass layout="batch" for that case.
+            layout: "batch" (default): [B, T, F] -> [B, T, 2]. "seed": [T, 1, F] -> [T, 2], the seed's own
+                shapes (one sequence). Nothing is guessed from the shape: the seed layout must be asked for.
             dropout_masks: optional explicit inter-layer dropout masks [L-1, T, B, H] (B = 1 in the seed
                 layout), already scaled by 1/(1-p), e.g. from `sample_dropout_masks`. When given they are
                 applied whatever the mode (explicit wins over `self.training`), so another framework can
@@ -322,114 +386,199 @@ class Traveller(nn.Module):
                 training mode if dropout > 0 and num_layers > 1, and never in eval mode.
 
         Returns:
-            positions in (-1, 1): [B, T, 2] for layout "batch", [T, 2] for layout "seed".
+            (positions, state): positions in (-1, 1), [B, T, 2] for layout "batch", [T, 2] for layout
+            "seed"; state, the `TravellerState` after the last step (its `positions` is the last row of
+            positions), to pass to the next call.
 
         Raises:
             ValueError: unknown method/layout; inputs not 3-D, with the wrong F, with no time step, or
-                not [T, 1, F] under layout "seed"; dropout_masks of the wrong shape or given to "loop".
-            TypeError: inputs or dropout_masks not floating point, or of another dtype than the model.
+                not [T, 1, F] under layout "seed"; a state field of the wrong shape or device;
+                dropout_masks of the wrong shape or given to "loop".
+            TypeError: inputs, a state field or dropout_masks not a floating-point tensor of the model's
+                dtype; state not a TravellerState.
             RuntimeError: method "scan" where `scan_available()` is False.
         """
-        return self._run(inputs, method, layout, dropout_masks, None)
+        return self._run(inputs, state, method, layout, dropout_masks, None)
+
+    def step(
+        self, state: TravellerState | None, x_t: Tensor, *, dropout_masks: Tensor | None = None
+    ) -> tuple[Tensor, TravellerState]:
+        """One time step, as a live user calls it per new bar: x_t [B, F] -> (positions_t [B, 2], new state).
+
+        Runs `_traveller_step`, the single-step function of methods "cell", "script" and "scan", so a
+        sequence stepped through one `step` at a time gives exactly what those methods give in one call.
+
+        Args:
+            state: the state before this step (`TravellerState`, h, c [L, B, H], positions [B, 2]); None is
+                the zero state.
+            x_t: float tensor [B, F], this step's features.
+            dropout_masks: optional inter-layer masks [L-1, B, H] for this step (scaled, e.g.
+                `sample_dropout_masks(T, B)[:, t]`), applied whatever the mode. When None, drawn as
+                `forward` draws them: in training mode if dropout > 0 and num_layers > 1.
+
+        Returns:
+            (positions_t [B, 2], state after the step; its `positions` is positions_t).
+        """
+        self._check_float_tensor("x_t", x_t)
+        num_inputs = self.lstm_layers.input_size - 2
+        if x_t.ndim != 2 or x_t.shape[1] != num_inputs:
+            raise ValueError(f"x_t: expected shape [B, {num_inputs}], got {list(x_t.shape)}")
+        batch = x_t.shape[0]
+        state = self._check_state(state, batch)
+        masks = self._check_masks(dropout_masks, (batch,), "step")
+        if masks is None and self._draws_dropout():
+            masks = self.sample_dropout_masks(1, batch)[:, 0]
+        position, h, c = _traveller_step(
+            x_t, state.positions, list(state.h.unbind(0)), list(state.c.unbind(0)), self.flat_weights(), masks
+        )
+        return position, TravellerState(torch.stack(h), torch.stack(c), position)
+
+    def _draws_dropout(self) -> bool:
+        """Whether dropout masks are drawn internally (training mode, dropout > 0, more than one layer)."""
+        return self.training and self.lstm_layers.dropout > 0 and self.lstm_layers.num_layers > 1
 
     def _run(
-        self, inputs: Tensor, method: str, layout: str, dropout_masks: Tensor | None, loop: _Loop | None
-    ) -> Tensor:
+        self,
+        inputs: Tensor,
+        state: TravellerState | None,
+        method: str,
+        layout: str,
+        dropout_masks: Tensor | None,
+        loop: _Loop | None,
+    ) -> tuple[Tensor, TravellerState]:
         """`forward`'s body; `compiled_loop` passes its compiled `loop` in place of the method's own."""
         seed_layout = self._check_inputs(inputs, method, layout)
         # Everything below is time-major [T, B, F]: the seed's [T, 1, F] already is (B = 1).
         xs = inputs if seed_layout else inputs.transpose(0, 1)
-        masks = self._check_masks(dropout_masks, xs, method)
+        state = self._check_state(state, xs.shape[1])
+        if dropout_masks is not None and method == "loop":
+            raise ValueError(
+                "dropout_masks: not supported by method='loop' (nn.LSTM draws its own dropout); "
+                "use method='cell', 'script' or 'scan'"
+            )
+        masks = self._check_masks(dropout_masks, (xs.shape[0], xs.shape[1]), "forward")
 
         if method == "loop":
-            positions = self._seed_loop(xs.transpose(0, 1)).transpose(0, 1)  # [T, B, 2]
+            positions, state = self._seed_loop(xs.transpose(0, 1), state)
+            positions = positions.transpose(0, 1)  # [T, B, 2]
         else:
-            if masks is None and self.training and self.lstm_layers.dropout > 0 and self.lstm_layers.num_layers > 1:
+            if masks is None and self._draws_dropout():
                 # Drawn up front rather than inside the loop, so that every method consumes randomness
                 # the same way and scan's combine function stays free of random ops.
                 masks = self.sample_dropout_masks(xs.shape[0], xs.shape[1])
             if loop is None:
                 loop = _loop_function(method)
-            positions = _call_quietly(loop, xs, self.flat_weights(), self.lstm_layers.hidden_size, masks)
-        return positions[:, 0] if seed_layout else positions.transpose(0, 1)
+            positions, position, h, c = _call_quietly(
+                loop, xs, state.positions, state.h, state.c, self.flat_weights(), masks
+            )
+            state = TravellerState(h, c, position)
+        return (positions[:, 0] if seed_layout else positions.transpose(0, 1)), state
 
-    def _seed_loop(self, x: Tensor) -> Tensor:
-        """The seed's loop, batched: x [B, T, F] -> positions [B, T, 2], one `lstm_layers` call per step.
+    def _seed_loop(self, x: Tensor, state: TravellerState) -> tuple[Tensor, TravellerState]:
+        """The seed's loop, batched and stateful: x [B, T, F] -> (positions [B, T, 2], final state).
 
-        `nn.LSTM` is called on a [B, 1, F + 2] one-step sequence with the (h, c) it returned last time,
-        so its inter-layer dropout applies in training mode exactly as in the seed.
+        `nn.LSTM` is called on a [B, 1, F + 2] one-step sequence with the (h, c) it returned last time
+        (first: the state's), so its inter-layer dropout applies in training mode exactly as in the seed.
         """
-        batch, seq_len, _ = x.shape
-        hidden_state: tuple[Tensor, Tensor] | None = None  # None: nn.LSTM starts from zero state
-        prev_position = x.new_zeros(batch, 1, 2)
+        hidden_state = (state.h, state.c)  # [L, B, H] each, nn.LSTM's (h_0, c_0) even with batch_first
+        prev_position = state.positions.unsqueeze(1)  # [B, 1, 2]
         positions = []
-        for t in range(seq_len):
+        for t in range(x.shape[1]):
             input_data = torch.cat([prev_position, x[:, t : t + 1]], dim=2)  # [B, 1, F + 2]
             lstm_out, hidden_state = self.lstm_layers(input_data, hidden_state)  # [B, 1, H]
             prev_position = self.activation(self.output_layer(lstm_out))  # [B, 1, 2]
             positions.append(prev_position)
-        return torch.cat(positions, dim=1)
+        return torch.cat(positions, dim=1), TravellerState(hidden_state[0], hidden_state[1], prev_position[:, 0])
+
+    def _check_float_tensor(self, name: str, value) -> None:
+        """`value` must be a floating-point tensor of the model's dtype (TypeError naming `name` if not)."""
+        if not isinstance(value, Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(value).__name__}")
+        if not value.is_floating_point():
+            raise TypeError(f"{name}: expected a floating-point tensor, got dtype {value.dtype}")
+        param_dtype = self.lstm_layers.weight_hh_l0.dtype
+        if value.dtype != param_dtype:
+            raise TypeError(
+                f"{name}: expected dtype {param_dtype} (the model's parameters), got {value.dtype}; "
+                "convert it or the model (.to(dtype))"
+            )
 
     def _check_inputs(self, inputs: Tensor, method: str, layout: str) -> bool:
         """Validate the arguments of `forward`; return True for the seed layout [T, 1, F]."""
         if method not in METHODS:
             raise ValueError(f"method: expected one of {METHODS}, got {method!r}")
         if layout not in LAYOUTS:
-            raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
-        if not isinstance(inputs, Tensor):
-            raise TypeError(f"inputs: expected a torch.Tensor, got {type(inputs).__name__}")
-        if not inputs.is_floating_point():
-            raise TypeError(f"inputs: expected a floating-point tensor, got dtype {inputs.dtype}")
-        param_dtype = self.lstm_layers.weight_hh_l0.dtype
-        if inputs.dtype != param_dtype:
-            raise TypeError(
-                f"inputs: expected dtype {param_dtype} (the model's parameters), got {inputs.dtype}; "
-                "convert the inputs or the model (.to(dtype))"
-            )
-        num_inputs = self.lstm_layers.input_size - 2
-        if inputs.ndim != 3:
             raise ValueError(
-                f"inputs: expected shape [B, T, {num_inputs}] or the seed's [T, 1, {num_inputs}], "
-                f"got {list(inputs.shape)} (rank {inputs.ndim})"
+                f"layout: expected one of {LAYOUTS} ('batch' for [B, T, F], 'seed' for the seed's [T, 1, F]; "
+                f"nothing is guessed from the shape), got {layout!r}"
             )
-        seed_layout = layout == "seed" or (layout == "auto" and inputs.shape[1] == 1)
+        self._check_float_tensor("inputs", inputs)
+        num_inputs = self.lstm_layers.input_size - 2
+        seed_layout = layout == "seed"
         expected = f"[T, 1, {num_inputs}] (layout 'seed')" if seed_layout else f"[B, T, {num_inputs}] (layout 'batch')"
+        if inputs.ndim != 3:
+            raise ValueError(f"inputs: expected shape {expected}, got {list(inputs.shape)} (rank {inputs.ndim})")
         if inputs.shape[2] != num_inputs or (seed_layout and inputs.shape[1] != 1):
             raise ValueError(f"inputs: expected shape {expected}, got {list(inputs.shape)}")
         if inputs.shape[0 if seed_layout else 1] == 0:
             raise ValueError(f"inputs: expected shape {expected} with T >= 1, got {list(inputs.shape)}")
         return seed_layout
 
-    def _check_masks(self, masks: Tensor | None, xs: Tensor, method: str) -> Tensor | None:
-        """Validate `dropout_masks` against time-major xs [T, B, F]; return them (or None)."""
+    def _check_state(self, state: TravellerState | None, batch_size: int) -> TravellerState:
+        """Validate `state` for `batch_size` sequences; None -> the zero state."""
+        if state is None:
+            return self.initial_state(batch_size)
+        if not isinstance(state, TravellerState):
+            raise TypeError(
+                f"state: expected a TravellerState(h, c, positions) or None, got {type(state).__name__}"
+            )
+        lstm = self.lstm_layers
+        layers, hidden = lstm.num_layers, lstm.hidden_size
+        device = lstm.weight_hh_l0.device
+        expected = {
+            "h": ("[L, B, H]", (layers, batch_size, hidden)),
+            "c": ("[L, B, H]", (layers, batch_size, hidden)),
+            "positions": ("[B, 2]", (batch_size, 2)),
+        }
+        for field, (names, shape) in expected.items():
+            value = getattr(state, field)
+            self._check_float_tensor(f"state.{field}", value)
+            if tuple(value.shape) != shape:
+                raise ValueError(
+                    f"state.{field}: expected shape {names} = {list(shape)} (B = {batch_size}, the batch size "
+                    f"of the inputs), got {list(value.shape)}"
+                )
+            if value.device != device:
+                raise ValueError(f"state.{field}: expected device {device} (the model's), got {value.device}")
+        return state
+
+    def _check_masks(self, masks: Tensor | None, steps_and_batch: tuple[int, ...], where: str) -> Tensor | None:
+        """Validate `dropout_masks` [L-1, *steps_and_batch, H] ((T, B) for forward, (B,) for step)."""
         if masks is None:
             return None
-        if method == "loop":
-            raise ValueError(
-                "dropout_masks: not supported by method='loop' (nn.LSTM draws its own dropout); "
-                "use method='cell', 'script' or 'scan'"
-            )
         if not isinstance(masks, Tensor):
             raise TypeError(f"dropout_masks: expected a torch.Tensor or None, got {type(masks).__name__}")
-        if masks.dtype != xs.dtype:
-            raise TypeError(f"dropout_masks: expected dtype {xs.dtype} (as inputs), got {masks.dtype}")
+        dtype = self.lstm_layers.weight_hh_l0.dtype
+        if masks.dtype != dtype:
+            raise TypeError(f"dropout_masks: expected dtype {dtype} (the model's parameters), got {masks.dtype}")
         lstm = self.lstm_layers
-        expected = (lstm.num_layers - 1, xs.shape[0], xs.shape[1], lstm.hidden_size)
+        expected = (lstm.num_layers - 1, *steps_and_batch, lstm.hidden_size)
+        names = "[num_layers-1, T, B, H]" if where == "forward" else "[num_layers-1, B, H]"
         if tuple(masks.shape) != expected:
-            raise ValueError(
-                f"dropout_masks: expected shape [num_layers-1, T, B, H] = {list(expected)}, got {list(masks.shape)}"
-            )
+            raise ValueError(f"dropout_masks: expected shape {names} = {list(expected)}, got {list(masks.shape)}")
         # With one layer there is no gap between layers: nothing to apply.
         return masks if lstm.num_layers > 1 else None
 
 
-def compiled_loop(model: Traveller, *, method: str = "scan", **compile_kwargs) -> Callable[..., Tensor]:
-    """`torch.compile` of the model's loop: returns `run(inputs, *, layout="auto", dropout_masks=None)`.
+def compiled_loop(
+    model: Traveller, *, method: str = "scan", **compile_kwargs
+) -> Callable[..., tuple[Tensor, TravellerState]]:
+    """`torch.compile` of the model's loop: `run(inputs, state=None, *, layout="batch", dropout_masks=None)`.
 
-    `run` has `model.forward`'s contract (shapes, layouts, errors, dropout in training mode) and reads
-    the model's Parameters on every call, so training the model is seen. Only the loop function
-    (`method` "scan" or "cell") is compiled, with `fullgraph=True` unless `compile_kwargs` says otherwise;
-    argument checks and the gathering of weights stay eager. That keeps `nn.LSTM` out of the graph:
+    `run` has `model.forward`'s contract (shapes, layouts, state in and out, errors, dropout in training
+    mode) and reads the model's Parameters on every call, so training the model is seen. Only the loop
+    function (`method` "scan" or "cell") is compiled, with `fullgraph=True` unless `compile_kwargs` says
+    otherwise; argument checks and the gathering of weights stay eager. That keeps `nn.LSTM` out of the graph:
     Dynamo refuses to trace an `nn.LSTM` module, even to read its weights ("Attempted to wrap RNN, GRU,
     or LSTM"), while the loop functions only see tensors. (`torch.compile(model, fullgraph=True)` of
     the whole model also works, for every method, under the experimental
@@ -453,7 +602,13 @@ def compiled_loop(model: Traveller, *, method: str = "scan", **compile_kwargs) -
     compile_kwargs.setdefault("fullgraph", True)
     loop = torch.compile(_loop_function(method), **compile_kwargs)
 
-    def run(inputs: Tensor, *, layout: str = "auto", dropout_masks: Tensor | None = None) -> Tensor:
-        return model._run(inputs, method, layout, dropout_masks, loop)
+    def run(
+        inputs: Tensor,
+        state: TravellerState | None = None,
+        *,
+        layout: str = "batch",
+        dropout_masks: Tensor | None = None,
+    ) -> tuple[Tensor, TravellerState]:
+        return model._run(inputs, state, method, layout, dropout_masks, loop)
 
     return run

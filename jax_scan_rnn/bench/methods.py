@@ -205,7 +205,7 @@ def _build_torch_method(method: str) -> Callable:
 
         if method == "scan" and not torch_ref.traveller.scan_available():
             raise Skip(f"torch {ctx.torch.__version__} has no torch._higher_order_ops.scan")
-        return _torch_case(ctx, batch, steps, mode, _quiet(lambda m, x: m(x, method=method, layout="batch")))
+        return _torch_case(ctx, batch, steps, mode, _quiet(lambda m, x: m(x, method=method, layout="batch")[0]))
 
     return build
 
@@ -224,7 +224,7 @@ def _build_torch_compiled(method: str) -> Callable:
             run = runs.get(id(model))
             if run is None:
                 run = runs[id(model)] = compiled_loop(model, method=method)
-            return run(x, layout="batch")
+            return run(x, layout="batch")[0]  # (positions, final state): the positions
 
         return _torch_case(ctx, batch, steps, mode, _quiet(forward))
 
@@ -250,20 +250,21 @@ def _build_cuda_graph(ctx: _Context, batch: int, steps: int, mode: str) -> _Case
         raise Skip("needs a CUDA GPU (torch.cuda.is_available() is False on this machine)")
     from torch_ref.traveller import _traveller_loop
 
-    hidden = ctx.cfg.hidden_size
     d = ctx.data(batch, steps)
     xs = ctx.t(d["x"]).transpose(0, 1).contiguous()  # [T, B, F], the graph's static input
+    zero = ctx.torch_model.initial_state(batch)  # the loop's starting state, a static input too
+    start = (zero.positions, zero.h, zero.c)
     t0 = time.perf_counter()
     if mode == "forward":
         weights = [w.detach() for w in ctx.torch_model.flat_weights()]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side), torch.no_grad():
-            _traveller_loop(xs, weights, hidden, None)  # warm-up outside the capture, as CUDA graphs need
+            _traveller_loop(xs, *start, weights, None)  # warm-up outside the capture, as CUDA graphs need
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.no_grad(), torch.cuda.graph(graph):
-            static_out = _traveller_loop(xs, weights, hidden, None)
+            static_out = _traveller_loop(xs, *start, weights, None)[0]  # positions [T, B, 2]
         torch.cuda.synchronize()
         capture_s = time.perf_counter() - t0
 
@@ -279,7 +280,7 @@ def _build_cuda_graph(ctx: _Context, batch: int, steps: int, mode: str) -> _Case
     r = ctx.t(d["r"])
 
     def loop(x, *weights):
-        return _traveller_loop(x, list(weights), hidden, None)
+        return _traveller_loop(x, *start, list(weights), None)[0]
 
     graphed = torch.cuda.make_graphed_callables(loop, (xs, *params))
     torch.cuda.synchronize()
@@ -406,7 +407,7 @@ def _scan_positions(ctx: _Context, unroll) -> Callable:
     graphdef, rest = ctx.graphdef, ctx.rest
 
     def positions(params, x):
-        return nnx.merge(graphdef, params, rest).positions(x, unroll=unroll)
+        return nnx.merge(graphdef, params, rest)(x, unroll=unroll)[0]
 
     return positions
 
@@ -568,7 +569,7 @@ def _build_jax_remat(ctx: _Context, batch: int, steps: int, mode: str) -> _Case:
     graphdef, params, rest = ctx.jax_traveller(remat_chunk=chunk)
 
     def positions(p, x):
-        return nnx.merge(graphdef, p, rest).positions(x, unroll=1)
+        return nnx.merge(graphdef, p, rest)(x, unroll=1)[0]
 
     case = _jax_case_from_positions(ctx, batch, steps, mode, positions, params=params)
     case.info.update(unroll=1, remat_chunk=chunk)

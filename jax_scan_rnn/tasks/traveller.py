@@ -11,13 +11,16 @@ regresses onto given target paths (here the optimal policy's), for users with la
 from __future__ import annotations
 
 import json
+import weakref
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jax_scan_rnn.compiled import Compiled, jit
 from jax_scan_rnn.data import trading
 from jax_scan_rnn.train import TrainConfig, fit, restore_model
 from jax_scan_rnn.traveller import Traveller
@@ -85,7 +88,7 @@ def make_loss_fn(task: TravellerTask):
     """`(model, batch) -> (loss, metrics)`: minus the mean per-step net utility, or the MSE to targets."""
 
     def loss_fn(model: Traveller, batch: dict):
-        positions = model(batch["features"], layout="batch")
+        positions, _ = model(batch["features"])
         utility = trading.net_utility(positions, batch["returns"], task.market).mean()
         if task.objective == "utility":
             return -utility, {"utility": utility}
@@ -98,7 +101,15 @@ def held_out_market(task: TravellerTask) -> trading.Market:
     return trading.simulate(task.market, task.eval_paths, task.eval_steps, seed=task.eval_seed)
 
 
-_positions = nnx.jit(lambda model, x: model(x, layout="batch"))
+_COMPILED: weakref.WeakKeyDictionary[Traveller, Compiled] = weakref.WeakKeyDictionary()
+
+
+def _positions(model: Traveller, features: jax.Array) -> jax.Array:
+    """Positions `[B, T, 2]` for `features [B, T, F]`, through the one compiled call (`jsr.jit`), kept per
+    model so that the evaluations during training compile once."""
+    if model not in _COMPILED:
+        _COMPILED[model] = jit(model)
+    return _COMPILED[model](features)[0]
 
 
 def evaluate(model: Traveller, task: TravellerTask, market: trading.Market | None = None) -> dict[str, float]:

@@ -1,0 +1,367 @@
+"""`jsr.jit(model)`: the one compiled way to call an NNX model, at the per-call cost of a bare `jax.jit`.
+
+    fast = jsr.jit(model)
+    positions = fast(x)                      # model(x), compiled once per input shapes/dtypes
+    tokens = fast.generate(z, 100)           # any public method; 100 is static (part of the compile key)
+    fast.eval(); fast.module                 # model.eval(), and the model itself
+
+What a call costs, four ways (Traveller(8, 64, 2), eval mode, x [1, T, 8]: median per call on a 2-core
+CPU, `benchmarks/results/call-overhead-cpu-2core.txt`, from `python benchmarks/call_overhead.py`):
+
+- Eager, `model(x)`: 0.28 s at T=4 (0.30 s at T=1000), where a compiled call takes 0.08 ms. Every
+  call builds its scan body as a new Python function, and JAX's trace and compile caches key on function
+  identity, so each call traces and compiles the whole loop again.
+- `nnx.jit(lambda m, x: m(x))(model, x)`: compiled once, but every call walks the module graph in Python,
+  splitting it into graphdef and state on the way in and merging the updates back on the way out:
+  797 us at T=4 (310 us with `nnx.cached_partial`, which caches the walk but still writes every Variable back).
+- A bare `jax.jit` of `nnx.merge(graphdef, state)(x)`, graphdef closed over and the `nnx.split` state
+  passed in: 82 us. Even this pays for its argument: the state's leaves are Variables, pytree nodes that
+  JAX flattens in Python on every call (11.3 us for the Traveller's 12 Variables).
+- This module: the graph is walked once, at `jsr.jit(model)` (`nnx.graph.flatten`), keeping the graphdef
+  and the flat list of the model's Variable objects. A call reads their current values into a flat list
+  (1.3 us), passes it with the call's arrays to a `jax.jit` of "merge, call the method, return the state
+  leaves that changed", and writes those back: 78 us at T=4, 0.95x the bare `jax.jit` (0.98x at T=1000,
+  where the loop's own time dominates).
+
+What a call sees:
+- Weights: the current value of every Variable, read at each call, so `jsr.load_torch_state_dict`,
+  `nnx.update`, `variable[...] = ...` and an optax / `nnx.Optimizer` step (all of which set values on the
+  same Variable objects) take effect at the next call, with no recompile unless a shape or dtype changed.
+- RNG streams: an `nnx.Rngs` stream's count is a Variable that each draw (a dropout mask, a sample)
+  increments. The traced call returns the state leaves it replaced (found at trace time: each leaf that
+  is not the very tracer it was given) and they are written back after the call, so consecutive calls
+  draw new masks, the same sequence as eager calls on an identically seeded model. Other Variables a call
+  sets (BatchNorm's running statistics in train mode) are written back the same way.
+- Mode: `model.train()` / `model.eval()` flip static attributes (`MODE_ATTRIBUTES`: `deterministic` on
+  `nnx.Dropout`, `use_running_average` on `nnx.BatchNorm`) that live in the graphdef, not in the state.
+  The (submodule, attribute) pairs of those flags are collected once; each call reads their values (one
+  `getattr` per flag) into the compile key, and a new combination is flattened and compiled once, so
+  `model.eval()` after `jsr.jit(model)` takes effect at the next call. `fast.train(**attrs)` /
+  `fast.eval(**attrs)` also start watching any extra attribute named there.
+- Arguments, as Equinox's `filter_jit`: array leaves (`jax.Array`, `np.ndarray`, NumPy scalars) of the
+  arguments are traced; every other leaf (Python int/float/bool/str/None, a dtype, ...) is static, part
+  of the compile key, so `generate(z, 100)` compiles for 100 and the model's Python checks on such values
+  run concretely (a bad value raises the model's own error). Pass `jnp.asarray(0.7)` rather than `0.7` to
+  make a scalar traced (one compile for all its values). One compile per (argument structure, static
+  values, array shapes/dtypes, mode).
+
+Not supported, and how it fails:
+- Structural changes after `jsr.jit(model)`: replacing a submodule or a Variable object, or changing a
+  static attribute other than a mode flag; the compiled calls hold the graphdef and Variables flattened
+  at `jsr.jit`. Replacing one of the model's own attributes (`model.decoder = ...`) raises at the next
+  call (a few identity checks per call); any change raises at the next trace (a new shape, static value
+  or mode, where the model is flattened again and compared); a change deeper in the model followed by
+  calls that reuse a compiled function is NOT seen. Call `jsr.jit(model)` again after such a change.
+- A call that changes the model's structure itself (a new attribute, `Module.sow`): `RuntimeError`.
+- Gradients with respect to the parameters: `fast` reads them itself, so `jax.grad` of a function that
+  calls `fast` cannot reach them; a training step takes the model as an argument of the differentiated
+  function (`nnx.value_and_grad` under `nnx.jit`).
+- Modules or Variables passed as arguments are plain pytrees to `fast`: their updates are not written back.
+- Inside another JAX transformation (`jax.jit`, `vmap`, `grad` over the inputs) `fast` works when the
+  call changes no state (eval mode); a call that would write a traced rng count back raises
+  `RuntimeError` (call the model directly there).
+- Variables created with `hijax=True` or `ref=True` (mutable array references): `TypeError` at `jsr.jit`.
+"""
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+Array = jax.Array
+
+# The static attributes that `nnx.Module.train()` / `.eval()` flip (flax/nnx/module.py); they live in the
+# graphdef, so a change needs a new graphdef and a new compile.
+MODE_ATTRIBUTES = ("deterministic", "use_running_average")
+# Leaves of the arguments that are traced; every other leaf is static (Equinox's `is_array`).
+ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
+
+_TRACED = object()  # placeholder for a traced leaf in a compile key and in the static leaves
+_MISSING = object()
+
+
+def jit(module: nnx.Module, *, mode_attributes: Sequence[str] = MODE_ATTRIBUTES) -> Compiled:
+    """A compiled view of `module`: `jit(model)(*args)` is `model(*args)`, `jit(model).m(...)` is `model.m(...)`.
+
+    Args:
+      module: the `nnx.Module` to call; its structure is flattened now, its weights are read at each call.
+      mode_attributes: names of static attributes whose current value, on every submodule that has
+        them, is part of the compile key (default: the flags `train()` / `eval()` flip).
+
+    Returns:
+      `Compiled`. See the module docstring for what a call sees (weights, rng streams, mode), which
+      arguments are static, and what is not supported.
+    """
+    return Compiled(module, mode_attributes=mode_attributes)
+
+
+def _path_text(path: tuple) -> str:
+    return "/".join(map(str, path)) or "<root>"
+
+
+def _get_at(root: Any, path: tuple) -> Any:
+    node = root
+    for key in path:
+        node = getattr(node, key) if isinstance(key, str) else node[key]
+    return node
+
+
+def _set_at(root: Any, path: tuple, value: Any) -> None:
+    parent = _get_at(root, path[:-1])
+    if isinstance(path[-1], str):
+        setattr(parent, path[-1], value)
+    else:
+        parent[path[-1]] = value
+
+
+class Compiled:
+    """`jsr.jit(module)`: call it as the module, or call its public methods by name (compiled, cached).
+
+    Attributes:
+      module: the wrapped model (the same object, not a copy).
+    """
+
+    def __init__(self, module: nnx.Module, *, mode_attributes: Sequence[str] = MODE_ATTRIBUTES):
+        if not isinstance(module, nnx.Module):
+            raise TypeError(f"module: expected an nnx.Module, got {type(module).__name__}")
+        if isinstance(mode_attributes, str) or not all(isinstance(a, str) for a in mode_attributes):
+            raise TypeError(f"mode_attributes: expected a sequence of attribute names, got {mode_attributes!r}")
+        self._module = module
+        graphdef, flat = nnx.graph.flatten(module, with_paths=True, graph=True)
+        self._paths: tuple[tuple, ...] = tuple(flat.paths)
+        self._leaves: list[Any] = list(flat.leaves)  # Variable objects (or a bare array attribute's value)
+        readers: list[Callable[[], Any]] = []
+        for path, leaf in zip(self._paths, self._leaves):
+            if isinstance(leaf, nnx.Variable):
+                if leaf.hijax or leaf.ref:
+                    raise TypeError(
+                        f"module: Variable at {_path_text(path)} was created with hijax=True or ref=True; "
+                        "jsr.jit supports plain Variables only"
+                    )
+                readers.append(leaf.get_raw_value)
+            else:  # an array attribute that is not a Variable (`nnx.data`): read by its path, rarely used
+                readers.append(lambda path=path: _get_at(module, path))
+        self._readers = readers
+        self._mode_names = tuple(mode_attributes)
+        self._mode_refs: list[tuple[nnx.Module, str]] = []
+        self._watch(self._mode_names)
+        self._graphdefs = {self._mode(): graphdef}
+        # The module's own node attributes (submodules, Variables) by identity: replacing one (the common
+        # structural change) is then caught on every call for a few `dict.get`s.
+        self._root_dict = vars(module)
+        self._root_nodes = tuple(
+            (name, value)
+            for name, value in self._root_dict.items()
+            if not name.startswith("_pytree__") and (nnx.graph.is_graph_node(value) or isinstance(value, nnx.Pytree))
+        )
+        self._methods: dict[str, CompiledMethod] = {}
+        self._call = CompiledMethod(self, "__call__")
+
+    # ------------------------------------------------------------------------------------------------
+    # Public surface
+    # ------------------------------------------------------------------------------------------------
+
+    @property
+    def module(self) -> nnx.Module:
+        """The wrapped model."""
+        return self._module
+
+    def __call__(self, *args, **kwargs):
+        """`module(*args, **kwargs)`, compiled (array leaves traced, other leaves static)."""
+        return self._call(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> CompiledMethod:
+        """`fast.name`: the module's public method `name`, compiled; AttributeError for anything else."""
+        if name.startswith("_"):  # private and protocol names (`__deepcopy__`, ...) are not delegated
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        methods = self._methods
+        if name not in methods:
+            methods[name] = CompiledMethod(self, name)
+        return methods[name]
+
+    def train(self, **attributes) -> Compiled:
+        """`module.train(**attributes)`; returns self. Extra attributes named here are watched as mode flags."""
+        self._module.train(**attributes)
+        self._watch(attributes)
+        return self
+
+    def eval(self, **attributes) -> Compiled:
+        """`module.eval(**attributes)`; returns self. Extra attributes named here are watched as mode flags."""
+        self._module.eval(**attributes)
+        self._watch(attributes)
+        return self
+
+    def __repr__(self) -> str:
+        return f"jsr.jit({type(self._module).__name__})"
+
+    # ------------------------------------------------------------------------------------------------
+    # Internals
+    # ------------------------------------------------------------------------------------------------
+
+    def _watch(self, names) -> None:
+        """Add (submodule, attribute) for each submodule that has an attribute in `names` (a graph walk)."""
+        if not names:
+            return
+        known = {(id(m), a) for m, a in self._mode_refs}
+        for _, sub in nnx.iter_modules(self._module):
+            for name in names:
+                if name in vars(sub) and (id(sub), name) not in known:
+                    self._mode_refs.append((sub, name))
+                    known.add((id(sub), name))
+
+    def _mode(self) -> tuple:
+        return tuple([getattr(m, a) for m, a in self._mode_refs])
+
+    def _check_root(self) -> None:
+        get = self._root_dict.get
+        for name, value in self._root_nodes:
+            if get(name) is not value:
+                raise RuntimeError(
+                    f"jsr.jit: {type(self._module).__name__}.{name} was replaced after jsr.jit(model); the "
+                    "compiled calls still hold the old one. Call jsr.jit(model) again after structural changes."
+                )
+
+    def _graphdef(self, mode: tuple):
+        """The graphdef for `mode`, after checking that the structure is still the one flattened at jit.
+
+        A graph walk, run at each trace (a new compile); the per-call check sees the root only."""
+        graphdef, flat = nnx.graph.flatten(self._module, with_paths=True, graph=True)
+        same_leaves = len(flat.leaves) == len(self._leaves) and all(
+            a is b or not isinstance(a, nnx.Variable) for a, b in zip(flat.leaves, self._leaves)
+        )
+        known = self._graphdefs.get(mode)
+        if not same_leaves or tuple(flat.paths) != self._paths or (known is not None and known != graphdef):
+            raise RuntimeError(
+                f"jsr.jit: the structure of {type(self._module).__name__} (its submodules, Variables or static "
+                "attributes other than the mode flags) changed after jsr.jit(model). Call jsr.jit(model) again "
+                "after structural changes."
+            )
+        self._graphdefs[mode] = graphdef
+        return graphdef
+
+    def _write_back(self, changed: dict[int, Any]) -> None:
+        for i, value in changed.items():
+            if isinstance(value, jax.core.Tracer):
+                raise RuntimeError(
+                    f"jsr.jit: the call changed {_path_text(self._paths[i])} (an rng count or other state) "
+                    "inside another JAX transformation, where it cannot be written back to the model; call the "
+                    "model directly there, or in eval mode"
+                )
+            leaf = self._leaves[i]
+            if isinstance(leaf, nnx.Variable):
+                leaf.set_raw_value(value)
+            else:
+                _set_at(self._module, self._paths[i], value)
+
+
+class CompiledMethod:
+    """One method of a `Compiled` model, compiled per (argument structure, static values, mode)."""
+
+    __slots__ = ("_owner", "_name", "_fns", "_qualname")
+
+    def __init__(self, owner: Compiled, name: str):
+        module = owner._module
+        cls = type(module)
+        if name == "__call__":
+            if not callable(module):
+                raise TypeError(f"module: {cls.__name__} defines no __call__; call one of its methods instead")
+        else:
+            attr = inspect.getattr_static(module, name, _MISSING)
+            if attr is _MISSING:
+                raise AttributeError(f"jsr.jit: {cls.__name__} has no method {name!r}")
+            if name in vars(nnx.Module):
+                raise AttributeError(
+                    f"jsr.jit: {cls.__name__}.{name} is an nnx.Module method, not one of the model's own that "
+                    f"jsr.jit compiles; call fast.module.{name}"
+                )
+            if not inspect.isfunction(attr):
+                hint = f"jsr.jit(model.{name})" if isinstance(attr, nnx.Module) else f"fast.module.{name}"
+                raise AttributeError(
+                    f"jsr.jit: {cls.__name__}.{name} is a {type(attr).__name__}, not a method; use {hint}"
+                )
+        self._owner = owner
+        self._name = name
+        self._fns: dict[tuple, Callable] = {}
+        self._qualname = f"{cls.__name__}.{name}"
+
+    def __call__(self, *args, **kwargs):
+        owner = self._owner
+        if owner._root_nodes:
+            owner._check_root()
+        leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+        arrays = []
+        static = []
+        for leaf in leaves:
+            if isinstance(leaf, ARRAY_TYPES):
+                arrays.append(leaf)
+                static.append(_TRACED)
+            else:
+                # The type too: 1, 1.0 and True are equal and hash alike, but a model may tell them apart.
+                static.append((type(leaf), leaf))
+        mode = tuple([getattr(m, a) for m, a in owner._mode_refs]) if owner._mode_refs else ()
+        key = (mode, treedef, tuple(static))
+        try:
+            fn = self._fns.get(key)
+        except TypeError:
+            raise TypeError(self._unhashable_message(args, kwargs)) from None
+        if fn is None:
+            fn = self._fns[key] = self._compile(mode, treedef, leaves)
+        out, changed = fn([read() for read in owner._readers], arrays)
+        if changed:
+            owner._write_back(changed)
+        return out
+
+    def __repr__(self) -> str:
+        return f"jsr.jit({self._qualname})"
+
+    def _unhashable_message(self, args: tuple, kwargs: dict) -> str:
+        """Names each argument leaf that is static (not an array) but unhashable, so cannot be a compile key."""
+        bad = []
+        for path, leaf in jax.tree_util.tree_flatten_with_path((args, kwargs))[0]:
+            if not isinstance(leaf, ARRAY_TYPES) and not _hashable(leaf):
+                where = ("args" if path[0].idx == 0 else "kwargs") + jax.tree_util.keystr(path[1:])
+                bad.append(f"{where}: {type(leaf).__name__}")
+        return (
+            f"{self._qualname}: {'; '.join(bad)}: expected an array (traced) or a hashable value (static, part of "
+            "the compile key), got an unhashable non-array"
+        )
+
+    def _compile(self, mode: tuple, treedef, leaves: list) -> Callable:
+        """A `jax.jit` of merge -> method -> changed state leaves, for one compile key."""
+        owner = self._owner
+        name = self._name
+        static_leaves = [_TRACED if isinstance(leaf, ARRAY_TYPES) else leaf for leaf in leaves]
+        module_name = type(owner._module).__name__
+
+        def run(values: list, arrays: list):
+            # Here, at each trace (jax.jit retraces for new shapes under the same key), not in _compile.
+            graphdef = owner._graphdef(mode)
+            module = nnx.graph.unflatten(graphdef, values)
+            it = iter(arrays)
+            args, kwargs = jax.tree_util.tree_unflatten(
+                treedef, [next(it) if leaf is _TRACED else leaf for leaf in static_leaves]
+            )
+            out = getattr(module, name)(*args, **kwargs)
+            graphdef_after, after = nnx.graph.flatten(module, with_paths=False, graph=True)
+            if graphdef_after != graphdef:
+                raise RuntimeError(
+                    f"jsr.jit: {module_name}.{name} changed the module's structure during the call (e.g. "
+                    "Module.sow, a new attribute); jsr.jit supports calls that only set Variable values"
+                )
+            # A leaf the call did not set is the very tracer it was given; the others are written back.
+            return out, {i: new for i, (new, old) in enumerate(zip(after, values)) if new is not old}
+
+        run.__name__ = f"{module_name}.{name}".replace(".", "_")
+        return jax.jit(run)
+
+
+def _hashable(x: Any) -> bool:
+    try:
+        hash(x)
+    except TypeError:
+        return False
+    return True

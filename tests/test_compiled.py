@@ -1,0 +1,291 @@
+"""`jsr.jit(model)`: same numbers as the eager model, current weights, rng streams, mode, static arguments."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+import jax_scan_rnn as jsr
+
+# Eager runs op by op and jit compiles the whole call, so XLA may fuse (and round) a few float32 ops
+# differently; on this CPU the results agree exactly, the tolerance is for other backends.
+EAGER_RTOL = 1e-6
+EAGER_ATOL = 1e-7
+
+TRACES: list[str] = []  # appended by the toy's methods when they run under a trace, i.e. once per compile
+
+
+def _traced(x) -> bool:
+    return isinstance(x, jax.core.Tracer)
+
+
+class Toy(nnx.Module):
+    """Linear(3 -> 4) then Dropout: x [B, 3] -> [B, 4]; `repeat` takes a Python int."""
+
+    def __init__(self, rate: float = 0.5, *, rngs: nnx.Rngs):
+        self.linear = nnx.Linear(3, 4, rngs=rngs)
+        self.dropout = nnx.Dropout(rate, rngs=rngs)
+
+    def __call__(self, x):
+        if _traced(x):
+            TRACES.append("call")
+        if x.ndim != 2 or x.shape[-1] != 3:
+            raise ValueError(f"x: expected shape [B, 3], got {list(x.shape)}")
+        return self.dropout(self.linear(x))
+
+    def repeat(self, x, n: int):
+        """n calls, one dropout draw each: [n, B, 4]."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"n: expected an int >= 1, got {n!r}")
+        if _traced(x):
+            TRACES.append(f"repeat{n}")
+        return jnp.stack([self(x) for _ in range(n)])
+
+    def scale(self, x, factor):
+        if _traced(x):
+            TRACES.append("scale")
+        return self.linear(x) * factor
+
+    def record(self, x):
+        self.seen = nnx.Intermediate(x)  # a new attribute: the call changes the module's structure
+        return x
+
+
+def _x(batch: int = 2) -> jax.Array:
+    return jax.random.normal(jax.random.key(7), (batch, 3), jnp.float32)
+
+
+def _close(actual, expected, what: str) -> None:
+    np.testing.assert_allclose(np.asarray(actual), np.asarray(expected), rtol=EAGER_RTOL, atol=EAGER_ATOL,
+                               err_msg=what)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Numbers, weights, rng streams
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_call_matches_eager_in_eval_mode():
+    model = Toy(rngs=nnx.Rngs(0))
+    model.eval()
+    fast = jsr.jit(model)
+    _close(fast(_x()), model(_x()), "fast(x) vs model(x)")
+    assert fast.module is model
+
+
+def test_train_mode_draws_new_masks_in_the_eager_sequence():
+    compiled_model, eager_model = Toy(rngs=nnx.Rngs(0)), Toy(rngs=nnx.Rngs(0))  # identically seeded
+    fast = jsr.jit(compiled_model)
+    x = _x()
+    compiled = [fast(x), fast.repeat(x, 2), fast(x), fast(x)]
+    eager = [eager_model(x), eager_model.repeat(x, 2), eager_model(x), eager_model(x)]
+    assert not np.array_equal(compiled[2], compiled[3]), "two consecutive calls drew the same dropout mask"
+    for i, (c, e) in enumerate(zip(compiled, eager)):
+        _close(c, e, f"call {i}: compiled vs eager (same rng consumption)")
+    assert int(compiled_model.dropout.rngs.count[...]) == int(eager_model.dropout.rngs.count[...]) == 5
+
+
+def test_sees_weights_set_after_compile():
+    model = Toy(rngs=nnx.Rngs(0))
+    model.eval()
+    fast = jsr.jit(model)
+    x = _x()
+    fast(x)
+    traces = len(TRACES)
+
+    model.linear.kernel[...] = model.linear.kernel[...] * 2.0  # `variable[...] = value`
+    _close(fast(x), model(x), "after kernel[...] = ...")
+
+    nnx.update(model, nnx.state(Toy(rngs=nnx.Rngs(3))))  # another model's weights
+    _close(fast(x), model(x), "after nnx.update")
+
+    optimizer = nnx.Optimizer(model, optax.sgd(0.5), wrt=nnx.Param)
+    before = np.asarray(fast(x))
+    grads = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(model)
+    optimizer.update(model, grads)
+    after = fast(x)
+    assert not np.allclose(after, before), "the optimizer step is not seen"
+    _close(after, model(x), "after an nnx.Optimizer step")
+    assert len(TRACES) == traces, "new weight values (same shapes) recompiled"
+
+
+def test_batch_statistics_set_by_a_call_are_written_back():
+    def net(seed):
+        return nnx.Sequential(nnx.Linear(3, 4, rngs=nnx.Rngs(seed)), nnx.BatchNorm(4, rngs=nnx.Rngs(seed)))
+
+    compiled_model, eager_model = net(0), net(0)
+    fast = jsr.jit(compiled_model)
+    for i in range(2):
+        _close(fast(_x()), eager_model(_x()), f"call {i}")
+    _close(compiled_model.layers[1].mean[...], eager_model.layers[1].mean[...], "running mean")
+    fast.eval()
+    eager_model.eval()
+    _close(fast(_x()), eager_model(_x()), "eval mode: running statistics used")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Mode
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_eval_and_train_after_jit_take_effect_at_the_next_call():
+    model = Toy(rngs=nnx.Rngs(0))  # train mode: dropout on
+    fast = jsr.jit(model)
+    x = _x()
+    no_dropout = model.linear(x)
+    assert not np.allclose(fast(x), no_dropout)
+    model.eval()
+    _close(fast(x), no_dropout, "after model.eval()")
+    model.train()
+    assert not np.allclose(fast(x), no_dropout), "model.train() after eval() not seen"
+    assert fast.eval() is fast and model.dropout.deterministic
+    _close(fast(x), no_dropout, "after fast.eval()")
+    assert fast.train() is fast and not model.dropout.deterministic
+
+
+# ----------------------------------------------------------------------------------------------------
+# Arguments: static and traced leaves, errors
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_static_int_compiles_once_per_value():
+    model = Toy(rngs=nnx.Rngs(0))
+    model.eval()
+    fast = jsr.jit(model)
+    x = _x()
+    TRACES.clear()
+    assert fast.repeat(x, 2).shape == (2, 2, 4)
+    assert fast.repeat(x, 3).shape == (3, 2, 4)
+    _close(fast.repeat(x, 3), model.repeat(x, 3), "repeat(x, 3)")
+    fast.repeat(x, 2)
+    assert TRACES.count("repeat2") == 1 and TRACES.count("repeat3") == 1
+    assert fast.repeat is fast.repeat  # the bound wrapper is cached
+
+
+def test_python_scalar_is_static_and_array_scalar_traced():
+    model = Toy(rngs=nnx.Rngs(0))
+    fast = jsr.jit(model)
+    x = _x()
+    TRACES.clear()
+    for factor in (2.0, 3.0):
+        _close(fast.scale(x, factor), model.scale(x, factor), f"scale {factor}")
+    assert TRACES.count("scale") == 2, "each Python float is its own compile"
+    for factor in (2.0, 3.0):
+        _close(fast.scale(x, jnp.asarray(factor)), model.scale(x, factor), f"scale array {factor}")
+    assert TRACES.count("scale") == 3, "an array scalar is traced: one compile for all values"
+
+
+def test_new_input_shape_compiles_again():
+    model = Toy(rngs=nnx.Rngs(0))
+    model.eval()
+    fast = jsr.jit(model)
+    for batch in (1, 5):
+        _close(fast(_x(batch)), model(_x(batch)), f"B={batch}")
+
+
+def test_unknown_method_raises_attribute_error_naming_it():
+    fast = jsr.jit(Toy(rngs=nnx.Rngs(0)))
+    with pytest.raises(AttributeError, match="no_such_method"):
+        fast.no_such_method
+    with pytest.raises(AttributeError, match="jsr.jit\\(model.linear\\)"):
+        fast.linear  # a submodule, not a method
+    with pytest.raises(AttributeError, match="fast.module.sow"):
+        fast.sow  # nnx.Module's own API
+
+
+def test_bad_argument_raises_the_models_own_value_error():
+    fast = jsr.jit(Toy(rngs=nnx.Rngs(0)))
+    with pytest.raises(ValueError, match=r"n: expected an int >= 1, got 0"):
+        fast.repeat(_x(), 0)
+    with pytest.raises(ValueError, match=r"x: expected shape \[B, 3\], got \[2, 5\]"):
+        fast(jnp.ones((2, 5)))
+
+
+def test_unhashable_static_argument_raises_type_error_naming_it():
+    fast = jsr.jit(Toy(rngs=nnx.Rngs(0)))
+    with pytest.raises(TypeError, match=r"Toy.scale: args\[1\]: set: expected an array \(traced\) or a hashable"):
+        fast.scale(_x(), {2.0})
+
+
+def test_not_a_module_raises_type_error():
+    with pytest.raises(TypeError, match="module: expected an nnx.Module, got function"):
+        jsr.jit(lambda x: x)
+
+
+# ----------------------------------------------------------------------------------------------------
+# What is not supported fails loudly
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_replaced_submodule_raises():
+    model = Toy(rngs=nnx.Rngs(0))
+    fast = jsr.jit(model)
+    fast(_x())
+    model.linear = nnx.Linear(3, 4, rngs=nnx.Rngs(1))
+    with pytest.raises(RuntimeError, match="Toy.linear was replaced"):
+        fast(_x())
+
+
+def test_deeper_structural_change_raises_at_the_next_compile():
+    model = Toy(rngs=nnx.Rngs(0))
+    fast = jsr.jit(model)
+    fast(_x())
+    model.linear.kernel = nnx.Param(jnp.zeros((3, 4)))  # a new Variable object, below the root
+    with pytest.raises(RuntimeError, match="structure of Toy"):
+        fast(_x(batch=3))
+
+
+def test_call_that_changes_structure_raises():
+    fast = jsr.jit(Toy(rngs=nnx.Rngs(0)))
+    with pytest.raises(RuntimeError, match="Toy.record changed the module's structure"):
+        fast.record(_x())
+
+
+def test_inside_jax_jit_eval_works_and_train_raises():
+    model = Toy(rngs=nnx.Rngs(0))
+    fast = jsr.jit(model)
+    with pytest.raises(RuntimeError, match="inside another JAX transformation"):
+        jax.jit(lambda x: fast(x))(_x())
+    model.eval()
+    _close(jax.jit(lambda x: fast(x))(_x()), model(_x()), "eval mode inside jax.jit")
+
+
+# ----------------------------------------------------------------------------------------------------
+# SeqVAE
+# ----------------------------------------------------------------------------------------------------
+
+
+def _vae(seed: int) -> jsr.SeqVAE:
+    return jsr.SeqVAE(12, 16, 4, 1, rngs=nnx.Rngs(seed))
+
+
+TOKENS = jnp.array([[3, 4, 5, 2, 0], [6, 7, 2, 0, 0]], jnp.int32)
+LENGTHS = jnp.array([4, 3], jnp.int32)
+
+
+def test_vae_methods_match_eager_and_see_loaded_weights():
+    compiled_model, eager_model = _vae(0), _vae(0)
+    fast = jsr.jit(compiled_model)
+    for got, want, what in zip(fast.encode(TOKENS, LENGTHS), eager_model.encode(TOKENS, LENGTHS), ("mu", "logvar")):
+        _close(got, want, f"encode: {what}")
+    other = _vae(1)
+    jsr.load_torch_state_dict(compiled_model, jsr.torch_state_dict(other))
+    _close(fast.encode(TOKENS, LENGTHS)[0], other.encode(TOKENS, LENGTHS)[0], "encode after load_torch_state_dict")
+
+
+def test_vae_sampling_consumes_its_stream_as_eager():
+    compiled_model, eager_model = _vae(0), _vae(0)
+    fast = jsr.jit(compiled_model)
+    z = jax.random.normal(jax.random.key(2), (2, 4))
+    compiled = [fast.generate(z, 6, mode="sample") for _ in range(2)]
+    eager = [eager_model.generate(z, 6, mode="sample") for _ in range(2)]
+    for i, (c, e) in enumerate(zip(compiled, eager)):
+        np.testing.assert_array_equal(c, e, err_msg=f"generate call {i}: token ids")
+    assert not np.array_equal(compiled[0], compiled[1]), "two sampling calls drew the same noise"
+    with pytest.raises(ValueError, match=r"z: expected shape \[B, Z\] = \[B, 4\], got \[2, 5\]"):
+        fast.generate(jnp.ones((2, 5)), 6)
+    with pytest.raises(ValueError, match="max_len: expected an int >= 1, got 0"):
+        fast.generate(z, 0)

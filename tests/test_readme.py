@@ -1,0 +1,21 @@
+"""The README's Python snippets run as written (a newcomer copies them first)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+SNIPPETS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+
+
+def test_the_readme_has_python_snippets():
+    assert SNIPPETS, f"no ```python block in {README}"
+
+
+@pytest.mark.parametrize("index", range(len(SNIPPETS)))
+def test_readme_snippet_runs_as_written(index, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a snippet may write files (lstm.safetensors): keep them out of the repo
+    code = compile(SNIPPETS[index], f"README.md python block {index + 1}", "exec")
+    exec(code, {"__name__": f"readme_snippet_{index}"})
