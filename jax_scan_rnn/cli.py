@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import platform
 import sys
 from collections.abc import Callable, Sequence
@@ -329,10 +330,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text}")
+    return value
+
+
 def add_train_arguments(parser: argparse.ArgumentParser, *, steps: int, lr: float, out: str) -> None:
     group = parser.add_argument_group("training")
     group.add_argument("--steps", type=positive_int, default=steps, help=f"optimiser steps (default: {steps})")
-    group.add_argument("--lr", type=float, default=lr, help=f"peak learning rate (default: {lr})")
+    group.add_argument("--lr", type=positive_float, default=lr, help=f"peak learning rate (default: {lr})")
     group.add_argument(
         "--warmup-steps", type=int, default=None, help="linear warmup steps (default: min(100, steps/10))"
     )
@@ -425,7 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--checkpoint", required=True, help="the training output directory (--out of train)")
     sv.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
     sv.add_argument("-n", type=positive_int, default=1000, help="number of samples (default: 1000)")
-    sv.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default: 1.0)")
+    sv.add_argument("--temperature", type=positive_float, default=1.0, help="sampling temperature (default: 1.0)")
     sv.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (default: 0, off)")
     sv.add_argument("--greedy", action="store_true", help="argmax decoding instead of sampling")
     sv.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")

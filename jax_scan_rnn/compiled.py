@@ -51,7 +51,8 @@ Not supported, and how it fails:
   at `jsr.jit`. Replacing one of the model's own attributes (`model.decoder = ...`) raises at the next
   call (a few identity checks per call); any change raises at the next trace (a new shape, static value
   or mode, where the model is flattened again and compared); a change deeper in the model followed by
-  calls that reuse a compiled function is NOT seen. Call `jsr.jit(model)` again after such a change.
+  calls that reuse a compiled function is NOT seen. Call `jsr.jit(model)` again after such a change (it
+  returns the same `Compiled` while the structure is unchanged, a new one after a change).
 - A call that changes the model's structure itself (a new attribute, `Module.sow`): `RuntimeError`.
 - Gradients with respect to the parameters: `fast` reads them itself, so `jax.grad` of a function that
   calls `fast` cannot reach them; a training step takes the model as an argument of the differentiated
@@ -65,6 +66,7 @@ Not supported, and how it fails:
 from __future__ import annotations
 
 import inspect
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -93,10 +95,25 @@ def jit(module: nnx.Module, *, mode_attributes: Sequence[str] = MODE_ATTRIBUTES)
         them, is part of the compile key (default: the flags `train()` / `eval()` flip).
 
     Returns:
-      `Compiled`. See the module docstring for what a call sees (weights, rng streams, mode), which
+      `Compiled`, the same one for the same module while its structure is unchanged (so calling
+      `jsr.jit(model)` again costs one graph walk, not a compile). See the module docstring for what a call sees (weights, rng streams, mode), which
       arguments are static, and what is not supported.
     """
-    return Compiled(module, mode_attributes=mode_attributes)
+    cached = _COMPILED.get(module)
+    if (
+        cached is not None
+        and cached._mode_names == tuple(mode_attributes)
+        and cached._current_graphdef(cached._mode()) is not None
+    ):
+        return cached
+    fast = _COMPILED[module] = Compiled(module, mode_attributes=mode_attributes)
+    return fast
+
+
+# The Compiled of each live module: `jsr.jit(model)` called again (inline, or by library code that gets a
+# model passed in) reuses the compiled functions instead of compiling anew, after one graph walk that
+# checks the structure is unchanged (a changed one gets a fresh Compiled).
+_COMPILED: weakref.WeakKeyDictionary[nnx.Module, Compiled] = weakref.WeakKeyDictionary()
 
 
 def _path_text(path: tuple) -> str:
@@ -225,16 +242,23 @@ class Compiled:
                     "compiled calls still hold the old one. Call jsr.jit(model) again after structural changes."
                 )
 
-    def _graphdef(self, mode: tuple):
-        """The graphdef for `mode`, after checking that the structure is still the one flattened at jit.
-
-        A graph walk, run at each trace (a new compile); the per-call check sees the root only."""
+    def _current_graphdef(self, mode: tuple):
+        """The module's graphdef now, or None if its structure is no longer the one flattened at jit (a graph walk)."""
         graphdef, flat = nnx.graph.flatten(self._module, with_paths=True, graph=True)
         same_leaves = len(flat.leaves) == len(self._leaves) and all(
             a is b or not isinstance(a, nnx.Variable) for a, b in zip(flat.leaves, self._leaves)
         )
         known = self._graphdefs.get(mode)
         if not same_leaves or tuple(flat.paths) != self._paths or (known is not None and known != graphdef):
+            return None
+        return graphdef
+
+    def _graphdef(self, mode: tuple):
+        """The graphdef for `mode`, after checking that the structure is still the one flattened at jit.
+
+        A graph walk, run at each trace (a new compile); the per-call check sees the root only."""
+        graphdef = self._current_graphdef(mode)
+        if graphdef is None:
             raise RuntimeError(
                 f"jsr.jit: the structure of {type(self._module).__name__} (its submodules, Variables or static "
                 "attributes other than the mode flags) changed after jsr.jit(model). Call jsr.jit(model) again "

@@ -49,6 +49,7 @@ a needed `gumbel` is None, a key is taken from the module's own stream `sample_r
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import jax
@@ -93,8 +94,9 @@ def _is_concrete(x: Any) -> bool:
 
 
 def _check_positive(name: str, value: Any) -> None:
-    if isinstance(value, bool) or (isinstance(value, (int, float)) and not value > 0):
-        raise ValueError(f"{name}: expected a number > 0, got {value!r}")
+    """A finite number > 0 when concrete (a Python number; under `jsr.jit` Python numbers stay concrete)."""
+    if isinstance(value, bool) or (isinstance(value, (int, float)) and not 0 < value < math.inf):
+        raise ValueError(f"{name}: expected a finite number > 0, got {value!r}")
     if not isinstance(value, (int, float)) and jnp.ndim(value) != 0:
         raise ValueError(f"{name}: expected a scalar > 0, got shape {tuple(jnp.shape(value))}")
 

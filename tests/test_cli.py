@@ -33,3 +33,14 @@ def test_unknown_command_exits_2():
     result = subprocess.run([sys.executable, "-m", "jax_scan_rnn.cli", "frobnicate"], capture_output=True, text=True)
     assert result.returncode == 2
     assert "invalid choice" in result.stderr
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
+@pytest.mark.parametrize("argv, flag", [(["sample", "vae", "--checkpoint", "nowhere", "--temperature"], "--temperature"),
+                                         (["train", "traveller", "--lr"], "--lr")])
+def test_non_positive_or_non_finite_floats_are_refused_before_any_work(argv, flag, value, capsys):
+    """One line naming the flag, exit code 2: nothing is loaded or trained with such a value."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, value])
+    assert exit_info.value.code == 2
+    assert f"argument {flag}: expected a finite number > 0, got {value}" in capsys.readouterr().err

@@ -229,6 +229,23 @@ def test_replaced_submodule_raises():
         fast(_x())
 
 
+def test_jit_again_reuses_the_compiled_calls_until_the_structure_changes():
+    """`jsr.jit(model)` called again (inline, or by library code handed the model) costs no compile; after a
+    structural change it gives a fresh Compiled that sees the new structure."""
+    model = Toy(rngs=nnx.Rngs(0))
+    model.eval()
+    fast = jsr.jit(model)
+    fast(_x())
+    TRACES.clear()
+    assert jsr.jit(model) is fast
+    jsr.jit(model)(_x())
+    assert TRACES == []
+    model.linear = nnx.Linear(3, 4, rngs=nnx.Rngs(1))
+    fresh = jsr.jit(model)
+    assert fresh is not fast
+    np.testing.assert_array_equal(fresh(_x()), model(_x()))
+
+
 def test_deeper_structural_change_raises_at_the_next_compile():
     model = Toy(rngs=nnx.Rngs(0))
     fast = jsr.jit(model)

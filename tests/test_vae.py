@@ -514,8 +514,8 @@ Z2 = randn(2, Z)
         (lambda m: m.decode(Z2[:, :2], TOKENS), ValueError, r"z: expected shape \[B, Z\] = \[2, 3\], got \[2, 2\]"),
         (lambda m: m.decode(Z2[:1], TOKENS), ValueError, r"z: expected shape \[B, Z\] = \[2, 3\], got \[1, 3\]"),
         (lambda m: m.decode(Z2, TOKENS, mode="beam"), ValueError, "mode: expected one of .*'argmax'.* got 'beam'"),
-        (lambda m: m.decode(Z2, TOKENS, tau=0.0), ValueError, "tau: expected a number > 0, got 0.0"),
-        (lambda m: m.decode(Z2, TOKENS, temperature=-1), ValueError, "temperature: expected a number > 0, got -1"),
+        (lambda m: m.decode(Z2, TOKENS, tau=0.0), ValueError, "tau: expected a finite number > 0, got 0.0"),
+        (lambda m: m.decode(Z2, TOKENS, temperature=-1), ValueError, "temperature: expected a finite number > 0, got -1"),
         (
             lambda m: m.decode(Z2, TOKENS, replace_mask=jnp.ones((2, 4))),
             TypeError,

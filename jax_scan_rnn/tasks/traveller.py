@@ -11,7 +11,6 @@ regresses onto given target paths (here the optimal policy's), for users with la
 from __future__ import annotations
 
 import json
-import weakref
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jax_scan_rnn.compiled import Compiled, jit
+from jax_scan_rnn.compiled import jit
 from jax_scan_rnn.data import trading
 from jax_scan_rnn.train import TrainConfig, fit, restore_model
 from jax_scan_rnn.traveller import Traveller
@@ -101,15 +100,10 @@ def held_out_market(task: TravellerTask) -> trading.Market:
     return trading.simulate(task.market, task.eval_paths, task.eval_steps, seed=task.eval_seed)
 
 
-_COMPILED: weakref.WeakKeyDictionary[Traveller, Compiled] = weakref.WeakKeyDictionary()
-
-
 def _positions(model: Traveller, features: jax.Array) -> jax.Array:
-    """Positions `[B, T, 2]` for `features [B, T, F]`, through the one compiled call (`jsr.jit`), kept per
-    model so that the evaluations during training compile once."""
-    if model not in _COMPILED:
-        _COMPILED[model] = jit(model)
-    return _COMPILED[model](features)[0]
+    """Positions `[B, T, 2]` for `features [B, T, F]`, through the one compiled call (`jsr.jit`, which keeps
+    its compiled functions per model, so the evaluations during training compile once)."""
+    return jit(model)(features)[0]
 
 
 def evaluate(model: Traveller, task: TravellerTask, market: trading.Market | None = None) -> dict[str, float]:

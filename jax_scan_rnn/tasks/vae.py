@@ -22,6 +22,7 @@ from flax import nnx
 
 from jax_scan_rnn import metrics
 from jax_scan_rnn import schedules
+from jax_scan_rnn.compiled import jit
 from jax_scan_rnn.data import smiles
 from jax_scan_rnn.train import TrainConfig, fit, restore_model
 from jax_scan_rnn.vae import SeqVAE
@@ -177,24 +178,18 @@ def make_loss_fn(task: VAETask):
     return loss_fn
 
 
-@nnx.jit
+# Every call below goes through `jsr.jit(model)`, which keeps the compiled functions per model: Python
+# scalars (max_len, temperature, top_k) are static there, so the model's own checks on them run before jit.
 def _encode(model, tokens, lengths):
-    return model.encode(tokens, lengths)  # (mu, logvar)
+    return jit(model).encode(tokens, lengths)  # (mu, logvar)
 
 
-@nnx.jit(static_argnames=("max_len",))
 def _greedy(model, z, max_len):
-    return model.generate(z, max_len, mode="greedy")
+    return jit(model).generate(z, max_len, mode="greedy")
 
 
-@nnx.jit(static_argnames=("max_len", "top_k"))
-def _sample(model, z, gumbel, max_len, temperature, top_k):
-    return model.generate(z, max_len, mode="sample", temperature=temperature, top_k=top_k, gumbel=gumbel)
-
-
-@nnx.jit
 def _teacher_forced_argmax(model, z, tokens):
-    return jnp.argmax(model.decode(z, tokens), axis=-1)
+    return jnp.argmax(jit(model).decode(z, tokens), axis=-1)
 
 
 def sample(model: SeqVAE, vocab: smiles.Vocabulary, n: int, *, max_len: int, seed: int = 0, temperature: float = 1.0,
@@ -206,7 +201,7 @@ def sample(model: SeqVAE, vocab: smiles.Vocabulary, n: int, *, max_len: int, see
         tokens = _greedy(model, z, max_len)
     else:
         gumbel = jax.random.gumbel(key_g, (n, max_len, model.vocab_size), model.dtype)
-        tokens = _sample(model, z, gumbel, max_len, temperature, top_k)
+        tokens = jit(model).generate(z, max_len, mode="sample", temperature=temperature, top_k=top_k, gumbel=gumbel)
     return vocab.decode(np.asarray(tokens))
 
 
@@ -260,11 +255,10 @@ def train(task: VAETask, cfg: TrainConfig, out_dir: str | Path | None = None, *,
     dataset = load_dataset(task) if dataset is None else dataset
     model = build_model(task, dataset.vocab.size, seed)
     valid_tokens, valid_lengths = dataset.vocab.encode(dataset.valid[:512], task.max_length)
-    eval_loss = nnx.jit(lambda m, t, l: m.loss(t, l, eps=jnp.zeros((t.shape[0], m.latent_size), m.dtype)))
 
     def eval_fn(m: SeqVAE) -> dict[str, float]:
         m.eval()
-        out = eval_loss(m, valid_tokens, valid_lengths)
+        out = jit(m).loss(valid_tokens, valid_lengths, eps=jnp.zeros((len(valid_tokens), m.latent_size), m.dtype))
         acc = reconstruction(m, dataset.vocab, dataset.valid[:256], task.max_length)
         return {"recon": float(out["recon"]), "kl": float(out["kl"]), "free_sequence_acc": acc["free_sequence_acc"]}
 
