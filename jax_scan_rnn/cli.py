@@ -16,7 +16,9 @@ line on stderr and exit with code 2, like argparse's own usage errors.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import json
 import math
 import platform
 import sys
@@ -150,6 +152,79 @@ def train_config(args: argparse.Namespace):
     )
 
 
+@contextlib.contextmanager
+def output_directory(out: Path, resume: bool):
+    """Hold `--out` for this run (training, evaluation, plots): one writer per run directory (`lock.py`), and
+    a finished or running run there is never overwritten without --resume."""
+    import jax
+
+    from jax_scan_rnn import checkpoint
+    from jax_scan_rnn.lock import run_lock
+    from jax_scan_rnn.train import CHECKPOINT_DIR
+
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out: expected a directory, got the file {out}")
+    if jax.process_index() != 0:  # several processes: the first one holds the directory (and writes)
+        yield
+        return
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(run_lock(out))
+        except ValueError as err:  # RunDirectoryLocked / RunDirectoryUnwritable: name the flag
+            raise ValueError(f"--out: {err}") from None
+        done = checkpoint.steps(out / CHECKPOINT_DIR)
+        if done and not resume:
+            raise ValueError(f"--out: {out} already holds a run (checkpoints at steps {done}); pass --resume to "
+                             "continue it, or choose another --out")
+        yield
+
+
+# TrainConfig fields -> the flags that set them (the rest have no flag and cannot change from the CLI).
+TRAIN_FLAGS = {"steps": "--steps", "learning_rate": "--lr", "warmup_steps": "--warmup-steps", "clip_norm": "--clip-norm",
+               "log_every": "--log-every", "eval_every": "--eval-every", "checkpoint_every": "--checkpoint-every",
+               "seed": "--seed"}
+
+
+def _flat(settings: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in settings.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def check_resume(out: Path, args: argparse.Namespace, task: dict, cfg) -> None:
+    """--resume: the settings saved with the run against this command's. A difference is refused, naming each
+    changed option, unless --override is given; then the changes are printed and training continues."""
+    from jax_scan_rnn import checkpoint
+    from jax_scan_rnn.train import CHECKPOINT_DIR
+
+    if not args.resume:
+        return
+    saved = None
+    for step in reversed(checkpoint.steps(out / CHECKPOINT_DIR)):  # the newest that verifies, as fit resumes
+        try:
+            saved = checkpoint.read_metadata(out / CHECKPOINT_DIR, step)
+            break
+        except checkpoint.CheckpointError:
+            continue
+    if saved is None:
+        return  # nothing to resume: a fresh start
+    before = {**{f"--{k.replace('_', '-')}": v for k, v in _flat(saved.get("task", {})).items()},
+              **{TRAIN_FLAGS.get(k, f"train_config.{k}"): v for k, v in saved.get("train_config", {}).items()}}
+    now = {**{f"--{k.replace('_', '-')}": v for k, v in _flat(json.loads(json.dumps(task))).items()},
+           **{TRAIN_FLAGS.get(k, f"train_config.{k}"): v for k, v in dataclasses.asdict(cfg).items()}}
+    changed = [f"{name} {before[name]!r} -> {now[name]!r}" for name in now if name in before and before[name] != now[name]]
+    if not changed:
+        return
+    if not args.override:
+        raise ValueError(f"--resume: the run in {out} was started with other settings ({'; '.join(changed)}); "
+                         "give the same options, or add --override to continue with the new ones")
+    print(f"resuming with changed settings (--override): {'; '.join(changed)}")
+
+
 def data_parallel(args: argparse.Namespace, batch_size: int):
     from jax_scan_rnn.distributed import DataParallel, initialize_multihost
 
@@ -174,14 +249,17 @@ def cmd_train_traveller(args: argparse.Namespace) -> int:
     )
     out = Path(args.out)
     dp = data_parallel(args, task.batch_size)
-    print(f"training the Traveller ({args.objective} objective) for {args.steps} steps on {dp.size} device(s) -> {out}")
-    model, history = task_lib.train(
-        task, train_config(args), out, resume=args.resume, callback=ProgressBar(),
-        data_sharding=dp.data, state_sharding=dp.replicated,
-    )
-    table = task_lib.evaluate(model, task)
-    task_lib.save_table(table, out / "evaluation.json")
-    plot = task_lib.plot_positions(model, task, out / "positions.png")
+    with output_directory(out, args.resume):
+        check_resume(out, args, task.to_json(), train_config(args))
+        print(f"training the Traveller ({args.objective} objective) for {args.steps} steps on {dp.size} device(s) "
+              f"-> {out}")
+        model, history = task_lib.train(
+            task, train_config(args), out, resume=args.resume, callback=ProgressBar(),
+            data_sharding=dp.data, state_sharding=dp.replicated,
+        )
+        table = task_lib.evaluate(model, task)
+        task_lib.save_table(table, out / "evaluation.json")
+        plot = task_lib.plot_positions(model, task, out / "positions.png")
     print(f"\nout of sample: {task.eval_paths} held-out paths x {task.eval_steps} steps")
     print(task_lib.format_table(table))
     print(f"\nmetrics: {out / 'metrics.jsonl'}  curves: {out / 'curves.png'}  positions: {plot}")
@@ -259,13 +337,15 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
     print(f"data {task.data}: {len(dataset.train)} train / {len(dataset.valid)} valid / {len(dataset.test)} test "
           f"sequences, vocabulary {dataset.vocab.size}; skipped: {skipped}")
     dp = data_parallel(args, task.batch_size)
-    print(f"training the VAE ({task.decoding} decoding) for {args.steps} steps on {dp.size} device(s) -> {out}")
-    model, dataset, _ = task_lib.train(
-        task, train_config(args), out, resume=args.resume, callback=ProgressBar(), dataset=dataset,
-        data_sharding=dp.data, state_sharding=dp.replicated,
-    )
-    report = task_lib.evaluate(model, dataset, task)
-    (out / "evaluation.json").write_text(json.dumps(report, indent=2) + "\n")
+    with output_directory(out, args.resume):
+        check_resume(out, args, dataclasses.asdict(task), train_config(args))
+        print(f"training the VAE ({task.decoding} decoding) for {args.steps} steps on {dp.size} device(s) -> {out}")
+        model, dataset, _ = task_lib.train(
+            task, train_config(args), out, resume=args.resume, callback=ProgressBar(), dataset=dataset,
+            data_sharding=dp.data, state_sharding=dp.replicated,
+        )
+        report = task_lib.evaluate(model, dataset, task, seed=args.seed)
+        (out / "evaluation.json").write_text(json.dumps(report, indent=2) + "\n")
     print()
     print_vae_report(report)
     print(f"\nmetrics: {out / 'metrics.jsonl'}  curves: {out / 'curves.png'}  report: {out / 'evaluation.json'}")
@@ -330,6 +410,13 @@ def positive_int(text: str) -> int:
     return value
 
 
+def nonnegative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an int >= 0, got {text}")
+    return value
+
+
 def positive_float(text: str) -> float:
     value = float(text)
     if not 0 < value < math.inf:
@@ -350,9 +437,13 @@ def add_train_arguments(parser: argparse.ArgumentParser, *, steps: int, lr: floa
     group.add_argument(
         "--checkpoint-every", type=int, default=250, help="steps between checkpoints (default: 250)"
     )
-    group.add_argument("--seed", type=int, default=0, help="initialisation seed (default: 0)")
+    group.add_argument("--seed", type=nonnegative_int, default=0,
+                       help="the run's seed: initialisation, dropout, batch order, the VAE's noise and evaluation "
+                            "samples (default: 0)")
     group.add_argument("--out", default=out, help=f"output directory (default: {out})")
     group.add_argument("--resume", action="store_true", help="continue from the latest valid checkpoint in --out")
+    group.add_argument("--override", action="store_true",
+                       help="with --resume: continue even if options differ from the run's saved ones (listed)")
     group.add_argument(
         "--devices", type=positive_int, default=None,
         help="data-parallel over this many devices: the batch is split, parameters replicated (default: all)",

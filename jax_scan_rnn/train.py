@@ -53,6 +53,7 @@ import optax
 from flax import nnx
 
 from jax_scan_rnn import checkpoint as ckpt
+from jax_scan_rnn.lock import run_lock
 from jax_scan_rnn.schedules import LR_SCHEDULES, make_lr_schedule
 
 __all__ = [
@@ -141,14 +142,16 @@ class TrainConfig:
 
 
 class NonFiniteLossError(RuntimeError):
-    """Training produced a non-finite loss or gradient norm at ``step`` (1-based update number)."""
+    """Training produced a non-finite loss, gradient norm or updated state at ``step`` (1-based update number)."""
 
     def __init__(self, step: int, loss: float, grad_norm: float, last_checkpoint: int | None):
         self.step = step  # the first bad update (computed from batch_fn(step - 1))
         self.loss = loss  # its loss value
         self.grad_norm = grad_norm  # its global gradient norm
         self.last_checkpoint = last_checkpoint  # newest checkpoint step on disk (kept untouched), or None
-        what = "loss" if not math.isfinite(loss) else "gradient norm"
+        # A finite loss and gradient can still give a non-finite update (an overflowing learning rate).
+        what = ("loss" if not math.isfinite(loss) else "gradient norm" if not math.isfinite(grad_norm)
+                else "parameters or optimizer state after the update")
         kept = (
             f"the last good checkpoint (step {last_checkpoint}) is kept"
             if last_checkpoint is not None
@@ -507,7 +510,12 @@ def _make_fit_step(
         }
         bad = carry["bad"]
         live = bad["step"] < 0
+        # The updated state too: a finite loss and gradient can still overflow in the update (lr 1e300),
+        # and no such state may be kept, let alone checkpointed.
         ok = jnp.isfinite(loss32) & jnp.isfinite(grad_norm32)
+        for leaf in new:
+            if jnp.issubdtype(leaf.dtype, jnp.inexact):
+                ok = ok & jnp.all(jnp.isfinite(leaf))
         commit = live & ok
         first_bad = live & ~ok
 
@@ -605,10 +613,37 @@ def fit(
     Returns:
       The :class:`History` of train and eval rows (including the earlier run's rows when resuming).
 
+    While it runs, ``fit`` holds ``out_dir`` (``lock.run_lock``, on the first process of a multi-process
+    run): a second process writing there is refused with ``RunDirectoryLocked`` naming the holder's PID.
+
     Raises:
-      NonFiniteLossError: at the first update whose loss or gradient norm is not finite.
+      NonFiniteLossError: at the first update whose loss, gradient norm or updated state is not finite.
+      lock.RunDirectoryLocked: another process holds ``out_dir``.
       checkpoint.CheckpointError: ``resume`` found checkpoints, but none valid.
     """
+    if out_dir is None or jax.process_index() != 0:
+        return _fit(model, loss_fn, batch_fn, cfg, out_dir=out_dir, eval_fn=eval_fn, resume=resume, callback=callback,
+                    metadata=metadata, data_sharding=data_sharding, state_sharding=state_sharding)
+    with run_lock(out_dir):
+        return _fit(model, loss_fn, batch_fn, cfg, out_dir=out_dir, eval_fn=eval_fn, resume=resume, callback=callback,
+                    metadata=metadata, data_sharding=data_sharding, state_sharding=state_sharding)
+
+
+def _fit(
+    model: nnx.Module,
+    loss_fn: LossFn,
+    batch_fn: Callable[[int], Batch],
+    cfg: TrainConfig,
+    *,
+    out_dir: str | os.PathLike | None = None,
+    eval_fn: Callable[[nnx.Module], Mapping[str, float]] | None = None,
+    resume: bool = False,
+    callback: Callable[[dict], None] | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    data_sharding: jax.sharding.Sharding | None = None,
+    state_sharding: jax.sharding.Sharding | None = None,
+) -> History:
+    """`fit`'s body, run with the output directory held."""
     t_start = time.time()
     if not isinstance(model, nnx.Module):
         raise TypeError(f"model: expected an nnx.Module, got {type(model).__name__}")

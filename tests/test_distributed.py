@@ -51,10 +51,10 @@ def test_four_devices_reproduce_one_device_and_share_checkpoints(tmp_path):
     assert worst <= LOSS_ATOL, f"1-device vs 4-device losses differ by {worst:.2e} (steps: {a} vs {b})"
 
     # A checkpoint written on 4 devices resumes on 1 (and continues like the 1-device run).
-    result = run_cli(*train_args(four, 1, 30, "--resume"))
+    result = run_cli(*train_args(four, 1, 30, "--resume", "--override"))  # more steps: a changed option
     assert result.returncode == 0, result.stderr[-2000:]
     assert "resumed from step 20" in result.stdout + result.stderr
-    result = run_cli(*train_args(one, 1, 30, "--resume"))
+    result = run_cli(*train_args(one, 1, 30, "--resume", "--override"))
     assert result.returncode == 0, result.stderr[-2000:]
     c, d = train_losses(one), train_losses(four)
     assert len(c) == len(d) == 30

@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 
+import jax_scan_rnn as jsr
 from jax_scan_rnn.cli import main
 from jax_scan_rnn.tasks import traveller as task_lib
 from jax_scan_rnn.train import TrainConfig
@@ -53,7 +54,7 @@ def test_cli_train_resume_and_evaluate(tmp_path, capsys):
     args = ["train", "traveller", "--hidden-size", "8", "--num-layers", "1", "--batch-size", "16", "--seq-len", "32",
             "--log-every", "5", "--eval-every", "0", "--checkpoint-every", "10", "--out", str(out)]
     assert main([*args, "--steps", "10"]) == 0
-    assert main([*args, "--steps", "20", "--resume"]) == 0
+    assert main([*args, "--steps", "20", "--resume", "--override"]) == 0  # more steps: a changed option
     printed = capsys.readouterr().out
     assert "Traveller (learned)" in printed and "optimal (closed form)" in printed
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -77,4 +78,109 @@ def test_cli_errors_are_one_line_with_exit_code_2(tmp_path, capsys):
     # A second run into the same directory without --resume must not silently mix runs.
     assert main(["train", "traveller", "--steps", "2", "--batch-size", "16", "--seq-len", "8", "--hidden-size", "4",
                  "--out", str(out)]) == 2
-    assert "out_dir: expected no checkpoints when resume=False" in capsys.readouterr().err
+    assert f"--out: {out} already holds a run (checkpoints at steps [2]); pass --resume" in capsys.readouterr().err
+
+
+def test_seed_reaches_the_run(tmp_path):
+    """--seed is the run's one seed: the same seed gives the same weights, another seed other weights, and
+    the checkpoint records the seed that was used."""
+    from jax_scan_rnn import checkpoint
+    from jax_scan_rnn.cli import main
+
+    def run(seed: int, name: str) -> dict:
+        out = tmp_path / name
+        argv = ["train", "traveller", "--steps", "3", "--hidden-size", "4", "--num-layers", "1", "--batch-size", "4",
+                "--seq-len", "8", "--eval-every", "0", "--out", str(out), "--seed", str(seed)]
+        assert main(argv) == 0
+        model, _ = task_lib.load(out)
+        assert checkpoint.read_metadata(out / "checkpoints")["seed"] == seed
+        return jsr.torch_state_dict(model)
+
+    a, b, c = run(7, "a"), run(7, "b"), run(0, "c")
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+    assert any(not np.array_equal(a[key], c[key]) for key in a), "seeds 7 and 0 trained the same weights"
+
+
+def test_an_update_that_overflows_is_never_kept_or_saved(tmp_path, capsys):
+    """lr 1e300: step 1's loss and gradient are finite, its update is not. The guard stops at step 1, the
+    model keeps its initial weights and no checkpoint holds a non-finite value."""
+    from jax_scan_rnn import checkpoint
+
+    out = tmp_path / "run"
+    argv = ["train", "traveller", "--steps", "3", "--hidden-size", "4", "--num-layers", "1", "--batch-size", "4",
+            "--seq-len", "8", "--eval-every", "0", "--checkpoint-every", "1", "--lr", "1e300", "--out", str(out)]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "non-finite parameters or optimizer state after the update at step 1" in err
+    assert "no checkpoint was written" in err
+    assert checkpoint.steps(out / "checkpoints") == []
+
+
+TINY_RUN = ["--steps", "2", "--hidden-size", "4", "--num-layers", "1", "--batch-size", "4", "--seq-len", "8",
+            "--eval-every", "0"]
+
+
+def test_a_second_process_on_the_same_out_is_refused_naming_the_holder(tmp_path):
+    """Two real processes: while one holds --out, `train` there exits 2 with one line naming its PID and
+    writes nothing; once the holder is gone (killed: the kernel drops its lock), training there works."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom jax_scan_rnn.lock import run_lock\n"
+         f"with run_lock({str(out)!r}):\n    print('held', flush=True)\n    time.sleep(120)"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        cli = [sys.executable, "-m", "jax_scan_rnn.cli", "train", "traveller", *TINY_RUN, "--out", str(out)]
+        second = subprocess.run(cli, capture_output=True, text=True, timeout=300)
+        assert second.returncode == 2, second.stderr
+        lines = second.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"another run (PID {holder.pid}) is writing to this directory" in lines[0], lines
+        assert sorted(p.name for p in out.iterdir()) == [".lock"]
+    finally:
+        holder.kill()
+        holder.wait()
+    third = subprocess.run(cli, capture_output=True, text=True, timeout=300)
+    assert third.returncode == 0, third.stderr
+    assert (out / "evaluation.json").exists()
+
+
+def test_a_finished_run_is_never_overwritten_and_bad_out_is_one_line(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "traveller", *TINY_RUN, "--out", str(out)]) == 0
+    before = (out / "metrics.jsonl").read_text()
+    capsys.readouterr()
+    assert main(["train", "traveller", *TINY_RUN, "--out", str(out), "--seed", "3"]) == 2
+    err = capsys.readouterr().err
+    assert f"--out: {out} already holds a run (checkpoints at steps [2]); pass --resume" in err, err
+    assert (out / "metrics.jsonl").read_text() == before
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    assert main(["train", "traveller", *TINY_RUN, "--out", str(a_file)]) == 2
+    assert f"--out: expected a directory, got the file {a_file}" in capsys.readouterr().err
+
+
+def test_resume_with_changed_settings_is_refused_unless_overridden(tmp_path, capsys):
+    """--resume compares the saved options with the new ones: a change is named and refused (exit 2, the
+    run untouched) unless --override, which prints the changes and continues."""
+    out = tmp_path / "run"
+    base = ["train", "traveller", "--steps", "2", "--hidden-size", "4", "--num-layers", "1", "--batch-size", "4",
+            "--seq-len", "8", "--eval-every", "0", "--checkpoint-every", "1", "--out", str(out)]
+    assert main(base) == 0
+    before = (out / "metrics.jsonl").read_text()
+    capsys.readouterr()
+    changed = [*base, "--resume", "--lr", "0.01", "--seq-len", "16", "--steps", "3"]
+    assert main(changed) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0, err
+    for change in ("--seq-len 8 -> 16", "--lr 0.003 -> 0.01", "--steps 2 -> 3"):
+        assert change in err, err
+    assert "--resume: the run in" in err and "add --override" in err, err
+    assert (out / "metrics.jsonl").read_text() == before
+    assert main([*changed, "--override"]) == 0
+    assert "resuming with changed settings (--override): " in capsys.readouterr().out
+    assert main([*base, "--resume"]) == 2  # step 3's checkpoint holds the overridden settings

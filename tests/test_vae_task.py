@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import json
 
+import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 from jax_scan_rnn.cli import main
 from jax_scan_rnn.tasks import vae as task_lib
@@ -81,7 +83,7 @@ def test_cli_resume_continues_the_run(corpus, tmp_path):
     args = ["train", "vae", "--data", str(corpus), "--hidden-size", "8", "--latent-size", "2", "--batch-size", "8",
             "--log-every", "2", "--eval-every", "0", "--checkpoint-every", "4", "--eval-samples", "5", "--out", str(out)]
     assert main([*args, "--steps", "4"]) == 0
-    assert main([*args, "--steps", "8", "--resume"]) == 0
+    assert main([*args, "--steps", "8", "--resume", "--override"]) == 0  # more steps: a changed option
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["split"] == "train"] == [2, 4, 6, 8]
 
@@ -89,3 +91,24 @@ def test_cli_resume_continues_the_run(corpus, tmp_path):
 def test_sample_missing_checkpoint_exits_2(tmp_path, capsys):
     assert main(["sample", "vae", "--checkpoint", str(tmp_path / "nope")]) == 2
     assert "--checkpoint: expected a training output directory" in capsys.readouterr().err
+
+
+def test_seed_reaches_initialisation_batch_order_and_noise(corpus):
+    """The run's seed (`TrainConfig.seed`, the CLI's --seed) changes the initial weights and the batches;
+    the same seed gives the same run."""
+    from jax_scan_rnn.train import TrainConfig
+
+    task = tiny(corpus, decoding="scheduled", ss_mode="gumbel_softmax")
+    dataset = task_lib.load_dataset(task)
+    a, b = task_lib.make_batch_fn(task, dataset, 0)(3), task_lib.make_batch_fn(task, dataset, 7)(3)
+    assert not np.array_equal(a["keys"], b["keys"]) and not np.array_equal(a["tokens"], b["tokens"])
+
+    def weights(seed):
+        model, _, _ = task_lib.train(task, TrainConfig(steps=2, seed=seed, eval_every=0, log_every=1),
+                                     dataset=dataset)
+        return [np.asarray(leaf) for leaf in jax.tree.leaves(nnx.state(model, nnx.Param))]
+
+    same, other = weights(7), weights(0)
+    np.testing.assert_array_equal(np.concatenate([w.ravel() for w in same]),
+                                  np.concatenate([w.ravel() for w in weights(7)]))
+    assert any(not np.array_equal(x, y) for x, y in zip(same, other))

@@ -12,7 +12,8 @@ SEEDS = {"traveller": SEED_KEY, "vae-ss": "vae-ss-torch", "vae-greedy": "vae-gre
 LIMIT_CHUNK_ROWS = 4096  # rows (batch x steps) per chunk of the XLA limit row
 QUICK_METHODS = (  # the rows of the quick preset
     "torch-loop", "torch-cell", "torch-script", "torch-compile-scan", "torch-compile-loop", "torch-cuda-graph",
-    "torch-lstm-seq", "jax-scan-u1", "jax-scan-u4", "jax-jit-loop", "jax-eager", "limit-xla", "limit-torch",
+    "torch-lstm-seq", "jax-scan-u1", "jax-scan-u4", "jax-user-call", "jax-jit-loop", "jax-eager", "limit-xla",
+    "limit-torch",
     "vae-ss-torch", "vae-ss-jax", "vae-greedy-torch", "vae-greedy-jax",
 )
 LIMIT_KEYS = ("limit-xla", "limit-torch")  # the "limit" of a cell is the faster of these two

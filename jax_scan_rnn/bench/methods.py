@@ -424,6 +424,26 @@ def _jax_case_from_positions(ctx: _Context, batch: int, steps: int, mode: str, p
                               output=False)
 
 
+def _build_jax_user_call(ctx: _Context, batch: int, steps: int, mode: str) -> _Case:
+    """`jsr.jit(model)(x)`: the call a user makes, the model's weights read at each call (forward only)."""
+    from flax import nnx
+
+    import jax_scan_rnn as jsr
+
+    jax = ctx.jax
+    fast = jsr.jit(nnx.merge(ctx.graphdef, ctx.params, ctx.rest))
+    x = ctx.j(ctx.data(batch, steps)["x"])
+    t0 = time.perf_counter()
+    jax.block_until_ready(fast(x))  # the first call traces and compiles
+    compile_s = time.perf_counter() - t0
+
+    def call():
+        return jax.block_until_ready(fast(x)[0])  # (positions, state): the positions
+
+    return _Case(call, output=lambda out: np.asarray(out, dtype=np.float32), compile_s=compile_s,
+                 info={"unroll": "auto"})
+
+
 def _build_jax_scan(unroll) -> Callable:
     def build(ctx: _Context, batch: int, steps: int, mode: str) -> _Case:
         case = _jax_case_from_positions(ctx, batch, steps, mode, _scan_positions(ctx, unroll))
@@ -776,6 +796,10 @@ def _methods() -> dict[str, Method]:
     rows += [
         Method(AUTO_KEY, "jax: lax.scan, unroll=auto", "jax", "compiled", _build_jax_scan("auto"),
                note="the library's default: unroll chosen from measurements (jax_scan_rnn.scan.auto_unroll)"),
+        Method("jax-user-call", "jax: jsr.jit(model)(x)", "jax", "compiled", lambda *a: _build_jax_user_call(*a),
+               modes=("forward",), modes_note="forward only: a training step differentiates the model itself",
+               note="the user's compiled call: jsr.jit over the model, its weights read at each call (the "
+                    "row above is the same scan AOT-compiled and called on its parameters)"),
         Method("jax-jit-loop", "jax: jit(Python loop), short T", "jax", "compiled", lambda *a: _build_jax_jit_loop(*a),
                where="sweep", modes=("forward",),
                modes_note="forward only (its compile of the unrolled backward grows with T as well)",

@@ -66,15 +66,17 @@ def build_model(task: TravellerTask, seed: int = 0) -> Traveller:
     return Traveller(task.market.num_signals, task.hidden_size, task.num_layers, task.dropout, rngs=nnx.Rngs(seed))
 
 
-def make_batch_fn(task: TravellerTask):
-    """`step -> batch`: a pure function of the step (what makes resumed runs exact)."""
+def make_batch_fn(task: TravellerTask, seed: int = 0):
+    """`step -> batch`: a pure function of the step (what makes resumed runs exact). The training market is
+    `task.data_seed`'s; the batch order is seeded by `task.data_seed + seed` (the run's seed)."""
     pool = trading.simulate(task.market, task.train_paths, task.seq_len, seed=task.data_seed)
     features = pool.features.astype(np.float32)
     returns = pool.returns.astype(np.float32)
     targets = trading.optimal_policy(task.market, pool.signals).astype(np.float32)
 
     def batch_fn(step: int) -> dict:
-        idx = np.random.default_rng((task.data_seed, step)).choice(task.train_paths, task.batch_size, replace=False)
+        rng = np.random.default_rng((task.data_seed + seed, step))
+        idx = rng.choice(task.train_paths, task.batch_size, replace=False)
         batch = {"features": features[idx], "returns": returns[idx]}
         if task.objective == "mse":
             batch["targets"] = targets[idx]
@@ -121,10 +123,12 @@ def train(
     *,
     resume: bool = False,
     callback=None,
-    seed: int = 0,
     **fit_kwargs,
 ):
-    """Train a fresh Traveller (or resume `out_dir`); returns `(model, history)`."""
+    """Train a fresh Traveller (or resume `out_dir`); returns `(model, history)`.
+
+    `cfg.seed` is the run's one seed: the initialisation, the dropout stream and the batch order."""
+    seed = cfg.seed
     model = build_model(task, seed)
     market = held_out_market(task)
 
@@ -135,7 +139,7 @@ def train(
     history = fit(
         model,
         make_loss_fn(task),
-        make_batch_fn(task),
+        make_batch_fn(task, seed),
         cfg,
         out_dir=out_dir,
         eval_fn=eval_fn,

@@ -136,18 +136,20 @@ def build_model(task: VAETask, vocab_size: int, seed: int = 0) -> SeqVAE:
                   concat_z=task.concat_z, rngs=nnx.Rngs(seed))
 
 
-def make_batch_fn(task: VAETask, dataset: Dataset):
-    """`step -> batch`, a pure function of the step: tokens, lengths, per-sequence keys and schedules."""
+def make_batch_fn(task: VAETask, dataset: Dataset, seed: int = 0):
+    """`step -> batch`, a pure function of the step: tokens, lengths, per-sequence keys and schedules. The
+    batch order and the per-step noise are seeded by `task.data_seed + seed` (the run's seed)."""
+    data_seed = task.data_seed + seed
     tokens, lengths = dataset.vocab.encode(dataset.train, task.max_length)
 
     def batch_fn(step: int) -> dict:
-        tok, length = smiles.batch_at(tokens, lengths, task.batch_size, step, seed=task.data_seed)
+        tok, length = smiles.batch_at(tokens, lengths, task.batch_size, step, seed=data_seed)
         b = task.batch_size
         return {
             "tokens": tok,
             "lengths": length,
             # One raw threefry key per sequence, a function of (data_seed, step): it shards with the batch.
-            "keys": np.random.default_rng((task.data_seed, step)).integers(0, 2**32, (b, 2), dtype=np.uint32),
+            "keys": np.random.default_rng((data_seed, step)).integers(0, 2**32, (b, 2), dtype=np.uint32),
             "beta": np.full((b,), task.beta(step), np.float32),
             "p_replace": np.full((b,), task.replacement_probability(step), np.float32),
         }
@@ -250,9 +252,10 @@ def evaluate(model: SeqVAE, dataset: Dataset, task: VAETask, *, seed: int = 0) -
 
 
 def train(task: VAETask, cfg: TrainConfig, out_dir: str | Path | None = None, *, resume: bool = False, callback=None,
-          seed: int = 0, dataset: Dataset | None = None, **fit_kwargs):
+          dataset: Dataset | None = None, **fit_kwargs):
     """Train a fresh VAE (or resume `out_dir`); returns `(model, dataset, history)`."""
     dataset = load_dataset(task) if dataset is None else dataset
+    seed = cfg.seed  # the run's one seed: initialisation, batch order, per-step noise
     model = build_model(task, dataset.vocab.size, seed)
     valid_tokens, valid_lengths = dataset.vocab.encode(dataset.valid[:512], task.max_length)
 
@@ -265,7 +268,7 @@ def train(task: VAETask, cfg: TrainConfig, out_dir: str | Path | None = None, *,
     history = fit(
         model,
         make_loss_fn(task),
-        make_batch_fn(task, dataset),
+        make_batch_fn(task, dataset, seed),
         cfg,
         out_dir=out_dir,
         eval_fn=eval_fn,

@@ -1,0 +1,74 @@
+"""One writer per run directory: `with run_lock(out_dir): ...` around everything a run writes there.
+
+Two trainings started on the same `--out` would interleave `metrics.jsonl`, overwrite each other's
+`evaluation.json` and delete each other's half-written checkpoints. The lock is an exclusive `flock` on
+`out_dir/.lock`, which holds the PID of the process that owns it: a second process is refused at once
+with `RunDirectoryLocked`, naming that PID. The kernel releases a `flock` when its process exits, however it
+exits (SIGKILL included), so a crash never leaves a stale lock behind; the file itself stays, harmless.
+
+Re-entrant within a process (the CLI holds the lock around training and evaluation, and `train.fit` takes
+it again inside), because a second `flock` on a new file descriptor would conflict with the first.
+POSIX only (`fcntl`); elsewhere the lock is a no-op.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX
+    fcntl = None
+
+LOCK_FILE = ".lock"
+
+_held: dict[Path, int] = {}  # directory -> file descriptor: the locks this process holds
+
+
+class RunDirectoryLocked(ValueError):
+    """Another process is writing to the run directory."""
+
+
+class RunDirectoryUnwritable(ValueError):
+    """The run directory cannot be created or written (a file in the way, no permission)."""
+
+
+@contextlib.contextmanager
+def run_lock(directory: str | os.PathLike) -> Iterator[Path]:
+    """Hold the run directory `directory` (created if missing) for this process; yields its path.
+
+    Raises:
+      RunDirectoryLocked: another live process holds it (the message names its PID).
+      RunDirectoryUnwritable: it cannot be created or written.
+    """
+    path = Path(directory).resolve()
+    if path in _held:  # already ours: the outermost holder releases it
+        yield path
+        return
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        if fcntl is None:  # pragma: no cover
+            yield path
+            return
+        fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:
+        raise RunDirectoryUnwritable(f"{path}: cannot write the run directory ({err.strerror})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise RunDirectoryLocked(
+            f"{path}: another run (PID {holder}) is writing to this directory; wait for it to finish or "
+            "choose another output directory"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    _held[path] = fd
+    try:
+        yield path
+    finally:
+        del _held[path]
+        os.close(fd)  # releases the flock
