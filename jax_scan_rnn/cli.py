@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import os
 import platform
 import sys
 from collections.abc import Callable, Sequence
@@ -140,16 +141,22 @@ class ProgressBar:
 def train_config(args: argparse.Namespace):
     from jax_scan_rnn.train import TrainConfig
 
-    return TrainConfig(
-        steps=args.steps,
-        learning_rate=args.lr,
-        warmup_steps=min(100, args.steps // 10) if args.warmup_steps is None else args.warmup_steps,
-        clip_norm=args.clip_norm,
-        log_every=args.log_every,
-        eval_every=args.eval_every,
-        checkpoint_every=args.checkpoint_every,
-        seed=args.seed,
-    )
+    try:
+        return TrainConfig(
+            steps=args.steps,
+            learning_rate=args.lr,
+            warmup_steps=min(100, args.steps // 10) if args.warmup_steps is None else args.warmup_steps,
+            clip_norm=args.clip_norm,
+            log_every=args.log_every,
+            eval_every=args.eval_every,
+            checkpoint_every=args.checkpoint_every,
+            seed=args.seed,
+        )
+    except ValueError as err:  # "TrainConfig.warmup_steps: expected at most steps=10" -> the flags' names
+        message = str(err)
+        for field, flag in TRAIN_FLAGS.items():
+            message = message.replace(f"TrainConfig.{field}", flag).replace(f" {field}=", f" {flag} ")
+        raise ValueError(message) from None
 
 
 @contextlib.contextmanager
@@ -177,6 +184,43 @@ def output_directory(out: Path, resume: bool):
             raise ValueError(f"--out: {out} already holds a run (checkpoints at steps {done}); pass --resume to "
                              "continue it, or choose another --out")
         yield
+
+
+def check_output_file(path: str | None) -> None:
+    """`--output` must be a file we can write (checked before any work, so nothing is computed in vain)."""
+    if path is None:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise ValueError(f"--output: expected a file path, got the directory {target}")
+    if not target.parent.is_dir():
+        raise ValueError(f"--output: the directory {target.parent} does not exist")
+    if not os.access(target.parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise ValueError(f"--output: cannot write {target} (permission denied)")
+
+
+def check_memory(what: str, needed: int) -> None:
+    """Refuse a size whose data alone cannot fit in this machine's memory, before allocating any of it."""
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not POSIX: nothing to compare with
+        return
+    if needed > total:
+        raise ValueError(f"{what}: needs about {needed / 2**30:.0f} GiB, more than this machine's {total / 2**30:.1f} GiB "
+                         "of memory; choose smaller sizes")
+
+
+@contextlib.contextmanager
+def flag_names():
+    """Turn a task's `field: ...` ValueError into `--field: ...`: the CLI's user knows the flag, not the field."""
+    try:
+        yield
+    except ValueError as err:
+        message = str(err)
+        field, sep, rest = message.partition(":")
+        if sep and field.isidentifier():
+            message = f"--{field.replace('_', '-')}:{rest}"
+        raise ValueError(message) from None
 
 
 # TrainConfig fields -> the flags that set them (the rest have no flag and cannot change from the CLI).
@@ -239,22 +283,25 @@ def data_parallel(args: argparse.Namespace, batch_size: int):
 def cmd_train_traveller(args: argparse.Namespace) -> int:
     from jax_scan_rnn.tasks import traveller as task_lib
 
-    task = task_lib.TravellerTask(
-        hidden_size=args.hidden_size,
-        num_layers=args.num_layers,
-        dropout=args.dropout,
-        batch_size=args.batch_size,
-        seq_len=args.seq_len,
-        objective=args.objective,
-    )
+    with flag_names():
+        task = task_lib.TravellerTask(
+            hidden_size=args.hidden_size,
+            num_layers=args.num_layers,
+            dropout=args.dropout,
+            batch_size=args.batch_size,
+            seq_len=args.seq_len,
+            objective=args.objective,
+        )
+    cfg = train_config(args)
+    check_memory("the simulated training market (--seq-len)", task.data_bytes())
     out = Path(args.out)
     dp = data_parallel(args, task.batch_size)
     with output_directory(out, args.resume):
-        check_resume(out, args, task.to_json(), train_config(args))
+        check_resume(out, args, task.to_json(), cfg)
         print(f"training the Traveller ({args.objective} objective) for {args.steps} steps on {dp.size} device(s) "
               f"-> {out}")
         model, history = task_lib.train(
-            task, train_config(args), out, resume=args.resume, callback=ProgressBar(),
+            task, cfg, out, resume=args.resume, callback=ProgressBar(),
             data_sharding=dp.data, state_sharding=dp.replicated,
         )
         table = task_lib.evaluate(model, task)
@@ -279,9 +326,13 @@ def cmd_evaluate_traveller(args: argparse.Namespace) -> int:
             task, eval_paths=args.paths or task.eval_paths, eval_steps=args.horizon or task.eval_steps
         )
     table = task_lib.evaluate(model, task)
-    plot = task_lib.plot_positions(model, task, Path(args.plot) if args.plot else checkpoint / "positions.png")
     print(f"out of sample: {task.eval_paths} held-out paths x {task.eval_steps} steps")
     print(task_lib.format_table(table))
+    target = Path(args.plot) if args.plot else checkpoint / "positions.png"
+    try:  # after the table: a run folder that is read-only still gets its evaluation
+        plot = task_lib.plot_positions(model, task, target)
+    except OSError as err:
+        raise ValueError(f"--plot: cannot write {target} ({err.strerror}); pass --plot FILE elsewhere") from None
     print(f"\npositions plot: {plot}")
     return 0
 
@@ -291,6 +342,7 @@ def vae_task(args: argparse.Namespace):
 
     return task_lib.VAETask(
         data=args.data,
+        smiles_check=args.smiles_check,
         limit=args.limit,
         hidden_size=args.hidden_size,
         latent_size=args.latent_size,
@@ -326,11 +378,11 @@ def print_vae_report(report: dict) -> None:
 
 @command("train vae")
 def cmd_train_vae(args: argparse.Namespace) -> int:
-    import json
-
     from jax_scan_rnn.tasks import vae as task_lib
 
-    task = vae_task(args)
+    with flag_names():
+        task = vae_task(args)
+    cfg = train_config(args)
     out = Path(args.out)
     dataset = task_lib.load_dataset(task)
     skipped = ", ".join(f"{k} {v}" for k, v in dataset.skipped.items()) or "none"
@@ -338,10 +390,10 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
           f"sequences, vocabulary {dataset.vocab.size}; skipped: {skipped}")
     dp = data_parallel(args, task.batch_size)
     with output_directory(out, args.resume):
-        check_resume(out, args, dataclasses.asdict(task), train_config(args))
+        check_resume(out, args, dataclasses.asdict(task), cfg)
         print(f"training the VAE ({task.decoding} decoding) for {args.steps} steps on {dp.size} device(s) -> {out}")
         model, dataset, _ = task_lib.train(
-            task, train_config(args), out, resume=args.resume, callback=ProgressBar(), dataset=dataset,
+            task, cfg, out, resume=args.resume, callback=ProgressBar(), dataset=dataset,
             data_sharding=dp.data, state_sharding=dp.replicated,
         )
         report = task_lib.evaluate(model, dataset, task, seed=args.seed)
@@ -366,6 +418,7 @@ def cmd_sample_vae(args: argparse.Namespace) -> int:
     from jax_scan_rnn import metrics
     from jax_scan_rnn.tasks import vae as task_lib
 
+    check_output_file(args.output)
     model, vocab, task = load_vae(args)
     model.eval()
     generated = task_lib.sample(model, vocab, args.n, max_len=task.max_length + 1, seed=args.seed,
@@ -381,10 +434,9 @@ def cmd_sample_vae(args: argparse.Namespace) -> int:
 
 @command("evaluate vae")
 def cmd_evaluate_vae(args: argparse.Namespace) -> int:
-    import json
-
     from jax_scan_rnn.tasks import vae as task_lib
 
+    check_output_file(args.output)
     model, vocab, task = load_vae(args)
     dataset = task_lib.load_dataset(task)
     if dataset.vocab != vocab:
@@ -464,7 +516,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("info", help="devices and library versions")
     check = sub.add_parser("check", help="parity self-check against torch.nn on random weights")
-    check.add_argument("--steps", type=int, default=500, help="sequence length T (default: 500)")
+    check.add_argument("--steps", type=positive_int, default=500, help="sequence length T (default: 500)")
     check.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
 
     from jax_scan_rnn import bench
@@ -491,6 +543,10 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--data", default="rdkit",
                        help="rdkit (SMILES shipped with rdkit), moses (pip install --no-deps molsets) or a text "
                             "file with one sequence per line (default: rdkit)")
+    model.add_argument("--no-smiles-check", dest="smiles_check", action="store_false",
+                       help="the --data file is not chemistry: do not parse its lines as SMILES with rdkit (by "
+                            "default invalid SMILES are skipped and counted); only empty, undecodable, too-long and "
+                            "duplicate lines are skipped")
     model.add_argument("--limit", type=positive_int, default=None, help="use at most this many sequences")
     model.add_argument("--hidden-size", type=positive_int, default=256, help="GRU hidden size (default: 256)")
     model.add_argument("--latent-size", type=positive_int, default=64, help="latent size (default: 64)")
@@ -553,6 +609,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     name = f"{args.command} {args.model}" if getattr(args, "model", None) else args.command
     try:
         return COMMANDS[name](args)
+    except KeyboardInterrupt:
+        # Checkpoints are committed atomically: an interrupted save leaves the previous one intact.
+        print(f"\njax-scan-rnn {name}: interrupted; every completed checkpoint is kept (continue with --resume)",
+              file=sys.stderr)
+        return 130
     except (ValueError, TypeError, KeyError, FileNotFoundError, CheckpointError) as err:
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"jax-scan-rnn {name}: error: {message}", file=sys.stderr)

@@ -44,3 +44,76 @@ def test_non_positive_or_non_finite_floats_are_refused_before_any_work(argv, fla
         main([*argv, value])
     assert exit_info.value.code == 2
     assert f"argument {flag}: expected a finite number > 0, got {value}" in capsys.readouterr().err
+
+
+TINY_TRAVELLER = ["train", "traveller", "--steps", "2", "--hidden-size", "4", "--num-layers", "1", "--batch-size", "4",
+                  "--seq-len", "8", "--eval-every", "0"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["check", "--steps", "0"], "argument --steps: expected a positive int, got 0"),
+    (["train", "traveller", "--steps", "10", "--warmup-steps", "50"], "--warmup-steps: expected at most --steps 10, got 50"),
+    (["train", "traveller", "--seq-len", "10000000"], "the simulated training market (--seq-len): needs about"),
+    (["train", "traveller", "--batch-size", "100000"], "--batch-size: expected at most train_paths=8192, got 100000"),
+])
+def test_bad_values_are_one_line_naming_the_flag_and_touch_nothing(argv, message, tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = [*argv, "--out", str(out)] if argv[0] == "train" else argv
+    try:
+        code = main(argv)
+    except SystemExit as exit_info:  # argparse's own errors
+        code = exit_info.code
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert message in err[-1], err
+    assert not out.exists(), "a refused run must not create its output directory"
+
+
+def test_output_that_is_a_directory_is_refused_before_any_work(tmp_path, capsys):
+    assert main(["sample", "vae", "--checkpoint", str(tmp_path), "--output", str(tmp_path)]) == 2
+    assert f"--output: expected a file path, got the directory {tmp_path}" in capsys.readouterr().err
+
+
+def test_evaluate_on_a_read_only_run_prints_its_table_then_one_line(tmp_path, capsys):
+    import os
+    import stat
+
+    out = tmp_path / "run"
+    assert main([*TINY_TRAVELLER, "--out", str(out)]) == 0
+    (out / "positions.png").unlink()
+    out.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    try:
+        if os.access(out, os.W_OK):
+            pytest.skip("running as a user who can write to read-only directories (root)")
+        capsys.readouterr()
+        assert main(["evaluate", "traveller", "--checkpoint", str(out)]) == 2
+        captured = capsys.readouterr()
+        assert "Traveller (learned)" in captured.out
+        assert f"--plot: cannot write {out / 'positions.png'} (Permission denied)" in captured.err
+    finally:
+        out.chmod(stat.S_IRWXU)
+
+
+def test_evaluate_whose_plot_cannot_be_written_prints_its_table_then_one_line(tmp_path, capsys):
+    """The same path as a read-only run folder, reachable as root too: a file stands where a folder should."""
+    out = tmp_path / "run"
+    assert main([*TINY_TRAVELLER, "--out", str(out)]) == 0
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("x")
+    capsys.readouterr()
+    assert main(["evaluate", "traveller", "--checkpoint", str(out), "--plot", str(blocker / "p.png")]) == 2
+    captured = capsys.readouterr()
+    assert "Traveller (learned)" in captured.out
+    assert f"--plot: cannot write {blocker / 'p.png'} (" in captured.err.strip().splitlines()[-1]
+
+
+def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, tmp_path, capsys):
+    from jax_scan_rnn.tasks import traveller as task_lib
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(task_lib, "train", interrupted)
+    assert main([*TINY_TRAVELLER, "--out", str(tmp_path / "run")]) == 130
+    err = capsys.readouterr().err.strip()
+    assert err == "jax-scan-rnn train traveller: interrupted; every completed checkpoint is kept (continue with --resume)"

@@ -54,6 +54,12 @@ class TravellerTask:
         if self.batch_size > self.train_paths:
             raise ValueError(f"batch_size: expected at most train_paths={self.train_paths}, got {self.batch_size}")
 
+    def data_bytes(self) -> int:
+        """Bytes the simulated training market takes while it is built (float64 signals, shocks and returns,
+        then the float32 features, returns and targets kept): a bound to check before simulating."""
+        per_step = self.market.num_signals * 3 + 2 * self.market.num_assets + (self.market.num_signals + 4) // 2
+        return self.train_paths * self.seq_len * per_step * 8
+
     def to_json(self) -> dict:
         return asdict(self)
 
