@@ -36,17 +36,6 @@ import time
 ARMS = ("eager", "nnx.jit", "cached_partial", "bare jax.jit", "jsr.jit", "torch seed loop")
 
 
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _arms(steps: int) -> dict:
     """{arm name: zero-argument call} for one T, all on the same model and input."""
     import jax
@@ -171,8 +160,9 @@ def machine() -> dict:
     import numpy as np
 
     import jax_scan_rnn as jsr
+    from jax_scan_rnn.bench.machine import cpu_model
 
-    return {"cpu": _cpu_name(), "cpus": os.cpu_count(), "backend": jax.default_backend(),
+    return {"cpu": cpu_model(), "cpus": os.cpu_count(), "backend": jax.default_backend(),
             "devices": [str(d) for d in jax.devices()], "python": platform.python_version(),
             "jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__, "numpy": np.__version__,
             "xla_small_loop_setting": jsr.xla_flags.status(), "date": datetime.date.today().isoformat()}

@@ -9,6 +9,9 @@ Layout of one checkpoint directory::
         metadata.json           the caller's metadata (model config, vocabulary, ...), plain JSON
         MANIFEST.json           sha256 and size of every other file; written LAST
       .tmp-step_00000130-...    a save in progress (or one that crashed): never read
+      step_00000140.invalid-1   a checkpoint that failed :func:`verify`, moved aside by :func:`set_aside`
+                                (``fit(resume=True)`` does this instead of deleting it): never read,
+                                never counted, never pruned; delete it by hand once inspected
 
 How a save is made atomic:
 
@@ -20,8 +23,15 @@ How a save is made atomic:
 
 A crash before step 3 leaves only a hidden temporary directory, which :func:`steps`, :func:`latest_step`
 and :func:`restore` ignore (the next :func:`save` deletes it). A committed directory is still verified
-against its manifest before any array is read: a missing manifest, a missing, extra, truncated or altered
-file raises :class:`CheckpointError` naming the path and the problem; nothing corrupted is ever loaded.
+against its manifest before any array is read: a missing manifest, a missing, truncated or altered file
+raises :class:`CheckpointError` naming the path and the problem; nothing corrupted is ever loaded.
+
+Files the manifest does not list are "stray" (a user's ``notes.txt``, a ``.DS_Store``): nothing reads
+them, so they are reported (``verify``'s return value, ``Restored.stray_files``), not treated as
+corruption. The one exception is ``arrays/``: orbax finds files there by name and by glob
+(``array_metadatas/process_*``, ``ocdbt.process_*``), so an unlisted file there could change what is
+loaded, and it invalidates the checkpoint, unless it is operating-system clutter that orbax never
+reads (``.DS_Store``, ``._*``, ``Thumbs.db``, ``desktop.ini``).
 
 Leaf naming: a pytree is flattened with its key paths; each leaf is named by its path components joined
 with ``/`` (dict keys, sequence indices, attribute names; the ``.value`` of an ``nnx.Variable`` is
@@ -58,6 +68,7 @@ __all__ = [
     "read_metadata",
     "step_path",
     "discard_after",
+    "set_aside",
     "named_leaves",
 ]
 
@@ -69,6 +80,10 @@ ARRAYS = "arrays"
 _STEP_RE = re.compile(r"^step_(\d{8,})$")
 _TMP_PREFIX = ".tmp-"
 _TRASH_PREFIX = ".trash-"
+_INVALID_RE = re.compile(r"^(step_\d{8,})\.invalid-(\d+)$")  # set aside; _STEP_RE never matches it
+# Names operating systems drop into folders a user browses; orbax neither writes nor reads (nor globs)
+# them, so they are harmless even inside arrays/.
+_OS_CLUTTER = frozenset({".DS_Store", "Thumbs.db", "desktop.ini"})
 _HASH_CHUNK = 1 << 20
 
 
@@ -85,6 +100,7 @@ class Restored:
     metadata: dict  # the JSON metadata saved with it
     path: Path  # the step directory that was loaded
     skipped: tuple[tuple[int, str], ...] = field(default=())  # (step, reason) of newer invalid ones
+    stray_files: tuple[str, ...] = field(default=())  # files in ``path`` not in its manifest (unread)
 
 
 # --------------------------------------------------------------------------------------------- paths
@@ -98,8 +114,8 @@ def step_path(directory: str | os.PathLike, step: int) -> Path:
 def steps(directory: str | os.PathLike) -> list[int]:
     """Steps of all committed checkpoints in ``directory``, ascending (not verified; see :func:`verify`).
 
-    Temporary directories of saves in progress or that crashed are not listed. A missing ``directory``
-    has no steps.
+    Temporary directories of saves in progress or that crashed, and checkpoints moved aside by
+    :func:`set_aside` (``step_<n>.invalid-<k>``), are not listed. A missing ``directory`` has no steps.
     """
     d = Path(directory)
     if not d.is_dir():
@@ -328,11 +344,18 @@ def _clean_temporaries(root: Path) -> None:
 # ------------------------------------------------------------------------------------------- verify
 
 
-def verify(directory: str | os.PathLike, step: int) -> None:
+def verify(directory: str | os.PathLike, step: int) -> tuple[str, ...]:
     """Check checkpoint ``step`` against its manifest; raise :class:`CheckpointError` if anything is off.
 
     Detects: a missing step directory, a missing/unreadable/inconsistent ``MANIFEST.json``, a file listed
-    in the manifest that is missing, has another size or another sha256, and files not in the manifest.
+    in the manifest that is missing, has another size or another sha256, and a file under ``arrays/``
+    that the manifest does not list (orbax finds files there by name, so it could change what is
+    loaded; operating-system clutter such as ``.DS_Store`` excepted).
+
+    Returns:
+      The stray files: paths relative to the step directory, sorted, of files the manifest does not
+      list and nothing reads (a user's ``notes.txt``, a ``.DS_Store``). They do not make the checkpoint
+      invalid; they are returned so the caller can report them.
     """
     path = step_path(directory, step)
     if not path.is_dir():
@@ -363,8 +386,12 @@ def verify(directory: str | os.PathLike, step: int) -> None:
     if missing:
         raise CheckpointError(f"checkpoint {path}: file(s) listed in {MANIFEST} are missing: {missing}")
     extra = sorted(on_disk - set(files))
-    if extra:
-        raise CheckpointError(f"checkpoint {path}: file(s) not in {MANIFEST}: {extra}")
+    unsafe = [rel for rel in extra if rel.split("/", 1)[0] == ARRAYS and not _is_os_clutter(rel)]
+    if unsafe:
+        raise CheckpointError(
+            f"checkpoint {path}: file(s) not in {MANIFEST}: {unsafe} (inside {ARRAYS}/, where orbax finds "
+            f"files by name, so they could change what is loaded)"
+        )
     for rel, expect in sorted(files.items()):
         p = path / rel
         size = p.stat().st_size
@@ -374,6 +401,12 @@ def verify(directory: str | os.PathLike, step: int) -> None:
             )
         if _sha256(p) != expect["sha256"]:
             raise CheckpointError(f"checkpoint {path}: {rel} is corrupted (sha256 mismatch)")
+    return tuple(extra)
+
+
+def _is_os_clutter(rel: str) -> bool:
+    name = rel.rsplit("/", 1)[-1]
+    return name in _OS_CLUTTER or name.startswith("._")  # "._x": macOS AppleDouble resource forks
 
 
 def read_metadata(directory: str | os.PathLike, step: int | None = None) -> dict:
@@ -410,8 +443,12 @@ def restore(
         ``.sharding`` are restored with that sharding. Without ``target`` the result is a flat
         ``{leaf name: np.ndarray}`` dict (PRNG keys re-wrapped as typed keys).
       fallback: only with ``step=None``: if the newest checkpoint is invalid, try the next older one,
-        and so on; the skipped ones are reported in ``Restored.skipped``. Without it an invalid newest
+        and so on; the skipped ones are reported in ``Restored.skipped`` (and left where they are:
+        ``restore`` never changes the directory; see :func:`set_aside`). Without it an invalid newest
         checkpoint raises.
+
+    Stray files in the loaded checkpoint (not in its manifest, never read) are reported in
+    ``Restored.stray_files``; they do not make it invalid (see :func:`verify`).
 
     Raises:
       CheckpointError: no checkpoint, or the chosen one (all of them, with ``fallback``) failed
@@ -429,7 +466,7 @@ def restore(
     skipped: list[tuple[int, str]] = []
     for s in candidates:
         try:
-            verify(root, s)
+            stray = verify(root, s)
         except CheckpointError as e:
             if step is None and fallback:
                 skipped.append((s, str(e)))
@@ -442,7 +479,9 @@ def restore(
         path = step_path(root, s)
         metadata = json.loads((path / METADATA).read_text())
         state = _load_arrays(path, target)
-        return Restored(step=s, state=state, metadata=metadata, path=path, skipped=tuple(skipped))
+        return Restored(
+            step=s, state=state, metadata=metadata, path=path, skipped=tuple(skipped), stray_files=stray
+        )
     reasons = "; ".join(r for _, r in skipped)
     raise CheckpointError(f"checkpoint directory {root}: no valid checkpoint ({reasons})")
 
@@ -508,10 +547,39 @@ def _load_arrays(path: Path, target: Any) -> Any:
 
 
 def discard_after(directory: str | os.PathLike, step: int) -> list[int]:
-    """Delete committed checkpoints newer than ``step`` (e.g. invalid ones skipped by a fallback
-    restore, which the resumed run is about to recompute). Returns the deleted steps."""
+    """Delete committed checkpoints newer than ``step``, valid or not. Returns the deleted steps.
+
+    ``fit(resume=True)`` does not use this: it moves invalid checkpoints aside with :func:`set_aside`
+    so that resuming never destroys data."""
     gone = [s for s in steps(directory) if s > step]
     for s in gone:
         _rmtree_atomically(step_path(directory, s))
     return gone
 
+
+
+def set_aside(directory: str | os.PathLike, step: int) -> Path:
+    """Move checkpoint ``step`` out of the way without deleting anything; returns where it now is.
+
+    The step directory is renamed (atomically, within ``directory``) to ``step_<step>.invalid-<k>``, with
+    ``k`` one more than the highest already there, so earlier ones are never overwritten. From then on
+    :func:`steps`, :func:`latest_step`, :func:`restore`, ``keep`` pruning in :func:`save` and its cleanup
+    of temporaries all ignore it: it is kept for inspection until someone deletes it by hand (renaming it
+    back to ``step_<step>`` makes it a checkpoint again). ``fit(resume=True)`` uses this for newer
+    checkpoints that failed :func:`verify`, which the resumed run then recomputes.
+
+    Raises:
+      CheckpointError: there is no committed checkpoint ``step`` in ``directory``.
+    """
+    path = step_path(directory, step)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {path}: no such checkpoint directory to set aside")
+    taken = [
+        int(m.group(2))
+        for entry in path.parent.iterdir()
+        if (m := _INVALID_RE.match(entry.name)) and m.group(1) == path.name
+    ]
+    aside = path.parent / f"{path.name}.invalid-{max(taken, default=0) + 1}"
+    os.rename(path, aside)
+    _fsync_dir(path.parent)  # the move itself must survive a crash, like a commit
+    return aside

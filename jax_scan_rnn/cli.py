@@ -133,7 +133,11 @@ class ProgressBar:
                 self.postfix[f"eval {key}"] = f"{value:.4g}"
             self.bar.set_postfix(self.postfix, refresh=True)
         elif kind == "checkpoint_skipped":
-            print(f"skipped invalid checkpoint {event['step']}: {event['reason']}", file=sys.stderr)
+            print(f"skipped invalid checkpoint {event['step']}: {event['reason']}; kept as {event['moved_to']}",
+                  file=sys.stderr)
+        elif kind == "checkpoint_stray_files":
+            print(f"checkpoint {event['step']} holds files it did not write (left alone, not read): "
+                  f"{', '.join(event['files'])} in {event['path']}", file=sys.stderr)
         elif kind == "end" and self.bar is not None:
             self.bar.close()
 
@@ -338,8 +342,12 @@ def cmd_evaluate_traveller(args: argparse.Namespace) -> int:
 
 
 def vae_task(args: argparse.Namespace):
+    from jax_scan_rnn.data.smiles import is_builtin_source
     from jax_scan_rnn.tasks import vae as task_lib
 
+    if not args.smiles_check and is_builtin_source(args.data):
+        raise ValueError(f"--no-smiles-check: expected only with a --data file that is not chemistry, got --data "
+                         f"{args.data}, a built-in source (always SMILES)")
     return task_lib.VAETask(
         data=args.data,
         smiles_check=args.smiles_check,

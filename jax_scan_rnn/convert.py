@@ -23,6 +23,7 @@ converts with no code of its own. torch is never imported here: a torch tensor i
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -88,27 +89,68 @@ def torch_state_dict(module: nnx.Module) -> dict[str, np.ndarray]:
     return out
 
 
+def _check_mapping(state_dict: Any) -> None:
+    if not isinstance(state_dict, Mapping):
+        hint = " (pass its .state_dict())" if hasattr(state_dict, "state_dict") else ""
+        raise TypeError(
+            f"state_dict: expected a mapping of torch key -> tensor/array, got {type(state_dict).__name__}{hint}"
+        )
+
+
 def _to_numpy(key: str, value: Any) -> np.ndarray:
+    """One state_dict value (torch tensor, numpy or JAX array) as a numpy array of the same dtype."""
     if hasattr(value, "detach"):  # a torch tensor, recognised without importing torch
-        value = value.detach().cpu().numpy()
+        value = value.detach().cpu()
+        name = str(value.dtype).removeprefix("torch.")
+        if value.is_floating_point() and name not in ("float16", "float32", "float64"):
+            # numpy has no bfloat16/float8, so torch's .numpy() refuses them. float32 holds each of their
+            # values exactly, and JAX's numpy dtype of the same name gives the dtype back, so the dtype
+            # warning and safetensors files report the dtype that was given.
+            if not hasattr(jnp, name):
+                raise TypeError(f"state_dict[{key!r}]: expected a dtype numpy can hold, got {value.dtype}")
+            value = value.float().numpy().astype(getattr(jnp, name))
+        else:
+            value = value.numpy()
     value = np.asarray(value)
-    if not np.issubdtype(value.dtype, np.floating):
+    if not jnp.issubdtype(value.dtype, jnp.floating):  # np.issubdtype says no to bfloat16
         raise TypeError(f"state_dict[{key!r}]: expected a floating dtype, got {value.dtype}")
     return value
+
+
+def _non_finite_message(key: str, value: np.ndarray, cast: np.ndarray) -> str:
+    nan, inf = int(np.isnan(value).sum()), int(np.isinf(value).sum())
+    if nan or inf:
+        return f"state_dict[{key!r}]: expected finite values, got {nan} NaN and {inf} inf among {value.size}"
+    overflow = ~np.isfinite(cast)
+    return (
+        f"state_dict[{key!r}]: expected values that fit the module's {cast.dtype}, got {int(overflow.sum())} "
+        f"{value.dtype} values that overflow to inf (largest magnitude {float(np.abs(value[overflow]).max()):.3g})"
+    )
+
+
+def _cast_warning(casts: dict[tuple[str, str], list[str]]) -> str:
+    parts = []
+    for (given, ours), keys in casts.items():
+        shown = ", ".join(map(repr, keys[:3])) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+        parts.append(f"{len(keys)} from {given} to {ours} ({shown})")
+    return "state_dict: values cast to the module's parameter dtype: " + "; ".join(parts)
 
 
 def load_torch_state_dict(module: nnx.Module, state_dict: Mapping[str, Any]) -> None:
     """Load a PyTorch `state_dict` (torch tensors or numpy arrays) into `module`, in place.
 
     Every key must be present and no other key may be given; every shape must match. Values are cast to
-    the module's parameter dtype. Everything is checked before anything is written, so after an error
-    the module is unchanged.
+    the module's parameter dtype; when any dtype differs (float64 or bfloat16 into float32, say), one
+    `UserWarning` names the keys and both dtypes. Everything is checked before anything is written, so
+    after an error the module is unchanged.
 
     Raises:
+      TypeError: `state_dict` is not a mapping, or a value is not floating.
       KeyError: missing or unexpected keys (all of them are named).
-      ValueError: a shape mismatch (key, expected and given shape).
-      TypeError: a non-floating value.
+      ValueError: a shape mismatch (key, expected and given shape), or a NaN/inf, given or made by the
+        cast (a float64 1e300 into float32): loading it would only show up later as a NaN loss.
     """
+    _check_mapping(state_dict)
     layout = list(_layout(module))
     expected_keys = [key for key, _, _ in layout]
     missing = [k for k in expected_keys if k not in state_dict]
@@ -117,29 +159,65 @@ def load_torch_state_dict(module: nnx.Module, state_dict: Mapping[str, Any]) -> 
         raise KeyError(
             f"state_dict: keys do not match {type(module).__name__}: missing {missing}, unexpected {unexpected}"
         )
-    updates = []
+    updates, casts = [], {}
     for key, param, transpose in layout:
         value = _to_numpy(key, state_dict[key])
         ours = tuple(param[...].shape)
         expected = ours[::-1] if transpose else ours
         if value.shape != expected:
             raise ValueError(f"state_dict[{key!r}]: expected shape {expected}, got {tuple(value.shape)}")
-        # jnp.array copies: jnp.asarray may alias the torch tensor's memory on CPU, and a later in-place
-        # torch optimiser step would then change this module's weights behind its back.
-        updates.append((param, jnp.array(value.T if transpose else value, dtype=param[...].dtype, copy=True)))
+        dtype = param[...].dtype
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is reported below, naming the key
+            cast = value.astype(dtype)
+        if not np.isfinite(cast).all():
+            raise ValueError(_non_finite_message(key, value, cast))
+        if value.dtype != dtype:
+            casts.setdefault((str(value.dtype), str(dtype)), []).append(key)
+        # jnp.array copies: jnp.asarray may alias host memory on CPU, and a later in-place torch optimiser
+        # step would then change this module's weights behind its back.
+        updates.append((param, jnp.array(cast.T if transpose else cast, copy=True)))
+    if casts:
+        warnings.warn(_cast_warning(casts), UserWarning, stacklevel=2)
     for param, value in updates:
         param[...] = value
 
 
 def save_safetensors(state_dict: Mapping[str, Any], path: str | os.PathLike) -> None:
-    """Write a state_dict (numpy arrays or torch tensors) as `.safetensors`, readable by torch/safetensors."""
+    """Write a state_dict (numpy arrays or torch tensors) as `.safetensors`, readable by torch/safetensors.
+
+    Each value keeps its dtype (bfloat16 included). Raises OSError naming `path` when it cannot be written
+    (a directory, a missing folder, no permission).
+    """
+    from safetensors import SafetensorError
     from safetensors.numpy import save_file
 
-    save_file({k: np.ascontiguousarray(_to_numpy(k, v)) for k, v in state_dict.items()}, os.fspath(path))
+    _check_mapping(state_dict)
+    arrays = {k: np.ascontiguousarray(_to_numpy(k, v)) for k, v in state_dict.items()}
+    try:
+        save_file(arrays, os.fspath(path))
+    except SafetensorError as err:  # values are checked above, so it is the file system; the message lacks the path
+        raise OSError(f"save_safetensors: cannot write {os.fspath(path)!r}: {err}") from err
 
 
 def load_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Read a `.safetensors` file into `{key: np.ndarray}` (e.g. one written by `safetensors.torch`)."""
+    """Read a `.safetensors` file into `{key: np.ndarray}` (e.g. one written by `safetensors.torch`).
+
+    Raises:
+      FileNotFoundError: no file at `path`.
+      ValueError: the file is not a whole `.safetensors` file (truncated, say, by an interrupted copy).
+    """
+    from safetensors import SafetensorError
     from safetensors.numpy import load_file
 
-    return load_file(os.fspath(path))
+    path = os.fspath(path)
+    # safetensors' own messages do not say which file, or that it was the file that was bad.
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"load_safetensors: expected a .safetensors file, got the directory {path!r}")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"load_safetensors: no file at {path!r}")
+    try:
+        return load_file(path)
+    except SafetensorError as err:
+        raise ValueError(
+            f"load_safetensors: {path!r} is not a whole .safetensors file (truncated or corrupt): {err}"
+        ) from err

@@ -78,6 +78,7 @@ class RNN(nnx.Module):
         batch_first: bool = False,
         dropout: float = 0.0,
         bidirectional: bool = False,
+        proj_size: int = 0,
         *,
         param_dtype=jnp.float32,
         compute_dtype=None,
@@ -85,11 +86,11 @@ class RNN(nnx.Module):
         remat_chunk: int | None = None,
         hoist_inputs: bool | Literal["auto"] = "auto",
         rngs: nnx.Rngs,
-        **cell_kwargs,
     ):
         check_size("num_layers", num_layers)
-        if cell_kwargs.get("proj_size") and self.cell_type is not LSTMCell:
-            raise ValueError(f"proj_size: supported by LSTM only (as in torch), got {cell_kwargs['proj_size']!r}")
+        if proj_size and self.cell_type is not LSTMCell:  # torch.nn.GRU refuses it too
+            raise ValueError(f"proj_size: supported by LSTM only (as in torch), got {proj_size!r}")
+        cell_kwargs = {"proj_size": proj_size} if self.cell_type is LSTMCell else {}
         for name, value in (("bias", bias), ("batch_first", batch_first), ("bidirectional", bidirectional)):
             if not isinstance(value, bool):
                 raise TypeError(f"{name}: expected True or False, got {value!r}")
@@ -103,6 +104,7 @@ class RNN(nnx.Module):
         self.hidden_size = hidden_size
         self.num_layers = num_layers
         self.batch_first = batch_first
+        self.proj_size = proj_size
         self.unroll = unroll
         self.remat_chunk = remat_chunk
         self.hoist_inputs = hoist_inputs
@@ -369,22 +371,6 @@ class LSTM(RNN):
     """
 
     cell_type = LSTMCell
-
-    def __init__(
-        self,
-        input_size: int,
-        hidden_size: int,
-        num_layers: int = 1,
-        bias: bool = True,
-        batch_first: bool = False,
-        dropout: float = 0.0,
-        bidirectional: bool = False,
-        proj_size: int = 0,
-        **kwargs,
-    ):
-        super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
-                         proj_size=proj_size, **kwargs)
-        self.proj_size = proj_size
 
 
 class GRU(RNN):

@@ -174,6 +174,8 @@ class History:
     resumed_from: int | None = None  # checkpoint step the run resumed from, if it did
     out_dir: Path | None = None  # where metrics, curves and checkpoints were written
     checkpoints_skipped: tuple[tuple[int, str], ...] = field(default=())  # invalid ones on resume
+    checkpoints_moved_aside: tuple[tuple[int, Path], ...] = field(default=())  # (step, where): kept, unused
+    checkpoint_stray_files: tuple[str, ...] = field(default=())  # unlisted files in the resumed checkpoint
 
     def series(self, key: str = "loss", split: str = "train") -> tuple[list[int], list[float]]:
         """(steps, values) of ``key`` (a row field such as ``loss``/``lr``, or a metric name)."""
@@ -564,6 +566,21 @@ def _config_diff(saved: Mapping[str, Any], cfg: TrainConfig) -> dict[str, tuple[
     return {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
 
 
+def _holding_out_dir(fit_fn: Callable) -> Callable:
+    """Run `fit_fn` with its `out_dir` held (`lock.run_lock`) by the first process: one writer per run directory."""
+
+    @functools.wraps(fit_fn)
+    def wrapper(*args, **kwargs):
+        out_dir = kwargs.get("out_dir")
+        if out_dir is None or jax.process_index() != 0:
+            return fit_fn(*args, **kwargs)
+        with run_lock(out_dir):
+            return fit_fn(*args, **kwargs)
+
+    return wrapper
+
+
+@_holding_out_dir
 def fit(
     model: nnx.Module,
     loss_fn: LossFn,
@@ -592,14 +609,21 @@ def fit(
       eval_fn: ``eval_fn(model) -> dict[str, float]``, called every ``cfg.eval_every`` updates and at the
         end with the model holding the current state. State changes it makes are discarded (the
         training state is the source of truth), so evaluation never changes the training trajectory.
-      resume: continue from the newest VALID checkpoint under ``out_dir`` (invalid newer ones are
-        reported in ``History.checkpoints_skipped`` and a ``checkpoint_skipped`` event, then deleted);
-        rows of ``metrics.jsonl`` after the restored step are dropped so the log reads as one run. With
-        no checkpoint at all, training starts from scratch. Without ``resume``, an ``out_dir`` that
-        already holds checkpoints is refused (``ValueError``), so runs never mix.
+      resume: continue from the newest VALID checkpoint under ``out_dir``. Resuming never deletes a
+        checkpoint: invalid newer ones (corrupt, truncated, missing files, bad manifest) are reported
+        in ``History.checkpoints_skipped`` and a ``checkpoint_skipped`` event, then moved aside to
+        ``checkpoints/step_<n>.invalid-<k>`` (``checkpoint.set_aside``; listed in
+        ``History.checkpoints_moved_aside``), where no later run reads, counts or prunes them. Files in
+        the resumed checkpoint that its manifest does not list (a ``notes.txt``, a ``.DS_Store``) do
+        not make it invalid: they are left alone and reported in ``History.checkpoint_stray_files``
+        and a ``checkpoint_stray_files`` event. Rows of ``metrics.jsonl`` after the restored step are
+        dropped so the log reads as one run. With no checkpoint at all, training starts from scratch.
+        Without ``resume``, an ``out_dir`` that already holds checkpoints is refused (``ValueError``),
+        so runs never mix.
       callback: ``callback(event: dict)`` for progress (the library never prints). Events, each with
         an ``"event"`` key: ``start`` (step, steps, resumed_from), ``checkpoint_skipped`` (step,
-        reason), ``config_changed`` (fields: {name: [saved, now]}), ``log`` (a train row), ``eval`` (an
+        reason, moved_to), ``checkpoint_stray_files`` (step, path, files: relative to path),
+        ``config_changed`` (fields: {name: [saved, now]}), ``log`` (a train row), ``eval`` (an
         eval row), ``checkpoint`` (step, path), ``end`` (step, elapsed_s). A progress bar advances to
         ``event["step"]`` on ``log`` events (every ``cfg.log_every`` updates). During a callback the
         model holds the current state (between callbacks its arrays are donated to the next step, so
@@ -621,29 +645,6 @@ def fit(
       lock.RunDirectoryLocked: another process holds ``out_dir``.
       checkpoint.CheckpointError: ``resume`` found checkpoints, but none valid.
     """
-    if out_dir is None or jax.process_index() != 0:
-        return _fit(model, loss_fn, batch_fn, cfg, out_dir=out_dir, eval_fn=eval_fn, resume=resume, callback=callback,
-                    metadata=metadata, data_sharding=data_sharding, state_sharding=state_sharding)
-    with run_lock(out_dir):
-        return _fit(model, loss_fn, batch_fn, cfg, out_dir=out_dir, eval_fn=eval_fn, resume=resume, callback=callback,
-                    metadata=metadata, data_sharding=data_sharding, state_sharding=state_sharding)
-
-
-def _fit(
-    model: nnx.Module,
-    loss_fn: LossFn,
-    batch_fn: Callable[[int], Batch],
-    cfg: TrainConfig,
-    *,
-    out_dir: str | os.PathLike | None = None,
-    eval_fn: Callable[[nnx.Module], Mapping[str, float]] | None = None,
-    resume: bool = False,
-    callback: Callable[[dict], None] | None = None,
-    metadata: Mapping[str, Any] | None = None,
-    data_sharding: jax.sharding.Sharding | None = None,
-    state_sharding: jax.sharding.Sharding | None = None,
-) -> History:
-    """`fit`'s body, run with the output directory held."""
     t_start = time.time()
     if not isinstance(model, nnx.Module):
         raise TypeError(f"model: expected an nnx.Module, got {type(model).__name__}")
@@ -711,13 +712,23 @@ def _fit(
     start = 0
     resumed_from: int | None = None
     skipped: tuple[tuple[int, str], ...] = ()
+    moved_aside: tuple[tuple[int, Path], ...] = ()
+    stray: tuple[str, ...] = ()
     rows: list[dict] = []
     if resume and ckpt.steps(ckdir):
         restored = ckpt.restore(ckdir, target=saved_tree(carry), fallback=True)
         skipped = restored.skipped
-        for s, reason in skipped:
-            emit({"event": "checkpoint_skipped", "step": s, "reason": reason})
-        ckpt.discard_after(ckdir, restored.step)
+        # The skipped ones are every step newer than the restored one (fallback walks newest first).
+        # The resumed run recomputes those steps, so they must leave the step namespace; they are
+        # renamed, not deleted, because a failed verify does not prove the data worthless (a transient
+        # read error, a file someone is still copying) and resume must never destroy data.
+        moved_aside = tuple((s, ckpt.set_aside(ckdir, s)) for s, _ in skipped)
+        for (s, reason), (_, where) in zip(skipped, moved_aside):
+            emit({"event": "checkpoint_skipped", "step": s, "reason": reason, "moved_to": str(where)})
+        stray = restored.stray_files
+        if stray:
+            emit({"event": "checkpoint_stray_files", "step": restored.step, "path": str(restored.path),
+                  "files": list(stray)})
         new_leaves = flat.raw(jax.tree.leaves(restored.state["train_state"]))
         opt_step = int(restored.state["train_state"]["optimizer"]["step"][...])
         if opt_step != restored.step:
@@ -851,6 +862,8 @@ def _fit(
         resumed_from=resumed_from,
         out_dir=out,
         checkpoints_skipped=skipped,
+        checkpoints_moved_aside=moved_aside,
+        checkpoint_stray_files=stray,
     )
     if out is not None:
         _plot_curves(history, out / CURVES_FILE)

@@ -1,4 +1,5 @@
-"""Checkpoints: round trip (incl. nnx rng state), integrity manifest, atomicity, fallback, pruning."""
+"""Checkpoints: round trip (incl. nnx rng state), integrity manifest, stray files, atomicity, fallback,
+setting aside, pruning."""
 
 import json
 import os
@@ -133,6 +134,69 @@ def test_missing_and_extra_files_are_detected(tmp_path):
     (path / "arrays" / "stray.bin").write_bytes(b"x")
     with pytest.raises(CheckpointError, match="not in MANIFEST.json.*stray.bin"):
         ckpt.restore(tmp_path, 6)
+
+
+def test_stray_files_are_reported_not_treated_as_corruption(tmp_path):
+    _, state = model_state(0)
+    path = ckpt.save(tmp_path, 8, state, {"v": 1})
+    (path / "notes.txt").write_text("lr 2e-2 looked best")  # a user's note next to the checkpoint
+    (path / ".DS_Store").write_bytes(b"\0Bud1")  # Finder, in the step directory...
+    (path / "plots").mkdir()
+    (path / "plots" / "loss.png").write_bytes(b"png")
+    (path / "arrays" / ".DS_Store").write_bytes(b"\0Bud1")  # ...and inside orbax's directory
+    (path / "arrays" / "._manifest.ocdbt").write_bytes(b"AppleDouble")
+    expect = tuple(sorted(["arrays/._manifest.ocdbt", "arrays/.DS_Store", ".DS_Store", "notes.txt",
+                           "plots/loss.png"]))
+    assert ckpt.verify(tmp_path, 8) == expect
+    r = ckpt.restore(tmp_path, target=state)
+    assert r.step == 8 and r.stray_files == expect and r.skipped == ()
+    assert_trees_equal(r.state, state)
+    assert ckpt.restore(tmp_path, fallback=True).stray_files == expect
+    assert ckpt.read_metadata(tmp_path) == {"v": 1}
+    assert (path / "notes.txt").read_text() == "lr 2e-2 looked best"  # left alone
+    # A clean checkpoint has none.
+    ckpt.save(tmp_path, 9, state)
+    assert ckpt.verify(tmp_path, 9) == () and ckpt.restore(tmp_path, 9).stray_files == ()
+
+
+def test_unlisted_file_orbax_would_read_is_still_invalid(tmp_path):
+    # orbax globs arrays/array_metadatas/process_* on restore: an unlisted one could change what loads.
+    path = ckpt.save(tmp_path, 5, {"w": jnp.ones(3)})
+    (path / "arrays" / "array_metadatas" / "process_1").write_text("{}")
+    unlisted = r"step_00000005: file\(s\) not in MANIFEST.json: \['arrays/array_metadatas/process_1'\]"
+    with pytest.raises(CheckpointError, match=unlisted):
+        ckpt.verify(tmp_path, 5)
+    with pytest.raises(CheckpointError, match="no valid checkpoint"):
+        ckpt.restore(tmp_path, fallback=True)
+
+
+def test_set_aside_keeps_the_data_and_hides_it_from_steps_and_pruning(tmp_path):
+    for s in (1, 2):
+        ckpt.save(tmp_path, s, {"w": jnp.full(2, float(s))})
+    bad = ckpt.step_path(tmp_path, 2)
+    before = {p.relative_to(bad): p.read_bytes() for p in bad.rglob("*") if p.is_file()}
+    aside = ckpt.set_aside(tmp_path, 2)
+    assert aside == tmp_path / "step_00000002.invalid-1" and not bad.exists()
+    assert {p.relative_to(aside): p.read_bytes() for p in aside.rglob("*") if p.is_file()} == before
+    assert ckpt.steps(tmp_path) == [1] and ckpt.latest_step(tmp_path) == 1
+    assert ckpt.restore(tmp_path).step == 1
+    # The same step set aside again gets the next number; the first one is never overwritten.
+    ckpt.save(tmp_path, 2, {"w": jnp.zeros(2)})
+    assert ckpt.set_aside(tmp_path, 2) == tmp_path / "step_00000002.invalid-2"
+    # save's cleanup of temporaries and keep-N pruning neither count nor delete them.
+    for s in (3, 4, 5):
+        ckpt.save(tmp_path, s, {"w": jnp.zeros(2)}, keep=2)
+    assert ckpt.steps(tmp_path) == [4, 5]
+    assert sorted(os.listdir(tmp_path)) == [
+        "step_00000002.invalid-1", "step_00000002.invalid-2", "step_00000004", "step_00000005",
+    ]
+    ckpt.save(tmp_path, 6, {"w": jnp.zeros(2)}, keep=1)
+    assert ckpt.steps(tmp_path) == [6] and aside.is_dir()
+    # Renaming it back makes it a checkpoint again (nothing was changed inside it).
+    os.rename(aside, ckpt.step_path(tmp_path, 2))
+    assert float(ckpt.restore(tmp_path, 2).state["w"][0]) == 2.0
+    with pytest.raises(CheckpointError, match=r"step_00000007: no such checkpoint directory"):
+        ckpt.set_aside(tmp_path, 7)
 
 
 def test_fallback_only_when_asked(tmp_path):

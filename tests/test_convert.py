@@ -1,6 +1,10 @@
 """Weight conversion: errors name the key and shapes, failed loads change nothing, safetensors files."""
 from __future__ import annotations
 
+import os
+import re
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -71,8 +75,154 @@ def test_numpy_state_dict_loads_like_torch_tensors():
 
 def test_float64_values_are_cast_to_the_module_dtype():
     ref, ours = pair("LSTM", 1)
-    jsr.load_torch_state_dict(ours, {k: v.double() for k, v in ref.state_dict().items()})
+    with pytest.warns(UserWarning, match="float64 to float32"):
+        jsr.load_torch_state_dict(ours, {k: v.double() for k, v in ref.state_dict().items()})
     assert all(v.dtype == np.float32 for v in jsr.torch_state_dict(ours).values())
+
+
+def user_warnings(record) -> list[str]:
+    return [str(w.message) for w in record if issubclass(w.category, UserWarning)]
+
+
+def test_a_dtype_change_warns_once_naming_keys_and_dtypes():
+    ref, ours = pair("LSTM", 2)  # 8 keys: 3 are named, the rest counted
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        jsr.load_torch_state_dict(ours, {k: v.double() for k, v in ref.state_dict().items()})
+    assert user_warnings(record) == [
+        "state_dict: values cast to the module's parameter dtype: 8 from float64 to float32 "
+        "('weight_ih_l0', 'weight_hh_l0', 'bias_ih_l0' and 5 more)"
+    ]
+
+
+def test_one_warning_names_each_dtype_change():
+    ref, ours = pair("GRU", 1)
+    sd = dict(ref.state_dict()) | {"bias_ih_l0": ref.bias_ih_l0.detach().double(),
+                                   "bias_hh_l0": ref.bias_hh_l0.detach().half()}
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        jsr.load_torch_state_dict(ours, sd)
+    assert user_warnings(record) == [
+        "state_dict: values cast to the module's parameter dtype: "
+        "1 from float64 to float32 ('bias_ih_l0'); 1 from float16 to float32 ('bias_hh_l0')"
+    ]
+
+
+def test_same_dtype_loads_without_a_warning():
+    ref, ours = pair("LSTM", 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        jsr.load_torch_state_dict(ours, ref.state_dict())
+        jsr.load_torch_state_dict(ours, {k: v.numpy() for k, v in ref.state_dict().items()})
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_torch_checkpoint_loads_into_float32(dtype):
+    torch.manual_seed(0)
+    ref = torch.nn.LSTM(3, 4, 2).to(dtype)
+    ours = jsr.LSTM(3, 4, 2, rngs=nnx.Rngs(0))
+    name = str(dtype).removeprefix("torch.")
+    with pytest.warns(UserWarning, match=f"8 from {name} to float32"):
+        jsr.load_torch_state_dict(ours, ref.state_dict())
+    for key, value in jsr.torch_state_dict(ours).items():
+        assert value.dtype == np.float32
+        # Every half-precision value is exact in float32: nothing may be rounded on the way.
+        np.testing.assert_array_equal(value, ref.state_dict()[key].float().numpy(), err_msg=key)
+
+
+def test_bfloat16_survives_a_safetensors_round_trip(tmp_path):
+    torch.manual_seed(0)
+    sd = torch.nn.GRU(3, 4).to(torch.bfloat16).state_dict()
+    path = tmp_path / "bf16.safetensors"
+    jsr.save_safetensors(sd, path)
+    loaded = torch_load_file(str(path))
+    for key, value in sd.items():
+        assert loaded[key].dtype == torch.bfloat16 and torch.equal(loaded[key], value), key
+    assert {str(v.dtype) for v in jsr.load_safetensors(path).values()} == {"bfloat16"}
+
+
+@pytest.mark.parametrize("bad", [None, [("weight_ih_l0", np.zeros((16, 3)))], "weights.pt"])
+def test_a_non_mapping_state_dict_is_a_type_error(bad, tmp_path):
+    _, ours = pair("LSTM", 1)
+    got = type(bad).__name__
+    with pytest.raises(TypeError, match=rf"state_dict: expected a mapping of torch key -> tensor/array, got {got}$"):
+        jsr.load_torch_state_dict(ours, bad)
+    with pytest.raises(TypeError, match=rf"state_dict: expected a mapping .*, got {got}$"):
+        jsr.save_safetensors(bad, tmp_path / "unused.safetensors")
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_torch_module_instead_of_its_state_dict_says_so():
+    ref, ours = pair("LSTM", 1)
+    with pytest.raises(TypeError, match=r"got LSTM \(pass its \.state_dict\(\)\)"):
+        jsr.load_torch_state_dict(ours, ref)
+
+
+@pytest.mark.parametrize("bad, found", [(float("nan"), "1 NaN and 0 inf"), (float("inf"), "0 NaN and 1 inf"),
+                                        (-float("inf"), "0 NaN and 1 inf")])
+def test_non_finite_weights_are_refused_and_change_nothing(bad, found):
+    ref, ours = pair("LSTM", 2)
+    before = params_of(ours)
+    sd = dict(ref.state_dict())
+    sd["weight_hh_l1"] = sd["weight_hh_l1"].clone()
+    sd["weight_hh_l1"][3, 2] = bad  # the last key: earlier ones were valid and must not be written
+    expected = rf"state_dict\['weight_hh_l1'\]: expected finite values, got {found} among 64$"
+    with pytest.raises(ValueError, match=expected):
+        jsr.load_torch_state_dict(ours, sd)
+    assert_unchanged(ours, before)
+
+
+def test_a_float64_that_overflows_float32_is_refused():
+    ref, ours = pair("GRU", 1)
+    before = params_of(ours)
+    sd = {k: v.double() for k, v in ref.state_dict().items()}
+    sd["bias_hh_l0"][[0, 5]] = torch.tensor([1e300, -1e40], dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # neither numpy's overflow warning nor the dtype warning: the error says it
+        with pytest.raises(ValueError, match=(
+            r"state_dict\['bias_hh_l0'\]: expected values that fit the module's float32, "
+            r"got 2 float64 values that overflow to inf \(largest magnitude 1e\+300\)"
+        )):
+            jsr.load_torch_state_dict(ours, sd)
+    assert_unchanged(ours, before)
+
+
+def test_a_missing_safetensors_file_names_the_path(tmp_path):
+    path = tmp_path / "nope.safetensors"
+    with pytest.raises(FileNotFoundError, match=re.escape(f"load_safetensors: no file at '{path}'")):
+        jsr.load_safetensors(path)
+    with pytest.raises(IsADirectoryError, match=re.escape(
+        f"load_safetensors: expected a .safetensors file, got the directory '{tmp_path}'"
+    )):
+        jsr.load_safetensors(tmp_path)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "junk"])
+def test_a_damaged_safetensors_file_is_a_value_error_naming_the_path(tmp_path, damage):
+    path = tmp_path / "lstm.safetensors"
+    jsr.save_safetensors(jsr.torch_state_dict(pair("LSTM", 1)[1]), path)
+    data = path.read_bytes()
+    path.write_bytes({"truncated": data[: len(data) - 7], "empty": b"", "junk": b"not a safetensors file"}[damage])
+    with pytest.raises(ValueError, match=re.escape(
+        f"load_safetensors: '{path}' is not a whole .safetensors file (truncated or corrupt): "
+    )):
+        jsr.load_safetensors(path)
+
+
+def test_saving_where_no_file_can_be_written_names_the_path(tmp_path):
+    sd = jsr.torch_state_dict(pair("GRU", 1)[1])
+    for path in [tmp_path, tmp_path / "no_such_folder" / "gru.safetensors"]:
+        with pytest.raises(OSError, match=re.escape(f"save_safetensors: cannot write '{path}': ")):
+            jsr.save_safetensors(sd, path)
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root may write to a read-only folder")
+def test_saving_into_a_read_only_folder_names_the_path(tmp_path):
+    folder = tmp_path / "read_only"
+    folder.mkdir(mode=0o500)
+    path = folder / "gru.safetensors"
+    with pytest.raises(OSError, match=re.escape(f"save_safetensors: cannot write '{path}': ")):
+        jsr.save_safetensors(jsr.torch_state_dict(pair("GRU", 1)[1]), path)
 
 
 def test_safetensors_file_is_readable_by_torch(tmp_path):

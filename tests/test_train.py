@@ -306,6 +306,77 @@ def test_resume_falls_back_past_a_corrupt_checkpoint(tmp_path):
     ckpt.verify(ckdir, 20)  # recomputed and rewritten, valid again
 
 
+def test_resume_falls_back_past_a_byte_flipped_checkpoint_and_keeps_it(tmp_path):
+    cfg = replace(RESUME_CFG, keep_checkpoints=2)
+    straight = DropMLP(nnx.Rngs(0))
+    fit(straight, loss_fn, batch_fn, cfg, out_dir=tmp_path)
+    ckdir = tmp_path / CHECKPOINT_DIR
+    bad = ckpt.step_path(ckdir, 20)
+    victim = max((p for p in (bad / "arrays").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    raw = bytearray(victim.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    victim.write_bytes(bytes(raw))
+    flipped = {p.relative_to(bad): p.read_bytes() for p in bad.rglob("*") if p.is_file()}
+
+    events = []
+    resumed = DropMLP(nnx.Rngs(5))
+    h = fit(resumed, loss_fn, batch_fn, cfg, out_dir=tmp_path, resume=True, callback=events.append)
+    assert h.resumed_from == 10 and [s for s, _ in h.checkpoints_skipped] == [20]
+    assert "corrupted (sha256 mismatch)" in h.checkpoints_skipped[0][1]
+    aside = ckdir / "step_00000020.invalid-1"
+    assert h.checkpoints_moved_aside == ((20, aside),)
+    skipped = [e for e in events if e["event"] == "checkpoint_skipped"]
+    assert [(e["step"], e["moved_to"]) for e in skipped] == [(20, str(aside))]
+    # Not deleted: the bad checkpoint is on disk byte for byte, under its moved-aside name.
+    assert {p.relative_to(aside): p.read_bytes() for p in aside.rglob("*") if p.is_file()} == flipped
+    assert_same_params(param_leaves(resumed), param_leaves(straight))
+    ckpt.verify(ckdir, 20)  # recomputed and rewritten, valid again
+    assert ckpt.steps(ckdir) == [10, 20]  # keep_checkpoints=2 counts neither the moved-aside one...
+    assert sorted(os.listdir(ckdir)) == ["step_00000010", "step_00000020", "step_00000020.invalid-1"]
+    # ...nor does a later resume re-skip or prune it.
+    h2 = fit(DropMLP(nnx.Rngs(6)), loss_fn, batch_fn, cfg, out_dir=tmp_path, resume=True)
+    assert h2.resumed_from == 20 and h2.checkpoints_skipped == () and h2.checkpoints_moved_aside == ()
+    assert aside.is_dir()
+
+
+def test_resume_uses_a_checkpoint_with_stray_files_and_reports_them(tmp_path):
+    cfg = replace(RESUME_CFG, keep_checkpoints=2)
+    straight = DropMLP(nnx.Rngs(0))
+    fit(straight, loss_fn, batch_fn, cfg, out_dir=tmp_path / "a")
+    with pytest.raises(Interrupt):
+        fit(DropMLP(nnx.Rngs(0)), loss_fn, batch_fn, cfg, out_dir=tmp_path / "b", callback=interrupt_at(12))
+    ckdir = tmp_path / "b" / CHECKPOINT_DIR
+    newest = ckpt.step_path(ckdir, 10)
+    assert ckpt.steps(ckdir) == [10]
+    (newest / "notes.txt").write_text("try a lower lr next")
+    (newest / ".DS_Store").write_bytes(b"\0Bud1")
+    (newest / "arrays" / ".DS_Store").write_bytes(b"\0Bud1")
+    stray = (".DS_Store", "arrays/.DS_Store", "notes.txt")
+
+    events = []
+    on_disk_at_start = []
+
+    def callback(e):
+        events.append(e)
+        if e["event"] == "start":  # resume has finished: nothing of the checkpoint may be gone
+            on_disk_at_start.extend(sorted(os.listdir(ckdir)))
+
+    resumed = DropMLP(nnx.Rngs(5))
+    h = fit(resumed, loss_fn, batch_fn, cfg, out_dir=tmp_path / "b", resume=True, callback=callback)
+    assert h.resumed_from == 10  # the newest checkpoint was used, not skipped
+    assert h.checkpoints_skipped == () and h.checkpoints_moved_aside == ()
+    assert h.checkpoint_stray_files == stray
+    reported = [e for e in events if e["event"] == "checkpoint_stray_files"]
+    assert reported == [
+        {"event": "checkpoint_stray_files", "step": 10, "path": str(newest.absolute()), "files": list(stray)}
+    ]
+    assert not [e for e in events if e["event"] == "checkpoint_skipped"]
+    assert on_disk_at_start == ["step_00000010"]
+    assert_same_params(param_leaves(resumed), param_leaves(straight))
+    assert (newest / "notes.txt").read_text() == "try a lower lr next"  # left alone
+    assert ckpt.verify(ckdir, 10) == stray and ckpt.steps(ckdir) == [10, 20]
+
+
 RESUME_SCRIPT = """
 import sys, numpy as np
 import jax

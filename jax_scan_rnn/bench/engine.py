@@ -16,7 +16,7 @@ import numpy as np
 
 from jax_scan_rnn import xla_flags
 from jax_scan_rnn.bench.config import AUTO_KEY, LIMIT_KEYS, SCHEMA_VERSION, SEED_KEY, SEEDS, BenchConfig
-from jax_scan_rnn.bench.machine import _available_memory, _cpu_model, _loadavg, host_kind
+from jax_scan_rnn.bench.machine import _available_memory, cpu_model, _loadavg, host_kind
 from jax_scan_rnn.bench.methods import METHODS, Method, Skip, _Case, _Context, vae_torch_probe
 
 
@@ -317,7 +317,7 @@ def _versions(ctx: _Context, threads: dict, vae_threads: dict | None = None) -> 
     info = {
         "host_kind": host_kind(),
         "platform": platform.platform(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
         "jax": jax.__version__,

@@ -42,7 +42,7 @@ def _available_memory() -> int | None:
     return None
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
