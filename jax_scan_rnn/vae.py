@@ -46,6 +46,15 @@ a needed `gumbel` is None, a key is taken from the module's own stream `sample_r
 `gumbel = gumbel(key, [B, T, V])`; `generate` draws step t's noise in the loop as
 `gumbel(fold_in(key, t), [B, V])` (no [B, max_len, V] array). `replace_mask` is always the caller's
 (`replace_mask(key, tokens.shape, p)` draws one).
+
+Checked inputs. `tokens` must be integer [B, T] with ids in [0, V), `lengths` integer [B] in 1..T. Shapes
+and dtypes are always checked. The values are checked only when they are concrete (an eager call): a bad
+id or length raises ValueError naming the first bad entry. Under `jit` they are traced and cannot be
+checked, so: lengths are clipped to 0..T (as `jsr.GRU` does; 0 encodes nothing, giving the initial state),
+which never produces NaN; token ids are not checked, and `loss` turns any id outside [0, V) into a NaN
+`recon`/`total` (loud: training's non-finite guard stops), while `encode`/`decode` give meaningless
+numbers. Run `check_tokens(tokens, lengths, vocab_size)` on concrete data before it reaches a jitted
+call (the VAE task does, on every array it encodes).
 """
 from __future__ import annotations
 
@@ -91,6 +100,72 @@ def pad_after_eos(tokens: Array) -> Array:
 
 def _is_concrete(x: Any) -> bool:
     return not isinstance(x, jax.core.Tracer)
+
+
+def _first_bad(name: str, values: np.ndarray, bad: np.ndarray, what: str) -> str:
+    """"name[i, j]=value" of the first True entry of `bad`, and how many there are when more than one."""
+    where = np.argwhere(bad)
+    index = tuple(int(i) for i in where[0])
+    text = f"{name}[{', '.join(map(str, index))}]={values[index]}"
+    return text + (f" ({len(where)} {what} out of range)" if len(where) > 1 else "")
+
+
+def _check_token_layout(tokens: Any) -> None:
+    """An integer [B, T] array with B, T >= 1 (numpy, jax or traced: only dtype and shape are read)."""
+    if not np.issubdtype(tokens.dtype, np.integer):
+        raise TypeError(f"tokens: expected an integer array of token ids, got dtype {tokens.dtype}")
+    if tokens.ndim != 2 or tokens.shape[0] == 0 or tokens.shape[1] == 0:
+        raise ValueError(f"tokens: expected shape [B, T] with B, T >= 1, got {list(tokens.shape)}")
+
+
+def _check_token_values(tokens: np.ndarray, vocab_size: int) -> None:
+    """Concrete ids in [0, vocab_size), else ValueError naming the first bad entry."""
+    if int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size:
+        bad = (tokens < 0) | (tokens >= vocab_size)
+        raise ValueError(
+            f"tokens: expected ids in [0, vocab_size={vocab_size}), got {_first_bad('tokens', tokens, bad, 'ids')}"
+        )
+
+
+def _check_lengths_layout(lengths: Any, tokens_shape: tuple[int, ...]) -> None:
+    """An integer [B] array, B = tokens' batch (numpy, jax or traced: only dtype and shape are read)."""
+    if not np.issubdtype(lengths.dtype, np.integer):
+        raise TypeError(f"lengths: expected an integer array, got dtype {lengths.dtype}")
+    if tuple(lengths.shape) != (tokens_shape[0],):
+        raise ValueError(f"lengths: expected shape [B] = [{tokens_shape[0]}], got {list(lengths.shape)}")
+
+
+def _check_length_values(lengths: np.ndarray, steps: int) -> None:
+    """Concrete lengths in 1..steps, else ValueError naming the first bad entry."""
+    if int(lengths.min()) < 1 or int(lengths.max()) > steps:
+        bad = (lengths < 1) | (lengths > steps)
+        raise ValueError(
+            f"lengths: expected values in [1, T={steps}], got {_first_bad('lengths', lengths, bad, 'lengths')}"
+        )
+
+
+def check_tokens(tokens: Any, lengths: Any, vocab_size: int) -> None:
+    """Check a concrete batch (numpy or jax arrays) before it reaches a jitted `SeqVAE` call.
+
+    Under `jit` the model cannot see the values of its `tokens` and `lengths` (see the module docstring);
+    this checks them where they are still concrete, with the messages of an eager call: tokens integer
+    [B, T] (B, T >= 1) with ids in [0, vocab_size), and, unless `lengths` is None, lengths integer [B]
+    in 1..T. Works on numpy without moving the data to a device, so a whole encoded dataset can be checked
+    once. Raises ValueError naming the first bad entry (position and value), TypeError for a wrong dtype or
+    for a traced array (there is nothing to check inside `jit`).
+    """
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int | np.integer) or vocab_size < 1:
+        raise ValueError(f"vocab_size: expected an int >= 1, got {vocab_size!r}")
+    for name, value in (("tokens", tokens), ("lengths", lengths)):
+        if isinstance(value, jax.core.Tracer):
+            raise TypeError(f"{name}: expected concrete values (call check_tokens outside jit), got a traced array")
+    tokens = np.asarray(tokens)
+    _check_token_layout(tokens)
+    _check_token_values(tokens, int(vocab_size))
+    if lengths is not None:
+        lengths = np.asarray(lengths)
+        _check_lengths_layout(lengths, tokens.shape)
+        _check_length_values(lengths, tokens.shape[1])
 
 
 def _check_positive(name: str, value: Any) -> None:
@@ -228,6 +303,11 @@ class SeqVAE(nnx.Module):
         at or beyond `lengths`); its summary is the last layer's final state (forward: at step
         lengths-1; bidirectional: `[forward final; backward final]`, the backward pass started at step
         lengths-1), as torch's packed `h_n[-1]` / `[h_n[-2]; h_n[-1]]`.
+
+        Concrete ids outside [0, V) or lengths outside 1..T raise ValueError (the first bad entry named).
+        Traced (under `jit`): lengths are clipped to 0..T (0: the encoder reads nothing; never NaN), and ids
+        are not checked (an id outside [0, V) reads as an all-zero one-hot): run `check_tokens` on the
+        concrete batch first.
         """
         tokens = self._check_tokens(tokens)
         lengths = self._check_lengths(lengths, tokens.shape)
@@ -306,6 +386,9 @@ class SeqVAE(nnx.Module):
         `gumbel` [B, T, V]: standard Gumbel noise (its last step is unused), drawn from `sample_rngs` when
         None and the mode needs it. Under teacher forcing `mode`, `gumbel`, `temperature`, `tau` are
         checked but unused; `temperature` is used by "sample" only, `tau` by "gumbel_softmax" only.
+
+        Concrete ids outside [0, V) raise ValueError (the first bad entry named); traced ids are not checked
+        and give meaningless logits: run `check_tokens` on the concrete batch first.
         """
         tokens = self._check_tokens(tokens)
         batch, steps = tokens.shape
@@ -412,6 +495,11 @@ class SeqVAE(nnx.Module):
           kl          scalar: sum(kl_per_dim) if free_bits == 0, else sum(max(kl_per_dim, free_bits))
                       (free bits, Kingma et al. 2016, on the batch-averaged per-dimension KL);
           total       scalar: recon + beta * kl.
+
+        Concrete ids outside [0, V) or lengths outside 1..T raise ValueError (the first bad entry named).
+        Traced (under `jit`): lengths are clipped to 0..T (never NaN; see `encode`), and ids cannot be
+        checked: any id outside [0, V) makes `recon` and `total` NaN, so training stops at that step
+        rather than learn from it. Run `check_tokens` on concrete batches to be told which entry is bad.
         """
         _check_nonnegative("beta", beta)
         _check_nonnegative("free_bits", free_bits)
@@ -424,6 +512,9 @@ class SeqVAE(nnx.Module):
         log_probs = jax.nn.log_softmax(logits, axis=-1)  # [B, T, V]
         target = jnp.take_along_axis(log_probs, tokens[..., None].astype(TOKEN_DTYPE), axis=-1)[..., 0]
         recon = -jnp.sum(jnp.where(tokens != PAD, target, 0.0)) / tokens.shape[0]
+        if not _is_concrete(tokens):  # unchecked ids: a NaN loss (loud) rather than a plausible number
+            out_of_range = jnp.any((tokens < 0) | (tokens >= self.vocab_size))
+            recon = jnp.where(out_of_range, jnp.asarray(jnp.nan, recon.dtype), recon)
         kl_per_dim = jnp.mean(-0.5 * (1.0 + logvar - mu**2 - jnp.exp(logvar)), axis=0)  # [Z]
         clamped = jnp.sum(jnp.maximum(kl_per_dim, free_bits))
         if isinstance(free_bits, (int, float)):
@@ -505,36 +596,25 @@ class SeqVAE(nnx.Module):
     # ------------------------------------------------------------------------------------------------
 
     def _check_tokens(self, tokens: Any) -> Array:
+        """tokens as an int array; ids checked to lie in [0, V) when concrete (traced ids cannot be)."""
         tokens = jnp.asarray(tokens)
-        if not jnp.issubdtype(tokens.dtype, jnp.integer):
-            raise TypeError(f"tokens: expected an integer array of token ids, got dtype {tokens.dtype}")
-        if tokens.ndim != 2 or tokens.shape[0] == 0 or tokens.shape[1] == 0:
-            raise ValueError(f"tokens: expected shape [B, T] with B, T >= 1, got {list(tokens.shape)}")
+        _check_token_layout(tokens)
         if _is_concrete(tokens):
-            values = np.asarray(tokens)
-            low, high = int(values.min()), int(values.max())
-            if low < 0 or high >= self.vocab_size:
-                raise ValueError(
-                    f"tokens: expected ids in [0, vocab_size={self.vocab_size}), got ids in [{low}, {high}]"
-                )
+            _check_token_values(np.asarray(tokens), self.vocab_size)
         return tokens
 
     def _check_lengths(self, lengths: Any, tokens_shape: tuple[int, int]) -> Array:
+        """lengths as an int array: checked to lie in 1..T when concrete, clipped to 0..T when traced."""
         try:
             lengths = jnp.asarray(lengths)
         except TypeError:
             raise TypeError(f"lengths: expected an int array of shape [B], got {type(lengths).__name__}") from None
-        if not jnp.issubdtype(lengths.dtype, jnp.integer):
-            raise TypeError(f"lengths: expected an integer array, got dtype {lengths.dtype}")
-        batch, steps = tokens_shape
-        if tuple(lengths.shape) != (batch,):
-            raise ValueError(f"lengths: expected shape [B] = [{batch}], got {list(lengths.shape)}")
+        _check_lengths_layout(lengths, tokens_shape)
+        steps = tokens_shape[1]
         if _is_concrete(lengths):
-            values = np.asarray(lengths)
-            low, high = int(values.min()), int(values.max())
-            if low < 1 or high > steps:
-                raise ValueError(f"lengths: expected values in [1, T={steps}], got values in [{low}, {high}]")
-        return lengths
+            _check_length_values(np.asarray(lengths), steps)
+            return lengths
+        return jnp.clip(lengths, 0, steps)  # as jsr.GRU: never NaN, whatever a traced length holds
 
     def _check_z(self, z: Any, batch: int | None = None) -> Array:
         """z must be a floating [B, Z] (B = `batch` when given); returned in the parameters' dtype."""

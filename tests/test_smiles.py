@@ -198,6 +198,35 @@ def test_split_is_deterministic_disjoint_and_complete():
         split(seqs, (1.0,), seed=-1)
 
 
+def test_split_sizes_and_the_minimum_for_given_part_sizes():
+    fractions = (0.9, 0.05, 0.05)
+    for n in (0, 1, 7, 10, 31, 1000):
+        parts = split(list(range(n)), fractions, seed=1)
+        assert sm.split_sizes(n, fractions) == tuple(len(p) for p in parts), n
+    assert sm.split_sizes(30, fractions) == (27, 2, 1)  # round-half-even: 28.5 -> 28
+    assert sm.split_sizes(31, fractions) == (28, 1, 2)
+    need = sm.min_split_size(fractions, (8, 1, 2))
+    assert need == 31
+    assert all(min(np.subtract(sm.split_sizes(n, fractions), (8, 1, 2))) >= 0 for n in range(need, need + 500))
+    # The first size that works is not always the threshold: 25..30 give 2 validation sequences, 31 only 1.
+    assert sm.min_split_size(fractions, (1, 2, 1)) == 36
+    assert sm.split_sizes(25, fractions)[1] == 2 and sm.split_sizes(31, fractions)[1] == 1
+    assert sm.min_split_size((0.5, 0.5), (0, 0)) == 0
+    with pytest.raises(ValueError, match="minimums: expected 0 for a part of fraction 0"):
+        sm.min_split_size((1.0, 0.0), (1, 1))
+    with pytest.raises(ValueError, match="minimums: expected 2 ints >= 0"):
+        sm.min_split_size((0.5, 0.5), (1,))
+    with pytest.raises(ValueError, match="fractions"):
+        sm.split_sizes(10, (0.5, 0.6))
+    with pytest.raises(ValueError, match="n: expected an int >= 0, got -1"):
+        sm.split_sizes(-1)
+
+
+def test_builtin_sources_and_files():
+    assert sm.is_builtin_source("rdkit") and sm.is_builtin_source("moses") and sm.is_builtin_source("moses:test")
+    assert not sm.is_builtin_source("./rdkit") and not sm.is_builtin_source("mols.smi")
+
+
 def test_batch_at_is_a_pure_function_of_the_step():
     n, t, batch = 103, 5, 10
     tokens = np.arange(n * t, dtype=np.int32).reshape(n, t)

@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 import jax_scan_rnn as jsr
-from jax_scan_rnn.vae import EOS, PAD, SOS, pad_after_eos, replace_mask
+from jax_scan_rnn.vae import EOS, PAD, SOS, check_tokens, pad_after_eos, replace_mask
 
 # float64: two paths that run the same operations grouped differently (one gather + scan vs. the
 # feedback loop; a padded batch vs. one sequence alone) differ only by accumulated rounding, ~1e-16 per op.
@@ -388,6 +388,96 @@ def test_free_bits():
     # free_bits as a Python number (decided at trace time) gives the same
     python_fb = nnx.jit(lambda m: m.loss(tokens, lengths, eps=eps, free_bits=free_bits)["kl"])(model)
     assert abs(float(python_fb) - kl_fb) <= TOL_F64
+
+
+# ----------------------------------------------------------------------------------------------------
+# Token ids and lengths out of range: concrete values raise, traced lengths are clipped, traced ids poison
+# ----------------------------------------------------------------------------------------------------
+
+BAD_IDS = [V + 5, -3]  # under jit before the check: V+5 gave NaN, -3 a plausible finite loss
+BAD_LENGTHS = [0, -4, 9]  # T = 8: all three gave plausible finite losses, none was refused
+
+
+@pytest.mark.parametrize("bad", BAD_IDS)
+def test_concrete_token_ids_out_of_range_name_the_first_bad_entry(bad):
+    model = make_model()
+    tokens, lengths = TOKENS_3x8
+    tokens = tokens.at[1, 2].set(bad).at[2, 0].set(bad)
+    message = rf"tokens: expected ids in \[0, vocab_size=9\), got tokens\[1, 2\]={bad} \(2 ids out of range\)"
+    for call in (
+        lambda: model.loss(tokens, lengths, eps=randn(3, Z)),
+        lambda: model(tokens, lengths, eps=randn(3, Z)),
+        lambda: model.encode(tokens, lengths),
+        lambda: model.decode(randn(3, Z), tokens),
+        lambda: check_tokens(np.asarray(tokens), np.asarray(lengths), V),
+    ):
+        with pytest.raises(ValueError, match=message):
+            call()
+    with pytest.raises(ValueError, match=rf"got tokens\[0, 0\]={bad}$"):  # one bad id: no count
+        model.encode(TOKENS_3x8[0].at[0, 0].set(bad), lengths)
+
+
+@pytest.mark.parametrize("bad", BAD_LENGTHS)
+def test_concrete_lengths_out_of_range_name_the_first_bad_entry(bad):
+    model = make_model()
+    tokens, lengths = TOKENS_3x8
+    lengths = lengths.at[2].set(bad)
+    message = rf"lengths: expected values in \[1, T=8\], got lengths\[2\]={bad}$"
+    for call in (
+        lambda: model.loss(tokens, lengths, eps=randn(3, Z)),
+        lambda: model.encode(tokens, lengths),
+        lambda: check_tokens(tokens, lengths, V),
+    ):
+        with pytest.raises(ValueError, match=message):
+            call()
+
+
+def test_traced_lengths_out_of_range_are_clipped_never_nan():
+    """Under jit lengths cannot be checked: they are clipped to 0..T (0: the encoder reads nothing)."""
+    model = make_model()
+    tokens, lengths = TOKENS_3x8
+    eps = randn(3, Z)
+    clipped = {}
+    for bad in BAD_LENGTHS:
+        out = loss(model, tokens, lengths.at[2].set(bad), eps=eps)
+        for key, value in out.items():
+            assert np.isfinite(np.asarray(value)).all(), f"lengths[2]={bad}: {key} is not finite"
+        clipped[bad] = float(out["total"])
+    assert clipped[0] == clipped[-4]  # both clipped to 0
+    assert clipped[9] == float(loss(model, tokens, lengths.at[2].set(8), eps=eps)["total"])  # clipped to T
+    assert clipped[0] != clipped[9]
+    mu, logvar = encode(model, tokens, lengths.at[2].set(-4))
+    assert np.isfinite(np.asarray(mu)).all() and np.isfinite(np.asarray(logvar)).all()
+
+
+@pytest.mark.parametrize("bad", BAD_IDS)
+def test_traced_token_ids_out_of_range_make_the_loss_nan(bad):
+    """Under jit ids cannot be checked; an id outside [0, V) makes the loss NaN (loud), never plausible."""
+    model = make_model()
+    tokens, lengths = TOKENS_3x8
+    out = loss(model, tokens.at[1, 2].set(bad), lengths, eps=randn(3, Z))
+    assert np.isnan(float(out["recon"])) and np.isnan(float(out["total"]))
+    assert np.isfinite(float(loss(model, tokens, lengths, eps=randn(3, Z))["total"]))  # the same trace, good ids
+
+
+def test_check_tokens_helper():
+    tokens, lengths = (np.asarray(a) for a in TOKENS_3x8)
+    assert check_tokens(tokens, lengths, V) is None
+    assert check_tokens(tokens, None, V) is None  # ids only (decode's input)
+    with pytest.raises(ValueError, match=r"tokens: expected ids in \[0, vocab_size=5\), got tokens\[0, 0\]="):
+        check_tokens(tokens, lengths, 5)
+    with pytest.raises(TypeError, match="tokens: expected an integer array of token ids, got dtype float"):
+        check_tokens(tokens * 1.0, lengths, V)
+    with pytest.raises(ValueError, match=r"tokens: expected shape \[B, T\] with B, T >= 1, got \[0, 8\]"):
+        check_tokens(tokens[:0], lengths[:0], V)
+    with pytest.raises(ValueError, match=r"lengths: expected shape \[B\] = \[3\], got \[2\]"):
+        check_tokens(tokens, lengths[:2], V)
+    with pytest.raises(ValueError, match="vocab_size: expected an int >= 1, got 0"):
+        check_tokens(tokens, lengths, 0)
+    with pytest.raises(TypeError, match="tokens: expected concrete values .*outside jit.*traced"):
+        jax.jit(lambda t: check_tokens(t, None, V))(tokens)
+    with pytest.raises(TypeError, match="lengths: expected concrete values"):
+        jax.jit(lambda n: check_tokens(tokens, n, V))(lengths)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -18,7 +18,8 @@ SMILES = ["C" * n + tail for n in range(1, 11) for tail in ("O", "N", "Cl", "Br"
 @pytest.fixture
 def corpus(tmp_path):
     path = tmp_path / "mols.smi"
-    path.write_text("\n".join(SMILES) + "\n\n" + "C" * 200 + "\n")  # an empty and a too-long line: skipped
+    # An empty line, a too-long one and two that are not SMILES (an open ring, a non-element): skipped.
+    path.write_text("\n".join(SMILES) + "\n\n" + "C" * 200 + "\nC1CC\nXyz\n")
     return path
 
 
@@ -60,7 +61,7 @@ def test_cli_train_sample_evaluate(corpus, tmp_path, capsys):
             "--checkpoint-every", "6", "--eval-samples", "20", "--out", str(out)]
     assert main(args) == 0
     printed = capsys.readouterr().out
-    assert "skipped: empty 1, too_long 1" in printed
+    assert "skipped: empty 1, too_long 1, unparsable 2" in printed
     assert "prior samples, sampled, T=1 (n=20)" in printed and "prior samples, greedy (n=20)" in printed
     assert "free-running (greedy)" in printed
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -112,3 +113,106 @@ def test_seed_reaches_initialisation_batch_order_and_noise(corpus):
     np.testing.assert_array_equal(np.concatenate([w.ravel() for w in same]),
                                   np.concatenate([w.ravel() for w in weights(7)]))
     assert any(not np.array_equal(x, y) for x, y in zip(same, other))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Data that cannot make a run is refused before training, naming --data; file lines are parsed as SMILES
+# ----------------------------------------------------------------------------------------------------
+
+
+def write_lines(path, lines):
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_file_lines_are_parsed_as_smiles_unless_not_chemistry(corpus):
+    dataset = task_lib.load_dataset(tiny(corpus))
+    kept = dataset.train + dataset.valid + dataset.test
+    assert dataset.skipped == {"empty": 1, "too_long": 1, "unparsable": 2}
+    assert "C1CC" not in kept and "Xyz" not in kept
+    assert sorted(kept) == sorted(SMILES)  # kept as written, not canonicalised
+    text = task_lib.load_dataset(tiny(corpus, smiles_check=False))
+    assert text.skipped == {"empty": 1, "too_long": 1}  # only the length (and empty-line) checks
+    assert sorted(text.train + text.valid + text.test) == sorted([*SMILES, "C1CC", "Xyz"])
+    with pytest.raises(ValueError, match=r"smiles_check: expected True for the built-in source 'rdkit' .*got False"):
+        task_lib.VAETask(smiles_check=False)
+
+
+def test_minimum_is_derived_from_the_split_and_the_batch_size(tmp_path):
+    from jax_scan_rnn.data import smiles
+
+    needed = task_lib.min_sequences(8)
+    for n in range(needed, needed + 200):  # every size from the minimum up gives every part enough
+        train, valid, test = smiles.split_sizes(n, task_lib.SPLIT_FRACTIONS)
+        assert train >= 8 and valid >= task_lib.MIN_VALID and test >= task_lib.MIN_TEST, n
+    assert smiles.split_sizes(needed - 1, task_lib.SPLIT_FRACTIONS) == (27, 2, 1)  # one fewer: 1 test sequence
+    assert task_lib.min_sequences(128) == 142  # the default batch: round(0.9 * 142) = 128 training sequences
+
+    path = tmp_path / "few.smi"
+    write_lines(path, SMILES[:needed])
+    assert len(task_lib.load_dataset(tiny(path)).train) >= 8
+    write_lines(path, [*SMILES[: needed - 1], "C1CC"])
+    message = (rf"--data {path}: holds {needed - 1} usable sequences, needs at least {needed}: the 90/5/5 % "
+               r"train/valid/test split must leave one training batch \(--batch-size 8\), 1 validation and 2 test "
+               r"sequences \(skipped: unparsable 1; if the file is not SMILES, pass --no-smiles-check\)$")
+    with pytest.raises(ValueError, match=message):
+        task_lib.load_dataset(tiny(path))
+    with pytest.raises(ValueError, match=r"holds 12 usable sequences \(--limit 12\), needs at least"):
+        task_lib.load_dataset(tiny(path, limit=12))
+
+
+def test_cli_refuses_too_few_sequences_before_training(tmp_path, capsys):
+    path = write_lines(tmp_path / "few.smi", SMILES[:20])
+    out = tmp_path / "run"
+    code = main(["train", "vae", "--data", str(path), "--batch-size", "8", "--hidden-size", "8", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert (f"jax-scan-rnn train vae: error: --data {path}: holds 20 usable sequences, needs at least "
+            f"{task_lib.min_sequences(8)}: ") in err
+    assert not out.exists()  # refused before anything was trained or written
+
+
+def test_cli_refuses_a_file_with_no_usable_sequence(tmp_path, capsys):
+    path = write_lines(tmp_path / "bad.smi", ["", "C1CC", "   ", "Xyz", ""])
+    assert main(["train", "vae", "--data", str(path), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"jax-scan-rnn train vae: error: --data {path}: holds no usable sequence (skipped: empty 3, "
+                   "unparsable 2; if the file is not SMILES, pass --no-smiles-check)\n")
+    assert main(["train", "vae", "--data", str(path), "--no-smiles-check", "--batch-size", "1"]) == 2
+    assert "holds 2 usable sequences, needs at least 31" in capsys.readouterr().err  # now "C1CC" and "Xyz" count
+    assert main(["train", "vae", "--data", "rdkit", "--no-smiles-check"]) == 2
+    assert capsys.readouterr().err == (
+        "jax-scan-rnn train vae: error: --no-smiles-check: expected only with a --data file that is not chemistry, "
+        "got --data rdkit, a built-in source (always SMILES)\n"
+    )
+
+
+def test_validation_and_test_parts_emptied_by_unseen_characters_are_refused(tmp_path):
+    # Every line a character of its own: no validation or test sequence can be encoded with the training
+    # vocabulary.
+    path = write_lines(tmp_path / "chars.txt", [chr(ord("a") + i) for i in range(26)] + [chr(ord("A") + i)
+                                                                                       for i in range(26)])
+    with pytest.raises(ValueError, match=rf"--data {path}: of its 52 usable sequences, 0 validation and 0 test "
+                                         r"sequences remain once those with characters absent from the training part"
+                                         r" are dropped \(unseen_character 5\); needs at least 1 validation and 2 test "
+                                         r"sequences \(skipped: none\)$"):
+        task_lib.load_dataset(tiny(path, smiles_check=False))
+
+
+def test_batches_are_checked_before_they_reach_the_jitted_step(corpus, monkeypatch):
+    from jax_scan_rnn.data import smiles
+
+    task = tiny(corpus)
+    dataset = task_lib.load_dataset(task)
+    encode = smiles.Vocabulary.encode
+
+    def corrupt(self, sequences, max_len=None):  # an encoder bug: one id past the vocabulary
+        tokens, lengths = encode(self, sequences, max_len)
+        tokens[3, 1] = self.size + 5
+        return tokens, lengths
+
+    monkeypatch.setattr(smiles.Vocabulary, "encode", corrupt)
+    bad = dataset.vocab.size + 5
+    with pytest.raises(ValueError, match=rf"tokens: expected ids in \[0, vocab_size={dataset.vocab.size}\), got "
+                                         rf"tokens\[3, 1\]={bad}"):
+        task_lib.make_batch_fn(task, dataset)

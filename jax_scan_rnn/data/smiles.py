@@ -2,7 +2,7 @@
 
     result = load_sequences("rdkit")                 # 14,734 canonical drug-like SMILES, offline
     vocab = Vocabulary.build(result.sequences)
-    train, valid, test = split(result.sequences, (0.8, 0.1, 0.1), seed=0)
+    train, valid, test = split(result.sequences, (0.8, 0.1, 0.1), seed=0)   # sizes: split_sizes(n, ...)
     tokens, lengths = vocab.encode(train, max_len=DEFAULT_MAX_LENGTH)   # [N, T] int32, [N] int32
     batch_tokens, batch_lengths = batch_at(tokens, lengths, batch_size=128, step=step, seed=0)
     vocab.decode(batch_tokens)                       # -> list[str]
@@ -30,7 +30,9 @@ Sources (`load_sequences`):
   SMILES), read from the `molsets` package's data files without importing `moses`
   (`pip install --no-deps molsets`).
 - anything else: a path to a text file with one sequence per line (`smiles=True` to parse the first
-  whitespace-separated field of each line as SMILES and canonicalise it).
+  whitespace-separated field of each line as SMILES with the same code as the "rdkit" source, skipping
+  invalid ones as "unparsable", and canonicalise it unless `canonicalize=False`).
+  `is_builtin_source` tells the two kinds apart.
 
 Bad lines never stop loading: each is skipped and counted by reason in `LoadResult.skipped`.
 rdkit is imported only inside the functions that need it; everything else is numpy.
@@ -296,6 +298,15 @@ def _raw_lines(path: str) -> Iterator[bytes]:
         yield from handle.read().splitlines()
 
 
+def is_builtin_source(source: str | os.PathLike) -> bool:
+    """Whether `load_sequences` reads `source` as a built-in set ("rdkit", "moses", "moses:<split>"), not a file.
+
+    Built-in sets are always SMILES; a file may hold any text (its caller says whether it is chemistry).
+    """
+    source = os.fspath(source)
+    return source in ("rdkit", "moses") or source.startswith("moses:")
+
+
 def load_sequences(
     source: str = "rdkit",
     *,
@@ -337,7 +348,7 @@ def load_sequences(
     if limit is not None and (not isinstance(limit, int | np.integer) or limit < 0):
         raise ValueError(f"limit: expected None or an int >= 0, got {limit!r}")
 
-    is_moses = source == "moses" or source.startswith("moses:")
+    is_moses = is_builtin_source(source) and source != "rdkit"
     if source == "rdkit":
         smiles = True if smiles is None else bool(smiles)
         canonicalize = smiles if canonicalize is None else bool(canonicalize)
@@ -570,6 +581,18 @@ def split(
     order. Part sizes are round(cumsum(fractions) * N) differences, so they add up to N. Parts are
     disjoint by position; de-duplicate first (`load_sequences` does) so that they are disjoint by value.
     """
+    fractions = _check_fractions(fractions)
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+        raise ValueError(f"seed: expected an int >= 0, got {seed!r}")
+    sequences = list(sequences)
+    n = len(sequences)
+    order = np.random.default_rng(seed).permutation(n)
+    bounds = np.cumsum(_part_sizes(np.asarray([n]), fractions)[0])
+    starts = np.concatenate([[0], bounds[:-1]])
+    return tuple([sequences[i] for i in np.sort(order[a:b])] for a, b in zip(starts, bounds, strict=True))
+
+
+def _check_fractions(fractions: Sequence[float]) -> np.ndarray:
     fractions = np.asarray(fractions, dtype=np.float64)
     if (
         fractions.ndim != 1
@@ -578,15 +601,49 @@ def split(
         or abs(fractions.sum() - 1.0) > 1e-6
     ):
         raise ValueError(f"fractions: expected non-negative numbers summing to 1, got {fractions.tolist()}")
-    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
-        raise ValueError(f"seed: expected an int >= 0, got {seed!r}")
-    sequences = list(sequences)
-    n = len(sequences)
-    order = np.random.default_rng(seed).permutation(n)
-    bounds = np.round(np.cumsum(fractions) * n).astype(int)
-    bounds[-1] = n
-    starts = np.concatenate([[0], bounds[:-1]])
-    return tuple([sequences[i] for i in np.sort(order[a:b])] for a, b in zip(starts, bounds, strict=True))
+    return fractions
+
+
+def _part_sizes(counts: np.ndarray, fractions: np.ndarray) -> np.ndarray:
+    """[len(counts), len(fractions)]: the sizes of `split`'s parts for each number of sequences in `counts`."""
+    bounds = np.round(np.cumsum(fractions)[None, :] * counts[:, None]).astype(np.int64)
+    bounds[:, -1] = counts
+    return np.diff(bounds, axis=1, prepend=0)
+
+
+def split_sizes(n: int, fractions: Sequence[float] = (0.8, 0.1, 0.1)) -> tuple[int, ...]:
+    """The sizes of the parts `split` makes of `n` sequences with `fractions` (they add up to n)."""
+    fractions = _check_fractions(fractions)
+    if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 0:
+        raise ValueError(f"n: expected an int >= 0, got {n!r}")
+    return tuple(int(k) for k in _part_sizes(np.asarray([n]), fractions)[0])
+
+
+def min_split_size(fractions: Sequence[float], minimums: Sequence[int]) -> int:
+    """Fewest sequences N for which `split(..., fractions)` gives part i at least `minimums[i]` sequences,
+    for N and for every larger N (rounding makes the part sizes step unevenly, so the first N that works
+    is not always the threshold).
+
+    Part i of N sequences holds at least fractions[i] * N - 1 (rounding moves each bound by at most 1/2),
+    so every N >= (minimums[i] + 1) / fractions[i] works for it; below that bound each N is tried.
+    """
+    fractions = _check_fractions(fractions)
+    minimums = np.asarray(minimums)
+    if minimums.shape != fractions.shape or not np.issubdtype(minimums.dtype, np.integer) or (minimums < 0).any():
+        raise ValueError(
+            f"minimums: expected {fractions.size} ints >= 0, one per fraction, got {minimums.tolist()}"
+        )
+    needed = minimums > 0
+    if (fractions[needed] == 0).any():
+        raise ValueError(
+            f"minimums: expected 0 for a part of fraction 0 (it is always empty), got {minimums.tolist()} for "
+            f"fractions {fractions.tolist()}"
+        )
+    upper = int(np.max(np.ceil((minimums[needed] + 1) / fractions[needed]), initial=0)) + 1
+    counts = np.arange(upper + 1)
+    works = (_part_sizes(counts, fractions) >= minimums).all(axis=1)
+    failing = np.flatnonzero(~works)
+    return int(failing[-1]) + 1 if failing.size else 0
 
 
 @functools.lru_cache(maxsize=4)

@@ -25,7 +25,7 @@ from jax_scan_rnn import schedules
 from jax_scan_rnn.compiled import jit
 from jax_scan_rnn.data import smiles
 from jax_scan_rnn.train import TrainConfig, fit, restore_model
-from jax_scan_rnn.vae import SeqVAE
+from jax_scan_rnn.vae import SeqVAE, check_tokens
 
 DECODINGS = ("teacher", "scheduled")
 # Peak Adam learning rate of `jax-scan-rnn train vae` (and examples/03). Measured on the default run (rdkit
@@ -37,6 +37,9 @@ DECODINGS = ("teacher", "scheduled")
 LEARNING_RATE = 1e-2
 SS_MODES = ("argmax", "sample", "gumbel_softmax")
 KL_SCHEDULES = ("constant", "linear", "sigmoid")
+SPLIT_FRACTIONS = (0.9, 0.05, 0.05)  # train / validation / test parts of the data (`smiles.split`)
+MIN_VALID = 1  # validation sequences a run needs: the periodic evaluation reconstructs them
+MIN_TEST = 2  # test sequences a run needs: the final report reconstructs them and interpolates between two
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,7 @@ class VAETask:
     """Data, model size and training objective of a VAE run."""
 
     data: str = "rdkit"  # "rdkit" (SMILES shipped with rdkit), "moses" (molsets wheel) or a text file path
+    smiles_check: bool = True  # parse a data file's lines as SMILES (rdkit), skip invalid ones; False: not chemistry
     max_length: int = smiles.DEFAULT_MAX_LENGTH  # longer sequences are skipped (counted)
     limit: int | None = None  # use at most this many sequences (None: all)
     hidden_size: int = 256  # H of the encoder and decoder GRUs
@@ -64,9 +68,18 @@ class VAETask:
     split_seed: int = 0  # seed of the train/validation/test split
     data_seed: int = 0  # seed of batch order and of the per-step noise
     eval_samples: int = 1000  # prior samples drawn by `evaluate`
-    eval_sequences: int = 500  # test sequences reconstructed by `evaluate`
+    eval_sequences: int = 500  # test sequences reconstructed by `evaluate` (>= 2: it interpolates between two)
 
     def __post_init__(self):
+        for name, low in (("batch_size", 1), ("eval_sequences", MIN_TEST)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name}: expected an int >= {low}, got {value!r}")
+        if not self.smiles_check and smiles.is_builtin_source(self.data):
+            raise ValueError(
+                f"smiles_check: expected True for the built-in source {self.data!r} (always SMILES; False is "
+                "for a data file that is not chemistry), got False"
+            )
         for name, allowed in (("decoding", DECODINGS), ("ss_mode", SS_MODES), ("kl_schedule", KL_SCHEDULES),
                               ("ss_schedule", schedules.TEACHER_FORCING_SCHEDULES)):
             if getattr(self, name) not in allowed:
@@ -113,10 +126,45 @@ class Dataset:
     skipped: dict[str, int]
 
 
+def _skipped_text(skipped: dict[str, int]) -> str:
+    return ", ".join(f"{reason} {count}" for reason, count in skipped.items()) or "none"
+
+
+def min_sequences(batch_size: int) -> int:
+    """Fewest usable sequences a run needs: the `SPLIT_FRACTIONS` split must leave one training batch,
+    `MIN_VALID` validation and `MIN_TEST` test sequences (for that many and for any more)."""
+    return smiles.min_split_size(SPLIT_FRACTIONS, (batch_size, MIN_VALID, MIN_TEST))
+
+
 def load_dataset(task: VAETask) -> Dataset:
-    """Load, split (train/valid/test = 90/5/5) and build the vocabulary from the training part."""
-    loaded = smiles.load_sequences(task.data, max_length=task.max_length, limit=task.limit)
-    train_seqs, valid_seqs, test_seqs = smiles.split(loaded.sequences, (0.9, 0.05, 0.05), seed=task.split_seed)
+    """Load, split (train/valid/test = `SPLIT_FRACTIONS`, 90/5/5) and build the vocabulary from the training part.
+
+    A data file is parsed as SMILES with rdkit (the "rdkit" source's code), its invalid lines skipped and
+    counted as "unparsable", and kept as written (not canonicalised); with `task.smiles_check=False` only the
+    length and character checks apply. Raises ValueError, naming `--data`, when the data holds fewer usable
+    sequences than `min_sequences(task.batch_size)`, or when too few validation/test sequences remain once
+    those with characters unseen in the training part are dropped: nothing is trained on data that cannot
+    be evaluated.
+    """
+    file_smiles = None if smiles.is_builtin_source(task.data) else task.smiles_check
+    loaded = smiles.load_sequences(task.data, max_length=task.max_length, limit=task.limit, smiles=file_smiles,
+                                   canonicalize=False if file_smiles else None)
+    usable = len(loaded.sequences)
+    skipped_text = _skipped_text(loaded.skipped)
+    if file_smiles and loaded.skipped.get("unparsable"):
+        skipped_text += "; if the file is not SMILES, pass --no-smiles-check"
+    if usable == 0:
+        raise ValueError(f"--data {task.data}: holds no usable sequence (skipped: {skipped_text})")
+    needed = min_sequences(task.batch_size)
+    if usable < needed:
+        percent = "/".join(f"{100 * f:g}" for f in SPLIT_FRACTIONS)
+        limited = f" (--limit {task.limit})" if task.limit is not None and usable >= task.limit else ""
+        raise ValueError(
+            f"--data {task.data}: holds {usable} usable sequence{'s' if usable > 1 else ''}{limited}, needs at least "
+            f"{needed}: the {percent} % train/valid/test split must leave one training batch (--batch-size "
+            f"{task.batch_size}), {MIN_VALID} validation and {MIN_TEST} test sequences (skipped: {skipped_text})"
+        )
+    train_seqs, valid_seqs, test_seqs = smiles.split(loaded.sequences, SPLIT_FRACTIONS, seed=task.split_seed)
     vocab = smiles.Vocabulary.build(train_seqs)
     # Validation/test sequences with characters unseen in training cannot be encoded: drop and count them.
     def encodable(seqs):
@@ -128,6 +176,13 @@ def load_dataset(task: VAETask) -> Dataset:
     skipped = dict(loaded.skipped)
     if dropped_v + dropped_t:
         skipped["unseen_character"] = dropped_v + dropped_t
+    if len(valid_seqs) < MIN_VALID or len(test_seqs) < MIN_TEST:
+        raise ValueError(
+            f"--data {task.data}: of its {usable} usable sequences, {len(valid_seqs)} validation and "
+            f"{len(test_seqs)} test sequences remain once those with characters absent from the training part are "
+            f"dropped (unseen_character {dropped_v + dropped_t}); needs at least {MIN_VALID} validation and "
+            f"{MIN_TEST} test sequences (skipped: {skipped_text})"
+        )
     return Dataset(vocab, train_seqs, valid_seqs, test_seqs, skipped)
 
 
@@ -136,11 +191,19 @@ def build_model(task: VAETask, vocab_size: int, seed: int = 0) -> SeqVAE:
                   concat_z=task.concat_z, rngs=nnx.Rngs(seed))
 
 
+def encode(vocab: smiles.Vocabulary, sequences: list[str], max_length: int) -> tuple[np.ndarray, np.ndarray]:
+    """`vocab.encode(sequences, max_length)`, checked with `check_tokens` while concrete: a jitted model
+    cannot check token ids, so nothing reaches one unchecked."""
+    tokens, lengths = vocab.encode(sequences, max_length)
+    check_tokens(tokens, lengths, vocab.size)
+    return tokens, lengths
+
+
 def make_batch_fn(task: VAETask, dataset: Dataset, seed: int = 0):
     """`step -> batch`, a pure function of the step: tokens, lengths, per-sequence keys and schedules. The
     batch order and the per-step noise are seeded by `task.data_seed + seed` (the run's seed)."""
     data_seed = task.data_seed + seed
-    tokens, lengths = dataset.vocab.encode(dataset.train, task.max_length)
+    tokens, lengths = encode(dataset.vocab, dataset.train, task.max_length)  # checked once, here
 
     def batch_fn(step: int) -> dict:
         tok, length = smiles.batch_at(tokens, lengths, task.batch_size, step, seed=data_seed)
@@ -209,7 +272,7 @@ def sample(model: SeqVAE, vocab: smiles.Vocabulary, n: int, *, max_len: int, see
 
 def reconstruction(model: SeqVAE, vocab: smiles.Vocabulary, sequences: list[str], max_length: int) -> dict[str, float]:
     """Token and whole-sequence accuracy decoding from mu, teacher-forced and free-running (greedy)."""
-    tokens, lengths = vocab.encode(sequences, max_length)
+    tokens, lengths = encode(vocab, sequences, max_length)
     mu = _encode(model, tokens, lengths)[0]
     mask = tokens != smiles.SPECIAL_TOKENS.index("<pad>")
     forced = np.asarray(_teacher_forced_argmax(model, mu, tokens))
@@ -240,7 +303,7 @@ def evaluate(model: SeqVAE, dataset: Dataset, task: VAETask, *, seed: int = 0) -
             "novelty": metrics.novelty(generated, dataset.train),
             "examples": list(generated[:10]),
         }
-    tokens, lengths = dataset.vocab.encode(test, task.max_length)
+    tokens, lengths = encode(dataset.vocab, test, task.max_length)
     mu, logvar = (np.asarray(a) for a in _encode(model, tokens, lengths))  # reuses reconstruction's compiled encoder
     kl_per_dim = np.mean(-0.5 * (1 + logvar - mu**2 - np.exp(logvar)), axis=0)
     report["latent"] = {"kl": float(kl_per_dim.sum()), "kl_per_dim": kl_per_dim.round(4).tolist(),
@@ -257,7 +320,7 @@ def train(task: VAETask, cfg: TrainConfig, out_dir: str | Path | None = None, *,
     dataset = load_dataset(task) if dataset is None else dataset
     seed = cfg.seed  # the run's one seed: initialisation, batch order, per-step noise
     model = build_model(task, dataset.vocab.size, seed)
-    valid_tokens, valid_lengths = dataset.vocab.encode(dataset.valid[:512], task.max_length)
+    valid_tokens, valid_lengths = encode(dataset.vocab, dataset.valid[:512], task.max_length)
 
     def eval_fn(m: SeqVAE) -> dict[str, float]:
         m.eval()
