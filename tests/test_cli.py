@@ -117,3 +117,17 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, tmp_path, capsys):
     assert main([*TINY_TRAVELLER, "--out", str(tmp_path / "run")]) == 130
     err = capsys.readouterr().err.strip()
     assert err == "jax-scan-rnn train traveller: interrupted; every completed checkpoint is kept (continue with --resume)"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "traveller", "--dropout", "nan"], "--dropout: expected a probability in [0, 1), got nan"),
+    (["train", "traveller", "--clip-norm", "nan"], "--clip-norm: expected a finite number > 0.0, got nan"),
+    (["train", "vae", "--max-beta", "nan"], "--max-beta: expected a finite number >= 0, got nan"),
+    (["train", "vae", "--free-bits", "-1"], "--free-bits: expected a finite number >= 0, got -1.0"),
+    (["train", "vae", "--decoding", "scheduled", "--ss-max", "inf"], "--ss-max: expected a probability in [0, 1], got inf"),
+])
+def test_float_options_are_checked_before_any_work(argv, message, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main([*argv, "--out", str(out)]) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()

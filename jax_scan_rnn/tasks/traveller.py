@@ -51,6 +51,8 @@ class TravellerTask:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: expected a positive int, got {value!r}")
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout: expected a probability in [0, 1), got {self.dropout!r}")
         if self.batch_size > self.train_paths:
             raise ValueError(f"batch_size: expected at most train_paths={self.train_paths}, got {self.batch_size}")
 

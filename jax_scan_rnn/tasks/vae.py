@@ -11,6 +11,7 @@ devices like any other array.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -71,7 +72,9 @@ class VAETask:
     eval_sequences: int = 500  # test sequences reconstructed by `evaluate` (>= 2: it interpolates between two)
 
     def __post_init__(self):
-        for name, low in (("batch_size", 1), ("eval_sequences", MIN_TEST)):
+        # Every option is checked here, before any data is read or any directory written.
+        for name, low in (("batch_size", 1), ("eval_sequences", MIN_TEST), ("hidden_size", 1), ("latent_size", 1),
+                          ("num_layers", 1), ("max_length", 1), ("kl_warmup", 0), ("eval_samples", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name}: expected an int >= {low}, got {value!r}")
@@ -84,6 +87,12 @@ class VAETask:
                               ("ss_schedule", schedules.TEACHER_FORCING_SCHEDULES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}: expected one of {allowed}, got {getattr(self, name)!r}")
+        if self.limit is not None and (isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 1):
+            raise ValueError(f"limit: expected None or an int >= 1, got {self.limit!r}")
+        for name in ("max_beta", "free_bits"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < math.inf:
+                raise ValueError(f"{name}: expected a finite number >= 0, got {value!r}")
         if not 0.0 <= self.ss_max <= 1.0:
             raise ValueError(f"ss_max: expected a probability in [0, 1], got {self.ss_max!r}")
         if not isinstance(self.ss_midpoint, int) or self.ss_midpoint < 3:
