@@ -429,8 +429,9 @@ def cmd_sample_vae(args: argparse.Namespace) -> int:
     check_output_file(args.output)
     model, vocab, task = load_vae(args)
     model.eval()
-    generated = task_lib.sample(model, vocab, args.n, max_len=task.max_length + 1, seed=args.seed,
-                                temperature=args.temperature, top_k=args.top_k, greedy=args.greedy)
+    with flag_names():  # the sampler's own checks ("top_k: ...") name the flag
+        generated = task_lib.sample(model, vocab, args.n, max_len=task.max_length + 1, seed=args.seed,
+                                    temperature=args.temperature, top_k=args.top_k, greedy=args.greedy)
     if args.output:
         Path(args.output).write_text("\n".join(generated) + "\n")
     else:

@@ -131,3 +131,30 @@ def test_float_options_are_checked_before_any_work(argv, message, tmp_path, caps
     assert main([*argv, "--out", str(out)]) == 2
     assert message in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_probes_through_the_installed_cli_as_a_user_runs_it(tmp_path):
+    """Issue 17's CLI findings, each in a real process: exit code, one line naming the flag or file, and
+    nothing written where nothing should be."""
+    small = tmp_path / "small.smi"
+    small.write_text("CCO\nc1ccccc1\nnot-a-molecule\n")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("keep me\n")
+    probes = [  # (argv, exit code, text in the one line)
+        (["train", "traveller", "--lr", "1e300", *TINY_TRAVELLER[2:], "--out", str(tmp_path / "lr")], 1,
+         "non-finite parameters or optimizer state after the update at step 1"),
+        (["sample", "vae", "--checkpoint", str(tmp_path), "--temperature", "0"], 2,
+         "argument --temperature: expected a finite number > 0, got 0"),
+        (["train", "vae", "--data", str(small), "--out", str(tmp_path / "vae")], 2, f"--data {small}: holds 2 usable"),
+        (["train", "traveller", *TINY_TRAVELLER[2:], "--out", str(a_file)], 2,
+         f"--out: expected a directory, got the file {a_file}"),
+    ]
+    for argv, code, text in probes:
+        result = subprocess.run([sys.executable, "-m", "jax_scan_rnn.cli", *argv], capture_output=True, text=True,
+                                timeout=300)
+        lines = [line for line in result.stderr.splitlines() if line.strip() and "%|" not in line]
+        assert result.returncode == code, (argv, result.stderr[-2000:])
+        assert text in lines[-1], (argv, lines)
+    assert a_file.read_text() == "keep me\n"
+    assert not (tmp_path / "vae").exists()
+    assert not list((tmp_path / "lr" / "checkpoints").glob("step_*"))
