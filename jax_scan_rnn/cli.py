@@ -76,10 +76,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     """Random torch.nn.LSTM/GRU -> convert -> compare outputs, final states and a weight round trip."""
     import jax.numpy as jnp
     import numpy as np
-    import torch
     from flax import nnx
 
     import jax_scan_rnn as jsr
+    from jax_scan_rnn.optional import require
+
+    torch = require("torch", "the parity check (it compares against torch.nn)")
     import torch_ref
 
     torch.manual_seed(args.seed)
@@ -135,6 +137,8 @@ class ProgressBar:
         elif kind == "checkpoint_skipped":
             print(f"skipped invalid checkpoint {event['step']}: {event['reason']}; kept as {event['moved_to']}",
                   file=sys.stderr)
+        elif kind == "plot_skipped":
+            print(f"{event['path']} not drawn: {event['reason']}", file=sys.stderr)
         elif kind == "checkpoint_stray_files":
             print(f"checkpoint {event['step']} holds files it did not write (left alone, not read): "
                   f"{', '.join(event['files'])} in {event['path']}", file=sys.stderr)
@@ -161,6 +165,12 @@ def train_config(args: argparse.Namespace):
         for field, flag in TRAIN_FLAGS.items():
             message = message.replace(f"TrainConfig.{field}", flag).replace(f" {field}=", f" {flag} ")
         raise ValueError(message) from None
+
+
+def available(module: str) -> bool:
+    from jax_scan_rnn.optional import available as importable
+
+    return importable(module)
 
 
 @contextlib.contextmanager
@@ -310,7 +320,10 @@ def cmd_train_traveller(args: argparse.Namespace) -> int:
         )
         table = task_lib.evaluate(model, task)
         task_lib.save_table(table, out / "evaluation.json")
-        plot = task_lib.plot_positions(model, task, out / "positions.png")
+        if available("matplotlib"):
+            plot = task_lib.plot_positions(model, task, out / "positions.png")
+        else:  # after training: report the missing extra instead of failing
+            plot = "not drawn (pip install 'jax-scan-rnn[plot]')"
     print(f"\nout of sample: {task.eval_paths} held-out paths x {task.eval_steps} steps")
     print(task_lib.format_table(table))
     print(f"\nmetrics: {out / 'metrics.jsonl'}  curves: {out / 'curves.png'}  positions: {plot}")
@@ -623,7 +636,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\njax-scan-rnn {name}: interrupted; every completed checkpoint is kept (continue with --resume)",
               file=sys.stderr)
         return 130
-    except (ValueError, TypeError, KeyError, FileNotFoundError, CheckpointError) as err:
+    except (ValueError, TypeError, KeyError, FileNotFoundError, ImportError, CheckpointError) as err:
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"jax-scan-rnn {name}: error: {message}", file=sys.stderr)
         return 2

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from jax_scan_rnn.data.smiles import PAD, parse_smiles, silence_rdkit
+from jax_scan_rnn.optional import require
 
 
 def _check_smiles_list(smiles, name: str) -> list[str]:
@@ -51,7 +52,7 @@ def valid_canonical(smiles: Sequence[str]) -> list[str]:
     This is MOSES's `remove_invalid(gen, canonize=True)`; the canonical form is
     `jax_scan_rnn.data.smiles.canonical_smiles`'s, the one the "rdkit" data source stores.
     """
-    from rdkit import Chem
+    Chem = require("rdkit.Chem", "SMILES metrics")
 
     smiles = _check_smiles_list(smiles, "smiles")
     out = []

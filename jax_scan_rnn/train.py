@@ -54,6 +54,7 @@ from flax import nnx
 
 from jax_scan_rnn import checkpoint as ckpt
 from jax_scan_rnn.lock import run_lock
+from jax_scan_rnn.optional import available
 from jax_scan_rnn.schedules import LR_SCHEDULES, make_lr_schedule
 
 __all__ = [
@@ -866,7 +867,11 @@ def fit(
         checkpoint_stray_files=stray,
     )
     if out is not None:
-        _plot_curves(history, out / CURVES_FILE)
+        if available("matplotlib"):
+            _plot_curves(history, out / CURVES_FILE)
+        else:  # the run's results are complete without it; say so rather than fail after training
+            emit({"event": "plot_skipped", "path": str(out / CURVES_FILE),
+                  "reason": "matplotlib is not installed: pip install 'jax-scan-rnn[plot]'"})
     emit({"event": "end", "step": k, "elapsed_s": time.time() - t_start})
     return history
 

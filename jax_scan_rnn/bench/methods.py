@@ -46,9 +46,11 @@ class _Context:
     def __init__(self, cfg: BenchConfig):
         import jax
         import jax.numpy as jnp
-        import torch
 
         import jax_scan_rnn as jsr
+        from jax_scan_rnn.optional import require
+
+        torch = require("torch", "the benchmark (its PyTorch rows and shared weights)")
         import torch_ref
         from jax_scan_rnn.data.trading import MarketConfig
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from jax_scan_rnn.bench.config import AUTO_KEY, LIMIT_KEYS, SEED_KEY
+from jax_scan_rnn.optional import require
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -334,9 +335,7 @@ def _notes(notes: list[str]) -> list[tuple[str, str]]:
 
 
 def _plot(results: dict, out: Path, stem: str) -> dict[str, Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
+    require("matplotlib", "the benchmark's plots (or pass --no-plots)").use("Agg")
     import matplotlib.pyplot as plt
 
     rows, cfg = [r for r in results["rows"] if r["model"] == "traveller"], results["config"]

@@ -53,6 +53,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from jax_scan_rnn.optional import require
+
 PAD, SOS, EOS = 0, 1, 2
 SPECIAL_TOKENS = ("<pad>", "<sos>", "<eos>")  # ids 0, 1, 2 (docs/vae_spec.md)
 
@@ -71,11 +73,7 @@ MOSES_ELEMENTS = frozenset({"C", "N", "O", "S", "F", "Cl", "Br", "H"})  # the on
 
 
 def _import_chem():
-    try:
-        from rdkit import Chem
-    except ImportError as err:  # pragma: no cover - depends on the environment
-        raise ImportError("SMILES support needs rdkit: pip install rdkit") from err
-    return Chem
+    return require("rdkit.Chem", "SMILES support")
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ import numpy as np
 from flax import nnx
 
 from jax_scan_rnn.compiled import jit
+from jax_scan_rnn.optional import require
 from jax_scan_rnn.data import trading
 from jax_scan_rnn.train import TrainConfig, fit, restore_model
 from jax_scan_rnn.traveller import Traveller
@@ -174,9 +175,7 @@ def load(out_dir: str | Path, step: int | None = None) -> tuple[Traveller, Trave
 
 def plot_positions(model: Traveller, task: TravellerTask, path: str | Path, *, steps: int = 200) -> Path:
     """PNG of one held-out path: the learned positions against the optimal and Markowitz policies."""
-    import matplotlib
-
-    matplotlib.use("Agg")
+    require("matplotlib", "the positions plot").use("Agg")
     import matplotlib.pyplot as plt
 
     market = trading.simulate(task.market, 1, steps, seed=task.eval_seed)
