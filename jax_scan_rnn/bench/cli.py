@@ -11,8 +11,8 @@ from typing import Any
 from jax_scan_rnn.bench.config import BenchConfig
 from jax_scan_rnn.bench.engine import run_suite
 from jax_scan_rnn.bench.machine import host_kind
-from jax_scan_rnn.bench.methods import METHODS
-from jax_scan_rnn.bench.report import _ratio, _us, criteria, headline, write_results
+from jax_scan_rnn.bench.methods import METHODS, check_method_keys
+from jax_scan_rnn.bench.report import criteria, format_ratio, format_us, headline, write_results
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -73,6 +73,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         overrides["modes"] = tuple(m.strip() for m in args.modes.split(",") if m.strip())
     cfg = (BenchConfig.quick if args.quick else BenchConfig.default)(**overrides)
     cfg.validate()
+    check_method_keys(cfg)
     return cfg
 
 
@@ -94,9 +95,9 @@ def run(args: argparse.Namespace) -> int:
                 h = headline(results, batch, steps, mode)
                 if h["scan_us"] is None:
                     continue
-                print(f"{mode:<7} B={batch:<5} T={steps:<6} seed loop {_us(h['seed_us']):>10}/step   "
-                      f"lax.scan {_us(h['scan_us']):>10}/step ({_ratio(h['scan_speedup_vs_seed'])} vs seed)   "
-                      f"limit {_us(h['limit_us']):>10}/step (scan = {_ratio(h['scan_x_limit'])} limit)")
+                print(f"{mode:<7} B={batch:<5} T={steps:<6} seed loop {format_us(h['seed_us']):>10}/step   "
+                      f"lax.scan {format_us(h['scan_us']):>10}/step ({format_ratio(h['scan_speedup_vs_seed'])} vs seed)   "
+                      f"limit {format_us(h['limit_us']):>10}/step (scan = {format_ratio(h['scan_x_limit'])} limit)")
     print()
     for c in criteria(results):
         met = "—" if c["met"] is None else ("met" if c["met"] else "NOT met")

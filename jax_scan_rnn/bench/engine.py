@@ -16,8 +16,8 @@ import numpy as np
 
 from jax_scan_rnn import xla_flags
 from jax_scan_rnn.bench.config import AUTO_KEY, LIMIT_KEYS, SCHEMA_VERSION, SEED_KEY, SEEDS, BenchConfig
-from jax_scan_rnn.bench.machine import _available_memory, cpu_model, _loadavg, host_kind
-from jax_scan_rnn.bench.methods import METHODS, Method, Skip, _Case, _Context, vae_torch_probe
+from jax_scan_rnn.bench.machine import available_memory, cpu_model, host_kind, load_average
+from jax_scan_rnn.bench.methods import METHODS, Case, Context, Method, Skip, check_method_keys, vae_torch_probe
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -25,7 +25,7 @@ from jax_scan_rnn.bench.methods import METHODS, Method, Skip, _Case, _Context, v
 # ----------------------------------------------------------------------------------------------------
 
 
-def _calibrate_torch_threads(ctx: _Context, default: int, probe: Callable[[], None] | None = None) -> dict:
+def _calibrate_torch_threads(ctx: Context, default: int, probe: Callable[[], None] | None = None) -> dict:
     """On CPU, time a probe of torch work with 1 thread and with torch's default; keep the faster.
 
     The default probe is the Traveller's: its seed loop (B=1) and cell loop (B=64). On a busy machine,
@@ -75,7 +75,7 @@ def _base_row(method: Method, model: str, mode: str, batch: int, steps: int, sec
 
 
 class _Engine:
-    def __init__(self, cfg: BenchConfig, ctx: _Context, progress: Callable[[str], None] | None):
+    def __init__(self, cfg: BenchConfig, ctx: Context, progress: Callable[[str], None] | None):
         self.cfg = cfg
         self.ctx = ctx
         self.progress = progress or (lambda message: None)
@@ -167,7 +167,7 @@ class _Engine:
             return "n/a", f"short T only (T <= {min(method.max_t, self.cfg.short_max_t)})"
         return None
 
-    def build_and_warm(self, method: Method, row: dict, batch: int, steps: int, mode: str, cap: float) -> _Case:
+    def build_and_warm(self, method: Method, row: dict, batch: int, steps: int, mode: str, cap: float) -> Case:
         ctx = self.ctx
         short, long = self.cfg.probe_t, 4 * self.cfg.probe_t
         if method.kind == "eager" and steps > long:
@@ -207,7 +207,7 @@ class _Engine:
         torch.cuda.reset_peak_memory_stats()
         return torch.cuda.memory_allocated()
 
-    def memory(self, method: Method, case: _Case, mem_before: int | None) -> dict | None:
+    def memory(self, method: Method, case: Case, mem_before: int | None) -> dict | None:
         memory = dict(case.memory) if case.memory else None
         if self.ctx.on_gpu and method.framework == "torch":
             torch = self.ctx.torch
@@ -240,7 +240,7 @@ class _Engine:
             else:
                 row["max_abs_diff"] = {"vs": ref_key, "value": float(np.max(np.abs(out.astype(np.float64) - ref)))}
 
-    def sample(self, live: list[tuple[dict, _Case]]) -> None:
+    def sample(self, live: list[tuple[dict, Case]]) -> None:
         """Round-robin: each pass takes one sample of every unfinished case, so load drifts hit all alike."""
         cfg = self.cfg
         calls: dict[int, int] = {}
@@ -309,7 +309,7 @@ def _derive(rows: list[dict]) -> list[dict]:
     return [row for group in groups.values() for row in group]  # cells in measuring order
 
 
-def _versions(ctx: _Context, threads: dict, vae_threads: dict | None = None) -> dict:
+def _versions(ctx: Context, threads: dict, vae_threads: dict | None = None) -> dict:
     import flax
     import jax
 
@@ -327,7 +327,7 @@ def _versions(ctx: _Context, threads: dict, vae_threads: dict | None = None) -> 
         "torch_device": str(ctx.torch_device) + (f" ({torch.cuda.get_device_name()})" if ctx.on_gpu else ""),
         "torch_threads": threads,  # the Traveller rows'
         "torch_threads_vae": vae_threads,  # the VAE rows', per batch size (None: no torch VAE rows)
-        "memory_available_gib": round((_available_memory() or 0) / 2**30, 1),
+        "memory_available_gib": round((available_memory() or 0) / 2**30, 1),
         # The CPU small-loop setting changes batch-1 scan times (jax_scan_rnn/xla_flags.py).
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "xla_small_loop_setting": xla_flags.status(),
@@ -339,16 +339,17 @@ def run_suite(cfg: BenchConfig | None = None, *, progress: Callable[[str], None]
     """Run the benchmark; returns the results as a JSON-ready dict (see `write_results`). Prints nothing."""
     cfg = cfg or BenchConfig.default()
     cfg.validate()
+    check_method_keys(cfg)
     import jax
 
     started = time.time()
-    load_start = _loadavg()
+    load_start = load_average()
     precision = None
     if cfg.dtype == "float32" and cfg.matmul_precision:
         precision = jax.default_matmul_precision(cfg.matmul_precision)
         precision.__enter__()
     try:
-        ctx = _Context(cfg)
+        ctx = Context(cfg)
         torch = ctx.torch
         tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
         if ctx.on_gpu and cfg.dtype == "float32":
@@ -378,7 +379,7 @@ def run_suite(cfg: BenchConfig | None = None, *, progress: Callable[[str], None]
     return results
 
 
-def _warm_up_compilers(ctx: _Context) -> None:
+def _warm_up_compilers(ctx: Context) -> None:
     """Pay each compiler's one-time start-up (imports, toolchain, worker pools) before any row is timed."""
     torch, jax, jnp = ctx.torch, ctx.jax, ctx.jnp
     x = torch.ones(4, device=ctx.torch_device)
@@ -387,7 +388,7 @@ def _warm_up_compilers(ctx: _Context) -> None:
     torch._dynamo.reset()
 
 
-def _run(cfg: BenchConfig, ctx: _Context, progress, started: float, load_start) -> dict:
+def _run(cfg: BenchConfig, ctx: Context, progress, started: float, load_start) -> dict:
     default_threads = ctx.torch.get_num_threads()
     threads = _calibrate_torch_threads(ctx, default_threads)
     _warm_up_compilers(ctx)
@@ -449,7 +450,7 @@ def _run(cfg: BenchConfig, ctx: _Context, progress, started: float, load_start) 
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
         "wall_s": round(engine.elapsed(), 1),
         "host": _versions(ctx, threads, {str(b): t for b, t in vae_threads.items()} or None),
-        "load_average": {"start": load_start, "end": _loadavg()},
+        "load_average": {"start": load_start, "end": load_average()},
         "config": dataclasses.asdict(cfg),
         "jax_bf16": ctx.jax_bf16,
         "interrupted": interrupted,

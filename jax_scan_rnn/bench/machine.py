@@ -30,7 +30,7 @@ def host_kind() -> str:
     return f"cpu-{os.cpu_count() or 1}core"
 
 
-def _available_memory() -> int | None:
+def available_memory() -> int | None:
     """Bytes of RAM available now (MemAvailable), or None where unknown."""
     try:
         with open("/proc/meminfo") as f:
@@ -53,7 +53,7 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _loadavg() -> float | None:
+def load_average() -> float | None:
     try:
         return round(os.getloadavg()[0], 2)
     except (OSError, AttributeError):

@@ -1,7 +1,7 @@
 """The rows of the suite: every way of running the Traveller (and the VAE decoder), as case builders.
 
-A `Method` names one row; its `build(ctx, B, T, mode)` returns a `_Case` whose `call()` runs once and
-waits for the result. `_Context` holds what every builder shares: one set of weights in torch and JAX,
+A `Method` names one row; its `build(ctx, B, T, mode)` returns a `Case` whose `call()` runs once and
+waits for the result. `Context` holds what every builder shares: one set of weights in torch and JAX,
 and the data of the current (B, T). `METHODS` is the table of all rows, by key.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 
 from jax_scan_rnn import cells
 from jax_scan_rnn.bench.config import AUTO_KEY, LIMIT_CHUNK_ROWS, MODES, SCAN_UNROLLS, SEED_KEY, BenchConfig
-from jax_scan_rnn.bench.machine import _available_memory
+from jax_scan_rnn.bench.machine import available_memory
 
 
 class Skip(Exception):
@@ -40,7 +40,7 @@ def _accepts(fn: Callable, name: str) -> bool:
 # ----------------------------------------------------------------------------------------------------
 
 
-class _Context:
+class Context:
     """Both models on the same weights, devices, dtypes and per-(B, T) data."""
 
     def __init__(self, cfg: BenchConfig):
@@ -146,7 +146,7 @@ class _Context:
 
 
 @dataclass
-class _Case:
+class Case:
     """One (method, B, T, mode): `call()` runs once and waits for the result."""
 
     call: Callable[[], Any]
@@ -161,7 +161,7 @@ class _Case:
 # ----------------------------------------------------------------------------------------------------
 
 
-def _torch_case(ctx: _Context, batch: int, steps: int, mode: str, forward: Callable) -> _Case:
+def _torch_case(ctx: Context, batch: int, steps: int, mode: str, forward: Callable) -> Case:
     """A case from `forward(model, x) -> positions [B, T, 2]`: no-grad forward, or one Adam step."""
     torch = ctx.torch
     d = ctx.data(batch, steps)
@@ -175,7 +175,7 @@ def _torch_case(ctx: _Context, batch: int, steps: int, mode: str, forward: Calla
             ctx.torch_sync()
             return out
 
-        return _Case(call, output=lambda out: out.float().cpu().numpy())
+        return Case(call, output=lambda out: out.float().cpu().numpy())
     model = copy.deepcopy(ctx.torch_model).train()  # training must not move the shared weights
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
 
@@ -186,7 +186,7 @@ def _torch_case(ctx: _Context, batch: int, steps: int, mode: str, forward: Calla
         opt.step()
         ctx.torch_sync()
 
-    return _Case(step)
+    return Case(step)
 
 
 def _quiet(fn: Callable) -> Callable:
@@ -202,7 +202,7 @@ def _quiet(fn: Callable) -> Callable:
 
 
 def _build_torch_method(method: str) -> Callable:
-    def build(ctx: _Context, batch: int, steps: int, mode: str) -> _Case:
+    def build(ctx: Context, batch: int, steps: int, mode: str) -> Case:
         import torch_ref
 
         if method == "scan" and not torch_ref.traveller.scan_available():
@@ -213,7 +213,7 @@ def _build_torch_method(method: str) -> Callable:
 
 
 def _build_torch_compiled(method: str) -> Callable:
-    def build(ctx: _Context, batch: int, steps: int, mode: str) -> _Case:
+    def build(ctx: Context, batch: int, steps: int, mode: str) -> Case:
         import torch_ref
         from torch_ref.traveller import compiled_loop
 
@@ -233,7 +233,7 @@ def _build_torch_compiled(method: str) -> Callable:
     return build
 
 
-def _build_torch_lstm_seq(ctx: _Context, batch: int, steps: int, mode: str) -> _Case:
+def _build_torch_lstm_seq(ctx: Context, batch: int, steps: int, mode: str) -> Case:
     """nn.LSTM over the whole sequence: the fed-back positions replaced by given values (no feedback)."""
     torch = ctx.torch
     fb = ctx.t(ctx.limit_inputs(batch, steps)["fb"])
@@ -245,7 +245,7 @@ def _build_torch_lstm_seq(ctx: _Context, batch: int, steps: int, mode: str) -> _
     return _torch_case(ctx, batch, steps, mode, forward)
 
 
-def _build_cuda_graph(ctx: _Context, batch: int, steps: int, mode: str) -> _Case:
+def _build_cuda_graph(ctx: Context, batch: int, steps: int, mode: str) -> Case:
     """The cell loop captured once in a CUDA graph, replayed per call (forward), or graphed fwd+bwd (train)."""
     torch = ctx.torch
     if not ctx.on_gpu:
@@ -275,7 +275,7 @@ def _build_cuda_graph(ctx: _Context, batch: int, steps: int, mode: str) -> _Case
             torch.cuda.synchronize()
             return static_out
 
-        return _Case(call, output=lambda out: out.transpose(0, 1).float().cpu().numpy(), compile_s=capture_s)
+        return Case(call, output=lambda out: out.transpose(0, 1).float().cpu().numpy(), compile_s=capture_s)
 
     model = copy.deepcopy(ctx.torch_model).train()
     params = model.flat_weights()
@@ -296,7 +296,7 @@ def _build_cuda_graph(ctx: _Context, batch: int, steps: int, mode: str) -> _Case
         opt.step()
         torch.cuda.synchronize()
 
-    return _Case(step, compile_s=capture_s)
+    return Case(step, compile_s=capture_s)
 
 
 def _torch_limit_forward(torch, w: dict, num_layers: int, x, fb, h_prev, c_prev):
@@ -314,7 +314,7 @@ def _torch_limit_forward(torch, w: dict, num_layers: int, x, fb, h_prev, c_prev)
     return torch.tanh(F.linear(z, w["output_layer.weight"], w["output_layer.bias"]))
 
 
-def _build_torch_limit(ctx: _Context, batch: int, steps: int, mode: str) -> _Case:
+def _build_torch_limit(ctx: Context, batch: int, steps: int, mode: str) -> Case:
     torch = ctx.torch
     d = ctx.limit_inputs(batch, steps)
     fb, hp, cp = ctx.t(d["fb"]), ctx.t(d["h_prev"]), ctx.t(d["c_prev"])
@@ -332,8 +332,8 @@ def _build_torch_limit(ctx: _Context, batch: int, steps: int, mode: str) -> _Cas
 # ----------------------------------------------------------------------------------------------------
 
 
-def _jax_compiled_case(ctx: _Context, fn: Callable, args: tuple, *, train: bool, output: bool,
-                       as_float: bool = True) -> _Case:
+def _jax_compiled_case(ctx: Context, fn: Callable, args: tuple, *, train: bool, output: bool,
+                       as_float: bool = True) -> Case:
     """AOT-compile `fn(*args)` (timed apart), check its memory fits, and call the executable.
 
     For train, `fn(params, opt_state, *rest) -> (params, opt_state, loss)` and the state is threaded.
@@ -344,7 +344,7 @@ def _jax_compiled_case(ctx: _Context, fn: Callable, args: tuple, *, train: bool,
     compile_s = time.perf_counter() - t0
     memory = _xla_memory(compiled)
     need = (memory or {}).get("temp_bytes", 0) + (memory or {}).get("argument_bytes", 0)
-    avail = _available_memory()
+    avail = available_memory()
     if not ctx.on_gpu and avail is not None and need > ctx.cfg.memory_fraction * avail:
         raise Skip(
             f"compiled buffers need {need / 2**30:.1f} GiB > {ctx.cfg.memory_fraction:.0%} of the "
@@ -359,7 +359,7 @@ def _jax_compiled_case(ctx: _Context, fn: Callable, args: tuple, *, train: bool,
             jax.block_until_ready(out)
             state[0], state[1] = out[0], out[1]
 
-        return _Case(call, compile_s=compile_s, memory=memory)
+        return Case(call, compile_s=compile_s, memory=memory)
 
     def call():
         return jax.block_until_ready(compiled(*args))
@@ -367,7 +367,7 @@ def _jax_compiled_case(ctx: _Context, fn: Callable, args: tuple, *, train: bool,
     def to_numpy(out):
         return np.asarray(out, dtype=np.float32) if as_float else np.asarray(out)
 
-    return _Case(call, output=to_numpy if output else None, compile_s=compile_s, memory=memory)
+    return Case(call, output=to_numpy if output else None, compile_s=compile_s, memory=memory)
 
 
 def _xla_memory(compiled) -> dict | None:
@@ -385,7 +385,7 @@ def _xla_memory(compiled) -> dict | None:
     }
 
 
-def _jax_train_fn(ctx: _Context, positions_fn: Callable) -> tuple[Callable, Any]:
+def _jax_train_fn(ctx: Context, positions_fn: Callable) -> tuple[Callable, Any]:
     """`step(params, opt_state, x, r)` = value_and_grad of the trading loss + one Adam update."""
     import optax
 
@@ -403,7 +403,7 @@ def _jax_train_fn(ctx: _Context, positions_fn: Callable) -> tuple[Callable, Any]
     return step, tx
 
 
-def _scan_positions(ctx: _Context, unroll) -> Callable:
+def _scan_positions(ctx: Context, unroll) -> Callable:
     from flax import nnx
 
     graphdef, rest = ctx.graphdef, ctx.rest
@@ -414,8 +414,8 @@ def _scan_positions(ctx: _Context, unroll) -> Callable:
     return positions
 
 
-def _jax_case_from_positions(ctx: _Context, batch: int, steps: int, mode: str, positions: Callable,
-                             params=None, extra: tuple = ()) -> _Case:
+def _jax_case_from_positions(ctx: Context, batch: int, steps: int, mode: str, positions: Callable,
+                             params=None, extra: tuple = ()) -> Case:
     d = ctx.data(batch, steps)
     x = ctx.j(d["x"])
     params = ctx.params if params is None else params
@@ -426,7 +426,7 @@ def _jax_case_from_positions(ctx: _Context, batch: int, steps: int, mode: str, p
                               output=False)
 
 
-def _build_jax_user_call(ctx: _Context, batch: int, steps: int, mode: str) -> _Case:
+def _build_jax_user_call(ctx: Context, batch: int, steps: int, mode: str) -> Case:
     """`jsr.jit(model)(x)`: the call a user makes, the model's weights read at each call (forward only)."""
     from flax import nnx
 
@@ -442,12 +442,12 @@ def _build_jax_user_call(ctx: _Context, batch: int, steps: int, mode: str) -> _C
     def call():
         return jax.block_until_ready(fast(x)[0])  # (positions, state): the positions
 
-    return _Case(call, output=lambda out: np.asarray(out, dtype=np.float32), compile_s=compile_s,
+    return Case(call, output=lambda out: np.asarray(out, dtype=np.float32), compile_s=compile_s,
                  info={"unroll": "auto"})
 
 
 def _build_jax_scan(unroll) -> Callable:
-    def build(ctx: _Context, batch: int, steps: int, mode: str) -> _Case:
+    def build(ctx: Context, batch: int, steps: int, mode: str) -> Case:
         case = _jax_case_from_positions(ctx, batch, steps, mode, _scan_positions(ctx, unroll))
         if unroll == "auto":  # record what it chose
             from jax_scan_rnn.scan import auto_unroll
@@ -460,7 +460,7 @@ def _build_jax_scan(unroll) -> Callable:
     return build
 
 
-def _jax_loop_positions(ctx: _Context) -> Callable:
+def _jax_loop_positions(ctx: Context) -> Callable:
     """The seed's loop in JAX: a Python `for` over T steps (per-step input projection, as the seed)."""
     from flax import nnx
 
@@ -487,18 +487,18 @@ def _jax_loop_positions(ctx: _Context) -> Callable:
     return positions
 
 
-def _build_jax_jit_loop(ctx: _Context, batch: int, steps: int, mode: str) -> _Case:
+def _build_jax_jit_loop(ctx: Context, batch: int, steps: int, mode: str) -> Case:
     return _jax_case_from_positions(ctx, batch, steps, mode, _jax_loop_positions(ctx))
 
 
-def _build_jax_eager(ctx: _Context, batch: int, steps: int, mode: str) -> _Case:
+def _build_jax_eager(ctx: Context, batch: int, steps: int, mode: str) -> Case:
     """The same Python loop, not jitted: every op is dispatched from Python, one at a time."""
     jax = ctx.jax
     positions = _jax_loop_positions(ctx)
     d = ctx.data(batch, steps)
     x = ctx.j(d["x"])
     if mode == "forward":
-        return _Case(lambda: jax.block_until_ready(positions(ctx.params, x)),
+        return Case(lambda: jax.block_until_ready(positions(ctx.params, x)),
                      output=lambda out: np.asarray(out, dtype=np.float32))
     step, tx = _jax_train_fn(ctx, positions)
     state = [ctx.params, tx.init(ctx.params)]
@@ -509,10 +509,10 @@ def _build_jax_eager(ctx: _Context, batch: int, steps: int, mode: str) -> _Case:
         jax.block_until_ready(out)
         state[0], state[1] = out[0], out[1]
 
-    return _Case(call)
+    return Case(call)
 
 
-def _build_jax_lstm_seq(ctx: _Context, batch: int, steps: int, mode: str) -> _Case:
+def _build_jax_lstm_seq(ctx: Context, batch: int, steps: int, mode: str) -> Case:
     """jsr.LSTM over the whole sequence (one lax.scan per layer), fed-back positions given: no feedback."""
     from flax import nnx
 
@@ -534,7 +534,7 @@ def _limit_chunk(batch: int, steps: int, rows: int = LIMIT_CHUNK_ROWS) -> int:
     return max(d for d in range(1, min(steps, target) + 1) if steps % d == 0)
 
 
-def _build_jax_limit(ctx: _Context, batch: int, steps: int, mode: str) -> _Case:
+def _build_jax_limit(ctx: Context, batch: int, steps: int, mode: str) -> Case:
     """The limit in XLA: per chunk of steps, every step's matmuls and gates at once; chunks independent.
 
     One matmul over all B*T rows is what "no time dependency" means, but on a CPU its [B*T, 4H]
@@ -580,7 +580,7 @@ def _build_jax_limit(ctx: _Context, batch: int, steps: int, mode: str) -> _Case:
     return case
 
 
-def _build_jax_remat(ctx: _Context, batch: int, steps: int, mode: str) -> _Case:
+def _build_jax_remat(ctx: Context, batch: int, steps: int, mode: str) -> Case:
     """lax.scan with chunked rematerialisation (the library's `remat_chunk`), chunk ~ sqrt(T), unroll 1."""
     import jax_scan_rnn as jsr
     from flax import nnx
@@ -607,7 +607,7 @@ def _build_jax_remat(ctx: _Context, batch: int, steps: int, mode: str) -> _Case:
 class _VAEContext:
     """torch_ref.SeqVAE and jsr.SeqVAE on the same weights, and per-(B, T) token data."""
 
-    def __init__(self, ctx: _Context):
+    def __init__(self, ctx: Context):
         import jax_scan_rnn as jsr
         import torch_ref
         from flax import nnx
@@ -645,7 +645,7 @@ class _VAEContext:
         return self._data[key]
 
 
-def vae_torch_probe(ctx: _Context, batch: int, steps: int | None = None) -> Callable[[], None]:
+def vae_torch_probe(ctx: Context, batch: int, steps: int | None = None) -> Callable[[], None]:
     """One call of torch_ref's scheduled-sampling decoder loop at (batch, steps): what the VAE rows'
     torch thread setting is calibrated on (`engine._calibrate_torch_threads`). `steps` defaults to
     ~2,000 sequence-steps per call (20 at most, 2 at least), ~10-100 ms on a CPU."""
@@ -667,7 +667,7 @@ def vae_torch_probe(ctx: _Context, batch: int, steps: int | None = None) -> Call
 def _build_vae(task: str, framework: str) -> Callable:
     """Builder of a VAE row: task "ss" (scheduled sampling), "tf" (teacher forcing) or "greedy"."""
 
-    def build(ctx: _Context, batch: int, steps: int, mode: str) -> _Case:
+    def build(ctx: Context, batch: int, steps: int, mode: str) -> Case:
         if ctx.vae is None:
             ctx.vae = _VAEContext(ctx)
         vae = ctx.vae
@@ -677,7 +677,7 @@ def _build_vae(task: str, framework: str) -> Callable:
     return build
 
 
-def _vae_torch(ctx: _Context, vae: _VAEContext, d: dict, task: str, mode: str) -> _Case:
+def _vae_torch(ctx: Context, vae: _VAEContext, d: dict, task: str, mode: str) -> Case:
     torch = ctx.torch
     dev = ctx.torch_device
     tokens, lengths = torch.from_numpy(d["tokens"]).to(dev), torch.from_numpy(d["lengths"]).to(dev)
@@ -695,7 +695,7 @@ def _vae_torch(ctx: _Context, vae: _VAEContext, d: dict, task: str, mode: str) -
             ctx.torch_sync()
             return out
 
-        return _Case(call, output=lambda out: out.cpu().numpy())
+        return Case(call, output=lambda out: out.cpu().numpy())
     model = copy.deepcopy(vae.torch_model).train()
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
 
@@ -705,10 +705,10 @@ def _vae_torch(ctx: _Context, vae: _VAEContext, d: dict, task: str, mode: str) -
         opt.step()
         ctx.torch_sync()
 
-    return _Case(step)
+    return Case(step)
 
 
-def _vae_jax(ctx: _Context, vae: _VAEContext, d: dict, task: str, mode: str) -> _Case:
+def _vae_jax(ctx: Context, vae: _VAEContext, d: dict, task: str, mode: str) -> Case:
     import optax
     from flax import nnx
 
@@ -757,7 +757,7 @@ class Method:
     label: str
     framework: str  # "torch" | "jax" | "both"
     kind: str  # "eager" | "compiled"
-    build: Callable[[_Context, int, int, str], _Case]
+    build: Callable[[Context, int, int, str], Case]
     role: str = "method"  # "seed", "limit", "bound" (no feedback: a lower bound), or "method"
     where: str = "grid"  # "grid": the main grid; "sweep": only the short-T sweep; "both"
     max_t: int | None = None  # grid cells with larger T are skipped ("short T only")
@@ -845,3 +845,12 @@ def _methods() -> dict[str, Method]:
 
 
 METHODS: dict[str, Method] = _methods()
+
+
+def check_method_keys(cfg: BenchConfig) -> None:
+    """Every key in `cfg.methods` / `cfg.train_methods` names a row of `METHODS`."""
+    for name in ("methods", "train_methods"):
+        keys = getattr(cfg, name)
+        unknown = [m for m in keys if m not in METHODS] if keys is not None else []
+        if unknown:
+            raise ValueError(f"{name}: unknown {unknown}; expected keys of {sorted(METHODS)}")

@@ -48,7 +48,7 @@ def _json_default(value):
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
-def _us(value: float | None) -> str:
+def format_us(value: float | None) -> str:
     if value is None:
         return "—"
     if value >= 1e5:
@@ -58,7 +58,7 @@ def _us(value: float | None) -> str:
     return f"{value:.3g} µs"
 
 
-def _ratio(value: float | None) -> str:
+def format_ratio(value: float | None) -> str:
     if value is None:
         return "—"
     return f"{value:,.0f}×" if value >= 100 else f"{value:.3g}×"
@@ -162,17 +162,17 @@ def markdown(results: dict, plots: dict[str, str] | None = None) -> str:
         if h["scan_us"] is None and h["seed_us"] is None:
             continue
         lines += [
-            f"**Headline, {mode}, B=1, T=1000:** seed loop {_us(h['seed_us'])}/step, "
-            f"lax.scan ({h['scan_method']}, unroll={h['scan_unroll']}) {_us(h['scan_us'])}/step = "
-            f"**{_ratio(h['scan_speedup_vs_seed'])} faster** than the seed loop; limit ({h['limit_method']}) "
-            f"{_us(h['limit_us'])}/step, so the scan is {_ratio(h['scan_x_limit'])} the limit.",
+            f"**Headline, {mode}, B=1, T=1000:** seed loop {format_us(h['seed_us'])}/step, "
+            f"lax.scan ({h['scan_method']}, unroll={h['scan_unroll']}) {format_us(h['scan_us'])}/step = "
+            f"**{format_ratio(h['scan_speedup_vs_seed'])} faster** than the seed loop; limit ({h['limit_method']}) "
+            f"{format_us(h['limit_us'])}/step, so the scan is {format_ratio(h['scan_x_limit'])} the limit.",
             "",
         ]
     lines += ["## Targets from the issues", "", "| criterion | measured | met |", "|---|---|---|"]
     for c in criteria(results):
         v = c["value"]
         shown = "—" if v is None else (f"{v:.3g} µs" if "µs" in c["criterion"] else
-                                       f"{v:.1%} of it" if "memory" in c["criterion"] else _ratio(v))
+                                       f"{v:.1%} of it" if "memory" in c["criterion"] else format_ratio(v))
         lines.append(f"| {c['criterion']} | {shown} | {'—' if c['met'] is None else ('yes' if c['met'] else 'no')} |")
     lines.append("")
     if plots:
@@ -197,8 +197,8 @@ def markdown(results: dict, plots: dict[str, str] | None = None) -> str:
                     if r is None:
                         cells.append("| | |")
                     elif r["status"] == "ok":
-                        cells.append(f"{_us(r['per_step_us'])} | {_ratio(r['speedup_vs_seed'])} | "
-                                     f"{_ratio(r['x_limit'])}")
+                        cells.append(f"{format_us(r['per_step_us'])} | {format_ratio(r['speedup_vs_seed'])} | "
+                                     f"{format_ratio(r['x_limit'])}")
                     else:
                         tag = _note_tag(notes, r["status"], r["reason"])
                         cells.append(f"{r['status']} {tag} | | ")
@@ -224,7 +224,7 @@ def markdown(results: dict, plots: dict[str, str] | None = None) -> str:
                 else f"max abs diff {agree['value']:.1e}")
             if r["status"] == "ok":
                 lines.append(f"| {r['model']} | {_label(methods, r['method'])} | {r['mode']} | {r['B']} | {r['T']} | "
-                             f"{_us(r['per_step_us'])} | {_ratio(r['speedup_vs_seed'])} | {shown} |")
+                             f"{format_us(r['per_step_us'])} | {format_ratio(r['speedup_vs_seed'])} | {shown} |")
             else:
                 tag = _note_tag(notes, r["status"], r["reason"])
                 lines.append(f"| {r['model']} | {_label(methods, r['method'])} | {r['mode']} | {r['B']} | {r['T']} | "
@@ -244,7 +244,7 @@ def markdown(results: dict, plots: dict[str, str] | None = None) -> str:
                 if r is None or r["status"] != "ok":
                     cells.append(f"{r['status'] if r else ''} | ")
                 else:
-                    cells.append(f"{r['first_call_s']:.3g} s | {_us(r['per_step_us'])}")
+                    cells.append(f"{r['first_call_s']:.3g} s | {format_us(r['per_step_us'])}")
             lines.append(f"| {_label(methods, key)} | " + " | ".join(cells) + " |")
         lines.append("")
 
