@@ -21,7 +21,7 @@ warm-up calls; the arms take turns in `--rounds` rounds (A B C D E A B C D E ...
 machine's speed hits them alike, and the table also gives the range of the per-round medians. Each round
 makes `--calls` calls of each compiled arm and one eager call (eager costs a compile per call). "x bare"
 is an arm's median over the bare jax.jit median at the same T, the overhead `jsr.jit` is held to.
-Results back the figures in `jax_scan_rnn/compiled.py`'s docstring.
+Results back the figures quoted in the README and docs/scan_vs_loop.md ("Calling the compiled loop").
 """
 from __future__ import annotations
 

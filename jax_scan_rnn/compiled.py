@@ -5,23 +5,20 @@
     tokens = fast.generate(z, 100)           # any public method; 100 is static (part of the compile key)
     fast.eval(); fast.module                 # model.eval(), and the model itself
 
-What a call costs, four ways (Traveller(8, 64, 2), eval mode, x [1, T, 8]: median per call on a 2-core
-CPU, `benchmarks/results/call-overhead-cpu-2core.txt`, from `python benchmarks/call_overhead.py`):
+Why a wrapper of its own (figures: `benchmarks/results/call-overhead-cpu-2core.txt`, explained in
+docs/scan_vs_loop.md, "Calling the compiled loop"):
 
-- Eager, `model(x)`: 0.25 s at T=4 (0.25 s at T=1000), where a compiled call takes 0.08 ms. Every
-  call builds its scan body as a new Python function, and JAX's trace and compile caches key on function
-  identity, so each call traces and compiles the whole loop again.
+- Eager, `model(x)`: every call builds its scan body as a new Python function, and JAX's trace and
+  compile caches key on function identity, so each call traces and compiles the whole loop again.
 - `nnx.jit(lambda m, x: m(x))(model, x)`: compiled once, but every call walks the module graph in Python,
-  splitting it into graphdef and state on the way in and merging the updates back on the way out:
-  716 us at T=4 (212 us with `nnx.cached_partial`, which caches the walk but still writes every Variable back).
-- A bare `jax.jit` of `nnx.merge(graphdef, state)(x)`, graphdef closed over and the `nnx.split` state
-  passed in: 104 us. Even this pays for its argument: the state's leaves are Variables, pytree nodes that
-  JAX flattens in Python on every call (11.0 us for the Traveller's 12 Variables).
+  splitting it into graphdef and state on the way in and merging the updates back on the way out
+  (`nnx.cached_partial` caches the walk but still writes every Variable back).
+- A bare `jax.jit` of `nnx.merge(graphdef, state)(x)` with the `nnx.split` state passed in: the state's
+  leaves are Variables, pytree nodes that JAX flattens in Python on every call.
 - This module: the graph is walked once, at `jsr.jit(model)` (`nnx.graph.flatten`), keeping the graphdef
-  and the flat list of the model's Variable objects. A call reads their current values into a flat list
-  (1.3 us), passes it with the call's arrays to a `jax.jit` of "merge, call the method, return the state
-  leaves that changed", and writes those back: 84 us at T=4, 0.81x the bare `jax.jit` (0.99x at T=1000,
-  where the loop's own time dominates).
+  and the flat list of the model's Variable objects. A call reads their current values into a flat list,
+  passes it with the call's arrays to a `jax.jit` of "merge, call the method, return the state leaves
+  that changed", and writes those back: the per-call cost of a bare `jax.jit` or less.
 
 What a call sees:
 - Weights: the current value of every Variable, read at each call, so `jsr.load_torch_state_dict`,
