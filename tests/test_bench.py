@@ -238,3 +238,10 @@ def test_host_kind_names_the_machine():
 def test_module_does_not_import_torch():
     code = "import sys, jax_scan_rnn, jax_scan_rnn.bench; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_default_output_is_not_the_committed_results():
+    """A user's `jax-scan-rnn bench` must not overwrite the project's committed benchmarks/results."""
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    assert parser.parse_args([]).out == "runs/bench"

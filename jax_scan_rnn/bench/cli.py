@@ -34,8 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `jax-scan-rnn bench`."""
     parser.add_argument("--quick", action="store_true",
                         help="short run (< 2 min on a 2-core CPU): T=1000, B in {1,64} (train: B=1), fewer samples")
-    parser.add_argument("--out", default="benchmarks/results", metavar="DIR",
-                        help="where to write <host-kind>.json/.md and the PNG plots (default: benchmarks/results)")
+    # Not benchmarks/results by default: a user's run must not overwrite the project's committed results
+    # (the maintainers regenerate those with --out benchmarks/results).
+    parser.add_argument("--out", default="runs/bench", metavar="DIR",
+                        help="where to write <host-kind>.json/.md and the PNG plots (default: runs/bench; the "
+                             "committed results: --out benchmarks/results)")
     parser.add_argument("--seq-lens", type=_int_list, metavar="T,T,...", help="sequence lengths of the grid")
     parser.add_argument("--batch-sizes", type=_int_list, metavar="B,B,...", help="batch sizes of the grid")
     parser.add_argument("--sweep-seq-lens", type=_int_list, metavar="T,T,...",
