@@ -67,7 +67,6 @@ __all__ = [
     "verify",
     "read_metadata",
     "step_path",
-    "discard_after",
     "set_aside",
     "named_leaves",
 ]
@@ -544,18 +543,6 @@ def _load_arrays(path: Path, target: Any) -> Any:
         raise CheckpointError(f"checkpoint {path}: could not be read ({type(e).__name__}: {e})") from e
     finally:
         ckptr.close()
-
-
-def discard_after(directory: str | os.PathLike, step: int) -> list[int]:
-    """Delete committed checkpoints newer than ``step``, valid or not. Returns the deleted steps.
-
-    ``fit(resume=True)`` does not use this: it moves invalid checkpoints aside with :func:`set_aside`
-    so that resuming never destroys data."""
-    gone = [s for s in steps(directory) if s > step]
-    for s in gone:
-        _rmtree_atomically(step_path(directory, s))
-    return gone
-
 
 
 def set_aside(directory: str | os.PathLike, step: int) -> Path:

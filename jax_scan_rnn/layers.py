@@ -288,7 +288,7 @@ class RNN(nnx.Module):
         hoist = resolve_hoist(self.hoist_inputs)
         valid, reverse_index = None, None
         if lengths is not None:
-            lengths = self.check_lengths(lengths, batch, steps)
+            lengths = check_lengths(lengths, batch, steps)
             valid = jnp.arange(steps)[:, None] < lengths[None, :]  # [T, B]
         if self.bidirectional:
             # Backward order of each sequence within its own length; padding stays where it is. The
@@ -339,27 +339,27 @@ class RNN(nnx.Module):
         prepare = (lambda xs: (cell.input_projection(xs[0]), xs[1])) if hoist else None
         return time_scan(step, carry, (seq, valid), prepare=prepare, unroll=unroll, remat_chunk=remat_chunk)
 
-    @staticmethod
-    def check_lengths(lengths, batch_size: int, steps: int) -> Array:
-        """`lengths` as a `[B]` int array: checked to lie in 1..T when concrete, clipped to 0..T when traced."""
-        if not isinstance(lengths, jax.core.Tracer):
-            concrete = np.asarray(lengths)
-            if concrete.shape != (batch_size,) or not np.issubdtype(concrete.dtype, np.integer):
-                raise ValueError(
-                    f"lengths: expected an int array of shape [{batch_size}], got {concrete.dtype} {concrete.shape}"
-                )
-            bad = np.flatnonzero((concrete < 1) | (concrete > steps))
-            if bad.size:
-                raise ValueError(
-                    f"lengths: expected every length in 1..T={steps}, got lengths[{bad[0]}]={concrete[bad[0]]}"
-                    + (f" ({bad.size} out of range)" if bad.size > 1 else "")
-                )
-        lengths = jnp.asarray(lengths)
-        if lengths.shape != (batch_size,) or not jnp.issubdtype(lengths.dtype, jnp.integer):
-            raise ValueError(
-                f"lengths: expected an int array of shape [{batch_size}], got {lengths.dtype} {tuple(lengths.shape)}"
-            )
+
+def check_lengths(lengths, batch_size: int, steps: int) -> Array:
+    """`lengths`, the valid steps of each of `batch_size` sequences of `steps`, as an int `[B]` array.
+
+    Dtype and shape are always checked. Values must lie in 1..T when concrete (ValueError naming the first
+    bad entry); traced ones (under `jit`) cannot be checked and are clipped to 0..T instead, so a bad length
+    never yields NaN. Shared by `RNN` (`lengths=`) and the SeqVAE's encoder.
+    """
+    lengths = jnp.asarray(lengths)
+    if not jnp.issubdtype(lengths.dtype, jnp.integer):
+        raise TypeError(f"lengths: expected an integer array, got dtype {lengths.dtype}")
+    if tuple(lengths.shape) != (batch_size,):
+        raise ValueError(f"lengths: expected shape [B] = [{batch_size}], got {list(lengths.shape)}")
+    if isinstance(lengths, jax.core.Tracer):
         return jnp.clip(lengths, 0, steps)
+    values = np.asarray(lengths)
+    bad = np.flatnonzero((values < 1) | (values > steps))
+    if bad.size:
+        more = f" ({bad.size} lengths out of range)" if bad.size > 1 else ""
+        raise ValueError(f"lengths: expected values in [1, T={steps}], got lengths[{bad[0]}]={values[bad[0]]}{more}")
+    return lengths
 
 
 class LSTM(RNN):

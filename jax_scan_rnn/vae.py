@@ -67,7 +67,7 @@ import numpy as np
 from flax import nnx
 
 from jax_scan_rnn.feedback import feedback_scan
-from jax_scan_rnn.layers import GRU, Linear
+from jax_scan_rnn.layers import GRU, Linear, check_lengths
 from jax_scan_rnn.scan import Unroll, resolve_hoist
 
 Array = jax.Array
@@ -127,23 +127,6 @@ def _check_token_values(tokens: np.ndarray, vocab_size: int) -> None:
         )
 
 
-def _check_lengths_layout(lengths: Any, tokens_shape: tuple[int, ...]) -> None:
-    """An integer [B] array, B = tokens' batch (numpy, jax or traced: only dtype and shape are read)."""
-    if not np.issubdtype(lengths.dtype, np.integer):
-        raise TypeError(f"lengths: expected an integer array, got dtype {lengths.dtype}")
-    if tuple(lengths.shape) != (tokens_shape[0],):
-        raise ValueError(f"lengths: expected shape [B] = [{tokens_shape[0]}], got {list(lengths.shape)}")
-
-
-def _check_length_values(lengths: np.ndarray, steps: int) -> None:
-    """Concrete lengths in 1..steps, else ValueError naming the first bad entry."""
-    if int(lengths.min()) < 1 or int(lengths.max()) > steps:
-        bad = (lengths < 1) | (lengths > steps)
-        raise ValueError(
-            f"lengths: expected values in [1, T={steps}], got {_first_bad('lengths', lengths, bad, 'lengths')}"
-        )
-
-
 def check_tokens(tokens: Any, lengths: Any, vocab_size: int) -> None:
     """Check a concrete batch (numpy or jax arrays) before it reaches a jitted `SeqVAE` call.
 
@@ -163,9 +146,7 @@ def check_tokens(tokens: Any, lengths: Any, vocab_size: int) -> None:
     _check_token_layout(tokens)
     _check_token_values(tokens, int(vocab_size))
     if lengths is not None:
-        lengths = np.asarray(lengths)
-        _check_lengths_layout(lengths, tokens.shape)
-        _check_length_values(lengths, tokens.shape[1])
+        check_lengths(lengths, *tokens.shape)
 
 
 def _check_positive(name: str, value: Any) -> None:
@@ -609,12 +590,7 @@ class SeqVAE(nnx.Module):
             lengths = jnp.asarray(lengths)
         except TypeError:
             raise TypeError(f"lengths: expected an int array of shape [B], got {type(lengths).__name__}") from None
-        _check_lengths_layout(lengths, tokens_shape)
-        steps = tokens_shape[1]
-        if _is_concrete(lengths):
-            _check_length_values(np.asarray(lengths), steps)
-            return lengths
-        return jnp.clip(lengths, 0, steps)  # as jsr.GRU: never NaN, whatever a traced length holds
+        return check_lengths(lengths, *tokens_shape)  # jsr.GRU's rule: concrete checked, traced clipped
 
     def _check_z(self, z: Any, batch: int | None = None) -> Array:
         """z must be a floating [B, Z] (B = `batch` when given); returned in the parameters' dtype."""

@@ -255,13 +255,6 @@ def test_keep_n_pruning(tmp_path):
     assert ckpt.steps(tmp_path) == [60]
 
 
-def test_discard_after(tmp_path):
-    for s in (1, 2, 3):
-        ckpt.save(tmp_path, s, {"w": jnp.zeros(1)})
-    assert ckpt.discard_after(tmp_path, 1) == [2, 3]
-    assert ckpt.steps(tmp_path) == [1]
-
-
 def test_argument_errors(tmp_path):
     with pytest.raises(ValueError, match="^step:"):
         ckpt.save(tmp_path, -1, {"w": jnp.zeros(1)})
