@@ -22,11 +22,13 @@ import json
 import math
 import os
 import platform
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from jax_scan_rnn.checkpoint import CheckpointError
+from jax_scan_rnn.optional import available
 from jax_scan_rnn.tasks.vae import LEARNING_RATE as VAE_LEARNING_RATE
 from jax_scan_rnn.train import NonFiniteLossError
 
@@ -149,7 +151,7 @@ class ProgressBar:
 def train_config(args: argparse.Namespace):
     from jax_scan_rnn.train import TrainConfig
 
-    try:
+    with flag_names():  # "TrainConfig.warmup_steps: expected at most steps=10" -> the flags' names
         return TrainConfig(
             steps=args.steps,
             learning_rate=args.lr,
@@ -160,17 +162,6 @@ def train_config(args: argparse.Namespace):
             checkpoint_every=args.checkpoint_every,
             seed=args.seed,
         )
-    except ValueError as err:  # "TrainConfig.warmup_steps: expected at most steps=10" -> the flags' names
-        message = str(err)
-        for field, flag in TRAIN_FLAGS.items():
-            message = message.replace(f"TrainConfig.{field}", flag).replace(f" {field}=", f" {flag} ")
-        raise ValueError(message) from None
-
-
-def available(module: str) -> bool:
-    from jax_scan_rnn.optional import available as importable
-
-    return importable(module)
 
 
 @contextlib.contextmanager
@@ -224,23 +215,30 @@ def check_memory(what: str, needed: int) -> None:
                          "of memory; choose smaller sizes")
 
 
+# TrainConfig fields whose flag is not `--field-name` (a task's fields all are).
+TRAIN_FLAGS = {"learning_rate": "--lr"}
+
+
+def flag_for(field: str) -> str:
+    """The CLI flag that sets a task or TrainConfig field: `seq_len` -> `--seq-len`, `learning_rate` -> `--lr`."""
+    return TRAIN_FLAGS.get(field, f"--{field.replace('_', '-')}")
+
+
 @contextlib.contextmanager
 def flag_names():
-    """Turn a task's `field: ...` ValueError into `--field: ...`: the CLI's user knows the flag, not the field."""
+    """Turn a task's `field: ...` (or `TrainConfig.field: ...`) ValueError into `--field: ...`: the CLI's
+    user knows the flag, not the field."""
     try:
         yield
     except ValueError as err:
         message = str(err)
-        field, sep, rest = message.partition(":")
+        head, sep, rest = message.partition(":")
+        field = head.removeprefix("TrainConfig.")
         if sep and field.isidentifier():
-            message = f"--{field.replace('_', '-')}:{rest}"
+            if field != head:  # TrainConfig's "expected at most steps=10" names another of its fields
+                rest = re.sub(r"\b([a-z_]+)=", lambda m: f"{flag_for(m.group(1))} ", rest)
+            message = f"{flag_for(field)}:{rest}"
         raise ValueError(message) from None
-
-
-# TrainConfig fields -> the flags that set them (the rest have no flag and cannot change from the CLI).
-TRAIN_FLAGS = {"steps": "--steps", "learning_rate": "--lr", "warmup_steps": "--warmup-steps", "clip_norm": "--clip-norm",
-               "log_every": "--log-every", "eval_every": "--eval-every", "checkpoint_every": "--checkpoint-every",
-               "seed": "--seed"}
 
 
 def _flat(settings: dict, prefix: str = "") -> dict:
@@ -270,10 +268,9 @@ def check_resume(out: Path, args: argparse.Namespace, task: dict, cfg) -> None:
             continue
     if saved is None:
         return  # nothing to resume: a fresh start
-    before = {**{f"--{k.replace('_', '-')}": v for k, v in _flat(saved.get("task", {})).items()},
-              **{TRAIN_FLAGS.get(k, f"train_config.{k}"): v for k, v in saved.get("train_config", {}).items()}}
-    now = {**{f"--{k.replace('_', '-')}": v for k, v in _flat(json.loads(json.dumps(task))).items()},
-           **{TRAIN_FLAGS.get(k, f"train_config.{k}"): v for k, v in dataclasses.asdict(cfg).items()}}
+    # JSON round trip: the saved settings are JSON (tuples became lists), the new ones must compare alike.
+    before = {flag_for(k): v for k, v in _flat({**saved.get("task", {}), **saved.get("train_config", {})}).items()}
+    now = {flag_for(k): v for k, v in _flat(json.loads(json.dumps({**task, **dataclasses.asdict(cfg)}))).items()}
     changed = [f"{name} {before[name]!r} -> {now[name]!r}" for name in now if name in before and before[name] != now[name]]
     if not changed:
         return
