@@ -149,8 +149,11 @@ class ProgressBar:
 
 
 def train_config(args: argparse.Namespace):
+    """The training options as a TrainConfig, checked (with --resume/--override) before any work."""
     from jax_scan_rnn.train import TrainConfig
 
+    if args.override and not args.resume:
+        raise ValueError("--override: expected only with --resume (it accepts changed options of a resumed run)")
     with flag_names():  # "TrainConfig.warmup_steps: expected at most steps=10" -> the flags' names
         return TrainConfig(
             steps=args.steps,
