@@ -1,0 +1,84 @@
+"""Argument checks shared by the whole package: one wording, and a bool is never a number.
+
+Each check returns the value (as a Python int/float where it is one) or raises with one line that names
+the argument, what was expected and what was given:
+
+    integer("hidden_size", 0, lo=1)      ValueError: hidden_size: expected an int >= 1, got 0
+    real("dropout", 1.0, lo=0, hi=1, hi_open=True)
+                                         ValueError: dropout: expected a finite number in [0, 1), got 1.0
+    boolean("bias", 1)                   TypeError: bias: expected True or False, got 1
+    choice("lr_schedule", "cos", ("constant", "cosine"))
+                                         ValueError: lr_schedule: expected one of 'constant', 'cosine', got 'cos'
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from numbers import Integral, Real
+from typing import Any
+
+
+def integer(name: str, value: Any, lo: int | None = None, hi: int | None = None, *, none: bool = False) -> int | None:
+    """An int (or NumPy integer, not a bool) in [lo, hi]; None passes when `none`."""
+    if value is None and none:
+        return None
+    ok = isinstance(value, Integral) and not isinstance(value, bool)
+    if not ok or (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise ValueError(f"{name}: expected {'None or ' if none else ''}an int{_bounds(lo, hi)}, got {value!r}")
+    return int(value)
+
+
+def real(name: str, value: Any, lo: float | None = None, hi: float | None = None, *, lo_open: bool = False,
+         hi_open: bool = False, none: bool = False) -> float | None:
+    """A finite real number (not a bool) in the interval given by lo/hi, each closed unless `*_open`."""
+    if value is None and none:
+        return None
+    ok = isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+    if ok:
+        v = float(value)
+        ok = (lo is None or (v > lo if lo_open else v >= lo)) and (hi is None or (v < hi if hi_open else v <= hi))
+    if not ok:
+        if lo is not None and hi is not None:
+            where = f" in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+        elif lo is not None:
+            where = f" {'>' if lo_open else '>='} {lo:g}"
+        elif hi is not None:
+            where = f" {'<' if hi_open else '<='} {hi:g}"
+        else:
+            where = ""
+        raise ValueError(f"{name}: expected {'None or ' if none else ''}a finite number{where}, got {value!r}")
+    return float(value)
+
+
+def boolean(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}: expected True or False, got {value!r}")
+    return value
+
+
+def choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
+    choices = tuple(choices)
+    if isinstance(value, bool) or value not in choices:
+        raise ValueError(f"{name}: expected one of {', '.join(map(repr, choices))}, got {value!r}")
+    return value
+
+
+def function(name: str, value: Any, *, none: bool = False) -> Any:
+    if not (callable(value) or (none and value is None)):
+        raise TypeError(f"{name}: expected {'None or ' if none else ''}a callable, got {type(value).__name__}")
+    return value
+
+
+def instance(name: str, value: Any, cls: type | tuple[type, ...]) -> Any:
+    if not isinstance(value, cls):
+        names = " or ".join(c.__name__ for c in (cls if isinstance(cls, tuple) else (cls,)))
+        raise TypeError(f"{name}: expected {names}, got {type(value).__name__}")
+    return value
+
+
+def _bounds(lo: int | None, hi: int | None) -> str:
+    if lo is not None and hi is not None:
+        return f" in [{lo}, {hi}]"
+    if lo is not None:
+        return f" >= {lo}"
+    return f" <= {hi}" if hi is not None else ""

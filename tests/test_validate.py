@@ -1,0 +1,46 @@
+"""The shared argument checks: one wording, bools are never numbers, the value comes back."""
+import numpy as np
+import pytest
+
+from jax_scan_rnn import validate
+
+
+@pytest.mark.parametrize("value", [True, False, 1.0, "3", None, 0, 11])
+def test_integer_refuses_bools_floats_and_out_of_range(value):
+    with pytest.raises(ValueError, match=r"^hidden_size: expected an int in \[1, 10\], got "):
+        validate.integer("hidden_size", value, lo=1, hi=10)
+
+
+def test_integer_returns_python_ints_and_allows_none_when_asked():
+    assert validate.integer("n", np.int64(3), lo=1) == 3 and type(validate.integer("n", np.int64(3))) is int
+    assert validate.integer("n", None, lo=1, none=True) is None
+    with pytest.raises(ValueError, match=r"^n: expected None or an int >= 1, got 0$"):
+        validate.integer("n", 0, lo=1, none=True)
+
+
+@pytest.mark.parametrize("value", [True, float("nan"), float("inf"), 1.0, -0.1, "0.5"])
+def test_real_refuses_bools_nonfinite_and_out_of_range(value):
+    with pytest.raises(ValueError, match=r"^dropout: expected a finite number in \[0, 1\), got "):
+        validate.real("dropout", value, lo=0, hi=1, hi_open=True)
+
+
+def test_real_bounds_wording_and_return():
+    assert validate.real("lr", 1, lo=0, lo_open=True) == 1.0
+    with pytest.raises(ValueError, match=r"^lr: expected a finite number > 0, got 0$"):
+        validate.real("lr", 0, lo=0, lo_open=True)
+    with pytest.raises(ValueError, match=r"^x: expected a finite number <= 2, got 3$"):
+        validate.real("x", 3, hi=2)
+
+
+def test_boolean_choice_function_instance():
+    assert validate.boolean("bias", False) is False
+    with pytest.raises(TypeError, match=r"^bias: expected True or False, got 1$"):
+        validate.boolean("bias", 1)
+    assert validate.choice("kind", "cosine", ("constant", "cosine")) == "cosine"
+    with pytest.raises(ValueError, match=r"^kind: expected one of 'constant', 'cosine', got 'cos'$"):
+        validate.choice("kind", "cos", ("constant", "cosine"))
+    with pytest.raises(TypeError, match=r"^loss_fn: expected a callable, got int$"):
+        validate.function("loss_fn", 3)
+    assert validate.function("cb", None, none=True) is None
+    with pytest.raises(TypeError, match=r"^cfg: expected dict, got list$"):
+        validate.instance("cfg", [], dict)
