@@ -24,11 +24,11 @@ from jax_scan_rnn.train import (
     History,
     NonFiniteLossError,
     TrainConfig,
+    TrainStep,
     fit,
     make_eval_fn,
-    make_eval_step,
+    make_lr_schedule_for,
     make_optimizer,
-    make_train_step,
 )
 
 W_TRUE = jnp.array([[1.0], [-2.0], [0.5], [3.0]])
@@ -141,25 +141,42 @@ def test_make_optimizer_follows_the_schedule_and_weight_decay():
 # ---------------------------------------------------------------------------------- step building
 
 
-def test_train_step_in_place_matches_fit():
+def test_train_step_by_hand_is_fits_step_bit_for_bit():
+    """fit is a loop around TrainStep: the same step called by hand gives the same losses and state, exactly."""
     cfg = TrainConfig(steps=6, learning_rate=1e-2, warmup_steps=2, log_every=1, eval_every=0)
     a = DropMLP(nnx.Rngs(0))
     hist = fit(a, loss_fn, batch_fn, cfg)
     b = DropMLP(nnx.Rngs(0))
-    opt = nnx.Optimizer(b, make_optimizer(cfg), wrt=nnx.Param)
-    step = make_train_step(loss_fn)
-    losses = []
+    step = TrainStep(b, loss_fn, make_optimizer(cfg), batch_fn(0), make_lr_schedule_for(cfg))
+    assert step.metric_names == ["mae", "max_err"]
+    carry = step.init()
+    losses, lrs = [], []
     for i in range(cfg.steps):
-        loss, metrics = step(b, opt, batch_fn(i))
-        losses.append(float(loss))
-        assert set(metrics) == {"mae", "max_err"}
-    # Same math, but a different XLA program (fit fuses the guard and accumulators): float32 rounding
-    # may differ in the last bits, so this compares to a tolerance. Exactness is tested on resume.
-    np.testing.assert_allclose(losses, [r["loss"] for r in hist.train], rtol=1e-5)
-    pa, pb = param_leaves(a), param_leaves(b)
-    for k in pa:
-        np.testing.assert_allclose(pa[k], pb[k], rtol=1e-5, atol=1e-6, err_msg=k)
-    assert int(opt.step[...]) == cfg.steps and int(b.drop.rngs.count[...]) == cfg.steps
+        carry = step(carry, batch_fn(i))
+        window = jax.device_get(carry["window"])
+        assert int(window["count"]) == 1
+        losses.append(float(window["loss"]))
+        lrs.append(float(window["lr"]))
+        carry["window"] = step.empty_window()
+    assert losses == [r["loss"] for r in hist.train]
+    assert lrs == [r["lr"] for r in hist.train]
+    step.write(carry)
+    assert_same_params(param_leaves(a), param_leaves(b))
+    assert int(step.optimizer.step[...]) == cfg.steps and int(b.drop.rngs.count[...]) == cfg.steps
+
+
+def test_train_step_donates_the_carry_and_leaves_the_model_until_written():
+    m = DropMLP(nnx.Rngs(0))
+    before = param_leaves(m)
+    step = TrainStep(m, loss_fn, optax.adam(1e-2), batch_fn(0))
+    carry = step.init()
+    old = carry["state"]
+    carry = step(carry, batch_fn(0))
+    assert all(x.is_deleted() for x in old)  # donated: the step updates in place on the device
+    assert_same_params(before, param_leaves(m))  # the model keeps its own arrays until write
+    step.write(carry)
+    assert param_leaves(m).keys() == before.keys()
+    assert not np.array_equal(param_leaves(m)["['lin']['kernel'].value"], before["['lin']['kernel'].value"])
 
 
 def test_train_step_keeps_shared_variables_shared():
@@ -173,26 +190,40 @@ def test_train_step_keeps_shared_variables_shared():
             return self.head(self.b(jnp.tanh(self.a(x))))
 
     m = Tied(nnx.Rngs(0))
-    opt = nnx.Optimizer(m, optax.adam(5e-2), wrt=nnx.Param)
-    step = make_train_step(mse_fn)
     batch = batch_fn(0)
+    step = TrainStep(m, mse_fn, optax.adam(5e-2), batch)
     before = float(mse_fn(m, batch)[0])
     kernel = m.a.kernel
+    carry = step.init()
+    # One parameter array for the two uses: nnx.split stores a shared Variable once.
+    assert len(carry["state"]) == len(jax.tree.leaves(nnx.state(step.objs)))
     for _ in range(40):
-        step(m, opt, batch)
+        carry = step(carry, batch)
+    step.write(carry)
     assert m.a is m.b and m.b.kernel is kernel  # still one Variable, updated in place
-    assert [k[0] for k in step._cache if isinstance(k, tuple)] == ["graph"]  # took the graph path
     assert float(mse_fn(m, batch)[0]) < 0.5 * before
 
 
-def test_eval_step_and_eval_fn_leave_the_model_untouched():
+def test_train_step_refuses_a_bad_loss_fn_and_model():
+    m = DropMLP(nnx.Rngs(0))
+    with pytest.raises(TypeError, match="^model: expected Module, got dict"):
+        TrainStep({}, loss_fn, optax.adam(1e-2), batch_fn(0))
+    with pytest.raises(TypeError, match="^loss_fn: expected a callable, got int"):
+        TrainStep(m, 3, optax.adam(1e-2), batch_fn(0))
+    with pytest.raises(ValueError, match="^loss_fn: expected metrics as dict"):
+        TrainStep(m, lambda model, b: (mse_fn(model, b)[0], {"v": model(b[0])}), optax.adam(1e-2), batch_fn(0))
+
+
+def test_eval_fn_leaves_the_model_untouched():
     m = DropMLP(nnx.Rngs(0))
     before = param_leaves(m)
-    loss, metrics = make_eval_step(loss_fn)(m, batch_fn(0))
-    assert loss.shape == () and set(metrics) == {"mae", "max_err"}
     ev = make_eval_fn(loss_fn, [batch_fn(i) for i in range(3)])(m)
     assert set(ev) == {"loss", "mae", "max_err"} and all(isinstance(v, float) for v in ev.values())
+    first = make_eval_fn(loss_fn, [batch_fn(0)])(m)
     assert_same_params(before, param_leaves(m))  # rng count not advanced either
+    assert first["loss"] == pytest.approx(float(loss_fn(m, batch_fn(0))[0]), rel=1e-6)  # the same draw, eagerly
+    with pytest.raises(ValueError, match="^batches: expected at least one"):
+        make_eval_fn(loss_fn, [])
 
 
 # --------------------------------------------------------------------------------------------- fit

@@ -1,0 +1,114 @@
+"""One source for every option: a dataclass field holds its name, default, bounds or choices and help; the
+checks and the command line are generated from it.
+
+    @dataclass(frozen=True)
+    class Task:
+        hidden_size: int = option(32, "H of every LSTM layer", lo=1)
+        objective: str = option("utility", "what to optimise", choices=("utility", "mse"))
+
+        def __post_init__(self):
+            check(self)                     # ValueError "hidden_size: expected an int >= 1, got 0"
+
+    add_arguments(parser, Task)             # --hidden-size N, --objective {utility,mse}, with help and default
+    task = from_args(Task, args)
+
+A small generator over argparse rather than a library (tyro, simple-parsing): it adds no dependency, and
+the CLI's contract (a bad value exits 2 with one line naming the flag) comes from the same checks the
+library runs, instead of from a second set of argparse types.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from typing import Any
+
+from jax_scan_rnn import validate
+
+_NO_DEFAULT = dataclasses.MISSING
+
+
+def option(default: Any = _NO_DEFAULT, help: str = "", *, factory: Any = _NO_DEFAULT, lo: float | None = None,
+           hi: float | None = None, lo_open: bool = False, hi_open: bool = False,
+           choices: tuple | None = None, flag: str | None = None, cli: bool = True) -> Any:
+    """A dataclass field with what `check` and `add_arguments` need. `flag` replaces `--field-name`; `cli=False`
+    keeps the option off the command line (it is still checked)."""
+    meta = {"help": help, "lo": lo, "hi": hi, "lo_open": lo_open, "hi_open": hi_open, "choices": choices,
+            "flag": flag, "cli": cli}
+    if factory is not _NO_DEFAULT:
+        return dataclasses.field(default_factory=factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def _kind(cls: type, field: dataclasses.Field) -> tuple[type, bool]:
+    """(int | float | bool | str | a dataclass, whether None is allowed) from the field's annotation."""
+    hint = typing.get_type_hints(cls)[field.name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+    return args[0], type(None) in typing.get_args(hint)
+
+
+def check(obj: Any, prefix: str = "") -> None:
+    """Check every field of `obj` against its annotation and `option` metadata; errors name `prefix + field`."""
+    for field in dataclasses.fields(obj):
+        kind, none = _kind(type(obj), field)
+        name, value, m = prefix + field.name, getattr(obj, field.name), field.metadata
+        bounds = {"lo": m.get("lo"), "hi": m.get("hi")}
+        if m.get("choices") is not None:
+            validate.choice(name, value, m["choices"])
+        elif kind is bool:
+            validate.boolean(name, value)
+        elif kind is int:
+            validate.integer(name, value, **bounds, none=none)
+        elif kind is float:
+            validate.real(name, value, **bounds, lo_open=m.get("lo_open", False), hi_open=m.get("hi_open", False),
+                          none=none)
+        elif kind is str:
+            validate.instance(name, value, str)
+
+
+def flag(cls: type, name: str) -> str:
+    """The command-line flag of field `name`: its `option(flag=...)`, else `--name-with-dashes`."""
+    field = next((f for f in dataclasses.fields(cls) if f.name == name), None)
+    return (field and field.metadata.get("flag")) or f"--{name.replace('_', '-')}"
+
+
+def add_arguments(group: Any, cls: type, defaults: dict[str, Any] | None = None) -> None:
+    """One flag per command-line field of `cls`; `defaults` replaces a field's default for this command."""
+    defaults = defaults or {}
+    for field in dataclasses.fields(cls):
+        kind, none = _kind(cls, field)
+        if not field.metadata.get("cli", False) or kind not in (int, float, bool, str):
+            continue
+        default = defaults.get(field.name, field.default)
+        kwargs: dict[str, Any] = {"dest": field.name, "default": default}
+        if kind is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["type"] = _parser(kind, none)
+            kwargs["metavar"] = "N" if kind is int else "X" if kind is float else field.name.split("_")[-1].upper()
+            if field.metadata.get("choices") is not None:
+                kwargs["choices"], kwargs["metavar"] = field.metadata["choices"], None
+        shown = "off" if default is None else default
+        help_text = field.metadata.get("help", "")
+        kwargs["help"] = f"{help_text} (default: {shown})" if kind is not bool else help_text
+        group.add_argument(flag(cls, field.name), **kwargs)
+
+
+def _parser(kind: type, none: bool):
+    """Text -> value for argparse. Only the syntax is checked here (argparse exits 2 naming the flag); the
+    bounds are the dataclass's, checked once with the rest."""
+
+    def parse(text: str):
+        if none and text.lower() == "none":
+            return None
+        return kind(text)
+
+    parse.__name__ = kind.__name__  # argparse's "invalid int value: 'x'"
+    return parse
+
+
+def from_args(cls: type, args: argparse.Namespace, **extra: Any) -> Any:
+    """`cls(...)` from the parsed command line: every command-line field of `cls` present in `args`, plus `extra`."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
+              if f.metadata.get("cli", False) and hasattr(args, f.name)}
+    return cls(**{**values, **extra})

@@ -1,0 +1,125 @@
+"""What a training run leaves for people to read: `metrics.jsonl` rows, the `History` of them, `curves.png`.
+
+`fit` (train.py) computes; this module writes and draws. A row is one JSON object per line:
+`{"step", "split": "train"|"eval", "loss", "metrics": {...}, "lr", "wall_time", "elapsed_s", ...}`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+METRICS_FILE = "metrics.jsonl"  # one JSON row per log / eval, under out_dir
+CURVES_FILE = "curves.png"  # loss / lr / metric curves, written at the end of fit
+
+
+@dataclass(frozen=True)
+class History:
+    """What `fit` returns: the rows of `metrics.jsonl` (also when `out_dir` is None)."""
+
+    train: list[dict]  # train rows: step, split, loss, metrics, grad_norm, lr, wall_time, elapsed_s, ...
+    eval: list[dict]  # eval rows: step, split, loss (if eval_fn returned one), metrics, lr, wall_time, ...
+    step: int  # updates completed
+    resumed_from: int | None = None  # checkpoint step the run resumed from, if it did
+    out_dir: Path | None = None  # where metrics, curves and checkpoints were written
+    checkpoints_skipped: tuple[tuple[int, str], ...] = field(default=())  # invalid ones on resume
+    checkpoints_moved_aside: tuple[tuple[int, Path], ...] = field(default=())  # (step, where): kept, unused
+    checkpoint_stray_files: tuple[str, ...] = field(default=())  # unlisted files in the resumed checkpoint
+
+    def series(self, key: str = "loss", split: str = "train") -> tuple[list[int], list[float]]:
+        """(steps, values) of `key` (a row field such as `loss`/`lr`, or a metric name)."""
+        xs, ys = [], []
+        for r in self.train if split == "train" else self.eval:
+            v = r[key] if key in r else r.get("metrics", {}).get(key)
+            if isinstance(v, (int, float)):
+                xs.append(r["step"])
+                ys.append(v)
+        return xs, ys
+
+
+class RunLog:
+    """The rows of one run, kept in memory and appended to `out_dir/metrics.jsonl` (if `out_dir` is set).
+
+    `resume_at(step)` keeps the earlier run's rows up to `step` and drops later ones (they will be recomputed),
+    so the file reads as one run.
+    """
+
+    def __init__(self, out_dir: Path | None):
+        self.path = out_dir / METRICS_FILE if out_dir is not None else None
+        self.rows: list[dict] = []
+        self.file = None
+
+    def resume_at(self, step: int) -> None:
+        self.rows = [r for r in _read_rows(self.path) if r["step"] <= step]
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with open(tmp, "w") as f:  # replaced in one rename: a crash leaves the old file or the new one
+            f.writelines(json.dumps(r) + "\n" for r in self.rows)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+    def __enter__(self) -> RunLog:
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.file = open(self.path, "a" if self.rows else "w")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.file is not None:
+            self.file.close()
+
+    def add(self, row: dict) -> dict:
+        self.rows.append(row)
+        if self.file is not None:
+            self.file.write(json.dumps(row) + "\n")
+            self.file.flush()
+        return row
+
+    def history(self, **kwargs) -> History:
+        return History(train=[r for r in self.rows if r.get("split") == "train"],
+                       eval=[r for r in self.rows if r.get("split") == "eval"], **kwargs)
+
+
+def _read_rows(path: Path) -> list[dict]:
+    rows = []
+    if not path.is_file():
+        return rows
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:  # a line cut short by a crash
+            continue
+        if isinstance(row, dict) and "step" in row:
+            rows.append(row)
+    return rows
+
+
+def plot_curves(history: History, path: Path) -> None:
+    """Loss (train and eval), learning rate, gradient norm and every metric against the step, as one PNG."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: matplotlib is slow to import
+    from matplotlib.figure import Figure
+
+    names = list(dict.fromkeys(m for r in history.train + history.eval for m in r.get("metrics", {}) if m != "loss"))
+    panels = ["loss", "lr", "grad_norm", *names]
+    ncols = min(3, len(panels))
+    nrows = math.ceil(len(panels) / ncols)
+    fig = Figure(figsize=(4.5 * ncols, 3.2 * nrows))
+    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.1, top=0.92, wspace=0.25, hspace=0.45)
+    FigureCanvasAgg(fig)
+    for idx, key in enumerate(panels):
+        ax = fig.add_subplot(nrows, ncols, idx + 1)
+        for split in ("train", "eval") if key != "lr" else ("train",):
+            pts = [(x, y) for x, y in zip(*history.series(key, split)) if math.isfinite(y)]
+            if pts:
+                ax.plot(*zip(*pts), label=split, marker="." if len(pts) < 30 else None)
+        values = [y for line in ax.lines for y in line.get_ydata()]
+        if key == "loss" and values and min(values) > 0:
+            ax.set_yscale("log")
+        ax.set_title(key)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if ax.lines and key != "lr":
+            ax.legend(fontsize="small")
+    fig.savefig(path, dpi=90)
