@@ -27,9 +27,9 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from jax_scan_rnn import options
 from jax_scan_rnn.checkpoint import CheckpointError
 from jax_scan_rnn.optional import available
-from jax_scan_rnn.tasks.vae import LEARNING_RATE as VAE_LEARNING_RATE
 from jax_scan_rnn.train import NonFiniteLossError
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
@@ -154,17 +154,9 @@ def train_config(args: argparse.Namespace):
 
     if args.override and not args.resume:
         raise ValueError("--override: expected only with --resume (it accepts changed options of a resumed run)")
+    warmup = min(100, args.steps // 10) if args.warmup_steps is None else args.warmup_steps
     with flag_names():  # "TrainConfig.warmup_steps: expected at most steps=10" -> the flags' names
-        return TrainConfig(
-            steps=args.steps,
-            learning_rate=args.lr,
-            warmup_steps=min(100, args.steps // 10) if args.warmup_steps is None else args.warmup_steps,
-            clip_norm=args.clip_norm,
-            log_every=args.log_every,
-            eval_every=args.eval_every,
-            checkpoint_every=args.checkpoint_every,
-            seed=args.seed,
-        )
+        return options.from_args(TrainConfig, args, warmup_steps=warmup)
 
 
 @contextlib.contextmanager
@@ -218,13 +210,11 @@ def check_memory(what: str, needed: int) -> None:
                          "of memory; choose smaller sizes")
 
 
-# TrainConfig fields whose flag is not `--field-name` (a task's fields all are).
-TRAIN_FLAGS = {"learning_rate": "--lr"}
-
-
 def flag_for(field: str) -> str:
     """The CLI flag that sets a task or TrainConfig field: `seq_len` -> `--seq-len`, `learning_rate` -> `--lr`."""
-    return TRAIN_FLAGS.get(field, f"--{field.replace('_', '-')}")
+    from jax_scan_rnn.train import TrainConfig
+
+    return options.flag(TrainConfig, field)
 
 
 @contextlib.contextmanager
@@ -298,21 +288,14 @@ def cmd_train_traveller(args: argparse.Namespace) -> int:
     from jax_scan_rnn.tasks import traveller as task_lib
 
     with flag_names():
-        task = task_lib.TravellerTask(
-            hidden_size=args.hidden_size,
-            num_layers=args.num_layers,
-            dropout=args.dropout,
-            batch_size=args.batch_size,
-            seq_len=args.seq_len,
-            objective=args.objective,
-        )
+        task = options.from_args(task_lib.TravellerTask, args)
     cfg = train_config(args)
     check_memory("the simulated training market (--seq-len)", task.data_bytes())
     out = Path(args.out)
     dp = data_parallel(args, task.batch_size)
     with output_directory(out, args.resume):
         check_resume(out, args, task.to_json(), cfg)
-        print(f"training the Traveller ({args.objective} objective) for {args.steps} steps on {dp.size} device(s) "
+        print(f"training the Traveller ({task.objective} objective) for {args.steps} steps on {dp.size} device(s) "
               f"-> {out}")
         model, history = task_lib.train(
             task, cfg, out, resume=args.resume, callback=ProgressBar(),
@@ -354,36 +337,6 @@ def cmd_evaluate_traveller(args: argparse.Namespace) -> int:
     return 0
 
 
-def vae_task(args: argparse.Namespace):
-    from jax_scan_rnn.data.smiles import is_builtin_source
-    from jax_scan_rnn.tasks import vae as task_lib
-
-    if not args.smiles_check and is_builtin_source(args.data):
-        raise ValueError(f"--no-smiles-check: expected only with a --data file that is not chemistry, got --data "
-                         f"{args.data}, a built-in source (always SMILES)")
-    return task_lib.VAETask(
-        data=args.data,
-        smiles_check=args.smiles_check,
-        limit=args.limit,
-        hidden_size=args.hidden_size,
-        latent_size=args.latent_size,
-        num_layers=args.num_layers,
-        bidirectional=args.bidirectional,
-        concat_z=args.concat_z,
-        batch_size=args.batch_size,
-        decoding=args.decoding,
-        ss_mode=args.ss_mode,
-        ss_schedule=args.ss_schedule,
-        ss_midpoint=args.ss_midpoint,
-        ss_max=args.ss_max,
-        kl_schedule=args.kl_schedule,
-        kl_warmup=args.kl_warmup,
-        max_beta=args.max_beta,
-        free_bits=args.free_bits,
-        eval_samples=args.eval_samples,
-    )
-
-
 def print_vae_report(report: dict) -> None:
     rec, latent = report["reconstruction"], report["latent"]
     print(f"{'reconstruction (decoding from mu)':<36} {'token acc':>10} {'sequence acc':>13}")
@@ -399,10 +352,14 @@ def print_vae_report(report: dict) -> None:
 
 @command("train vae")
 def cmd_train_vae(args: argparse.Namespace) -> int:
+    from jax_scan_rnn.data import smiles
     from jax_scan_rnn.tasks import vae as task_lib
 
+    if not args.smiles_check and smiles.is_builtin_source(args.data):
+        raise ValueError(f"--no-smiles-check: expected only with a --data file that is not chemistry, got --data "
+                         f"{args.data}, a built-in source (always SMILES)")
     with flag_names():
-        task = vae_task(args)
+        task = options.from_args(task_lib.VAETask, args)
     cfg = train_config(args)
     out = Path(args.out)
     dataset = task_lib.load_dataset(task)
@@ -484,13 +441,6 @@ def positive_int(text: str) -> int:
     return value
 
 
-def nonnegative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an int >= 0, got {text}")
-    return value
-
-
 def positive_float(text: str) -> float:
     value = float(text)
     if not 0 < value < math.inf:
@@ -498,22 +448,15 @@ def positive_float(text: str) -> float:
     return value
 
 
-def add_train_arguments(parser: argparse.ArgumentParser, *, steps: int, lr: float, out: str) -> None:
+def add_train_arguments(parser: argparse.ArgumentParser, task: type, defaults: dict, out: str) -> None:
+    """The task's options, then TrainConfig's (with this command's defaults), then the run's own flags."""
+    from jax_scan_rnn.train import TrainConfig
+
+    options.add_arguments(parser.add_argument_group("model and data"), task)
     group = parser.add_argument_group("training")
-    group.add_argument("--steps", type=positive_int, default=steps, help=f"optimiser steps (default: {steps})")
-    group.add_argument("--lr", type=positive_float, default=lr, help=f"peak learning rate (default: {lr})")
-    group.add_argument(
-        "--warmup-steps", type=int, default=None, help="linear warmup steps (default: min(100, steps/10))"
-    )
-    group.add_argument("--clip-norm", type=float, default=1.0, help="global gradient-norm clip (default: 1.0)")
-    group.add_argument("--log-every", type=positive_int, default=25, help="steps between log rows (default: 25)")
-    group.add_argument("--eval-every", type=int, default=250, help="steps between evaluations (default: 250)")
-    group.add_argument(
-        "--checkpoint-every", type=int, default=250, help="steps between checkpoints (default: 250)"
-    )
-    group.add_argument("--seed", type=nonnegative_int, default=0,
-                       help="the run's seed: initialisation, dropout, batch order, the VAE's noise and evaluation "
-                            "samples (default: 0)")
+    options.add_arguments(group, TrainConfig, {"log_every": 25, "eval_every": 250, "checkpoint_every": 250,
+                                               "warmup_steps": None, **defaults},
+                          shown={"warmup_steps": "min(100, steps / 10)"})
     group.add_argument("--out", default=out, help=f"output directory (default: {out})")
     group.add_argument("--resume", action="store_true", help="continue from the latest valid checkpoint in --out")
     group.add_argument("--override", action="store_true",
@@ -546,54 +489,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_arguments(sub.add_parser("bench", help="time scan against every kind of loop (benchmarks/)"))
 
     train = sub.add_parser("train", help="train a model").add_subparsers(dest="model", required=True, metavar="MODEL")
-    trav = train.add_parser("traveller", help="the position-feedback LSTM on the simulated market")
-    model = trav.add_argument_group("model and data")
-    model.add_argument("--hidden-size", type=positive_int, default=32, help="LSTM hidden size (default: 32)")
-    model.add_argument("--num-layers", type=positive_int, default=2, help="LSTM layers (default: 2)")
-    model.add_argument("--dropout", type=float, default=0.0, help="inter-layer dropout (default: 0)")
-    model.add_argument("--batch-size", type=positive_int, default=64, help="paths per step (default: 64)")
-    model.add_argument("--seq-len", type=positive_int, default=128, help="steps per training path (default: 128)")
-    model.add_argument(
-        "--objective", choices=["utility", "mse"], default="utility",
-        help="utility: maximise net utility; mse: fit the optimal policy's positions (default: utility)",
-    )
-    add_train_arguments(trav, steps=1000, lr=3e-3, out="runs/traveller")
+    from jax_scan_rnn.tasks.traveller import TravellerTask
+    from jax_scan_rnn.tasks.vae import LEARNING_RATE as VAE_LEARNING_RATE, VAETask
 
+    trav = train.add_parser("traveller", help="the position-feedback LSTM on the simulated market")
+    add_train_arguments(trav, TravellerTask, {"steps": 1000, "learning_rate": 3e-3}, out="runs/traveller")
     vae = train.add_parser("vae", help="the SMILES sequence VAE (GRU encoder/decoder, teacher forcing or scheduled "
                                        "sampling)")
-    model = vae.add_argument_group("model and data")
-    model.add_argument("--data", default="rdkit",
-                       help="rdkit (SMILES shipped with rdkit), moses (pip install --no-deps molsets) or a text "
-                            "file with one sequence per line (default: rdkit)")
-    model.add_argument("--no-smiles-check", dest="smiles_check", action="store_false",
-                       help="the --data file is not chemistry: do not parse its lines as SMILES with rdkit (by "
-                            "default invalid SMILES are skipped and counted); only empty, undecodable, too-long and "
-                            "duplicate lines are skipped")
-    model.add_argument("--limit", type=positive_int, default=None, help="use at most this many sequences")
-    model.add_argument("--hidden-size", type=positive_int, default=256, help="GRU hidden size (default: 256)")
-    model.add_argument("--latent-size", type=positive_int, default=64, help="latent size (default: 64)")
-    model.add_argument("--num-layers", type=positive_int, default=1, help="GRU layers (default: 1)")
-    model.add_argument("--bidirectional", action="store_true", help="bidirectional encoder")
-    model.add_argument("--concat-z", action="store_true", help="append z to every decoder input (as MOSES)")
-    model.add_argument("--batch-size", type=positive_int, default=128, help="sequences per step (default: 128)")
-    model.add_argument("--decoding", choices=["teacher", "scheduled"], default="teacher",
-                       help="teacher forcing only, or scheduled sampling per token (default: teacher; see the "
-                            "README for what each does to reconstruction and to sampled molecules)")
-    model.add_argument("--ss-mode", choices=["argmax", "sample", "gumbel_softmax"], default="argmax",
-                       help="the model's own token: argmax, a sample, or straight-through Gumbel (default: argmax)")
-    model.add_argument("--ss-schedule", choices=["linear", "exponential", "inverse_sigmoid"],
-                       default="inverse_sigmoid", help="teacher-forcing decay (default: inverse_sigmoid)")
-    model.add_argument("--ss-midpoint", type=positive_int, default=1000,
-                       help="step where the teacher-forcing probability is 0.5 (default: 1000)")
-    model.add_argument("--ss-max", type=float, default=0.5, help="cap on the replacement probability (default: 0.5)")
-    model.add_argument("--kl-schedule", choices=["constant", "linear", "sigmoid"], default="linear",
-                       help="KL weight annealing (default: linear)")
-    model.add_argument("--kl-warmup", type=int, default=500, help="KL annealing steps (default: 500)")
-    model.add_argument("--max-beta", type=float, default=0.05, help="final KL weight (default: 0.05, as MOSES)")
-    model.add_argument("--free-bits", type=float, default=0.0, help="KL free bits per dimension (default: 0)")
-    model.add_argument("--eval-samples", type=positive_int, default=1000,
-                       help="prior samples for the final report (default: 1000)")
-    add_train_arguments(vae, steps=1200, lr=VAE_LEARNING_RATE, out="runs/vae")
+    add_train_arguments(vae, VAETask, {"steps": 1200, "learning_rate": VAE_LEARNING_RATE}, out="runs/vae")
 
     sample = sub.add_parser("sample", help="generate from a trained model").add_subparsers(
         dest="model", required=True, metavar="MODEL"

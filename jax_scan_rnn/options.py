@@ -50,20 +50,21 @@ def _kind(cls: type, field: dataclasses.Field) -> tuple[type, bool]:
 def check(obj: Any, prefix: str = "") -> None:
     """Check every field of `obj` against its annotation and `option` metadata; errors name `prefix + field`."""
     for field in dataclasses.fields(obj):
-        kind, none = _kind(type(obj), field)
-        name, value, m = prefix + field.name, getattr(obj, field.name), field.metadata
-        bounds = {"lo": m.get("lo"), "hi": m.get("hi")}
-        if m.get("choices") is not None:
-            validate.choice(name, value, m["choices"])
-        elif kind is bool:
-            validate.boolean(name, value)
-        elif kind is int:
-            validate.integer(name, value, **bounds, none=none)
-        elif kind is float:
-            validate.real(name, value, **bounds, lo_open=m.get("lo_open", False), hi_open=m.get("hi_open", False),
-                          none=none)
-        elif kind is str:
-            validate.instance(name, value, str)
+        _check_value(prefix + field.name, getattr(obj, field.name), *_kind(type(obj), field), field.metadata)
+
+
+def _check_value(name: str, value: Any, kind: type, none: bool, meta: Any) -> Any:
+    bounds = {"lo": meta.get("lo"), "hi": meta.get("hi")}
+    if meta.get("choices") is not None:
+        return validate.choice(name, value, meta["choices"])
+    if kind is bool:
+        return validate.boolean(name, value)
+    if kind is int:
+        return validate.integer(name, value, **bounds, none=none)
+    if kind is float:
+        return validate.real(name, value, **bounds, lo_open=meta.get("lo_open", False),
+                             hi_open=meta.get("hi_open", False), none=none)
+    return validate.instance(name, value, kind) if kind is str else value
 
 
 def flag(cls: type, name: str) -> str:
@@ -72,9 +73,11 @@ def flag(cls: type, name: str) -> str:
     return (field and field.metadata.get("flag")) or f"--{name.replace('_', '-')}"
 
 
-def add_arguments(group: Any, cls: type, defaults: dict[str, Any] | None = None) -> None:
-    """One flag per command-line field of `cls`; `defaults` replaces a field's default for this command."""
-    defaults = defaults or {}
+def add_arguments(group: Any, cls: type, defaults: dict[str, Any] | None = None,
+                  shown: dict[str, str] | None = None) -> None:
+    """One flag per command-line field of `cls`; `defaults` replaces a field's default for this command, and
+    `shown` the default's description in the help (for a None the command resolves itself)."""
+    defaults, shown = defaults or {}, shown or {}
     for field in dataclasses.fields(cls):
         kind, none = _kind(cls, field)
         if not field.metadata.get("cli", False) or kind not in (int, float, bool, str):
@@ -84,24 +87,25 @@ def add_arguments(group: Any, cls: type, defaults: dict[str, Any] | None = None)
         if kind is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
-            kwargs["type"] = _parser(kind, none)
+            kwargs["type"] = _parser(kind, none, field.metadata)
             kwargs["metavar"] = "N" if kind is int else "X" if kind is float else field.name.split("_")[-1].upper()
             if field.metadata.get("choices") is not None:
                 kwargs["choices"], kwargs["metavar"] = field.metadata["choices"], None
-        shown = "off" if default is None else default
+        text = shown.get(field.name, "off" if default is None else default)
         help_text = field.metadata.get("help", "")
-        kwargs["help"] = f"{help_text} (default: {shown})" if kind is not bool else help_text
+        kwargs["help"] = f"{help_text} (default: {text})" if kind is not bool else help_text
         group.add_argument(flag(cls, field.name), **kwargs)
 
 
-def _parser(kind: type, none: bool):
-    """Text -> value for argparse. Only the syntax is checked here (argparse exits 2 naming the flag); the
-    bounds are the dataclass's, checked once with the rest."""
+def _parser(kind: type, none: bool, meta: Any):
+    """Text -> checked value, for argparse: a bad value exits 2 with "argument --flag: expected ..., got TEXT"."""
 
     def parse(text: str):
-        if none and text.lower() == "none":
-            return None
-        return kind(text)
+        value = None if none and text.lower() == "none" else kind(text)
+        try:
+            return _check_value("", value, kind, none, meta)
+        except ValueError as err:  # the text as typed, not its parsed form ("got 0", not "got 0.0")
+            raise argparse.ArgumentTypeError(f"{str(err)[2:].rsplit(', got ', 1)[0]}, got {text}") from None
 
     parse.__name__ = kind.__name__  # argparse's "invalid int value: 'x'"
     return parse

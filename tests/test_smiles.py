@@ -1,6 +1,5 @@
-"""Tests for SMILES / text loading, the character vocabulary, splitting and batching (data/smiles.py)."""
+"""Tests for SMILES / text loading, the character vocabulary, splitting and batching (data/smiles/)."""
 
-import importlib.metadata
 import importlib.util
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from jax_scan_rnn.data.smiles import (  # noqa: E402
     DEFAULT_MAX_LENGTH,
     EOS,
     PAD,
+    SOS,
     SPECIAL_TOKENS,
     LoadResult,
     Vocabulary,
@@ -96,14 +96,12 @@ def test_file_source_arguments_are_checked(tmp_path):
         load_sequences(str(path), canonicalize=True)
     with pytest.raises(ValueError, match="source"):
         load_sequences("moses:validation")
+    with pytest.raises(ValueError, match="max_heavy_atoms: expected an int >= 10, got 5"):
+        sm.MoleculeFilter(min_heavy_atoms=10, max_heavy_atoms=5)
 
 
 def test_moses_source_missing_says_how_to_install(monkeypatch):
-    def not_found(name):
-        raise importlib.metadata.PackageNotFoundError(name)
-
-    monkeypatch.setattr(sm.importlib.metadata, "distribution", not_found)
-    monkeypatch.setattr(sm.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match="pip install --no-deps molsets"):
         load_sequences("moses")
 
@@ -122,6 +120,16 @@ def test_importing_the_module_does_not_import_rdkit():
 
 
 # ---------------------------------------------------------------- vocabulary
+
+
+def test_special_tokens_have_one_definition():
+    from jax_scan_rnn import vae
+
+    assert (PAD, SOS, EOS) == (0, 1, 2) and SPECIAL_TOKENS == ("<pad>", "<sos>", "<eos>")  # docs/vae_spec.md
+    assert (vae.PAD, vae.SOS, vae.EOS) == (PAD, SOS, EOS)
+    # torch_ref never imports jax_scan_rnn, so it keeps its own copy: it must agree.
+    torch_vae = pytest.importorskip("torch_ref.vae")
+    assert (torch_vae.PAD, torch_vae.SOS, torch_vae.EOS) == (PAD, SOS, EOS)
 
 
 def test_vocabulary_round_trip(rdkit_set):

@@ -43,10 +43,14 @@ def test_mse_objective_fits_the_optimal_policy():
 
 
 def test_bad_task_arguments():
-    with pytest.raises(ValueError, match="objective: expected one of \\('utility', 'mse'\\), got 'profit'"):
+    with pytest.raises(ValueError, match="^objective: expected one of 'utility', 'mse', got 'profit'$"):
         task_lib.TravellerTask(objective="profit")
     with pytest.raises(ValueError, match="batch_size: expected at most train_paths=10, got 64"):
         task_lib.TravellerTask(train_paths=10)
+    with pytest.raises(ValueError, match=r"^dropout: expected a finite number in \[0, 1\), got 1.0$"):
+        task_lib.TravellerTask(dropout=1.0)
+    with pytest.raises(ValueError, match="^hidden_size: expected an int >= 1, got True$"):  # a bool is not a size
+        task_lib.TravellerTask(hidden_size=True)
 
 
 def test_cli_train_resume_and_evaluate(tmp_path, capsys):

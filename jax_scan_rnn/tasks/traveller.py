@@ -11,7 +11,7 @@ regresses onto given target paths (here the optimal policy's), for users with la
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import jax
@@ -20,6 +20,7 @@ import numpy as np
 from flax import nnx
 
 from jax_scan_rnn.compiled import jit
+from jax_scan_rnn.options import check, option
 from jax_scan_rnn.optional import require
 from jax_scan_rnn.data import trading
 from jax_scan_rnn.train import TrainConfig, fit, restore_model
@@ -30,30 +31,25 @@ OBJECTIVES = ("utility", "mse")
 
 @dataclass(frozen=True)
 class TravellerTask:
-    """Model size, data and objective of a Traveller training run."""
+    """Model size, data and objective of a Traveller training run (every field but `market` is a flag)."""
 
-    hidden_size: int = 32  # H of every LSTM layer
-    num_layers: int = 2  # stacked LSTM layers
-    dropout: float = 0.0  # inter-layer dropout (training only)
-    batch_size: int = 64  # paths per optimiser step
-    seq_len: int = 128  # steps per training path
-    objective: str = "utility"  # "utility": maximise net utility; "mse": fit the optimal policy's positions
-    train_paths: int = 8192  # simulated training paths, resampled every step
-    eval_paths: int = 256  # held-out paths for evaluation
-    eval_steps: int = 500  # steps per held-out path (longer than training: the policy must stay stable)
-    data_seed: int = 1  # seed of the training market
-    eval_seed: int = 999  # seed of the held-out market (never seen in training)
-    market: trading.MarketConfig = field(default_factory=trading.MarketConfig)  # the market's parameters
+    hidden_size: int = option(32, "H of every LSTM layer", lo=1)
+    num_layers: int = option(2, "stacked LSTM layers", lo=1)
+    dropout: float = option(0.0, "inter-layer dropout (training only)", lo=0, hi=1, hi_open=True)
+    batch_size: int = option(64, "paths per optimiser step", lo=1)
+    seq_len: int = option(128, "steps per training path", lo=1)
+    objective: str = option("utility", "utility: maximise net utility; mse: fit the optimal policy's positions",
+                            choices=OBJECTIVES)
+    train_paths: int = option(8192, "simulated training paths, resampled every step", lo=1)
+    eval_paths: int = option(256, "held-out paths for evaluation", lo=1)
+    eval_steps: int = option(500, "steps per held-out path (longer than training: the policy must stay stable)",
+                             lo=1)
+    data_seed: int = option(1, "seed of the training market", lo=0)
+    eval_seed: int = option(999, "seed of the held-out market (never seen in training)", lo=0)
+    market: trading.MarketConfig = option(factory=trading.MarketConfig, help="the market's parameters", cli=False)
 
     def __post_init__(self):
-        if self.objective not in OBJECTIVES:
-            raise ValueError(f"objective: expected one of {OBJECTIVES}, got {self.objective!r}")
-        for name in ("hidden_size", "num_layers", "batch_size", "seq_len", "train_paths", "eval_paths", "eval_steps"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: expected a positive int, got {value!r}")
-        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
-            raise ValueError(f"dropout: expected a probability in [0, 1), got {self.dropout!r}")
+        check(self)
         if self.batch_size > self.train_paths:
             raise ValueError(f"batch_size: expected at most train_paths={self.train_paths}, got {self.batch_size}")
 

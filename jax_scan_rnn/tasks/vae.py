@@ -11,7 +11,6 @@ devices like any other array.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -24,17 +23,14 @@ from flax import nnx
 from jax_scan_rnn import metrics
 from jax_scan_rnn import schedules
 from jax_scan_rnn.compiled import jit
+from jax_scan_rnn.options import check, option
 from jax_scan_rnn.data import smiles
 from jax_scan_rnn.train import TrainConfig, fit, restore_model
 from jax_scan_rnn.vae import SeqVAE, check_tokens
 
 DECODINGS = ("teacher", "scheduled")
-# Peak Adam learning rate of `jax-scan-rnn train vae` (and examples/03). Measured on the default run (rdkit
-# data, H=256, 1200 steps, batch 128, teacher forcing), held-out teacher-forced token accuracy / prior
-# samples valid at T=1: lr 1e-3 0.683 / 0.052, 3e-3 0.797 / 0.276, 1e-2 0.856 / 0.513, 2e-2 0.826 / 0.632
-# (a latent nearer the prior, worse reconstruction: 1e-2 is the balance); rerun on the current code (the
-# README's table): 1e-2 0.853 / 0.498, 2e-2 0.827 / 0.649. The ELBO is a sum over ~35
-# tokens and the gradient is clipped to norm 1, so small rates barely move in 1200 steps.
+# Peak Adam learning rate of `jax-scan-rnn train vae` (and examples/03): the balance of reconstruction and
+# prior-sample validity in a sweep, docs/measurements.md#vae-learning-rate.
 LEARNING_RATE = 1e-2
 SS_MODES = ("argmax", "sample", "gumbel_softmax")
 KL_SCHEDULES = ("constant", "linear", "sigmoid")
@@ -45,58 +41,46 @@ MIN_TEST = 2  # test sequences a run needs: the final report reconstructs them a
 
 @dataclass(frozen=True)
 class VAETask:
-    """Data, model size and training objective of a VAE run."""
+    """Data, model size and training objective of a VAE run (every field is a `train vae` flag)."""
 
-    data: str = "rdkit"  # "rdkit" (SMILES shipped with rdkit), "moses" (molsets wheel) or a text file path
-    smiles_check: bool = True  # parse a data file's lines as SMILES (rdkit), skip invalid ones; False: not chemistry
-    max_length: int = smiles.DEFAULT_MAX_LENGTH  # longer sequences are skipped (counted)
-    limit: int | None = None  # use at most this many sequences (None: all)
-    hidden_size: int = 256  # H of the encoder and decoder GRUs
-    latent_size: int = 64  # Z
-    num_layers: int = 1  # GRU layers in the encoder and in the decoder
-    bidirectional: bool = False  # bidirectional encoder
-    concat_z: bool = False  # append z to every decoder input (as MOSES does)
-    batch_size: int = 128  # sequences per step
-    decoding: str = "teacher"  # "teacher": teacher forcing only; "scheduled": scheduled sampling per token
-    ss_mode: str = "argmax"  # what replaces a token: the model's argmax, a sample, or straight-through Gumbel
-    ss_schedule: str = "inverse_sigmoid"  # decay of the teacher-forcing probability: linear/exponential/inverse_sigmoid
-    ss_midpoint: int = 1000  # step at which the teacher-forcing probability eps_i has decayed to 0.5
-    ss_max: float = 0.5  # cap on the replacement probability 1 - eps_i
-    kl_schedule: str = "linear"  # KL weight annealing: constant / linear / sigmoid
-    kl_warmup: int = 500  # steps for the KL weight to reach max_beta (linear; sigmoid's midpoint is half of it)
-    max_beta: float = 0.05  # final KL weight (MOSES VAE: 0.05; 1.0 is the ELBO proper, but collapses the latent)
-    free_bits: float = 0.0  # KL free bits per latent dimension (0: off)
-    split_seed: int = 0  # seed of the train/validation/test split
-    data_seed: int = 0  # seed of batch order and of the per-step noise
-    eval_samples: int = 1000  # prior samples drawn by `evaluate`
-    eval_sequences: int = 500  # test sequences reconstructed by `evaluate` (>= 2: it interpolates between two)
+    data: str = option("rdkit", "rdkit (SMILES shipped with rdkit), moses (pip install --no-deps molsets) or a text "
+                                "file with one sequence per line")
+    smiles_check: bool = option(True, "parse a --data file's lines as SMILES (rdkit) and skip invalid ones; "
+                                      "--no-smiles-check: the file is not chemistry")
+    max_length: int = option(smiles.DEFAULT_MAX_LENGTH, "longer sequences are skipped (counted)", lo=1)
+    limit: int | None = option(None, "use at most this many sequences", lo=1)
+    hidden_size: int = option(256, "H of the encoder and decoder GRUs", lo=1)
+    latent_size: int = option(64, "Z, the latent size", lo=1)
+    num_layers: int = option(1, "GRU layers in the encoder and in the decoder", lo=1)
+    bidirectional: bool = option(False, "bidirectional encoder")
+    concat_z: bool = option(False, "append z to every decoder input (as MOSES does)")
+    batch_size: int = option(128, "sequences per step", lo=1)
+    decoding: str = option("teacher", "teacher forcing only, or scheduled sampling per token (the README says what "
+                                      "each does to reconstruction and to sampled molecules)", choices=DECODINGS)
+    ss_mode: str = option("argmax", "what replaces a token: the model's argmax, a sample, or straight-through Gumbel",
+                          choices=SS_MODES)
+    ss_schedule: str = option("inverse_sigmoid", "decay of the teacher-forcing probability",
+                              choices=schedules.TEACHER_FORCING_SCHEDULES)
+    ss_midpoint: int = option(1000, "step at which the teacher-forcing probability has decayed to 0.5", lo=3)
+    ss_max: float = option(0.5, "cap on the replacement probability", lo=0, hi=1)
+    kl_schedule: str = option("linear", "KL weight annealing", choices=KL_SCHEDULES)
+    kl_warmup: int = option(500, "steps for the KL weight to reach max_beta (sigmoid's midpoint is half of it)", lo=0)
+    max_beta: float = option(0.05, "final KL weight (MOSES: 0.05; 1.0 is the ELBO proper, but collapses the latent)",
+                             lo=0)
+    free_bits: float = option(0.0, "KL free bits per latent dimension (0: off)", lo=0)
+    split_seed: int = option(0, "seed of the train/validation/test split", lo=0)
+    data_seed: int = option(0, "seed of the batch order and of the per-step noise (added to --seed)", lo=0)
+    eval_samples: int = option(1000, "prior samples drawn by the final evaluation", lo=1)
+    eval_sequences: int = option(500, "test sequences reconstructed by the final evaluation (it interpolates between "
+                                      "two)", lo=MIN_TEST)
 
     def __post_init__(self):
-        # Every option is checked here, before any data is read or any directory written.
-        for name, low in (("batch_size", 1), ("eval_sequences", MIN_TEST), ("hidden_size", 1), ("latent_size", 1),
-                          ("num_layers", 1), ("max_length", 1), ("kl_warmup", 0), ("eval_samples", 1)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name}: expected an int >= {low}, got {value!r}")
+        check(self)  # every option, before any data is read or any directory written
         if not self.smiles_check and smiles.is_builtin_source(self.data):
             raise ValueError(
                 f"smiles_check: expected True for the built-in source {self.data!r} (always SMILES; False is "
                 "for a data file that is not chemistry), got False"
             )
-        for name, allowed in (("decoding", DECODINGS), ("ss_mode", SS_MODES), ("kl_schedule", KL_SCHEDULES),
-                              ("ss_schedule", schedules.TEACHER_FORCING_SCHEDULES)):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name}: expected one of {allowed}, got {getattr(self, name)!r}")
-        if self.limit is not None and (isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 1):
-            raise ValueError(f"limit: expected None or an int >= 1, got {self.limit!r}")
-        for name in ("max_beta", "free_bits"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < math.inf:
-                raise ValueError(f"{name}: expected a finite number >= 0, got {value!r}")
-        if not 0.0 <= self.ss_max <= 1.0:
-            raise ValueError(f"ss_max: expected a probability in [0, 1], got {self.ss_max!r}")
-        if not isinstance(self.ss_midpoint, int) or self.ss_midpoint < 3:
-            raise ValueError(f"ss_midpoint: expected an int >= 3, got {self.ss_midpoint!r}")
 
     def _schedule_params(self) -> dict[str, float]:
         """The Bengio et al. schedule's parameter for which eps_{ss_midpoint} = 0.5."""
@@ -283,7 +267,7 @@ def reconstruction(model: SeqVAE, vocab: smiles.Vocabulary, sequences: list[str]
     """Token and whole-sequence accuracy decoding from mu, teacher-forced and free-running (greedy)."""
     tokens, lengths = encode(vocab, sequences, max_length)
     mu = _encode(model, tokens, lengths)[0]
-    mask = tokens != smiles.SPECIAL_TOKENS.index("<pad>")
+    mask = tokens != smiles.PAD
     forced = np.asarray(_teacher_forced_argmax(model, mu, tokens))
     free = np.asarray(_greedy(model, mu, tokens.shape[1]))
     return {

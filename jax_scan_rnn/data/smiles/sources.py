@@ -1,0 +1,322 @@
+"""Where sequences come from: the built-in molecule sets or a text file, parsed, filtered and de-duplicated.
+
+Sources (`load_sequences`):
+- `"rdkit"` (default): the SMILES files shipped inside the rdkit wheel (`RDKIT_FILES`: 4,999 NCI
+  compounds, 10,000 WEHI screening compounds, 1,017 + 100 ChEMBL actives, 100 ZINC and 47 CDK2
+  ligands), kept if they parse, pass `DRUG_LIKE` (one fragment; only C, N, O, S, F, Cl, Br, H, as in
+  MOSES; no charged atoms; 6 to 50 heavy atoms), and fit `max_length` once written canonically,
+  then de-duplicated: 14,734 molecules with rdkit 2026.09 and the default `max_length` (63), whose
+  26 characters are exactly those of the MOSES training set. No download.
+- `"moses"`, `"moses:test"`, `"moses:test_scaffolds"`: the MOSES benchmark sets (1,584,663 training
+  SMILES), read from the `molsets` package's data files without importing `moses`
+  (`pip install --no-deps molsets`).
+- anything else: a path to a text file with one sequence per line (`smiles=True` to parse the first
+  whitespace-separated field of each line as SMILES with the same code as the "rdkit" source, skipping
+  invalid ones as "unparsable", and canonicalise it unless `canonicalize=False`).
+  `is_builtin_source` tells the two kinds apart.
+
+Loading is a pipeline of generators: the source's fields, then (SMILES only) parse, filter and
+canonicalise, then the length limit and de-duplication. Bad lines never stop it: each is skipped and
+counted by reason in `LoadResult.skipped`. rdkit, an optional extra, is imported only by the functions
+that need it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import gzip
+import importlib.util
+import itertools
+import os
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from jax_scan_rnn.optional import require
+from jax_scan_rnn.validate import boolean, instance, integer
+
+# Longest sequence kept, in characters (tokens), <eos> excluded, so T = 64. It keeps 99.06 % of the
+# rdkit source's drug-like canonical SMILES (99th percentile 63, longest 93) and every MOSES molecule
+# (longest 57).
+DEFAULT_MAX_LENGTH = 63
+
+MOSES_SPLITS = ("train", "test", "test_scaffolds")
+
+
+# --------------------------------------------------------------------------------------------------
+# rdkit helpers (jax_scan_rnn.metrics uses them too, so that both parse and canonicalise the same way)
+
+
+def _chem():
+    return require("rdkit.Chem", "SMILES support")
+
+
+@contextlib.contextmanager
+def silence_rdkit() -> Iterator[None]:
+    """Block rdkit's error log (parse and sanitisation messages) inside the block; restores it after."""
+    blocker = require("rdkit.rdBase", "SMILES support").BlockLogs()  # the log is back once it is deleted
+    try:
+        yield
+    finally:
+        del blocker
+
+
+def parse_smiles(smiles: str):
+    """rdkit Mol of `smiles`, or None when it is empty or rdkit rejects it (MOSES `get_mol`).
+
+    Call inside `silence_rdkit()` to keep rdkit's messages off stderr.
+    """
+    Chem = _chem()
+    if not isinstance(smiles, str) or len(smiles) == 0:
+        return None
+    mol = Chem.MolFromSmiles(smiles)
+    if mol is None:
+        return None
+    try:
+        Chem.SanitizeMol(mol)
+    except ValueError:
+        return None
+    return mol
+
+
+def canonical_smiles(smiles: str) -> str | None:
+    """rdkit's canonical SMILES (`Chem.MolToSmiles`, stereo kept) of `smiles`, or None if invalid.
+
+    This is MOSES's `canonic_smiles`. Canonical forms can differ between rdkit releases, so compare
+    strings canonicalised by the same rdkit.
+    """
+    with silence_rdkit():
+        mol = parse_smiles(smiles)
+        return None if mol is None else _chem().MolToSmiles(mol)
+
+
+@dataclass(frozen=True)
+class MoleculeFilter:
+    """Which parsed molecules count as clean and drug-like (checked on rdkit Mol objects)."""
+
+    elements: frozenset[str] = frozenset({"C", "N", "O", "S", "F", "Cl", "Br", "H"})  # allowed atoms: MOSES's
+    allow_charged: bool = False  # keep molecules with a formally charged atom (MOSES removes them)
+    single_fragment: bool = True  # reject mixtures and salts ("." in the SMILES)
+    min_heavy_atoms: int = 6  # fewest non-hydrogen atoms (drops solvents and reagents)
+    max_heavy_atoms: int = 50  # most non-hydrogen atoms
+
+    def __post_init__(self):
+        fewest = integer("min_heavy_atoms", self.min_heavy_atoms, lo=0)
+        integer("max_heavy_atoms", self.max_heavy_atoms, lo=fewest)
+        object.__setattr__(self, "elements", frozenset(self.elements))
+
+    def reject_reason(self, mol) -> str | None:
+        """None if `mol` passes, else the skip reason: "fragments", "element", "charged" or "size"."""
+        if self.single_fragment and len(_chem().GetMolFrags(mol)) > 1:
+            return "fragments"
+        atoms = list(mol.GetAtoms())
+        if any(atom.GetSymbol() not in self.elements for atom in atoms):
+            return "element"
+        if not self.allow_charged and any(atom.GetFormalCharge() != 0 for atom in atoms):
+            return "charged"
+        if not self.min_heavy_atoms <= mol.GetNumHeavyAtoms() <= self.max_heavy_atoms:
+            return "size"
+        return None
+
+
+DRUG_LIKE = MoleculeFilter()  # the filter the "rdkit" source applies
+
+
+# --------------------------------------------------------------------------------------------------
+# Sources
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """What `load_sequences` kept and what it skipped."""
+
+    sequences: list[str]  # kept sequences, in file order (first occurrence of duplicates)
+    skipped: dict[str, int]  # reason -> number of lines skipped for it (reasons with a zero count absent)
+    sources: tuple[str, ...] = ()  # files read, in order
+
+
+@dataclass(frozen=True)
+class SmilesFile:
+    """One delimited text file of SMILES inside the rdkit installation."""
+
+    root: str  # the rdkit.RDConfig folder it is in: "RDDataDir" or "RDContribDir"
+    path: str  # path below that folder
+    column: int  # 0-based column holding the SMILES
+    delimiter: str | None  # None: any whitespace; "," : CSV (quotes honoured)
+    header_lines: int  # lines before the first SMILES (not counted as skipped)
+
+
+RDKIT_FILES = (
+    SmilesFile("RDDataDir", "NCI/first_5K.smi", 0, None, 0),  # 4,999 NCI open compounds
+    SmilesFile("RDDataDir", "Pains/test_data/wehi_mols.csv", 0, ",", 0),  # 10,000 WEHI screening compounds
+    SmilesFile("RDContribDir", "FreeWilson/data/CHEMBL2321810.smi", 0, None, 0),  # 1,017 ChEMBL actives
+    SmilesFile("RDContribDir", "fraggle/data/ChEMBL_11265_actives.smi", 0, None, 0),  # 100 ChEMBL actives
+    SmilesFile("RDContribDir", "SA_Score/data/zim.100.txt", 0, None, 1),  # 100 ZINC compounds
+    SmilesFile("RDContribDir", "Fastcluster/cdk2.smi", 1, None, 0),  # 47 CDK2 ligands (name, SMILES)
+)
+
+
+def is_builtin_source(source: str | os.PathLike) -> bool:
+    """Whether `load_sequences` reads `source` as a built-in set ("rdkit", "moses", "moses:<split>"), not a file.
+
+    Built-in sets are always SMILES; a file may hold any text (its caller says whether it is chemistry).
+    """
+    source = os.fspath(source)
+    return source in ("rdkit", "moses") or source.startswith("moses:")
+
+
+def _read_lines(path: str) -> list[bytes]:
+    """The raw lines of a file, gunzipped when its name ends in ".gz"."""
+    with (gzip.open if path.endswith(".gz") else open)(path, "rb") as handle:
+        return handle.read().splitlines()
+
+
+def _fields(lines: Iterable[bytes], column: int | None, delimiter: str | None, skipped: Counter) -> Iterator[str]:
+    """Field `column` of each line split on `delimiter` (None: whitespace), or each whole line when
+    `column` is None, stripped; lines that are not UTF-8 or give an empty field are counted in `skipped`."""
+    for raw in lines:
+        try:
+            line = raw.decode("utf-8").strip()
+        except UnicodeDecodeError:
+            skipped["undecodable"] += 1
+            continue
+        if column is not None:
+            parts = line.split() if delimiter is None else next(csv.reader([line], delimiter=delimiter), [])
+            line = parts[column].strip() if column < len(parts) else ""
+        if line:
+            yield line
+        else:
+            skipped["empty"] += 1
+
+
+def _rdkit_fields(skipped: Counter) -> tuple[tuple[str, ...], Iterator[str]]:
+    """(paths read, SMILES fields) of the `RDKIT_FILES` this rdkit installation has."""
+    RDConfig = require("rdkit.RDConfig", "the 'rdkit' data source")
+    found = [(spec, os.path.join(getattr(RDConfig, spec.root), spec.path)) for spec in RDKIT_FILES]
+    found = [(spec, path) for spec, path in found if os.path.isfile(path)]  # some rdkit builds omit Contrib
+    if not found:
+        raise FileNotFoundError(f"source: none of rdkit's SMILES files were found under {RDConfig.RDDataDir!r} "
+                                f"or {RDConfig.RDContribDir!r}")
+    fields = (_fields(_read_lines(path)[spec.header_lines :], spec.column, spec.delimiter, skipped)
+              for spec, path in found)
+    return tuple(path for _, path in found), itertools.chain.from_iterable(fields)
+
+
+def _moses_file(split_name: str) -> str:
+    """Path of the molsets package's `moses/dataset/data/<split>.csv.gz`, found without importing moses."""
+    spec = importlib.util.find_spec("moses")  # a top-level find_spec does not run moses/__init__.py
+    for folder in (spec and spec.submodule_search_locations) or ():
+        path = os.path.join(folder, "dataset", "data", f"{split_name}.csv.gz")
+        if os.path.isfile(path):
+            return path
+    raise FileNotFoundError(
+        f"source: the MOSES data file moses/dataset/data/{split_name}.csv.gz was not found; install it with "
+        "`pip install --no-deps molsets` (--no-deps: only its data files are read, and its pinned dependencies "
+        "do not build)"
+    )
+
+
+def _moses_fields(source: str, skipped: Counter) -> tuple[tuple[str, ...], Iterator[str]]:
+    """(path read, SMILES fields) of the MOSES set `source` names ("moses" is "moses:train")."""
+    split_name = source.partition(":")[2] or "train"
+    if split_name not in MOSES_SPLITS:
+        raise ValueError(f"source: expected 'moses' or 'moses:<split>' with split in {MOSES_SPLITS}, got {source!r}")
+    path = _moses_file(split_name)
+    lines = _read_lines(path)
+    header = (lines[0] if lines else b"").decode("utf-8", "replace").strip().split(",")
+    if "SMILES" not in header:
+        raise ValueError(f"source: expected a 'SMILES' column in {path}, got header {header!r}")
+    return (path,), _fields(lines[1:], header.index("SMILES"), ",", skipped)
+
+
+def _molecules(items: Iterable[str], canonicalize: bool, molecule_filter: MoleculeFilter | None,
+               skipped: Counter) -> Iterator[str]:
+    """The items that parse as SMILES and pass `molecule_filter`, canonical if asked; the rest counted."""
+    Chem = _chem()
+    for item in items:
+        mol = parse_smiles(item)
+        if mol is None:
+            skipped["unparsable"] += 1
+        elif molecule_filter is not None and (reason := molecule_filter.reject_reason(mol)):
+            skipped[reason] += 1
+        else:
+            yield Chem.MolToSmiles(mol) if canonicalize else item
+
+
+def _short_and_new(items: Iterable[str], max_length: int, dedupe: bool, skipped: Counter) -> Iterator[str]:
+    """The items of at most `max_length` characters, each once if `dedupe`; the rest counted."""
+    seen = set()
+    for item in items:
+        if len(item) > max_length:
+            skipped["too_long"] += 1
+        elif dedupe and item in seen:
+            skipped["duplicate"] += 1
+        else:
+            seen.add(item)
+            yield item
+
+
+def load_sequences(
+    source: str | os.PathLike = "rdkit",
+    *,
+    max_length: int = DEFAULT_MAX_LENGTH,
+    smiles: bool | None = None,
+    canonicalize: bool | None = None,
+    molecule_filter: MoleculeFilter | None = None,
+    dedupe: bool = True,
+    limit: int | None = None,
+) -> LoadResult:
+    """Load sequences (SMILES or any text) from `source`, skipping and counting bad lines.
+
+    Args:
+        source: "rdkit" (SMILES files shipped with rdkit), "moses" / "moses:train" / "moses:test" /
+            "moses:test_scaffolds" (MOSES sets from `pip install --no-deps molsets`), or a path to a
+            text file (".gz" allowed) with one sequence per line (write "./rdkit" for a file that is
+            named like a source).
+        max_length: longest sequence kept, in characters (= tokens, <eos> excluded); longer: "too_long".
+        smiles: parse each line with rdkit (unparsable lines: "unparsable"). None: True for "rdkit",
+            False for MOSES (curated and valid; parsing 1.6 M molecules takes minutes) and for a file.
+            For a file with `smiles=True` the first whitespace-separated field of a line is the
+            SMILES (so "SMILES name" lines work).
+        canonicalize: write each parsed molecule as rdkit's canonical SMILES (only with smiles).
+            None: True when `smiles` is, except for MOSES, whose strings are kept as published.
+        molecule_filter: reject parsed molecules that fail it (reasons "fragments", "element",
+            "charged", "size"). None: `DRUG_LIKE` for "rdkit", no filter otherwise.
+        dedupe: drop repeated sequences (after canonicalisation), counted as "duplicate".
+        limit: stop once this many sequences are kept (None: all).
+
+    Returns:
+        LoadResult(sequences, skipped, sources). Skip reasons: "undecodable" (not UTF-8), "empty",
+        "unparsable", "fragments", "element", "charged", "size", "too_long", "duplicate".
+    """
+    source = os.fspath(instance("source", source, (str, os.PathLike)))
+    max_length = integer("max_length", max_length, lo=1)
+    limit = integer("limit", limit, lo=0, none=True)
+    dedupe = boolean("dedupe", dedupe)
+    is_moses = is_builtin_source(source) and source != "rdkit"
+    smiles = (source == "rdkit") if smiles is None else boolean("smiles", smiles)
+    canonicalize = (smiles and not is_moses) if canonicalize is None else boolean("canonicalize", canonicalize)
+    if molecule_filter is None and smiles and source == "rdkit":
+        molecule_filter = DRUG_LIKE
+    if canonicalize and not smiles:
+        raise ValueError("canonicalize: expected False or None when smiles=False, got True")
+    if molecule_filter is not None and not smiles:
+        raise ValueError(f"molecule_filter: expected None when smiles=False, got {molecule_filter!r}")
+
+    skipped = Counter()
+    if source == "rdkit":
+        paths, items = _rdkit_fields(skipped)
+    elif is_moses:
+        paths, items = _moses_fields(source, skipped)
+    elif os.path.isfile(source):
+        paths, items = (source,), _fields(_read_lines(source), 0 if smiles else None, None, skipped)
+    else:
+        raise FileNotFoundError(
+            f"source: expected 'rdkit', 'moses', 'moses:<split>' or an existing file, got {source!r}"
+        )
+    if smiles:
+        items = _molecules(items, canonicalize, molecule_filter, skipped)
+    with silence_rdkit() if smiles else contextlib.nullcontext():  # the generators above run here
+        kept = list(itertools.islice(_short_and_new(items, max_length, dedupe, skipped), limit))
+    return LoadResult(kept, dict(skipped), paths)
