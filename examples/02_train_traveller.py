@@ -23,6 +23,7 @@ from flax import nnx
 import jax_scan_rnn as jsr
 import torch_ref
 from jax_scan_rnn.data import trading
+from jax_scan_rnn.train import TrainStep
 
 STEPS = 600  # optimiser steps
 BATCH, SEQ_LEN = 64, 128  # paths per step, steps per training path
@@ -40,36 +41,37 @@ for name, value in trading.utility_table(market_cfg, test_market).items():
 
 # %% The model: positions_t = tanh(Linear(LSTM([positions_{t-1}, features_t])))
 model = jsr.Traveller(market_cfg.num_signals, HIDDEN, LAYERS, 0.0, rngs=nnx.Rngs(0))
-optimizer = nnx.Optimizer(
-    model,
-    optax.chain(optax.clip_by_global_norm(1.0), optax.adam(optax.cosine_decay_schedule(LEARNING_RATE, STEPS))),
-    wrt=nnx.Param,
-)
+tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(optax.cosine_decay_schedule(LEARNING_RATE, STEPS)))
 
 
-def loss_fn(model, features, returns):
+def loss_fn(model, batch):
     # The loss is minus the net utility: gains minus risk minus quadratic trading costs.
+    features, returns = batch
     positions, _ = model(features)  # [B, T, 2], and the state after the last step (unused here)
-    return -trading.net_utility(positions, returns, market_cfg).mean()
+    return -trading.net_utility(positions, returns, market_cfg).mean(), {}
 
 
-@nnx.jit  # one compiled program: forward scan, backward scan, Adam update (calls without gradients: jsr.jit)
-def train_step(model, optimizer, features, returns):
-    loss, grads = nnx.value_and_grad(loss_fn)(model, features, returns)
-    optimizer.update(model, grads)
-    return loss
+def batch_at(step):  # a pure function of the step: the same batches on every run
+    idx = np.random.default_rng(step).choice(len(train_market.features), BATCH, replace=False)
+    return jnp.asarray(train_market.features[idx], jnp.float32), jnp.asarray(train_market.returns[idx], jnp.float32)
 
+
+# One compiled program per update: forward scan, backward scan, Adam. `fit` (what `jax-scan-rnn train`
+# runs) is this same step plus logging, evaluation and checkpoints.
+train_step = TrainStep(model, loss_fn, tx, batch_at(0))
 
 # %% Train
-rng = np.random.default_rng(0)
-losses = []
+carry = train_step.init()
+losses = []  # mean training loss over each window of 10 updates
 for step in range(STEPS):
-    idx = rng.choice(len(train_market.features), BATCH, replace=False)
-    features = jnp.asarray(train_market.features[idx], jnp.float32)
-    returns = jnp.asarray(train_market.returns[idx], jnp.float32)
-    losses.append(float(train_step(model, optimizer, features, returns)))
-    if step % 100 == 0 or step == STEPS - 1:
-        print(f"step {step:4d}  training utility per step {-losses[-1]:+.4f}")
+    carry = train_step(carry, batch_at(step))
+    if (step + 1) % 10 == 0:
+        window = carry["window"]  # on-device sums since the last read: reading them is the only host sync
+        losses.append(float(window["loss"] / window["count"]))
+        carry["window"] = train_step.empty_window()
+    if (step + 1) % 100 == 0:
+        print(f"step {step + 1:4d}  training utility per step {-losses[-1]:+.4f}")
+train_step.write(carry)  # the model now holds the trained weights
 
 # %% Evaluate out of sample, through the one compiled call (it reads the trained weights at each call)
 model.eval()
@@ -106,7 +108,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 OUT.mkdir(parents=True, exist_ok=True)
 fig, ax = plt.subplots(figsize=(7, 3.5))
-ax.plot(-np.array(losses), lw=0.8, label="training utility per step")
+ax.plot(np.arange(10, STEPS + 1, 10), -np.array(losses), lw=0.8, label="training utility per step")
 ax.axhline(table["optimal"], color="k", ls="--", label="optimal policy (held out)")
 ax.set_xlabel("optimiser step")
 ax.set_ylabel("net utility per step")
