@@ -43,16 +43,20 @@ class RunLog:
     """The rows of one run, kept in memory and appended to `out_dir/metrics.jsonl` (if `out_dir` is set).
 
     `resume_at(step)` keeps the earlier run's rows up to `step` and drops later ones (they will be recomputed),
-    so the file reads as one run.
+    so the file reads as one run. With `write=False` (every process of a multi-process run but the first) the
+    rows are kept in memory only: one process writes the file.
     """
 
-    def __init__(self, out_dir: Path | None):
+    def __init__(self, out_dir: Path | None, write: bool = True):
         self.path = out_dir / METRICS_FILE if out_dir is not None else None
+        self.write = write and self.path is not None
         self.rows: list[dict] = []
         self.file = None
 
     def resume_at(self, step: int) -> None:
         self.rows = [r for r in _read_rows(self.path) if r["step"] <= step]
+        if not self.write:
+            return
         tmp = self.path.with_name(self.path.name + ".tmp")
         with open(tmp, "w") as f:  # replaced in one rename: a crash leaves the old file or the new one
             f.writelines(json.dumps(r) + "\n" for r in self.rows)
@@ -61,7 +65,7 @@ class RunLog:
         os.replace(tmp, self.path)
 
     def __enter__(self) -> RunLog:
-        if self.path is not None:
+        if self.write:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.file = open(self.path, "a" if self.rows else "w")
         return self

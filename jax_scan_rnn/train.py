@@ -134,10 +134,6 @@ def _key_impl(x: Any) -> str | None:
     return str(jax.random.key_impl(x)) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else None
 
 
-def _scalar(value, dtype) -> Array:
-    return jax.device_put(np.asarray(value, dtype))  # no XLA compilation, unlike jnp.zeros
-
-
 class TrainStep:
     """One optimiser update of `model` on `loss_fn`, as a pure jitted function: `carry = step(carry, batch)`.
 
@@ -159,6 +155,7 @@ class TrainStep:
         validate.instance("model", model, nnx.Module)
         self.loss_fn = validate.function("loss_fn", loss_fn)
         self.schedule = schedule
+        self.sharding: jax.sharding.Sharding | None = None  # of the carry, set by init
         self.optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
         self.objs = {"model": model, "optimizer": self.optimizer}
         self.graphdef, state = nnx.split(self.objs)
@@ -183,16 +180,20 @@ class TrainStep:
         return nnx.merge(self.graphdef, self.tree(raw))
 
     def init(self, sharding: jax.sharding.Sharding | None = None) -> dict:
-        """A carry holding copies of the model's and optimiser's current state (placed with `sharding`)."""
+        """A carry holding copies of the model's and optimiser's current state, every array placed with
+        `sharding` (e.g. replicated over a data-parallel mesh; on several processes it must span them all)."""
+        self.sharding = sharding
         raw = [jax.device_put(x, may_alias=False) for x in self._raw(jax.tree.leaves(nnx.state(self.objs)))]
+        bad = {"step": np.int32(-1), "loss": np.float32(0), "grad_norm": np.float32(0)}
         return {"state": raw if sharding is None else jax.device_put(raw, sharding), "window": self.empty_window(),
-                "bad": {"step": _scalar(-1, np.int32), "loss": _scalar(0, np.float32),
-                        "grad_norm": _scalar(0, np.float32)}}
+                "bad": jax.device_put(bad, sharding)}
 
     def empty_window(self) -> dict:
-        zero = functools.partial(_scalar, 0, np.float32)
-        return {"count": _scalar(0, np.int32), "loss": zero(), "grad_norm": zero(), "lr": zero(),
-                "metrics": {k: zero() for k in self.metric_names}}
+        """Zeroed window sums, placed like the carry (host NumPy values: no XLA compilation, unlike jnp.zeros)."""
+        zero = np.float32(0)
+        window = {"count": np.int32(0), "loss": zero, "grad_norm": zero, "lr": zero,
+                  "metrics": {k: zero for k in self.metric_names}}
+        return jax.device_put(window, self.sharding)
 
     def __call__(self, carry: dict, batch: Batch) -> dict:
         return self._step(carry, batch)
@@ -350,7 +351,8 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
     first_batch = batch_fn(0)
     step = TrainStep(model, loss_fn, make_optimizer(cfg), put(first_batch), make_lr_schedule_for(cfg))
     carry = step.init(state_sharding)
-    log = RunLog(out)
+    writer = jax.process_index() == 0  # one process writes the log and the plot; every process checkpoints
+    log = RunLog(out, write=writer)
     resumed: dict[str, Any] = {}
     if resume and ckpt.steps(ckdir):
         carry, resumed = _resume(step, carry, ckdir, cfg, emit, state_sharding)
@@ -394,10 +396,10 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
                     emit({"event": "checkpoint", "step": k, "path": str(path)})
     finally:
         step.write(carry)
-    history = log.history(step=k, out_dir=out, **{key: v for key, v in resumed.items()})
-    if out is not None and available("matplotlib"):
+    history = log.history(step=k, out_dir=out, **resumed)
+    if log.write and available("matplotlib"):
         plot_curves(history, out / CURVES_FILE)
-    elif out is not None:  # the run's results are complete without it; say so rather than fail after training
+    elif log.write:  # the run's results are complete without it; say so rather than fail after training
         emit({"event": "plot_skipped", "path": str(out / CURVES_FILE),
               "reason": "matplotlib is not installed: pip install 'jax-scan-rnn[plot]'"})
     emit({"event": "end", "step": k, "elapsed_s": time.time() - t_start})
