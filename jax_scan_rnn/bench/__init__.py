@@ -30,10 +30,12 @@ the same method's previous cell), when their compiled memory would not fit, or w
 `budget_s` is spent. Library code: nothing here prints; `run` (the CLI) does.
 
 The package, one idea per module, each importing only those listed before it: `config` (BenchConfig,
-its presets, the row keys), `machine` (what the results record of this machine), `methods` (the rows:
-the shared context, the torch / JAX / limit / VAE case builders, the METHODS table), `engine` (warm-up,
-round-robin sampling, ratios: `run_suite`), `report` (headline, criteria, Markdown, plots, JSON:
-`write_results`) and `cli` (`jax-scan-rnn bench`; `python -m jax_scan_rnn.bench` runs its `main`).
+its presets, the row keys), `machine` (what the results record of this machine), `context` (what every
+row shares: the weights in both frameworks, the data, `Case`, `Skip`), the rows by subject:
+`torch_methods`, `jax_methods` (each including its limit row) and `vae_methods`; `methods` (the METHODS
+table of every row), `engine` (warm-up, round-robin sampling, ratios: `run_suite`), `report` (headline,
+criteria, Markdown, plots, JSON: `write_results`) and `cli` (`jax-scan-rnn bench`; `python -m
+jax_scan_rnn.bench` runs its `main`).
 """
 from jax_scan_rnn.bench.cli import add_arguments, config_from_args, main, run
 from jax_scan_rnn.bench.config import (
@@ -50,7 +52,8 @@ from jax_scan_rnn.bench.config import (
 )
 from jax_scan_rnn.bench.engine import run_suite
 from jax_scan_rnn.bench.machine import host_kind
-from jax_scan_rnn.bench.methods import METHODS, Method, Skip
+from jax_scan_rnn.bench.context import Skip
+from jax_scan_rnn.bench.methods import METHODS, Method
 from jax_scan_rnn.bench.report import criteria, headline, markdown, results_stem, write_results
 
 __all__ = [

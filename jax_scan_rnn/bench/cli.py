@@ -99,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
                 if h["scan_us"] is None:
                     continue
                 print(f"{mode:<7} B={batch:<5} T={steps:<6} seed loop {format_us(h['seed_us']):>10}/step   "
-                      f"lax.scan {format_us(h['scan_us']):>10}/step ({format_ratio(h['scan_speedup_vs_seed'])} vs seed)   "
+                      f"lax.scan {format_us(h['scan_us']):>10}/step "
+                      f"({format_ratio(h['scan_speedup_vs_seed'])} vs seed)   "
                       f"limit {format_us(h['limit_us']):>10}/step (scan = {format_ratio(h['scan_x_limit'])} limit)")
     print()
     for c in criteria(results):

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from jax_scan_rnn.validate import choice, integer, real
+
 SCHEMA_VERSION = 1
 SEED_KEY = "torch-loop"  # the reference row of every "x faster than the seed" ratio (Traveller)
 SEEDS = {"traveller": SEED_KEY, "vae-ss": "vae-ss-torch", "vae-greedy": "vae-greedy-torch"}  # per model
@@ -96,35 +98,24 @@ class BenchConfig:
         return dataclasses.replace(quick, **overrides)
 
     def validate(self) -> None:
-        def positive_ints(name: str, values) -> None:
-            if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
+        """Raise ValueError naming the first field out of range (the method keys: `methods.check_method_keys`)."""
+        # Empty sweep or VAE sizes mean no such rows; train_batch_sizes None means every B.
+        lists = {"seq_lens": True, "batch_sizes": True, "sweep_seq_lens": bool(self.sweep_seq_lens),
+                 "train_batch_sizes": self.train_batch_sizes is not None,
+                 "vae_batch_sizes": bool(self.vae_batch_sizes), "vae_seq_lens": bool(self.vae_batch_sizes)}
+        for name in (name for name, checked in lists.items() if checked):
+            values = getattr(self, name)
+            if not values:
                 raise ValueError(f"{name}: expected a non-empty list of positive ints, got {values!r}")
-
-        positive_ints("seq_lens", self.seq_lens)
-        positive_ints("batch_sizes", self.batch_sizes)
-        if self.sweep_seq_lens:
-            positive_ints("sweep_seq_lens", self.sweep_seq_lens)
-        if self.train_batch_sizes is not None:
-            positive_ints("train_batch_sizes", self.train_batch_sizes)
-        if self.vae_batch_sizes:
-            positive_ints("vae_batch_sizes", self.vae_batch_sizes)
-            positive_ints("vae_seq_lens", self.vae_seq_lens)
+            for value in values:
+                integer(name, value, lo=1)
         for name in ("hidden_size", "num_layers", "num_inputs", "sweep_batch", "repeats", "min_repeats", "probe_t"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: expected a positive int, got {value!r}")
+            integer(name, getattr(self, name), lo=1)
         if self.min_repeats > self.repeats:
             raise ValueError(f"min_repeats: expected at most repeats ({self.repeats}), got {self.min_repeats}")
-        bad_modes = [m for m in self.modes if m not in MODES]
-        if not self.modes or bad_modes:
+        integer("torch_threads", self.torch_threads, lo=1, none=True)
+        if not self.modes or any(m not in MODES for m in self.modes):
             raise ValueError(f"modes: expected a non-empty subset of {MODES}, got {self.modes!r}")
-        # The method keys are checked against the method table by `methods.check_method_keys` (the table is
-        # built on top of this module, so this module cannot import it).
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"dtype: expected 'float32' or 'bfloat16', got {self.dtype!r}")
+        choice("dtype", self.dtype, ("float32", "bfloat16"))
         for name in ("case_budget_s", "min_sample_s", "max_call_s", "budget_s", "memory_fraction"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and value > 0):
-                raise ValueError(f"{name}: expected a positive number, got {value!r}")
-        if self.torch_threads is not None and (not isinstance(self.torch_threads, int) or self.torch_threads < 1):
-            raise ValueError(f"torch_threads: expected a positive int or None, got {self.torch_threads!r}")
+            real(name, getattr(self, name), lo=0, lo_open=True)

@@ -3,6 +3,7 @@ round-robin, derives the ratios, and `run_suite` returns it all as a JSON-ready 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import math
@@ -12,12 +13,17 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 
+import flax
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jax_scan_rnn import xla_flags
+from jax_scan_rnn.bench import vae_methods
 from jax_scan_rnn.bench.config import AUTO_KEY, LIMIT_KEYS, SCHEMA_VERSION, SEED_KEY, SEEDS, BenchConfig
+from jax_scan_rnn.bench.context import Case, Context, Skip
 from jax_scan_rnn.bench.machine import available_memory, cpu_model, host_kind, load_average
-from jax_scan_rnn.bench.methods import METHODS, Case, Context, Method, Skip, check_method_keys, vae_torch_probe
+from jax_scan_rnn.bench.methods import METHODS, Method, check_method_keys
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -101,13 +107,15 @@ class _Engine:
         same_b = [s for (k, m, b, t), s in self.history.items() if (k, m, b) == (key, mode, batch) and t < steps]
         if same_b:
             return min(same_b) * steps
-        smaller_b = [(b, s) for (k, m, b, t), s in self.history.items() if (k, m, t) == (key, mode, steps) and b < batch]
+        smaller_b = [(b, s) for (k, m, b, t), s in self.history.items()
+                     if (k, m, t) == (key, mode, steps) and b < batch]
         if smaller_b:
             b, s = max(smaller_b)
             return s * steps * max(1.0, batch / max(b, 32))
         return None
 
-    def cell(self, methods: Sequence[Method], model: str, batch: int, steps: int, mode: str, section: str) -> list[dict]:
+    def cell(self, methods: Sequence[Method], model: str, batch: int, steps: int, mode: str,
+             section: str) -> list[dict]:
         """Measure every method on one (B, T, mode): build and warm up each, then sample round-robin."""
         rows, live = [], []
         # Forget every graph Dynamo compiled so far: each cell's first calls compile from scratch (the
@@ -214,7 +222,7 @@ class _Engine:
             peak = torch.cuda.max_memory_allocated() - (mem_before or 0)
             memory = {"kind": "torch-cuda-peak", "peak_bytes": int(peak)}
         elif self.ctx.on_gpu and method.framework == "jax":
-            stats = self.ctx.jax_device.memory_stats() or {}
+            stats = jax.devices()[0].memory_stats() or {}
             if "peak_bytes_in_use" in stats:
                 memory = dict(memory or {"kind": "jax-device"})
                 memory["process_peak_bytes"] = int(stats["peak_bytes_in_use"])
@@ -242,34 +250,28 @@ class _Engine:
 
     def sample(self, live: list[tuple[dict, Case]]) -> None:
         """Round-robin: each pass takes one sample of every unfinished case, so load drifts hit all alike."""
-        cfg = self.cfg
-        calls: dict[int, int] = {}
         for row, case in live:  # calls per sample from one more warm call (itself a sample if slow enough)
             t0 = time.perf_counter()
             case.call()
             one = max(time.perf_counter() - t0, 1e-7)
-            calls[id(row)] = max(1, min(10_000, math.ceil(cfg.min_sample_s / one)))
-            row["calls_per_sample"] = calls[id(row)]
-            if calls[id(row)] == 1:
+            row["calls_per_sample"] = max(1, min(10_000, math.ceil(self.cfg.min_sample_s / one)))
+            if row["calls_per_sample"] == 1:
                 row["samples"].append(one)
-        active = list(live)
+        active = [(row, case) for row, case in live if not self.done(row)]
         while active:
-            for item in list(active):
-                row, case = item
-                n = calls[id(row)]
-                if self.done(row, n):
-                    active.remove(item)
-                    continue
+            for row, case in active:
+                n = row["calls_per_sample"]
                 t0 = time.perf_counter()
                 for _ in range(n):
                     case.call()
                 row["samples"].append((time.perf_counter() - t0) / n)
-                if self.done(row, n):
-                    active.remove(item)
+            active = [(row, case) for row, case in active if not self.done(row)]
 
-    def done(self, row: dict, calls: int) -> bool:
+    def done(self, row: dict) -> bool:
+        """`repeats` samples, or `min_repeats` once they took `case_budget_s`."""
         samples, cfg = row["samples"], self.cfg
-        return len(samples) >= cfg.repeats or (len(samples) >= cfg.min_repeats and sum(samples) * calls >= cfg.case_budget_s)
+        spent = sum(samples) * row["calls_per_sample"]
+        return len(samples) >= cfg.repeats or (len(samples) >= cfg.min_repeats and spent >= cfg.case_budget_s)
 
     def finish(self, row: dict) -> None:
         samples = row["samples"]
@@ -310,11 +312,8 @@ def _derive(rows: list[dict]) -> list[dict]:
 
 
 def _versions(ctx: Context, threads: dict, vae_threads: dict | None = None) -> dict:
-    import flax
-    import jax
-
     torch = ctx.torch
-    info = {
+    return {
         "host_kind": host_kind(),
         "platform": platform.platform(),
         "cpu": cpu_model(),
@@ -332,7 +331,6 @@ def _versions(ctx: Context, threads: dict, vae_threads: dict | None = None) -> d
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "xla_small_loop_setting": xla_flags.status(),
     }
-    return info
 
 
 def run_suite(cfg: BenchConfig | None = None, *, progress: Callable[[str], None] | None = None) -> dict:
@@ -340,48 +338,37 @@ def run_suite(cfg: BenchConfig | None = None, *, progress: Callable[[str], None]
     cfg = cfg or BenchConfig.default()
     cfg.validate()
     check_method_keys(cfg)
-    import jax
-
-    started = time.time()
-    load_start = load_average()
-    precision = None
-    if cfg.dtype == "float32" and cfg.matmul_precision:
-        precision = jax.default_matmul_precision(cfg.matmul_precision)
-        precision.__enter__()
-    try:
+    started, load_start = time.time(), load_average()
+    with contextlib.ExitStack() as restore:  # every setting changed below is put back, however the run ends
+        if cfg.dtype == "float32" and cfg.matmul_precision:
+            restore.enter_context(jax.default_matmul_precision(cfg.matmul_precision))
         ctx = Context(cfg)
         torch = ctx.torch
-        tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-        if ctx.on_gpu and cfg.dtype == "float32":
-            torch.backends.cuda.matmul.allow_tf32 = False
-            torch.backends.cudnn.allow_tf32 = False
+        if ctx.on_gpu and cfg.dtype == "float32":  # float32 means float32: no TF32 matmuls
+            _set(restore, torch.backends.cuda.matmul, "allow_tf32", False)
+            _set(restore, torch.backends.cudnn, "allow_tf32", False)
         dynamo = torch._dynamo.config
         limit_name = "recompile_limit" if hasattr(dynamo, "recompile_limit") else "cache_size_limit"
-        old_limit = getattr(dynamo, limit_name)
-        setattr(dynamo, limit_name, max(old_limit, 64))
+        _set(restore, dynamo, limit_name, max(getattr(dynamo, limit_name), 64))
         # torch.compile keeps compiled graphs on disk between processes (FX graph and AOT-autograd caches):
         # a second run would time cache hits, not compiles. Those are off here; the C++/Triton kernel cache
         # stays on, as on any machine that has compiled before (a first-ever run takes longer).
-        switches = [(torch._inductor.config, "fx_graph_cache"), (torch._functorch.config, "enable_autograd_cache")]
-        saved = [(mod, name, getattr(mod, name)) for mod, name in switches if hasattr(mod, name)]
-        for mod, name, _ in saved:
-            setattr(mod, name, False)
-        try:
-            results = _run(cfg, ctx, progress, started, load_start)
-        finally:
-            setattr(dynamo, limit_name, old_limit)
-            for mod, name, value in saved:
-                setattr(mod, name, value)
-            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
-    finally:
-        if precision is not None:
-            precision.__exit__(None, None, None)
-    return results
+        caches = ((torch._inductor.config, "fx_graph_cache"), (torch._functorch.config, "enable_autograd_cache"))
+        for config, name in caches:
+            if hasattr(config, name):
+                _set(restore, config, name, False)
+        return _run(cfg, ctx, progress, started, load_start)
+
+
+def _set(restore: contextlib.ExitStack, obj, name: str, value) -> None:
+    """`obj.name = value` until `restore` closes."""
+    restore.callback(setattr, obj, name, getattr(obj, name))
+    setattr(obj, name, value)
 
 
 def _warm_up_compilers(ctx: Context) -> None:
     """Pay each compiler's one-time start-up (imports, toolchain, worker pools) before any row is timed."""
-    torch, jax, jnp = ctx.torch, ctx.jax, ctx.jnp
+    torch = ctx.torch
     x = torch.ones(4, device=ctx.torch_device)
     torch.compile(lambda v: torch.tanh(v) * 2 + 1, fullgraph=True)(x)
     jax.block_until_ready(jax.jit(lambda v: jnp.tanh(v) * 2 + 1)(jnp.ones(4)))
@@ -393,18 +380,16 @@ def _run(cfg: BenchConfig, ctx: Context, progress, started: float, load_start) -
     threads = _calibrate_torch_threads(ctx, default_threads)
     _warm_up_compilers(ctx)
     engine = _Engine(cfg, ctx, progress)
-    table = dict(METHODS)
     if cfg.methods is None:
-        wanted = set(table)
+        wanted = set(METHODS)
     else:
         # The seed loop, the limits and the library's own choice (the headline row) always run.
         wanted = set(cfg.methods) | {SEED_KEY, AUTO_KEY, *LIMIT_KEYS}
-        asked_models = {table[k].model for k in wanted if k in table}
-        wanted |= {SEEDS[model] for model in asked_models}  # each model's ratios need its torch loop
-    methods = [m for k, m in table.items() if k in wanted]
+        wanted |= {SEEDS[METHODS[k].model] for k in wanted}  # each model's ratios need its torch loop
+    methods = [m for k, m in METHODS.items() if k in wanted]
     grid_methods = [m for m in methods if m.where in ("grid", "both") and m.model == "traveller"]
     sweep_methods = [m for m in methods if m.where in ("sweep", "both") and m.model == "traveller"]
-    vae_methods = {model: [m for m in methods if m.model == model] for model in ("vae-ss", "vae-greedy")}
+    vae_rows = {model: [m for m in methods if m.model == model] for model in ("vae-ss", "vae-greedy")}
 
     # Order: the short-T sweep, the Traveller grid up to the VAE's batch sizes, the VAE rows, then the
     # larger batches (on a CPU mostly skipped as too slow: the first to go when the budget runs out).
@@ -414,17 +399,18 @@ def _run(cfg: BenchConfig, ctx: Context, progress, started: float, load_start) -
     grid = [(grid_methods, "traveller", batch, steps, mode, "grid") for batch in sorted(cfg.batch_sizes)
             for steps in sorted(cfg.seq_lens) for mode in cfg.modes]
     plan += [p for p in grid if p[2] <= vae_max_b]
-    plan += [(vae_methods[model], model, batch, steps, mode, "grid") for model in ("vae-ss", "vae-greedy")
+    plan += [(vae_rows[model], model, batch, steps, mode, "grid") for model in ("vae-ss", "vae-greedy")
              for batch in sorted(cfg.vae_batch_sizes) for steps in sorted(cfg.vae_seq_lens) for mode in cfg.modes
-             if vae_methods[model]]
+             if vae_rows[model]]
     plan += [p for p in grid if p[2] > vae_max_b]
     # The VAE rows' torch work is matmuls as wide as their batch, not the Traveller's per-step loops:
     # calibrated on its own decoder loop, per batch size.
     vae_threads: dict[int, dict] = {}
-    if any(m.framework == "torch" for ms in vae_methods.values() for m in ms):
+    if any(m.framework == "torch" for ms in vae_rows.values() for m in ms):
         try:
             for batch in sorted(cfg.vae_batch_sizes):
-                vae_threads[batch] = _calibrate_torch_threads(ctx, default_threads, vae_torch_probe(ctx, batch))
+                probe = vae_methods.torch_probe(ctx, batch)
+                vae_threads[batch] = _calibrate_torch_threads(ctx, default_threads, probe)
         except Skip:
             vae_threads = {}
     rows: list[dict] = []
@@ -452,7 +438,7 @@ def _run(cfg: BenchConfig, ctx: Context, progress, started: float, load_start) -
         "host": _versions(ctx, threads, {str(b): t for b, t in vae_threads.items()} or None),
         "load_average": {"start": load_start, "end": load_average()},
         "config": dataclasses.asdict(cfg),
-        "jax_bf16": ctx.jax_bf16,
+        "jax_bf16": "compute_dtype" if cfg.dtype == "bfloat16" else None,  # how the JAX rows run bf16
         "interrupted": interrupted,
         "methods": described,
         "rows": rows,

@@ -6,11 +6,6 @@ import platform
 import re
 
 
-# ----------------------------------------------------------------------------------------------------
-# The machine
-# ----------------------------------------------------------------------------------------------------
-
-
 def _gpu_name() -> str | None:
     import jax
 
@@ -30,27 +25,23 @@ def host_kind() -> str:
     return f"cpu-{os.cpu_count() or 1}core"
 
 
+def _proc_field(path: str, key: str) -> str | None:
+    """The value of the first `key: value` line of a /proc file, or None where there is none."""
+    try:
+        with open(path) as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith(key)), None)
+    except OSError:
+        return None
+
+
 def available_memory() -> int | None:
     """Bytes of RAM available now (MemAvailable), or None where unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+    kib = _proc_field("/proc/meminfo", "MemAvailable:")  # "123456 kB"
+    return int(kib.split()[0]) * 1024 if kib else None
 
 
 def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return _proc_field("/proc/cpuinfo", "model name") or platform.processor() or platform.machine()
 
 
 def load_average() -> float | None:

@@ -85,8 +85,7 @@ def headline(results: dict, batch: int = 1, steps: int = 1000, mode: str = "forw
     rows = [r for r in results["rows"] if r["section"] == "grid" and r["model"] == "traveller"
             and r["B"] == batch and r["T"] == steps and r["mode"] == mode]
     seed = _find(rows, method=SEED_KEY, status="ok")
-    scans = [r for r in rows if r["method"] == AUTO_KEY and r["status"] == "ok"]
-    scan = scans[0] if scans else None
+    scan = _find(rows, method=AUTO_KEY, status="ok")
     limits = [r for r in rows if r["method"] in LIMIT_KEYS and r["status"] == "ok"]
     limit = min(limits, key=lambda r: r["call_s"]) if limits else None
     return {
@@ -312,11 +311,8 @@ def _label(methods: dict, key: str) -> str:
 
 
 def _ordered_keys(rows: list[dict]) -> list[str]:
-    seen: list[str] = []
-    for r in rows:
-        if r["method"] not in seen:
-            seen.append(r["method"])
-    return seen
+    """The rows' method keys, each once, in the order they were measured."""
+    return list(dict.fromkeys(r["method"] for r in rows))
 
 
 def _note_tag(notes: list[str], status: str, reason: str | None) -> str:

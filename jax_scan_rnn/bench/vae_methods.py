@@ -1,0 +1,123 @@
+"""The VAE decoder rows: scheduled sampling ("ss": one coin per token feeds back either the model's argmax
+or the true token), teacher forcing ("tf": nothing fed back, the bound for "ss") and greedy generation
+("greedy": free running), each as torch_ref.SeqVAE (a Python loop over nn.GRU steps) and as jsr.SeqVAE
+(one jitted lax.scan). A train step is the whole VAE loss (encoder, decoder, KL) + Adam.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+import jax_scan_rnn as jsr
+from jax_scan_rnn.bench.context import Case, Context, Skip
+from jax_scan_rnn.bench.jax_methods import compiled_case
+from jax_scan_rnn.bench.torch_methods import torch_case
+
+
+class VAEContext:
+    """torch_ref.SeqVAE and jsr.SeqVAE on the same weights (float32), and the token data of one (B, T)."""
+
+    def __init__(self, ctx: Context):
+        import torch_ref
+
+        cfg = ctx.cfg
+        if cfg.dtype != "float32":
+            raise Skip("float32 only")
+        sizes = (cfg.vae_vocab, cfg.vae_hidden, cfg.vae_latent, cfg.vae_layers)
+        ctx.torch.manual_seed(cfg.seed)
+        model = torch_ref.SeqVAE(*sizes)
+        self.torch_model = model.to(ctx.torch_device).eval()
+        jmodel = jsr.SeqVAE(*sizes, rngs=nnx.Rngs(cfg.seed))
+        jsr.load_torch_state_dict(jmodel, {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()})
+        jmodel.eval()
+        self.graphdef, self.params, self.rest = nnx.split(jmodel, nnx.Param, ...)
+        self.cfg = cfg
+        self._data: dict[tuple, dict] = {}
+
+    def data(self, batch: int, steps: int) -> dict:
+        """Full-length sequences tokens [B, T] (random tokens, then <eos>), their lengths [B], one coin per
+        token mask [B, T] (p = 0.5), and the latent z and the encoder's noise eps [B, Z] (numpy)."""
+        key = (batch, steps)
+        if key not in self._data:
+            rng = np.random.default_rng([self.cfg.seed, batch, steps, 2])
+            tokens = rng.integers(3, self.cfg.vae_vocab, (batch, steps))
+            tokens[:, -1] = 2  # <eos>
+            self._data = {key: {
+                "tokens": tokens,
+                "lengths": np.full((batch,), steps),
+                "mask": rng.random((batch, steps)) < 0.5,
+                "z": rng.standard_normal((batch, self.cfg.vae_latent), dtype=np.float32),
+                "eps": rng.standard_normal((batch, self.cfg.vae_latent), dtype=np.float32),
+            }}
+        return self._data[key]
+
+
+def _vae(ctx: Context) -> VAEContext:
+    if ctx.vae is None:
+        ctx.vae = VAEContext(ctx)
+    return ctx.vae
+
+
+def torch_probe(ctx: Context, batch: int) -> Callable[[], None]:
+    """One call of torch_ref's scheduled-sampling decoder loop at `batch` and ~2,000 sequence-steps (T
+    from 2 to 20), ~10-100 ms on a CPU: what the VAE rows' torch thread count is calibrated on (CPU only)."""
+    torch = ctx.torch
+    model = _vae(ctx).torch_model
+    d = ctx.vae.data(batch, max(2, min(20, 2000 // batch)))
+    tokens, mask, z = torch.from_numpy(d["tokens"]), torch.from_numpy(d["mask"]), torch.from_numpy(d["z"])
+
+    def call() -> None:
+        with torch.no_grad():
+            model.decode(z, tokens, replace_mask=mask)
+
+    return call
+
+
+def torch_row(task: str) -> Callable[[Context, int, int, str], Case]:
+    """torch_ref.SeqVAE for `task` ("ss", "tf" or "greedy")."""
+
+    def build(ctx: Context, batch: int, steps: int, mode: str) -> Case:
+        vae = _vae(ctx)
+        d = {k: ctx.torch.from_numpy(v).to(ctx.torch_device) for k, v in vae.data(batch, steps).items()}
+        mask = d["mask"] if task == "ss" else None
+
+        def forward(model):
+            if task == "greedy":
+                return model.generate(d["z"], steps)
+            return model.decode(d["z"], d["tokens"], replace_mask=mask)
+
+        def loss(model):
+            return model.loss(d["tokens"], d["lengths"], eps=d["eps"], replace_mask=mask)["total"]
+
+        return torch_case(ctx, mode, vae.torch_model, forward, loss)
+
+    return build
+
+
+def jax_row(task: str) -> Callable[[Context, int, int, str], Case]:
+    """jsr.SeqVAE for `task` ("ss", "tf" or "greedy"), compiled."""
+
+    def build(ctx: Context, batch: int, steps: int, mode: str) -> Case:
+        vae = _vae(ctx)
+        d = vae.data(batch, steps)
+        graphdef, rest = vae.graphdef, vae.rest
+        tokens, lengths = jnp.asarray(d["tokens"], jnp.int32), jnp.asarray(d["lengths"], jnp.int32)
+        mask = jnp.asarray(d["mask"]) if task == "ss" else None
+        z, eps = jnp.asarray(d["z"]), jnp.asarray(d["eps"])
+        if mode == "train":
+            def loss(p, tokens, lengths, eps, mask):
+                return nnx.merge(graphdef, p, rest).loss(tokens, lengths, eps=eps, replace_mask=mask)["total"]
+
+            return compiled_case(ctx, mode, loss, vae.params, tokens, lengths, eps, mask)
+        if task == "greedy":
+            return compiled_case(ctx, mode, lambda p, z: nnx.merge(graphdef, p, rest).generate(z, steps), vae.params, z)
+
+        def decode(p, z, tokens, mask):
+            return nnx.merge(graphdef, p, rest).decode(z, tokens, replace_mask=mask)
+
+        return compiled_case(ctx, mode, decode, vae.params, z, tokens, mask)
+
+    return build
