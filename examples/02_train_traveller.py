@@ -66,9 +66,9 @@ losses = []  # mean training loss over each window of 10 updates
 for step in range(STEPS):
     carry = train_step(carry, batch_at(step))
     if (step + 1) % 10 == 0:
-        window = carry["window"]  # on-device sums since the last read: reading them is the only host sync
+        window = train_step.read(carry)["window"]  # sums since the last reset: the only host sync
         losses.append(float(window["loss"] / window["count"]))
-        carry["window"] = train_step.empty_window()
+        carry = train_step.reset(carry)
     if (step + 1) % 100 == 0:
         print(f"step {step + 1:4d}  training utility per step {-losses[-1]:+.4f}")
 train_step.write(carry)  # the model now holds the trained weights

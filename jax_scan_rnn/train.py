@@ -141,10 +141,12 @@ class TrainStep:
         carry = step.init()
         for i in range(n):
             carry = step(carry, batch_fn(i))
+        print(step.read(carry)["window"])   # sums over the updates since init / the last reset
+        carry = step.reset(carry)
         step.write(carry)            # the model (and step.optimizer) now hold the trained state
 
     `carry` is a dict of plain arrays: `state` (the model's and optimiser's state leaves, typed PRNG keys as
-    their key data), `window` (on-device sums since the last `read`: count, loss, gradient norm, every metric,
+    their key data), `window` (on-device sums since init or the last `reset`: count, loss, gradient norm, every metric,
     and the latest learning rate) and `bad` (the first non-finite update: step -1 while there was none). The
     carry is donated: use only the returned one. Variables shared inside the model (tied weights) stay shared
     (`nnx.split` stores them once). `batch` is an example batch, traced once to learn the metric names.
@@ -155,7 +157,6 @@ class TrainStep:
         validate.instance("model", model, nnx.Module)
         self.loss_fn = validate.function("loss_fn", loss_fn)
         self.schedule = schedule
-        self.sharding: jax.sharding.Sharding | None = None  # of the carry, set by init
         self.optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
         self.objs = {"model": model, "optimizer": self.optimizer}
         self.graphdef, state = nnx.split(self.objs)
@@ -167,6 +168,7 @@ class TrainStep:
 
         self.metric_names = sorted(jax.eval_shape(probe, self._raw(leaves), batch)[1])
         self._step = jax.jit(self._update, donate_argnums=0)
+        self._zero = jax.jit(lambda tree: jax.tree.map(jnp.zeros_like, tree))
 
     def _raw(self, leaves) -> list:
         return [jax.random.key_data(x) if k else x for x, k in zip(leaves, self.key_impls)]
@@ -182,18 +184,22 @@ class TrainStep:
     def init(self, sharding: jax.sharding.Sharding | None = None) -> dict:
         """A carry holding copies of the model's and optimiser's current state, every array placed with
         `sharding` (e.g. replicated over a data-parallel mesh; on several processes it must span them all)."""
-        self.sharding = sharding
         raw = [jax.device_put(x, may_alias=False) for x in self._raw(jax.tree.leaves(nnx.state(self.objs)))]
-        bad = {"step": np.int32(-1), "loss": np.float32(0), "grad_norm": np.float32(0)}
-        return {"state": raw if sharding is None else jax.device_put(raw, sharding), "window": self.empty_window(),
-                "bad": jax.device_put(bad, sharding)}
-
-    def empty_window(self) -> dict:
-        """Zeroed window sums, placed like the carry (host NumPy values: no XLA compilation, unlike jnp.zeros)."""
-        zero = np.float32(0)
+        zero = np.float32(0)  # host NumPy values: placing them compiles nothing, unlike jnp.zeros
         window = {"count": np.int32(0), "loss": zero, "grad_norm": zero, "lr": zero,
                   "metrics": {k: zero for k in self.metric_names}}
-        return jax.device_put(window, self.sharding)
+        bad = {"step": np.int32(-1), "loss": zero, "grad_norm": zero}
+        return {"state": raw if sharding is None else jax.device_put(raw, sharding),
+                "window": jax.device_put(window, sharding), "bad": jax.device_put(bad, sharding)}
+
+    def read(self, carry: dict) -> dict:
+        """The window's sums and the NaN record as host values (this waits for the steps dispatched so far)."""
+        return jax.device_get({"window": carry["window"], "bad": carry["bad"]})
+
+    def reset(self, carry: dict) -> dict:
+        """The carry with its window zeroed on the device: same placement, no host-to-device transfer (which
+        on several processes would be a collective)."""
+        return {**carry, "window": self._zero(carry["window"])}
 
     def __call__(self, carry: dict, batch: Batch) -> dict:
         return self._step(carry, batch)
@@ -370,7 +376,7 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
                 do_ckpt = ckdir is not None and ((cfg.checkpoint_every and k % cfg.checkpoint_every == 0) or final)
                 if not (do_log or do_eval or do_ckpt):
                     continue
-                host = jax.device_get({"window": carry["window"], "bad": carry["bad"]})
+                host = step.read(carry)
                 if host["bad"]["step"] >= 0:
                     raise NonFiniteLossError(int(host["bad"]["step"]), float(host["bad"]["loss"]),
                                              float(host["bad"]["grad_norm"]), ckpt.latest_step(ckdir) if ckdir else None)
@@ -384,7 +390,7 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
                         "metrics": {m: float(v) / n for m, v in window["metrics"].items()},
                         "grad_norm": float(window["grad_norm"]) / n, **times,
                         "steps_per_s": n / max(now - last_log, 1e-9)})})
-                    carry["window"], last_log = step.empty_window(), now
+                    carry, last_log = step.reset(carry), now
                 if do_eval:
                     values, now = _eval_values(eval_fn(model)), time.time()
                     emit({"event": "eval", **log.add({"step": k, "split": "eval", "loss": values.get("loss"),

@@ -153,11 +153,11 @@ def test_train_step_by_hand_is_fits_step_bit_for_bit():
     losses, lrs = [], []
     for i in range(cfg.steps):
         carry = step(carry, batch_fn(i))
-        window = jax.device_get(carry["window"])
+        window = step.read(carry)["window"]
         assert int(window["count"]) == 1
         losses.append(float(window["loss"]))
         lrs.append(float(window["lr"]))
-        carry["window"] = step.empty_window()
+        carry = step.reset(carry)
     assert losses == [r["loss"] for r in hist.train]
     assert lrs == [r["lr"] for r in hist.train]
     step.write(carry)
