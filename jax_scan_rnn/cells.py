@@ -27,6 +27,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jax_scan_rnn import validate
+
 Array = jax.Array
 
 
@@ -37,8 +39,7 @@ def _torch_uniform(key: Array, shape: tuple[int, ...], bound: float, dtype) -> A
 
 # A contraction this thin (the Traveller's 2 fed-back positions in, its 2 positions out) is cheaper as
 # broadcast-multiply-add, which XLA fuses into the neighbouring gate arithmetic, than as a matmul call of
-# its own. Measured in the Traveller's scan (H=64, 2 layers, CPU; `jax-scan-rnn bench`, committed runs
-# before and after): B=64 forward 175 -> 134 us per step; B=1 unchanged.
+# its own. Measured: docs/measurements.md#thin-matmuls-as-fused-arithmetic.
 THIN_MATMUL_DIM = 4
 
 
@@ -73,10 +74,9 @@ class RNNCell(nnx.Module):
         compute_dtype=None,
         rngs: nnx.Rngs,
     ):
-        for name, value in (("input_size", input_size), ("hidden_size", hidden_size)):
-            check_size(name, value)
-        if not isinstance(bias, bool):
-            raise TypeError(f"bias: expected True or False, got {bias!r}")
+        validate.integer("input_size", input_size, lo=1)
+        validate.integer("hidden_size", hidden_size, lo=1)
+        validate.boolean("bias", bias)
         if compute_dtype is not None and not jnp.issubdtype(compute_dtype, jnp.floating):
             raise TypeError(f"compute_dtype: expected None or a floating dtype, got {compute_dtype!r}")
         self.input_size = input_size
@@ -126,13 +126,6 @@ def _add_bias(y: Array, b: nnx.Param | None) -> Array:
     return y if b is None else y + b[...].astype(y.dtype)
 
 
-def check_size(name: str, value, minimum: int = 1) -> int:
-    """`value` must be an int >= `minimum` (a bool is not a size); returns it."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}: expected an int >= {minimum}, got {value!r}")
-    return value
-
-
 class LSTMCell(RNNCell):
     """`torch.nn.LSTMCell`, and one layer of `torch.nn.LSTM(proj_size=P)`. Carry `(h [B, R], c [B, H])`
     (PyTorch's order, not Flax's `(c, h)`), R = H, or P with a projection.
@@ -152,10 +145,8 @@ class LSTMCell(RNNCell):
     num_gates = 4
 
     def __init__(self, input_size: int, hidden_size: int, bias: bool = True, *, proj_size: int = 0, **kwargs):
-        check_size("hidden_size", hidden_size)
-        check_size("proj_size", proj_size, minimum=0)
-        if proj_size >= hidden_size:
-            raise ValueError(f"proj_size: expected 0 or an int < hidden_size={hidden_size}, got {proj_size}")
+        validate.integer("hidden_size", hidden_size, lo=1)
+        validate.integer("proj_size", proj_size, lo=0, hi=hidden_size - 1)  # as torch: 0 or P < H
         self.proj_size = proj_size
         super().__init__(input_size, hidden_size, bias, **kwargs)
         rngs, param_dtype = kwargs["rngs"], kwargs.get("param_dtype", jnp.float32)

@@ -71,6 +71,8 @@ import jax
 import numpy as np
 from flax import nnx
 
+from jax_scan_rnn import validate
+
 Array = jax.Array
 
 # The static attributes that `nnx.Module.train()` / `.eval()` flip (flax/nnx/module.py); they live in the
@@ -140,8 +142,7 @@ class Compiled:
     """
 
     def __init__(self, module: nnx.Module, *, mode_attributes: Sequence[str] = MODE_ATTRIBUTES):
-        if not isinstance(module, nnx.Module):
-            raise TypeError(f"module: expected an nnx.Module, got {type(module).__name__}")
+        validate.instance("module", module, nnx.Module)
         if isinstance(mode_attributes, str) or not all(isinstance(a, str) for a in mode_attributes):
             raise TypeError(f"mode_attributes: expected a sequence of attribute names, got {mode_attributes!r}")
         self._module = module

@@ -21,6 +21,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jax_scan_rnn import validate
+
 DATA_AXIS = "data"
 
 
@@ -36,10 +38,7 @@ class DataParallel:
         devices = jax.devices()
         if num_devices is None:
             num_devices = len(devices)
-        if not isinstance(num_devices, int) or not 1 <= num_devices <= len(devices):
-            raise ValueError(
-                f"num_devices: expected an int in [1, {len(devices)}] (the devices JAX sees), got {num_devices!r}"
-            )
+        num_devices = validate.integer("num_devices", num_devices, lo=1, hi=len(devices))
         return cls(Mesh(np.array(devices[:num_devices]), (DATA_AXIS,)))
 
     @property

@@ -31,7 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jax_scan_rnn.cells import GRUCell, LSTMCell, RNNCell, check_size
+from jax_scan_rnn import validate
+from jax_scan_rnn.cells import GRUCell, LSTMCell, RNNCell
 from jax_scan_rnn.scan import Unroll, resolve_hoist, resolve_unroll, time_scan
 
 Array = jax.Array
@@ -87,17 +88,14 @@ class RNN(nnx.Module):
         hoist_inputs: bool | Literal["auto"] = "auto",
         rngs: nnx.Rngs,
     ):
-        check_size("num_layers", num_layers)
+        validate.integer("num_layers", num_layers, lo=1)
         if proj_size and self.cell_type is not LSTMCell:  # torch.nn.GRU refuses it too
             raise ValueError(f"proj_size: supported by LSTM only (as in torch), got {proj_size!r}")
         cell_kwargs = {"proj_size": proj_size} if self.cell_type is LSTMCell else {}
-        for name, value in (("bias", bias), ("batch_first", batch_first), ("bidirectional", bidirectional)):
-            if not isinstance(value, bool):
-                raise TypeError(f"{name}: expected True or False, got {value!r}")
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout: expected a probability in [0, 1), got {dropout!r}")
-        if remat_chunk is not None:
-            check_size("remat_chunk", remat_chunk)
+        validate.boolean("batch_first", batch_first)
+        validate.boolean("bidirectional", bidirectional)  # sizes and `bias` are the cells' to check
+        validate.real("dropout", dropout, lo=0, hi=1, hi_open=True)
+        validate.integer("remat_chunk", remat_chunk, lo=1, none=True)
         resolve_unroll(unroll, 1)  # validates
         resolve_hoist(hoist_inputs)  # validates
         self.input_size = input_size
@@ -347,7 +345,10 @@ def check_lengths(lengths, batch_size: int, steps: int) -> Array:
     bad entry); traced ones (under `jit`) cannot be checked and are clipped to 0..T instead, so a bad length
     never yields NaN. Shared by `RNN` (`lengths=`) and the SeqVAE's encoder.
     """
-    lengths = jnp.asarray(lengths)
+    try:
+        lengths = jnp.asarray(lengths)
+    except TypeError:  # e.g. a list of strings: name the argument, not jnp's internals
+        raise TypeError(f"lengths: expected an integer array, got {type(lengths).__name__}") from None
     if not jnp.issubdtype(lengths.dtype, jnp.integer):
         raise TypeError(f"lengths: expected an integer array, got dtype {lengths.dtype}")
     if tuple(lengths.shape) != (batch_size,):

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from jax_scan_rnn import validate
 from jax_scan_rnn.data.smiles import PAD, parse_smiles, silence_rdkit
 from jax_scan_rnn.optional import require
 
@@ -71,8 +72,7 @@ def uniqueness(smiles: Sequence[str], k: int | None = None) -> float:
     valid molecules all of them are used (MOSES warns there; this returns quietly), and `k=None`
     uses all. Returns nan when there is no valid molecule (the fraction is undefined).
     """
-    if k is not None and (isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1):
-        raise ValueError(f"k: expected None or a positive int, got {k!r}")
+    k = validate.integer("k", k, lo=1, none=True)
     valid = valid_canonical(smiles)
     if k is not None:
         valid = valid[:k]
@@ -155,8 +155,7 @@ def kl_active_units(mu, threshold: float = 0.01) -> int:
     mu = np.asarray(mu, dtype=np.float64)
     if mu.ndim != 2 or mu.shape[0] < 2:
         raise ValueError(f"mu: expected a [N, Z] array with N >= 2, got shape {mu.shape}")
-    if not threshold >= 0:
-        raise ValueError(f"threshold: expected a number >= 0, got {threshold!r}")
+    validate.real("threshold", threshold, lo=0)
     return int((mu.var(axis=0, ddof=1) > threshold).sum())
 
 
@@ -174,8 +173,7 @@ def interpolate(z_a, z_b, n: int) -> np.ndarray:
         raise ValueError(f"z_a: expected a [Z] vector, got shape {z_a.shape}")
     if z_b.shape != z_a.shape:
         raise ValueError(f"z_b: expected shape {z_a.shape} (as z_a), got {z_b.shape}")
-    if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 2:
-        raise ValueError(f"n: expected an int >= 2, got {n!r}")
+    n = validate.integer("n", n, lo=2)
     dtype = np.result_type(z_a.dtype, z_b.dtype, np.float32)
     t = np.linspace(0.0, 1.0, n, dtype=dtype)[:, None]
     out = (1 - t) * z_a.astype(dtype) + t * z_b.astype(dtype)

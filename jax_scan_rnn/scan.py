@@ -25,62 +25,47 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 
+from jax_scan_rnn import validate
+
 PyTree = Any
 Unroll = int | Literal["auto"]
 
-# unroll="auto", from `python benchmarks/tune_scan.py unroll` (Traveller, 2 LSTM layers, T=1000; the log is
-# benchmarks/results/unroll-cpu-2core.txt). On CPU, with the small-loop setting of xla_flags.py:
-# at B=1, unroll 2 cut the train step 8.6 -> 7.6 us/step (H=64) and 140 -> 126 (H=256), forward equal
-# within noise; from B=8 on, every unroll > 1 was slower, training most (B=64: 623 us/step at 1, 905 at 4,
-# 2327 at 16; B=512, T=100: 4.1 ms at 1, 5.4 at 4, 16.6 at 16), because the unrolled body's larger
-# backward keeps more of each step live.
-# GPU: not measured yet (benchmarks/gpu.sh runs this sweep into its log); 1 until it is.
+# unroll="auto": on CPU, unroll 2 helped the train step at batch 1 only; from batch 8 on, every unroll > 1
+# was slower, training most (the unrolled body's larger backward keeps more of each step live). GPU: 1 until
+# measured. Measured: docs/measurements.md#unroll.
 AUTO_UNROLL_CPU_BATCH1 = 2
 
 
 def auto_unroll(batch: int, backend: str | None = None) -> int:
     """The measured best `unroll` for a scan over a batch of `batch` sequences on `backend` (default:
-    JAX's default backend). See `AUTO_UNROLL_CPU_BATCH1` for the measurements."""
+    JAX's default backend). See `AUTO_UNROLL_CPU_BATCH1` for the rule."""
     backend = backend or jax.default_backend()
     return AUTO_UNROLL_CPU_BATCH1 if backend == "cpu" and batch == 1 else 1
 
 
 # Hoisting an input projection out of the loop (`prepare`: one [T*B, I] x [I, G*H] matmul before the scan,
-# the loop then reads a [T, B, G*H] array) against computing it inside each step. On CPU, measured on the
-# Traveller (H=64, 2 layers, F=8; `python benchmarks/tune_scan.py hoist`, the log is
-# benchmarks/results/hoist-cpu-2core.txt), inside the loop was faster at every measured size, forward
-# (us/step, hoisted -> inside): B=1 3.14 -> 2.92, B=8 20.2 -> 12.7, B=64 156 -> 90, B=1024 (T=100) 1419 -> 737,
-# H=256: B=1 47.5 -> 41.5, B=64 816 -> 607; train steps faster or equal (B=64: 662 -> 556). The hoisted
-# matmul has a small K, so it is bound by writing its [T, B, G*H] result (65 MB at B=64, T=1000: out of
-# cache), and the loop then streams it back; inside the loop the same product is one more small matmul on
-# data in cache. The same held for `jsr.LSTM`/`jsr.GRU` over whole sequences and the SeqVAE
-# (`python benchmarks/tune_scan.py hoist-layers`, log benchmarks/results/hoist-layers-cpu-2core.txt), forward:
-# GRU I=40 (one-hot) H=256 B=128 T=60 with lengths, as the VAE's encoder, 998 -> 636 us/step; GRU I=256 H=256
-# L=2 B=128 1908 -> 1118; LSTM I=64 H=64 B=64 130 -> 61, B=1024 2412 -> 1167; the VAE's teacher-forced
-# decoder 572 -> 330; gradients faster or equal (GRU L=3: 7594 -> 6400).
+# the loop then reads a [T, B, G*H] array) against computing it inside each step. On CPU, inside the loop
+# was faster at every measured size, for the Traveller, `jsr.LSTM`/`jsr.GRU` and the SeqVAE: the hoisted
+# matmul has a small K, so it is bound by writing its [T, B, G*H] result out of cache, which the loop then
+# streams back, while inside the loop the same product is one more small matmul on data in cache.
 # GPU: not measured yet; hoisting is the usual win there (one large matmul instead of T small launches).
+# Measured: docs/measurements.md#hoisting-input-projections.
 def auto_hoist(backend: str | None = None) -> bool:
     """Whether to hoist input projections out of the time loop on `backend` (default: JAX's default
-    backend): False on CPU, True elsewhere (see the measurements above)."""
+    backend): False on CPU, True elsewhere (see the rule above)."""
     return (backend or jax.default_backend()) != "cpu"
 
 
 def resolve_hoist(hoist: bool | Literal["auto"]) -> bool:
     """`hoist` as a bool: "auto" -> `auto_hoist()`; True/False kept; anything else is an error."""
-    if hoist == "auto":
-        return auto_hoist()
-    if not isinstance(hoist, bool):
-        raise ValueError(f"hoist_inputs: expected True, False or 'auto', got {hoist!r}")
-    return hoist
+    hoist = validate.choice("hoist_inputs", hoist, (True, False, "auto"))
+    return auto_hoist() if hoist == "auto" else hoist
 
 
 def resolve_unroll(unroll: Unroll, batch: int) -> int:
     """`unroll` as an int: "auto" -> `auto_unroll(batch)`; a positive int is kept; anything else is an error."""
-    if unroll == "auto":
-        return auto_unroll(batch)
-    if isinstance(unroll, bool) or not isinstance(unroll, int) or unroll < 1:
-        raise ValueError(f"unroll: expected a positive int or 'auto', got {unroll!r}")
-    return unroll
+    unroll = validate.integer("unroll", unroll, lo=1, also=("auto",))
+    return auto_unroll(batch) if unroll == "auto" else unroll
 
 
 def time_scan(
@@ -105,13 +90,10 @@ def time_scan(
     Returns:
       `(final carry, ys)` with `ys` time-major `[T, ...]`, exactly as `lax.scan`.
     """
-    if isinstance(unroll, bool) or not isinstance(unroll, int) or unroll < 1:
-        raise ValueError(f"unroll: expected a positive int (resolve 'auto' with resolve_unroll), got {unroll!r}")
+    validate.integer("unroll", unroll, lo=1)  # "auto" is the caller's to resolve (resolve_unroll)
     prepare = (lambda xs: xs) if prepare is None else prepare
-    if remat_chunk is None:
+    if validate.integer("remat_chunk", remat_chunk, lo=1, none=True) is None:
         return jax.lax.scan(step, carry, prepare(xs), unroll=unroll)
-    if not isinstance(remat_chunk, int) or remat_chunk < 1:
-        raise ValueError(f"remat_chunk: expected None or a positive int, got {remat_chunk!r}")
     leaves = jax.tree.leaves(xs)
     if not leaves:
         raise ValueError("xs: expected at least one per-step array to scan over, got none")

@@ -23,8 +23,9 @@ from numbers import Real
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
+
+from jax_scan_rnn import validate
 
 __all__ = [
     "LR_SCHEDULES",
@@ -46,36 +47,10 @@ LR_SCHEDULES = ("constant", "cosine", "linear")  # accepted ``kind`` of make_lr_
 TEACHER_FORCING_SCHEDULES = ("linear", "exponential", "inverse_sigmoid")  # make_teacher_forcing_schedule
 
 
-# ------------------------------------------------------------------------------------- validation
-
-
-def _real(name: str, value, *, lo=None, hi=None, lo_open=False, hi_open=False) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(float(value)):
-        raise ValueError(f"{name}: expected a finite real number, got {value!r}")
-    v = float(value)
-    bad_lo = lo is not None and (v <= lo if lo_open else v < lo)
-    bad_hi = hi is not None and (v >= hi if hi_open else v > hi)
-    if bad_lo or bad_hi:
-        left = "(" if lo_open else "["
-        right = ")" if hi_open else "]"
-        lo_s = "-inf" if lo is None else lo
-        hi_s = "inf" if hi is None else hi
-        raise ValueError(f"{name}: expected a value in {left}{lo_s}, {hi_s}{right}, got {value!r}")
-    return v
-
-
-def _int(name: str, value, *, lo: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:
-        raise ValueError(f"{name}: expected an int >= {lo}, got {value!r}")
-    return int(value)
-
-
 def _step(step: Step) -> Array:
-    """The step as float32; concrete negative steps are rejected."""
-    if isinstance(step, bool):
-        raise ValueError(f"step: expected a non-negative number or array, got {step!r}")
-    if isinstance(step, (Real, np.integer, np.floating)) and step < 0:
-        raise ValueError(f"step: expected a non-negative number, got {step!r}")
+    """The step as float32; a concrete number must be >= 0 (arrays, perhaps traced, are not checked)."""
+    if isinstance(step, bool | Real):
+        validate.real("step", step, lo=0)
     return jnp.asarray(step, dtype=jnp.float32)
 
 
@@ -109,14 +84,11 @@ def make_lr_schedule(
       warmup_steps: 0 <= warmup_steps <= steps.
       final_fraction: 0 <= f <= 1.
     """
-    if kind not in LR_SCHEDULES:
-        raise ValueError(f"kind: expected one of {LR_SCHEDULES}, got {kind!r}")
-    peak = _real("peak", peak, lo=0.0, lo_open=True)
-    steps = _int("steps", steps, lo=1)
-    warmup_steps = _int("warmup_steps", warmup_steps, lo=0)
-    if warmup_steps > steps:
-        raise ValueError(f"warmup_steps: expected at most steps={steps}, got {warmup_steps}")
-    final_fraction = _real("final_fraction", final_fraction, lo=0.0, hi=1.0)
+    validate.choice("kind", kind, LR_SCHEDULES)
+    peak = validate.real("peak", peak, lo=0, lo_open=True)
+    steps = validate.integer("steps", steps, lo=1)
+    warmup_steps = validate.integer("warmup_steps", warmup_steps, lo=0, hi=steps)
+    final_fraction = validate.real("final_fraction", final_fraction, lo=0, hi=1)
     decay_steps = max(1, steps - warmup_steps)
     if kind == "constant":
         main = optax.constant_schedule(peak)
@@ -142,9 +114,9 @@ def linear_decay(step: Step, *, k: float = 1.0, c: float, eps: float = 0.0) -> A
     where ``0 <= eps < 1`` is the minimum amount of ground truth still given to the model, ``k`` the
     offset and ``c >= 0`` the slope. Returns the probability of feeding the ground truth.
     """
-    k = _real("k", k)
-    c = _real("c", c, lo=0.0)
-    eps = _real("eps", eps, lo=0.0, hi=1.0, hi_open=True)
+    k = validate.real("k", k)
+    c = validate.real("c", c, lo=0)
+    eps = validate.real("eps", eps, lo=0, hi=1, hi_open=True)
     i = _step(step)
     return jnp.clip(k - c * i, eps, 1.0).astype(jnp.float32)
 
@@ -154,7 +126,7 @@ def exponential_decay(step: Step, *, k: float) -> Array:
 
     ``epsilon_i = k ** i`` with ``0 < k < 1`` (``k = 1`` keeps full teacher forcing).
     """
-    k = _real("k", k, lo=0.0, hi=1.0, lo_open=True)
+    k = validate.real("k", k, lo=0, hi=1, lo_open=True)
     i = _step(step)
     return jnp.exp(i * jnp.float32(math.log(k))).astype(jnp.float32)
 
@@ -165,7 +137,7 @@ def inverse_sigmoid_decay(step: Step, *, k: float) -> Array:
     ``epsilon_i = k / (k + exp(i / k))`` with ``k >= 1`` (larger ``k`` decays later). Computed as
     ``sigmoid(log(k) - i / k)``, which is the same and does not overflow. Note ``epsilon_0 = k / (k+1)``.
     """
-    k = _real("k", k, lo=1.0)
+    k = validate.real("k", k, lo=1)
     i = _step(step)
     return jax.nn.sigmoid(jnp.float32(math.log(k)) - i / jnp.float32(k)).astype(jnp.float32)
 
@@ -173,8 +145,8 @@ def inverse_sigmoid_decay(step: Step, *, k: float) -> Array:
 def replacement_probability(teacher_forcing_probability: float | Array) -> Array:
     """``1 - epsilon_i``: the probability of feeding the model's OWN prediction instead of the truth."""
     p = teacher_forcing_probability
-    if isinstance(p, Real) and not isinstance(p, bool) and not 0.0 <= float(p) <= 1.0:
-        raise ValueError(f"teacher_forcing_probability: expected a value in [0, 1], got {p!r}")
+    if isinstance(p, bool | Real):  # arrays (perhaps traced) are not checked
+        validate.real("teacher_forcing_probability", p, lo=0, hi=1)
     return (1.0 - jnp.asarray(p, dtype=jnp.float32)).astype(jnp.float32)
 
 
@@ -187,9 +159,7 @@ def make_teacher_forcing_schedule(kind: str, **params: float) -> Callable[[Step]
         "exponential": exponential_decay,
         "inverse_sigmoid": inverse_sigmoid_decay,
     }
-    if kind not in funcs:
-        raise ValueError(f"kind: expected one of {TEACHER_FORCING_SCHEDULES}, got {kind!r}")
-    f = funcs[kind]
+    f = funcs[validate.choice("kind", kind, TEACHER_FORCING_SCHEDULES)]
     try:
         f(0, **params)  # validates the hyper-parameters eagerly
     except TypeError as e:
@@ -202,8 +172,8 @@ def make_teacher_forcing_schedule(kind: str, **params: float) -> Callable[[Step]
 
 def kl_linear(step: Step, *, warmup: int, max_beta: float = 1.0) -> Array:
     """Linear KL annealing: ``beta_i = max_beta * min(1, i / warmup)`` (``warmup = 0``: ``max_beta``)."""
-    warmup = _int("warmup", warmup, lo=0)
-    max_beta = _real("max_beta", max_beta, lo=0.0)
+    warmup = validate.integer("warmup", warmup, lo=0)
+    max_beta = validate.real("max_beta", max_beta, lo=0)
     i = _step(step)
     if warmup == 0:
         return jnp.full_like(i, max_beta)
@@ -216,8 +186,8 @@ def kl_sigmoid(step: Step, *, midpoint: float, steepness: float, max_beta: float
     ``beta_i = max_beta / (1 + exp(-steepness * (i - midpoint)))``; ``beta = max_beta / 2`` at the
     midpoint, ``steepness > 0``.
     """
-    midpoint = _real("midpoint", midpoint)
-    steepness = _real("steepness", steepness, lo=0.0, lo_open=True)
-    max_beta = _real("max_beta", max_beta, lo=0.0)
+    midpoint = validate.real("midpoint", midpoint)
+    steepness = validate.real("steepness", steepness, lo=0, lo_open=True)
+    max_beta = validate.real("max_beta", max_beta, lo=0)
     i = _step(step)
     return (max_beta * jax.nn.sigmoid(steepness * (i - midpoint))).astype(jnp.float32)

@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jax_scan_rnn import validate
 from jax_scan_rnn.cells import matmul
 from jax_scan_rnn.feedback import feedback_scan
 from jax_scan_rnn.layers import LSTM, Linear
@@ -85,7 +86,7 @@ class Traveller(nnx.Module):
         hoist_inputs: bool | Literal["auto"] = "auto",
         rngs: nnx.Rngs,
     ):
-        self.num_inputs = num_inputs
+        self.num_inputs = validate.integer("num_inputs", num_inputs, lo=1)
         self.lstm_layers = LSTM(
             num_inputs + NUM_POSITIONS,
             hidden_size,
@@ -160,8 +161,7 @@ class Traveller(nnx.Module):
         return positions[:, 0], state
 
     def _check_inputs(self, inputs: Array, layout: str) -> Array:
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout: expected 'batch' ([B, T, F]) or 'seed' ([T, 1, F]), got {layout!r}")
+        validate.choice("layout", layout, LAYOUTS)
         x = jnp.asarray(inputs)
         if not jnp.issubdtype(x.dtype, jnp.floating):
             raise TypeError(f"inputs: expected a floating dtype, got {x.dtype}")

@@ -58,7 +58,7 @@ call (the VAE task does, on every array it encodes).
 """
 from __future__ import annotations
 
-import math
+from numbers import Real
 from typing import Any, Literal
 
 import jax
@@ -66,14 +66,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jax_scan_rnn import validate
+from jax_scan_rnn.data.smiles import EOS, PAD, SOS  # the special token ids (docs/vae_spec.md)
 from jax_scan_rnn.feedback import feedback_scan
 from jax_scan_rnn.layers import GRU, Linear, check_lengths
 from jax_scan_rnn.scan import Unroll, resolve_hoist
 
 Array = jax.Array
 
-# Special token ids (docs/vae_spec.md); the vocabulary proper starts at 3.
-PAD, SOS, EOS = 0, 1, 2
 DECODE_MODES = ("argmax", "sample", "gumbel_softmax")
 GENERATE_MODES = ("greedy", "sample")
 TOKEN_DTYPE = jnp.int32  # ids fed back and returned; fixed, whatever jax_enable_x64 says
@@ -86,8 +86,8 @@ TOKEN_DTYPE = jnp.int32  # ids fed back and returned; fixed, whatever jax_enable
 
 def replace_mask(key: Array, shape: tuple[int, int], p: float | Array) -> Array:
     """Scheduled-sampling coins, one per token: bool `shape` ([B, T]), True (feed the prediction) w.p. `p`."""
-    if isinstance(p, (int, float)) and not 0.0 <= p <= 1.0:
-        raise ValueError(f"p: expected a probability in [0, 1], got {p!r}")
+    if isinstance(p, bool | Real):  # an array of probabilities is the caller's
+        validate.real("p", p, lo=0, hi=1)
     return jax.random.uniform(key, tuple(shape)) < p
 
 
@@ -137,31 +137,24 @@ def check_tokens(tokens: Any, lengths: Any, vocab_size: int) -> None:
     once. Raises ValueError naming the first bad entry (position and value), TypeError for a wrong dtype or
     for a traced array (there is nothing to check inside `jit`).
     """
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int | np.integer) or vocab_size < 1:
-        raise ValueError(f"vocab_size: expected an int >= 1, got {vocab_size!r}")
+    vocab_size = validate.integer("vocab_size", vocab_size, lo=1)
     for name, value in (("tokens", tokens), ("lengths", lengths)):
         if isinstance(value, jax.core.Tracer):
             raise TypeError(f"{name}: expected concrete values (call check_tokens outside jit), got a traced array")
     tokens = np.asarray(tokens)
     _check_token_layout(tokens)
-    _check_token_values(tokens, int(vocab_size))
+    _check_token_values(tokens, vocab_size)
     if lengths is not None:
         check_lengths(lengths, *tokens.shape)
 
 
-def _check_positive(name: str, value: Any) -> None:
-    """A finite number > 0 when concrete (a Python number; under `jsr.jit` Python numbers stay concrete)."""
-    if isinstance(value, bool) or (isinstance(value, (int, float)) and not 0 < value < math.inf):
-        raise ValueError(f"{name}: expected a finite number > 0, got {value!r}")
-    if not isinstance(value, (int, float)) and jnp.ndim(value) != 0:
-        raise ValueError(f"{name}: expected a scalar > 0, got shape {tuple(jnp.shape(value))}")
-
-
-def _check_nonnegative(name: str, value: Any) -> None:
-    if isinstance(value, bool) or (isinstance(value, (int, float)) and not value >= 0):
-        raise ValueError(f"{name}: expected a number >= 0, got {value!r}")
-    if not isinstance(value, (int, float)) and jnp.ndim(value) != 0:
-        raise ValueError(f"{name}: expected a scalar >= 0, got shape {tuple(jnp.shape(value))}")
+def _check_scalar(name: str, value: Any, **bounds) -> None:
+    """A Python number is checked against `bounds` (`validate.real`'s; under `jsr.jit` Python numbers stay
+    concrete); an array (perhaps traced, e.g. an annealed beta) must be a scalar, its value unchecked."""
+    if isinstance(value, bool | Real):
+        validate.real(name, value, **bounds)
+    elif jnp.ndim(value) != 0:
+        raise ValueError(f"{name}: expected a scalar, got shape {tuple(jnp.shape(value))}")
 
 
 def _check_shape(name: str, x: Array, expected: tuple[int | None, ...], symbols: str) -> None:
@@ -235,22 +228,18 @@ class SeqVAE(nnx.Module):
         hoist_inputs: bool | Literal["auto"] = "auto",
         rngs: nnx.Rngs,
     ):
-        for name, value, low in (
-            ("vocab_size", vocab_size, 3),  # room for PAD, SOS, EOS
-            ("hidden_size", hidden_size, 1),
-            ("latent_size", latent_size, 1),
-            ("num_layers", num_layers, 1),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name}: expected an int >= {low}, got {value!r}")
+        validate.integer("vocab_size", vocab_size, lo=3)  # room for PAD, SOS, EOS
+        validate.integer("hidden_size", hidden_size, lo=1)
+        validate.integer("latent_size", latent_size, lo=1)
+        validate.integer("num_layers", num_layers, lo=1)
         if not jnp.issubdtype(param_dtype, jnp.floating):
             raise TypeError(f"param_dtype: expected a floating dtype, got {jnp.dtype(param_dtype)}")
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.latent_size = latent_size
         self.num_layers = num_layers
-        self.bidirectional = bool(bidirectional)
-        self.concat_z = bool(concat_z)
+        self.bidirectional = validate.boolean("bidirectional", bidirectional)
+        self.concat_z = validate.boolean("concat_z", concat_z)
         directions = 2 if bidirectional else 1
         kw = dict(param_dtype=param_dtype, rngs=rngs)
         rnn = dict(
@@ -291,7 +280,7 @@ class SeqVAE(nnx.Module):
         concrete batch first.
         """
         tokens = self._check_tokens(tokens)
-        lengths = self._check_lengths(lengths, tokens.shape)
+        lengths = check_lengths(lengths, *tokens.shape)  # jsr.GRU's rule: concrete checked, traced clipped
         x = jax.nn.one_hot(tokens, self.vocab_size, dtype=self.dtype)  # [B, T, V]
         _, h_n = self.gru_encoder(x, lengths=lengths)  # [L*D, B, H]
         summary = jnp.concatenate([h_n[-2], h_n[-1]], axis=-1) if self.bidirectional else h_n[-1]
@@ -374,10 +363,9 @@ class SeqVAE(nnx.Module):
         tokens = self._check_tokens(tokens)
         batch, steps = tokens.shape
         z = self._check_z(z, batch)
-        if mode not in DECODE_MODES:
-            raise ValueError(f"mode: expected one of {DECODE_MODES}, got {mode!r}")
-        _check_positive("temperature", temperature)
-        _check_positive("tau", tau)
+        validate.choice("mode", mode, DECODE_MODES)
+        _check_scalar("temperature", temperature, lo=0, lo_open=True)
+        _check_scalar("tau", tau, lo=0, lo_open=True)
         dt = self.dtype
         if gumbel is not None:
             gumbel = _as_float("gumbel", gumbel, (batch, steps, self.vocab_size), "[B, T, V]", dt)
@@ -390,9 +378,8 @@ class SeqVAE(nnx.Module):
                 inputs = jnp.concatenate([jnp.full((1, batch), SOS, TOKEN_DTYPE), truth[:-1]])  # [T, B]
                 rules = dict(feedback=None, prepare=lambda a: embed(a) + base, inject=lambda _, xp_t: xp_t,
                              feed=lambda _y, _x: None)  # [T, B, 3H] before the loop
-            else:  # the true token is "fed back": step t reads a_t = truth[t-1] from the carry
-                # (measured 1.7x faster on CPU than gathering from the scanned [T, B] tokens, whose slice
-                # XLA fuses into the gather)
+            else:  # the true token is "fed back": step t reads a_t = truth[t-1] from the carry, faster
+                # on CPU than scanning the tokens (docs/measurements.md#vae-teacher-forcing-feed)
                 inputs = truth
                 rules = dict(feedback=jnp.full((batch,), SOS, TOKEN_DTYPE), inject=lambda fb, _: embed(fb) + base,
                              feed=lambda _y, truth_t: truth_t)
@@ -482,8 +469,8 @@ class SeqVAE(nnx.Module):
         checked: any id outside [0, V) makes `recon` and `total` NaN, so training stops at that step
         rather than learn from it. Run `check_tokens` on concrete batches to be told which entry is bad.
         """
-        _check_nonnegative("beta", beta)
-        _check_nonnegative("free_bits", free_bits)
+        _check_scalar("beta", beta, lo=0)
+        _check_scalar("free_bits", free_bits, lo=0)
         tokens = self._check_tokens(tokens)
         mu, logvar = self.encode(tokens, lengths)
         z = self.reparameterize(mu, logvar, eps)
@@ -529,13 +516,10 @@ class SeqVAE(nnx.Module):
         """
         z = self._check_z(z)
         batch = z.shape[0]
-        if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
-            raise ValueError(f"max_len: expected an int >= 1, got {max_len!r}")
-        if mode not in GENERATE_MODES:
-            raise ValueError(f"mode: expected one of {GENERATE_MODES}, got {mode!r}")
-        _check_positive("temperature", temperature)
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k <= self.vocab_size:
-            raise ValueError(f"top_k: expected an int in [0, vocab_size={self.vocab_size}] (0: off), got {top_k!r}")
+        validate.integer("max_len", max_len, lo=1)
+        validate.choice("mode", mode, GENERATE_MODES)
+        _check_scalar("temperature", temperature, lo=0, lo_open=True)
+        validate.integer("top_k", top_k, lo=0, hi=self.vocab_size)  # 0: off
         dt = self.dtype
         if gumbel is not None:
             gumbel = _as_float("gumbel", gumbel, (batch, max_len, self.vocab_size), "[B, max_len, V]", dt)
@@ -583,14 +567,6 @@ class SeqVAE(nnx.Module):
         if _is_concrete(tokens):
             _check_token_values(np.asarray(tokens), self.vocab_size)
         return tokens
-
-    def _check_lengths(self, lengths: Any, tokens_shape: tuple[int, int]) -> Array:
-        """lengths as an int array: checked to lie in 1..T when concrete, clipped to 0..T when traced."""
-        try:
-            lengths = jnp.asarray(lengths)
-        except TypeError:
-            raise TypeError(f"lengths: expected an int array of shape [B], got {type(lengths).__name__}") from None
-        return check_lengths(lengths, *tokens_shape)  # jsr.GRU's rule: concrete checked, traced clipped
 
     def _check_z(self, z: Any, batch: int | None = None) -> Array:
         """z must be a floating [B, Z] (B = `batch` when given); returned in the parameters' dtype."""

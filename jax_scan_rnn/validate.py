@@ -4,11 +4,15 @@ Each check returns the value (as a Python int/float where it is one) or raises w
 the argument, what was expected and what was given:
 
     integer("hidden_size", 0, lo=1)      ValueError: hidden_size: expected an int >= 1, got 0
+    integer("unroll", "x", lo=1, also=("auto",))
+                                         ValueError: unroll: expected 'auto' or an int >= 1, got 'x'
     real("dropout", 1.0, lo=0, hi=1, hi_open=True)
                                          ValueError: dropout: expected a finite number in [0, 1), got 1.0
     boolean("bias", 1)                   TypeError: bias: expected True or False, got 1
     choice("lr_schedule", "cos", ("constant", "cosine"))
                                          ValueError: lr_schedule: expected one of 'constant', 'cosine', got 'cos'
+
+Options (`choice`, `also`) match by equality, except that a bool matches only a bool (1 is not True).
 """
 from __future__ import annotations
 
@@ -18,13 +22,17 @@ from numbers import Integral, Real
 from typing import Any
 
 
-def integer(name: str, value: Any, lo: int | None = None, hi: int | None = None, *, none: bool = False) -> int | None:
-    """An int (or NumPy integer, not a bool) in [lo, hi]; None passes when `none`."""
-    if value is None and none:
-        return None
+def integer(name: str, value: Any, lo: int | None = None, hi: int | None = None, *, none: bool = False,
+            also: Iterable[Any] = ()) -> Any:
+    """An int (or NumPy integer, not a bool) in [lo, hi]; None passes when `none`, and so does each value
+    of `also` (e.g. "auto"), returned as it is."""
+    extra = ((None,) if none else ()) + tuple(also)
+    if any(_same(value, a) for a in extra):
+        return value
     ok = isinstance(value, Integral) and not isinstance(value, bool)
     if not ok or (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise ValueError(f"{name}: expected {'None or ' if none else ''}an int{_bounds(lo, hi)}, got {value!r}")
+        either = "".join(f"{a!r} or " for a in extra)
+        raise ValueError(f"{name}: expected {either}an int{_bounds(lo, hi)}, got {value!r}")
     return int(value)
 
 
@@ -58,7 +66,7 @@ def boolean(name: str, value: Any) -> bool:
 
 def choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
     choices = tuple(choices)
-    if isinstance(value, bool) or value not in choices:
+    if not any(_same(value, c) for c in choices):
         raise ValueError(f"{name}: expected one of {', '.join(map(repr, choices))}, got {value!r}")
     return value
 
@@ -82,3 +90,13 @@ def _bounds(lo: int | None, hi: int | None) -> str:
     if lo is not None:
         return f" >= {lo}"
     return f" <= {hi}" if hi is not None else ""
+
+
+def _same(value: Any, option: Any) -> bool:
+    """Equal, and a bool only to a bool (1 is not True); an array equals no option."""
+    if isinstance(value, bool) != isinstance(option, bool):
+        return False
+    try:
+        return bool(value == option)
+    except (TypeError, ValueError):  # an array or a tracer: no single truth value
+        return False

@@ -9,23 +9,13 @@ loops whose per-iteration bytes (XLA's cost analysis) are below `xla_cpu_small_w
 
     --xla_backend_extra_options=xla_cpu_small_while_loop_byte_threshold=2000000
 
-Measured on a 2-core AMD EPYC (jax 0.10.2; `python benchmarks/tune_scan.py flag --threshold 100000000`,
-so that every loop XLA would convert was; us per time step, default -> converted; Traveller, 2 LSTM
-layers, forward / value-and-grad train step):
-
-    B=1 H=64   float32   4.03 -> 2.81    train 15.9 -> 9.7
-    B=1 H=128  float32  11.5  -> 9.0     train 37.3 -> 33.8
-    B=1 H=64   float64   6.84 -> 5.72    train 26.2 -> 21.0
-    B=1 H=256  float32  45.2  -> 48.3    train 176  -> 140     (mixed: a second run gave 46.3 -> 42.0)
-    B=1 H=256  float64  87.7  -> 104     train 252  -> 305     (slower)
-
-so 2 MB admits the first three (their loop bodies touch ~0.2-1 MB per step) and leaves H=256 (over
-3 MB of weights per step, where streaming them dominates and XLA's generic loop code is no better) as it
-was. Loops whose matmuls XLA hands to its YNNPACK library (every measured batch >= 2) are never
-converted, so their times are unchanged. Results are the same operations, dispatched differently.
+2 MB admits the batch-1 loops measured faster (H <= 128: their loop bodies touch ~0.2-1 MB per step) and
+leaves H=256 (over 3 MB of weights per step, where streaming them dominates and XLA's generic loop code is
+no better) as it was. Loops whose matmuls XLA hands to its YNNPACK library (every measured batch >= 2) are
+never converted, so their times are unchanged. Results are the same operations, dispatched differently.
 One exception: if you turn YNNPACK off yourself (`--xla_cpu_experimental_ynn_fusion_type=`), batched
-loops become eligible too and XLA's generic loop code is far slower for their matmuls (B=64: 3 ms
-instead of 0.17 ms per step); set `JAX_SCAN_RNN_XLA_FLAGS=0` in that case.
+loops become eligible too and XLA's generic loop code is far slower for their matmuls; set
+`JAX_SCAN_RNN_XLA_FLAGS=0` in that case. Measured: docs/measurements.md#xla-small-loop-threshold.
 
 XLA reads its flags once, when JAX creates its first backend, so this must run before the first JAX
 computation; `import jax_scan_rnn` does that. It never overrides a user: if `XLA_FLAGS` already sets
@@ -38,7 +28,7 @@ import os
 import re
 
 SMALL_LOOP_OPTION = "xla_cpu_small_while_loop_byte_threshold"
-SMALL_LOOP_BYTES = 2_000_000  # per-iteration bytes (XLA cost analysis): admits the loops measured faster, see above
+SMALL_LOOP_BYTES = 2_000_000  # per-iteration bytes (XLA cost analysis): admits the loops measured faster
 OPT_OUT_ENV = "JAX_SCAN_RNN_XLA_FLAGS"  # "0": leave XLA_FLAGS alone
 
 _status = "not configured"

@@ -211,7 +211,7 @@ def test_unhashable_static_argument_raises_type_error_naming_it():
 
 
 def test_not_a_module_raises_type_error():
-    with pytest.raises(TypeError, match="module: expected an nnx.Module, got function"):
+    with pytest.raises(TypeError, match="module: expected Module, got function"):
         jsr.jit(lambda x: x)
 
 

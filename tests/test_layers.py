@@ -78,13 +78,14 @@ def test_integer_initial_state_is_a_type_error():
     [
         (dict(num_layers=0), "num_layers: expected an int >= 1, got 0"),
         (dict(num_layers=True), "num_layers: expected an int >= 1, got True"),
-        (dict(dropout=1.0), r"dropout: expected a probability in \[0, 1\), got 1.0"),
-        (dict(unroll=0), "unroll: expected a positive int or 'auto', got 0"),
+        (dict(dropout=1.0), r"dropout: expected a finite number in \[0, 1\), got 1.0"),
+        (dict(dropout=True), r"dropout: expected a finite number in \[0, 1\), got True"),
+        (dict(unroll=0), "unroll: expected 'auto' or an int >= 1, got 0"),
         (dict(hidden_size=-1), "hidden_size: expected an int >= 1, got -1"),
         (dict(hidden_size=True), "hidden_size: expected an int >= 1, got True"),
-        (dict(proj_size=5), "proj_size: expected 0 or an int < hidden_size=5, got 5"),
-        (dict(proj_size=-1), "proj_size: expected an int >= 0, got -1"),
-        (dict(remat_chunk=0), "remat_chunk: expected an int >= 1, got 0"),
+        (dict(proj_size=5), r"proj_size: expected an int in \[0, 4\], got 5"),
+        (dict(proj_size=-1), r"proj_size: expected an int in \[0, 4\], got -1"),
+        (dict(remat_chunk=0), "remat_chunk: expected None or an int >= 1, got 0"),
     ],
 )
 def test_bad_constructor_arguments(kwargs, message):

@@ -377,7 +377,7 @@ def test_replace_mask_like_draws_one_coin_per_token():
     assert not (coins == coins[:1]).all(dim=0).any()  # no time step shares one coin over the batch (the seed's bug)
     again = replace_mask_like(tokens, 0.3, generator=torch.Generator().manual_seed(0))
     assert torch.equal(coins, again)
-    with pytest.raises(ValueError, match=r"p: expected a probability in \[0, 1\], got 1.5"):
+    with pytest.raises(ValueError, match=r"^p: expected a finite number in \[0, 1\], got 1.5$"):
         replace_mask_like(tokens, 1.5)
 
 
@@ -465,6 +465,8 @@ def test_errors_name_the_argument():
         (ValueError, "max_len", lambda: model.generate(z, 0)),
         (ValueError, "free_bits", lambda: model.loss(tokens, lengths, free_bits=-0.1)),
         (ValueError, "vocab_size", lambda: SeqVAE(2, H, Z, L)),
+        (ValueError, "hidden_size", lambda: SeqVAE(V, True, Z, L)),  # a bool is not a size
+        (ValueError, "beta", lambda: model.loss(tokens, lengths, beta=float("nan"))),
     ]
     for error, name, call in cases:
         with pytest.raises(error, match=rf"^{name}: expected"):

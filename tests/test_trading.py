@@ -249,13 +249,15 @@ def test_utility_table_with_learned_positions(market):
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        (dict(num_assets=3), r"num_assets: expected 2, got 3"),
-        (dict(phi_fast=0.0), r"phi_fast: expected a value in \(0, 1\], got 0.0"),
-        (dict(phi_slow=1.5), r"phi_slow: expected a value in \(0, 1\], got 1.5"),
-        (dict(return_corr=1.0), r"return_corr: expected a value in \(-1, 1\), got 1.0"),
-        (dict(gamma=0.0), r"gamma: expected a positive value, got 0.0"),
-        (dict(return_vol=-1.0), r"return_vol: expected a positive value, got -1.0"),
-        (dict(lam=-1.0), r"lam: expected a value >= 0, got -1.0"),
+        (dict(num_assets=3), r"num_assets: expected one of 2, got 3"),
+        (dict(phi_fast=0.0), r"phi_fast: expected a finite number in \(0, 1\], got 0.0"),
+        (dict(phi_slow=1.5), r"phi_slow: expected a finite number in \(0, 1\], got 1.5"),
+        (dict(phi_slow=True), r"phi_slow: expected a finite number in \(0, 1\], got True"),
+        (dict(b_fast=float("nan")), r"b_fast: expected a finite number, got nan"),
+        (dict(return_corr=1.0), r"return_corr: expected a finite number in \(-1, 1\), got 1.0"),
+        (dict(gamma=0.0), r"gamma: expected a finite number > 0, got 0.0"),
+        (dict(return_vol=-1.0), r"return_vol: expected a finite number > 0, got -1.0"),
+        (dict(lam=-1.0), r"lam: expected a finite number >= 0, got -1.0"),
     ],
 )
 def test_config_errors(kwargs, match):
@@ -266,9 +268,10 @@ def test_config_errors(kwargs, match):
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        (dict(num_paths=0), r"num_paths: expected a positive int, got 0"),
-        (dict(num_steps=2.5), r"num_steps: expected a positive int, got 2.5"),
+        (dict(num_paths=0), r"num_paths: expected an int >= 1, got 0"),
+        (dict(num_steps=2.5), r"num_steps: expected an int >= 1, got 2.5"),
         (dict(seed="a"), r"seed: expected an int, got 'a'"),
+        (dict(seed=True), r"seed: expected an int, got True"),
     ],
 )
 def test_simulate_errors(kwargs, match):

@@ -37,8 +37,16 @@ def test_layout_is_never_guessed():
     assert trav(x, layout="seed")[0].shape == (5, 2)
     with pytest.raises(ValueError, match=r"inputs: expected shape the seed's \[T, 1, 3\] \(layout='seed'\) with T >= 1, got \(5, 2, 3\)"):
         trav(np.zeros((5, 2, 3)), layout="seed")
-    with pytest.raises(ValueError, match=r"layout: expected 'batch' \(\[B, T, F\]\) or 'seed' \(\[T, 1, F\]\), got 'auto'"):
+    with pytest.raises(ValueError, match=r"layout: expected one of 'batch', 'seed', got 'auto'"):
         trav(x, layout="auto")
+
+
+def test_bad_sizes_are_named():
+    for num_inputs in (0, True):  # a bool is not a size
+        with pytest.raises(ValueError, match=rf"^num_inputs: expected an int >= 1, got {num_inputs}$"):
+            model(num_inputs=num_inputs)
+    with pytest.raises(ValueError, match=r"^dropout: expected a finite number in \[0, 1\), got 1.0$"):
+        model(dropout=1.0)
 
 
 def test_positions_feed_back():

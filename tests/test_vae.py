@@ -539,7 +539,7 @@ def test_replace_mask_helper():
     assert abs(float(mask.mean()) - 0.3) < 0.02
     assert not replace_mask(jax.random.key(1), (200, 50), 0.0).any()
     assert replace_mask(jax.random.key(1), (200, 50), 1.0).all()
-    with pytest.raises(ValueError, match=r"p: expected a probability in \[0, 1\], got 1.5"):
+    with pytest.raises(ValueError, match=r"p: expected a finite number in \[0, 1\], got 1.5"):
         replace_mask(jax.random.key(1), (4, 5), 1.5)
 
 
@@ -623,11 +623,12 @@ Z2 = randn(2, Z)
             ValueError,
             r"gumbel: expected shape \[B, T, V\] = \[2, 4, 9\], got \[2, 4, 3\]",
         ),
-        (lambda m: m.loss(TOKENS, LENGTHS, beta=-1.0), ValueError, "beta: expected a number >= 0, got -1.0"),
-        (lambda m: m.loss(TOKENS, LENGTHS, free_bits=-0.1), ValueError, "free_bits: expected a number >= 0"),
+        (lambda m: m.loss(TOKENS, LENGTHS, beta=-1.0), ValueError, "beta: expected a finite number >= 0, got -1.0"),
+        (lambda m: m.loss(TOKENS, LENGTHS, free_bits=-0.1), ValueError,
+         "free_bits: expected a finite number >= 0, got -0.1"),
         (lambda m: m.generate(Z2, 0), ValueError, "max_len: expected an int >= 1, got 0"),
         (lambda m: m.generate(Z2, 5, mode="argmax"), ValueError, "mode: expected one of .*'greedy'.* got 'argmax'"),
-        (lambda m: m.generate(Z2, 5, top_k=V + 1), ValueError, r"top_k: expected an int in \[0, vocab_size=9\]"),
+        (lambda m: m.generate(Z2, 5, top_k=V + 1), ValueError, r"top_k: expected an int in \[0, 9\], got 10"),
         (
             lambda m: m.generate(Z2, 5, mode="sample", gumbel=jnp.zeros((2, 4, V))),
             ValueError,
@@ -653,3 +654,8 @@ def test_bad_constructor_arguments(kwargs, message):
     args = dict(vocab_size=V, hidden_size=H, latent_size=Z, num_layers=L) | kwargs
     with pytest.raises(ValueError, match=message):
         jsr.SeqVAE(**args, rngs=nnx.Rngs(0))
+
+
+def test_flags_are_bools():
+    with pytest.raises(TypeError, match="^bidirectional: expected True or False, got 1$"):
+        jsr.SeqVAE(V, H, Z, L, bidirectional=1, rngs=nnx.Rngs(0))

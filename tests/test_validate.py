@@ -44,3 +44,18 @@ def test_boolean_choice_function_instance():
     assert validate.function("cb", None, none=True) is None
     with pytest.raises(TypeError, match=r"^cfg: expected dict, got list$"):
         validate.instance("cfg", [], dict)
+
+
+def test_integer_also_accepts_named_values_and_choice_tells_bools_from_ints():
+    assert validate.integer("unroll", "auto", lo=1, also=("auto",)) == "auto"
+    assert validate.integer("unroll", 4, lo=1, also=("auto",)) == 4
+    with pytest.raises(ValueError, match=r"^unroll: expected 'auto' or an int >= 1, got 'fast'$"):
+        validate.integer("unroll", "fast", lo=1, also=("auto",))
+    assert validate.choice("hoist", True, (True, False, "auto")) is True
+    for bad in (1, 0, "yes"):
+        with pytest.raises(ValueError, match=rf"^hoist: expected one of True, False, 'auto', got {bad!r}$"):
+            validate.choice("hoist", bad, (True, False, "auto"))
+    with pytest.raises(ValueError, match=r"^n: expected one of 1, 2, got True$"):
+        validate.choice("n", True, (1, 2))
+    with pytest.raises(ValueError, match=r"^n: expected one of 1, 2, got array"):
+        validate.choice("n", np.array([1, 2]), (1, 2))

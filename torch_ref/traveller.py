@@ -209,16 +209,12 @@ def _scan_loop(
     -> (positions [T, B, 2], position [B, 2], h [L, B, H], c [L, B, H]).
 
     In eager mode this is no faster than "cell": eager scan is a Python loop over T. Worse, torch 2.13
-    runs even eager scan through Dynamo, so the first call for each new structure (layers, dtype, masks
-    or not) spends about a second tracing, and with autograd every call re-partitions the backward
-    (about a second per call, whatever T). It pays off only under `torch.compile`, where the loop is one
-    graph node instead of T unrolled steps, so compile time and graph size do not grow with T.
+    runs even eager scan through Dynamo, which traces on the first call for each new structure (layers,
+    dtype, masks or not) and, with autograd, re-partitions the backward on every call
+    (docs/measurements.md#compiling-the-torch-travellers-loop). It pays off only under
+    `torch.compile`, where the loop is one graph node instead of T unrolled steps, so compile time and
+    graph size do not grow with T.
     """
-    if _torch_scan is None:
-        raise RuntimeError(
-            'method="scan" needs torch._higher_order_ops.scan, which this torch '
-            f"({torch.__version__}) does not provide; use method='cell', 'script' or 'loop'"
-        )
     # The carry is (position [B, 2], h [L, B, H], c [L, B, H]): whole tensors, not per-layer lists. With
     # lists, torch 2.13's compiled backward fails ("scan might be aliasing the input or the output!") as
     # soon as the final carry is returned, which the state needs. The initial carry is cloned: the state
@@ -251,14 +247,15 @@ _Loop = Callable[
 
 
 def _loop_function(method: str) -> _Loop:
-    """The loop function behind `method` ("cell", "script" or "scan")."""
-    if method == "cell":
-        return _traveller_loop
+    """The loop function behind `method` ("cell", "script" or "scan", already checked to be one)."""
     if method == "script":
         return _scripted_loop()
-    if method == "scan":
-        return _scan_loop
-    raise ValueError(f"method: expected one of {METHODS[1:]}, got {method!r}")
+    if method == "scan" and _torch_scan is None:
+        raise RuntimeError(
+            f"method='scan' needs torch._higher_order_ops.scan, which torch {torch.__version__} does not "
+            "provide; use method='cell', 'script' or 'loop'"
+        )
+    return _scan_loop if method == "scan" else _traveller_loop
 
 
 def _call_quietly(loop: _Loop, *args) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -284,9 +281,6 @@ def _call_quietly(loop: _Loop, *args) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
 class Traveller(nn.Module):
     """Position-feedback LSTM: inputs [B, T, F] -> positions [B, T, 2] (or the seed's [T, 1, F] -> [T, 2]).
 
-    Stateful: `positions, state = model(inputs, state)` continues from `state` (None: the zero state) and
-    returns the state after the last step; `model.step(state, x_t)` takes one step (one new bar).
-
     Args:
         num_inputs: F, the number of features per step.
         hidden_size: H of every LSTM layer.
@@ -299,7 +293,7 @@ class Traveller(nn.Module):
         output_layer: `nn.Linear(hidden_size, 2)`.
         activation: `nn.Tanh()`.
 
-    See the module docstring for the equations, the state and the weight layout.
+    See the module docstring for the equations, the stateful use and the weight layout.
     """
 
     def __init__(self, num_inputs: int, hidden_size: int, num_layers: int, dropout: float):
@@ -405,8 +399,9 @@ class Traveller(nn.Module):
     ) -> tuple[Tensor, TravellerState]:
         """One time step, as a live user calls it per new bar: x_t [B, F] -> (positions_t [B, 2], new state).
 
-        Runs `_traveller_step`, the single-step function of methods "cell", "script" and "scan", so a
-        sequence stepped through one `step` at a time gives exactly what those methods give in one call.
+        Runs method "cell" over this one step (`_traveller_step`, the single-step function of "cell", "script"
+        and "scan"), so a sequence stepped through one `step` at a time gives exactly what those methods give
+        in one call.
 
         Args:
             state: the state before this step (`TravellerState`, h, c [L, B, H], positions [B, 2]); None is
@@ -423,19 +418,10 @@ class Traveller(nn.Module):
         num_inputs = self.lstm_layers.input_size - 2
         if x_t.ndim != 2 or x_t.shape[1] != num_inputs:
             raise ValueError(f"x_t: expected shape [B, {num_inputs}], got {list(x_t.shape)}")
-        batch = x_t.shape[0]
-        state = self._check_state(state, batch)
-        masks = self._check_masks(dropout_masks, (batch,), "step")
-        if masks is None and self._draws_dropout():
-            masks = self.sample_dropout_masks(1, batch)[:, 0]
-        position, h, c = _traveller_step(
-            x_t, state.positions, list(state.h.unbind(0)), list(state.c.unbind(0)), self.flat_weights(), masks
-        )
-        return position, TravellerState(torch.stack(h), torch.stack(c), position)
-
-    def _draws_dropout(self) -> bool:
-        """Whether dropout masks are drawn internally (training mode, dropout > 0, more than one layer)."""
-        return self.training and self.lstm_layers.dropout > 0 and self.lstm_layers.num_layers > 1
+        self._check_masks(dropout_masks, (x_t.shape[0],), "step")  # here, so its errors speak of [L-1, B, H]
+        masks = None if dropout_masks is None else dropout_masks.unsqueeze(1)  # [L-1, T=1, B, H]
+        positions, state = self._run(x_t.unsqueeze(1), state, "cell", "batch", masks, None)
+        return positions[:, 0], state
 
     def _run(
         self,
@@ -462,7 +448,8 @@ class Traveller(nn.Module):
             positions, state = self._seed_loop(xs.transpose(0, 1), state)
             positions = positions.transpose(0, 1)  # [T, B, 2]
         else:
-            if masks is None and self._draws_dropout():
+            lstm = self.lstm_layers
+            if masks is None and self.training and lstm.dropout > 0 and lstm.num_layers > 1:
                 # Drawn up front rather than inside the loop, so that every method consumes randomness
                 # the same way and scan's combine function stays free of random ops.
                 masks = self.sample_dropout_masks(xs.shape[0], xs.shape[1])
@@ -587,18 +574,14 @@ def compiled_loop(
     - "scan": the loop is one `scan` node, so compile time does not grow with T and a new T does not
       recompile beyond a one-off dynamic-shape recompile. Backward works (see the clones in
       `_scan_loop` for the torch 2.13 aliasing workaround that makes it compile).
-    - "cell": Dynamo unrolls the Python loop over T, so compile time grows with T (about 90 s with inductor
-      for T = 100 on a 2-core CPU) and every new T compiles again; shown for comparison, not recommended.
+    - "cell": Dynamo unrolls the Python loop over T, so compile time grows with T and every new T compiles
+      again (docs/measurements.md#compiling-the-torch-travellers-loop); shown for comparison,
+      not recommended.
 
     The first call compiles (seconds to minutes); later calls with the same shapes reuse the code.
     """
     if method not in ("scan", "cell"):
         raise ValueError(f"method: expected 'scan' or 'cell' for compiled_loop, got {method!r}")
-    if method == "scan" and not scan_available():
-        raise RuntimeError(
-            f"compiled_loop(method='scan') needs torch._higher_order_ops.scan, which torch {torch.__version__} "
-            "does not provide; use method='cell'"
-        )
     compile_kwargs.setdefault("fullgraph", True)
     loop = torch.compile(_loop_function(method), **compile_kwargs)
 

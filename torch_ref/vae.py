@@ -40,6 +40,7 @@ caller draws `replace_mask`, e.g. `torch.rand(B, T) < p` (see `replace_mask_like
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -72,8 +73,7 @@ def sample_gumbel(
 
 def replace_mask_like(tokens: Tensor, p: float, *, generator: torch.Generator | None = None) -> Tensor:
     """Scheduled-sampling coins, one per token: bool [B, T], True (feed the prediction) with probability p."""
-    if not 0.0 <= p <= 1.0:
-        raise ValueError(f"p: expected a probability in [0, 1], got {p!r}")
+    _check_number("p", p, 0, 1)
     return torch.rand(tuple(tokens.shape), generator=generator, device=tokens.device) < p
 
 
@@ -84,9 +84,13 @@ def pad_after_eos(tokens: Tensor) -> Tensor:
     return tokens.masked_fill(eos_before > 0, PAD)
 
 
-def _check_positive(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name}: expected a number > 0, got {value!r}")
+def _check_number(name: str, value, low: float, high: float | None = None, *, integer=False, above=False) -> None:
+    """ValueError unless `value` is a finite Python number (an int if `integer`; never a bool) >= `low` (> `low`
+    if `above`) and <= `high`: jax_scan_rnn/validate.py's rule and wording, which torch_ref does not import."""
+    ok = isinstance(value, int if integer else (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or (value <= low if above else value < low) or (high is not None and value > high):
+        bounds = f"in [{low}, {high}]" if high is not None else f"{'>' if above else '>='} {low}"
+        raise ValueError(f"{name}: expected {'an int' if integer else 'a finite number'} {bounds}, got {value!r}")
 
 
 def _check_float(name: str, x: Tensor, shape: tuple[int | None, ...], dtype: torch.dtype, what: str) -> None:
@@ -142,14 +146,10 @@ class SeqVAE(nn.Module):
         concat_z: bool = False,
     ):
         super().__init__()
-        for name, value, low in (
-            ("vocab_size", vocab_size, 3),  # room for PAD, SOS, EOS
-            ("hidden_size", hidden_size, 1),
-            ("latent_size", latent_size, 1),
-            ("num_layers", num_layers, 1),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name}: expected an int >= {low}, got {value!r}")
+        _check_number("vocab_size", vocab_size, 3, integer=True)  # room for PAD, SOS, EOS
+        _check_number("hidden_size", hidden_size, 1, integer=True)
+        _check_number("latent_size", latent_size, 1, integer=True)
+        _check_number("num_layers", num_layers, 1, integer=True)
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.latent_size = latent_size
@@ -273,8 +273,8 @@ class SeqVAE(nn.Module):
         self._check_z(z, batch=tokens.shape[0])
         if mode not in DECODE_MODES:
             raise ValueError(f"mode: expected one of {DECODE_MODES}, got {mode!r}")
-        _check_positive("temperature", temperature)
-        _check_positive("tau", tau)
+        _check_number("temperature", temperature, 0, above=True)
+        _check_number("tau", tau, 0, above=True)
         batch, seq_len = tokens.shape
 
         if replace_mask is None:  # teacher forcing: all inputs known, one fused call over the sequence
@@ -340,10 +340,8 @@ class SeqVAE(nn.Module):
                         (free bits, Kingma et al. 2016, on the batch-averaged per-dimension KL);
             total       scalar: recon + beta * kl.
         """
-        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or beta < 0:
-            raise ValueError(f"beta: expected a number >= 0, got {beta!r}")
-        if isinstance(free_bits, bool) or not isinstance(free_bits, (int, float)) or free_bits < 0:
-            raise ValueError(f"free_bits: expected a number >= 0, got {free_bits!r}")
+        _check_number("beta", beta, 0)
+        _check_number("free_bits", free_bits, 0)
         mu, logvar = self.encode(tokens, lengths)
         z = self.reparameterize(mu, logvar, eps)
         logits = self.decode(
@@ -380,13 +378,11 @@ class SeqVAE(nn.Module):
         given under "sample"; "greedy" ignores `temperature`, `top_k` and `gumbel` (checked when given).
         """
         self._check_z(z)
-        if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
-            raise ValueError(f"max_len: expected an int >= 1, got {max_len!r}")
+        _check_number("max_len", max_len, 1, integer=True)
         if mode not in GENERATE_MODES:
             raise ValueError(f"mode: expected one of {GENERATE_MODES}, got {mode!r}")
-        _check_positive("temperature", temperature)
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k <= self.vocab_size:
-            raise ValueError(f"top_k: expected an int in [0, vocab_size={self.vocab_size}] (0: off), got {top_k!r}")
+        _check_number("temperature", temperature, 0, above=True)
+        _check_number("top_k", top_k, 0, self.vocab_size, integer=True)  # 0: off
         gumbel = self._gumbel_for(
             gumbel, (z.shape[0], max_len), needed=mode == "sample", device=z.device, what="[B, max_len, V]"
         )

@@ -41,6 +41,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from jax_scan_rnn import validate
+
 
 @dataclass(frozen=True)
 class MarketConfig:
@@ -57,20 +59,15 @@ class MarketConfig:
     lam: float = 20.0  # transaction-cost scale: Lambda = lam * Sigma
 
     def __post_init__(self):
-        if self.num_assets != 2:
-            raise ValueError(f"num_assets: expected 2, got {self.num_assets!r}")
-        for name in ("phi_fast", "phi_slow"):
-            value = getattr(self, name)
-            if not 0.0 < value <= 1.0:
-                raise ValueError(f"{name}: expected a value in (0, 1], got {value!r}")
-        for name in ("return_vol", "gamma"):
-            value = getattr(self, name)
-            if not value > 0.0:
-                raise ValueError(f"{name}: expected a positive value, got {value!r}")
-        if not -1.0 < self.return_corr < 1.0:
-            raise ValueError(f"return_corr: expected a value in (-1, 1), got {self.return_corr!r}")
-        if not self.lam >= 0.0:
-            raise ValueError(f"lam: expected a value >= 0, got {self.lam!r}")
+        validate.choice("num_assets", self.num_assets, (2,))
+        validate.real("phi_fast", self.phi_fast, lo=0, hi=1, lo_open=True)
+        validate.real("phi_slow", self.phi_slow, lo=0, hi=1, lo_open=True)
+        validate.real("b_fast", self.b_fast)
+        validate.real("b_slow", self.b_slow)
+        validate.real("return_vol", self.return_vol, lo=0, lo_open=True)
+        validate.real("return_corr", self.return_corr, lo=-1, hi=1, lo_open=True, hi_open=True)
+        validate.real("gamma", self.gamma, lo=0, lo_open=True)
+        validate.real("lam", self.lam, lo=0)
 
     @property
     def num_signals(self) -> int:
@@ -116,11 +113,9 @@ class Market:
 
 def simulate(cfg: MarketConfig, num_paths: int, num_steps: int, seed: int) -> Market:
     """Draw `num_paths` independent stationary paths of `num_steps` steps; same seed, same market."""
-    for name, value in (("num_paths", num_paths), ("num_steps", num_steps)):
-        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name}: expected a positive int, got {value!r}")
-    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
-        raise ValueError(f"seed: expected an int, got {seed!r}")
+    num_paths = validate.integer("num_paths", num_paths, lo=1)
+    num_steps = validate.integer("num_steps", num_steps, lo=1)
+    validate.integer("seed", seed)
     rng = np.random.default_rng(seed)
     k = cfg.num_signals
     decay = 1.0 - cfg.phi  # [K]
