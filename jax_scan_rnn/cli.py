@@ -125,7 +125,8 @@ class ProgressBar:
     def __call__(self, event: dict) -> None:
         kind = event["event"]
         if kind == "start":
-            self.bar = self.tqdm(total=event["steps"], initial=event["step"], unit="step", dynamic_ncols=True)
+            self.bar = self.tqdm(total=event["steps"], initial=event["step"], unit="step", dynamic_ncols=True,
+                                 disable=not first_process())
             if event["resumed_from"] is not None:
                 self.bar.write(f"resumed from step {event['resumed_from']}")
         elif kind == "log":
@@ -273,11 +274,19 @@ def check_resume(out: Path, args: argparse.Namespace, task: dict, cfg) -> None:
     print(f"resuming with changed settings (--override): {'; '.join(changed)}")
 
 
+def first_process() -> bool:
+    import jax
+
+    return jax.process_index() == 0
+
+
 def data_parallel(args: argparse.Namespace, batch_size: int):
     from jax_scan_rnn.distributed import DataParallel, initialize_multihost
 
     if args.multihost:
         initialize_multihost()
+        if not first_process():  # the first process speaks (and writes) for the run; errors still reach stderr
+            sys.stdout = open(os.devnull, "w")
     dp = DataParallel.create(args.devices)
     dp.check_batch_size(batch_size)
     return dp
@@ -301,12 +310,12 @@ def cmd_train_traveller(args: argparse.Namespace) -> int:
             task, cfg, out, resume=args.resume, callback=ProgressBar(),
             data_sharding=dp.data, state_sharding=dp.replicated,
         )
-        table = task_lib.evaluate(model, task)
-        task_lib.save_table(table, out / "evaluation.json")
-        if available("matplotlib"):
-            plot = task_lib.plot_positions(model, task, out / "positions.png")
-        else:  # after training: report the missing extra instead of failing
-            plot = "not drawn (pip install 'jax-scan-rnn[plot]')"
+        table = task_lib.evaluate(model, task)  # every process computes: the model's arrays span them all
+        plot = "not drawn (pip install 'jax-scan-rnn[plot]')"  # after training: report the missing extra
+        if first_process():
+            task_lib.save_table(table, out / "evaluation.json")
+            if available("matplotlib"):
+                plot = task_lib.plot_positions(model, task, out / "positions.png")
     print(f"\nout of sample: {task.eval_paths} held-out paths x {task.eval_steps} steps")
     print(task_lib.format_table(table))
     print(f"\nmetrics: {out / 'metrics.jsonl'}  curves: {out / 'curves.png'}  positions: {plot}")
@@ -362,11 +371,11 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
         task = options.from_args(task_lib.VAETask, args)
     cfg = train_config(args)
     out = Path(args.out)
+    dp = data_parallel(args, task.batch_size)
     dataset = task_lib.load_dataset(task)
     skipped = ", ".join(f"{k} {v}" for k, v in dataset.skipped.items()) or "none"
     print(f"data {task.data}: {len(dataset.train)} train / {len(dataset.valid)} valid / {len(dataset.test)} test "
           f"sequences, vocabulary {dataset.vocab.size}; skipped: {skipped}")
-    dp = data_parallel(args, task.batch_size)
     with output_directory(out, args.resume):
         check_resume(out, args, dataclasses.asdict(task), cfg)
         print(f"training the VAE ({task.decoding} decoding) for {args.steps} steps on {dp.size} device(s) -> {out}")
@@ -375,7 +384,8 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
             data_sharding=dp.data, state_sharding=dp.replicated,
         )
         report = task_lib.evaluate(model, dataset, task, seed=args.seed)
-        (out / "evaluation.json").write_text(json.dumps(report, indent=2) + "\n")
+        if first_process():
+            (out / "evaluation.json").write_text(json.dumps(report, indent=2) + "\n")
     print()
     print_vae_report(report)
     print(f"\nmetrics: {out / 'metrics.jsonl'}  curves: {out / 'curves.png'}  report: {out / 'evaluation.json'}")

@@ -15,6 +15,7 @@ rows of the global batch that belong to its own devices (`DataParallel.put`).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import jax
@@ -78,6 +79,33 @@ class DataParallel:
         return jax.tree.map(local, batch)
 
 
-def initialize_multihost(**kwargs) -> None:
-    """`jax.distributed.initialize(**kwargs)`: join a multi-host run (call first, on every host)."""
+# The environment of a launch by hand (tests/test_multihost.py runs exactly this on localhost). JAX itself
+# reads only the coordinator's address; the count and index are read here.
+ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID = "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"
+ENV_HEARTBEAT = "JAX_SCAN_RNN_HEARTBEAT_TIMEOUT"  # seconds before the others give up on a lost process (JAX: 100)
+
+
+def initialize_multihost() -> None:
+    """Join a multi-process run: `jax.distributed.initialize`, before anything else touches JAX.
+
+    Launched by hand (every process runs the same command): set JAX_COORDINATOR_ADDRESS=host:port (process
+    0's host; it serves the coordinator there), JAX_NUM_PROCESSES=N and JAX_PROCESS_ID=0..N-1 on each. On a
+    cluster JAX detects these itself (Slurm: srun; Kubernetes JobSet; Open MPI; Cloud TPU): leave them unset.
+    If a process dies, the others stop with JAX's "another task died" error once JAX_SCAN_RNN_HEARTBEAT_TIMEOUT
+    seconds pass without its heartbeat (JAX's default, 100, when unset): bounded, never a hang.
+    """
+    env = os.environ
+    kwargs = {}
+    for name, key in ((ENV_NUM_PROCESSES, "num_processes"), (ENV_PROCESS_ID, "process_id"),
+                      (ENV_HEARTBEAT, "heartbeat_timeout_seconds")):
+        if env.get(name):
+            try:
+                kwargs[key] = int(env[name])
+            except ValueError:
+                raise ValueError(f"{name}: expected an int, got {env[name]!r}") from None
+    if ("num_processes" in kwargs) != ("process_id" in kwargs):
+        raise ValueError(f"{ENV_NUM_PROCESSES}, {ENV_PROCESS_ID}: expected both or neither, got only "
+                         f"{ENV_NUM_PROCESSES if 'num_processes' in kwargs else ENV_PROCESS_ID}")
+    if "num_processes" in kwargs and not env.get(ENV_COORDINATOR):
+        raise ValueError(f"{ENV_COORDINATOR}: expected host:port of process 0 with {ENV_NUM_PROCESSES}, got nothing")
     jax.distributed.initialize(**kwargs)

@@ -168,7 +168,6 @@ class TrainStep:
 
         self.metric_names = sorted(jax.eval_shape(probe, self._raw(leaves), batch)[1])
         self._step = jax.jit(self._update, donate_argnums=0)
-        self._zero = jax.jit(lambda tree: jax.tree.map(jnp.zeros_like, tree))
 
     def _raw(self, leaves) -> list:
         return [jax.random.key_data(x) if k else x for x, k in zip(leaves, self.key_impls)]
@@ -189,8 +188,12 @@ class TrainStep:
         window = {"count": np.int32(0), "loss": zero, "grad_norm": zero, "lr": zero,
                   "metrics": {k: zero for k in self.metric_names}}
         bad = {"step": np.int32(-1), "loss": zero, "grad_norm": zero}
-        return {"state": raw if sharding is None else jax.device_put(raw, sharding),
-                "window": jax.device_put(window, sharding), "bad": jax.device_put(bad, sharding)}
+        window = jax.device_put(window, sharding)
+        # Zeros that depend on no input get no sharding of their own on several processes: pin the window's.
+        self._zero = jax.jit(lambda tree: jax.tree.map(jnp.zeros_like, tree),
+                             out_shardings=jax.tree.map(lambda x: x.sharding, window))
+        return {"state": raw if sharding is None else jax.device_put(raw, sharding), "window": window,
+                "bad": jax.device_put(bad, sharding)}
 
     def read(self, carry: dict) -> dict:
         """The window's sums and the NaN record as host values (this waits for the steps dispatched so far)."""
