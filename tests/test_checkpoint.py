@@ -1,8 +1,11 @@
-"""Checkpoints: round trip (incl. nnx rng state), integrity manifest, stray files, atomicity, fallback,
-setting aside, pruning."""
+"""Checkpoints: round trip (incl. nnx rng state), integrity manifest, stray files, atomicity under SIGKILL,
+fallback, setting aside, pruning."""
 
 import json
 import os
+import signal
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -78,12 +81,20 @@ def test_round_trip_plain_pytree_and_abstract_target(tmp_path):
     ckpt.save(tmp_path, 0, tree)
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.asarray(x).dtype), tree)
     assert_trees_equal(ckpt.restore(tmp_path, 0, target=abstract).state, jax.tree.map(jnp.asarray, tree))
+    # An abstract nnx state (nnx.eval_shape), PRNG key included.
+    _, state = model_state(0)
+    ckpt.save(tmp_path, 1, state)
+    abstract = nnx.state(nnx.eval_shape(lambda: Tiny(nnx.Rngs(5))))
+    assert_trees_equal(ckpt.restore(tmp_path, 1, target=abstract).state, state)
 
 
 def test_target_mismatch_names_the_leaf(tmp_path):
     ckpt.save(tmp_path, 1, {"w": jnp.zeros((2, 3))})
     with pytest.raises(ValueError, match=r"target: leaf 'w' expected shape \(2, 3\)"):
         ckpt.restore(tmp_path, target={"w": jnp.zeros((3, 2))})
+    other_dtype = r"target: leaf 'w' expected shape \(2, 3\) dtype float(32|64) .*, got shape \(2, 3\) dtype bfloat16"
+    with pytest.raises(ValueError, match=other_dtype):  # orbax alone would cast
+        ckpt.restore(tmp_path, target={"w": jnp.zeros((2, 3), jnp.bfloat16)})
     with pytest.raises(ValueError, match="target: .*lacks \\['w'\\]"):
         ckpt.restore(tmp_path, target={"v": jnp.zeros((2, 3))})
 
@@ -103,8 +114,8 @@ def test_tampered_byte_is_detected(tmp_path):
 
 def test_tampered_metadata_is_detected(tmp_path):
     path = ckpt.save(tmp_path, 3, {"w": jnp.ones(3)}, {"hidden": 8})
-    (path / "metadata.json").write_text(json.dumps({"hidden": 9}))
-    with pytest.raises(CheckpointError, match="metadata.json"):
+    (path / "metadata" / "metadata").write_text(json.dumps({"hidden": 9}))  # orbax's JSON item
+    with pytest.raises(CheckpointError, match="metadata/metadata is corrupted"):
         ckpt.read_metadata(tmp_path, 3)
 
 
@@ -210,32 +221,49 @@ def test_fallback_only_when_asked(tmp_path):
     assert [s for s, _ in r.skipped] == [20] and "MANIFEST.json is missing" in r.skipped[0][1]
     with pytest.raises(CheckpointError, match="step_00000020"):  # an explicit step never falls back
         ckpt.restore(tmp_path, 20, fallback=True)
-    (ckpt.step_path(tmp_path, 10) / "tree.json").unlink()
+    (ckpt.step_path(tmp_path, 10) / "_CHECKPOINT_METADATA").unlink()  # orbax's step metadata
     with pytest.raises(CheckpointError, match="no valid checkpoint"):
         ckpt.restore(tmp_path, fallback=True)
 
 
-def test_crash_mid_write_leaves_nothing_loadable(tmp_path, monkeypatch):
-    ckpt.save(tmp_path, 1, {"w": jnp.ones(3)})
+CRASH_SCRIPT = """
+import os, signal, sys
+import jax.numpy as jnp
+from jax_scan_rnn import checkpoint as ckpt
 
-    def crash(*args, **kwargs):
-        raise KeyboardInterrupt("power cut")
+def sigkill(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGKILL)  # no cleanup, no finally: like a power cut
 
-    # Crash after the arrays and files are written, just before the commit rename.
-    monkeypatch.setattr(ckpt.os, "rename", crash)
-    with pytest.raises(KeyboardInterrupt):
-        ckpt.save(tmp_path, 2, {"w": jnp.full(3, 2.0)})
-    monkeypatch.undo()
-    assert ckpt.steps(tmp_path) == [1]
-    assert ckpt.restore(tmp_path).step == 1
+ckpt.save(sys.argv[1], 1, {"w": jnp.ones(3)})
+if sys.argv[2] == "commit":
+    os.rename = sigkill  # orbax's commit renames its temporary directories
+else:
+    ckpt._write_manifest = sigkill  # after orbax's commit, before the manifest
+ckpt.save(sys.argv[1], 2, {"w": jnp.full(3, 2.0)}, keep=1)
+"""
 
-    # A hard crash (no cleanup ran) leaves a hidden temporary directory: ignored, then cleaned up.
-    leftover = tmp_path / ".tmp-step_00000002-999-deadbeef"
-    (leftover / "arrays").mkdir(parents=True)
-    assert ckpt.steps(tmp_path) == [1] and ckpt.restore(tmp_path).step == 1
-    ckpt.save(tmp_path, 2, {"w": jnp.full(3, 2.0)})
-    assert not leftover.exists()
-    assert ckpt.restore(tmp_path).step == 2
+
+@pytest.mark.parametrize("at", ["commit", "manifest"])
+def test_sigkill_mid_save_leaves_nothing_loadable_and_the_previous_checkpoint(tmp_path, at):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([sys.executable, "-c", CRASH_SCRIPT, str(tmp_path), at], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    if at == "commit":  # only orbax's temporary directory: not a step
+        [leftover] = [p.name for p in tmp_path.glob("step_00000002*")]
+        assert leftover.startswith("step_00000002.orbax-checkpoint-tmp")
+        assert ckpt.steps(tmp_path) == [1] and ckpt.restore(tmp_path).step == 1
+    else:  # committed without a manifest: partial, refused; keep=1 has not pruned step 1 yet
+        assert ckpt.steps(tmp_path) == [1, 2]
+        with pytest.raises(CheckpointError, match=r"step_00000002: MANIFEST.json is missing.*fallback=True"):
+            ckpt.restore(tmp_path)
+        r = ckpt.restore(tmp_path, fallback=True)
+        assert r.step == 1 and [s for s, _ in r.skipped] == [2]
+    assert float(ckpt.restore(tmp_path, 1).state["w"][0]) == 1.0
+    # The next save cleans up orbax's temporary directory or replaces the partial step.
+    ckpt.save(tmp_path, 2, {"w": jnp.full(3, 2.0)}, keep=1)
+    assert sorted(os.listdir(tmp_path)) == ["step_00000002"]
+    assert float(ckpt.restore(tmp_path).state["w"][0]) == 2.0
 
 
 def test_overwrite_same_step(tmp_path):
@@ -253,6 +281,9 @@ def test_keep_n_pruning(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["step_00000040", "step_00000050"]
     ckpt.save(tmp_path, 60, {"w": jnp.zeros(2)}, keep=1)
     assert ckpt.steps(tmp_path) == [60]
+    # A step older than the newest is saved too; pruning never deletes a newer one.
+    ckpt.save(tmp_path, 30, {"w": jnp.ones(2)}, keep=1)
+    assert ckpt.steps(tmp_path) == [30, 60] and float(ckpt.restore(tmp_path, 30).state["w"][0]) == 1.0
 
 
 def test_argument_errors(tmp_path):
@@ -267,3 +298,62 @@ def test_argument_errors(tmp_path):
     with pytest.raises(CheckpointError, match="no checkpoint found"):
         ckpt.restore(tmp_path / "empty")
     assert ckpt.latest_step(tmp_path / "empty") is None
+
+
+MULTIHOST_SCRIPT = """
+import json, os, sys
+process, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+import jax
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.distributed.initialize(coordinator_address=f"localhost:{port}", num_processes=2, process_id=process)
+import numpy as np, jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax_scan_rnn import checkpoint as ckpt
+
+mesh = Mesh(np.array(jax.devices()), ("data",))  # 2 processes x 2 devices
+rows, replicated = NamedSharding(mesh, P("data")), NamedSharding(mesh, P())
+full = np.arange(24, dtype=np.float32).reshape(8, 3)
+x = jax.make_array_from_callback(full.shape, rows, lambda index: full[index])  # each process: its rows
+key = jax.jit(lambda: jax.random.key(3), out_shardings=replicated)()
+for step in (1, 2, 3):
+    ckpt.save(out, step, {"x": x * step, "key": key}, {"step": step}, keep=2)  # every process saves
+r = ckpt.restore(out, target={"x": x, "key": key})
+result = {"steps": ckpt.steps(out), "step": r.step, "metadata": r.metadata, "stray": list(r.stray_files),
+          "rows": {str(s.index[0].start): np.asarray(s.data).tolist() for s in r.state["x"].addressable_shards},
+          "key": np.asarray(jax.random.key_data(r.state["key"]).addressable_shards[0].data).tolist()}
+result["aside"] = str(ckpt.set_aside(out, 3))  # every process calls it; one rename
+result["after"] = ckpt.steps(out)
+json.dump(result, open(os.path.join(out, f"process_{process}.json"), "w"))
+"""
+
+
+def test_two_processes_save_their_shards_into_one_verified_checkpoint_and_set_it_aside_once(tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a free port for the coordinator
+        s.bind(("localhost", 0))
+        port = str(s.getsockname()[1])
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    out = tmp_path / "ck"
+    procs = [subprocess.Popen([sys.executable, "-c", MULTIHOST_SCRIPT, str(i), port, str(out)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in (0, 1)]
+    for p in procs:
+        _, err = p.communicate(timeout=240)
+        assert p.returncode == 0, err[-3000:]
+    results = [json.loads((out / f"process_{i}.json").read_text()) for i in (0, 1)]
+    assert [(r["aside"], r["after"]) for r in results] == [(str(out / "step_00000003.invalid-1"), [2])] * 2
+    full = np.arange(24, dtype=np.float32).reshape(8, 3) * 3
+    rows = {}
+    for r in results:
+        assert r["steps"] == [2, 3] and r["step"] == 3 and r["metadata"] == {"step": 3} and r["stray"] == []
+        assert r["key"] == np.asarray(jax.random.key_data(jax.random.key(3))).tolist()
+        rows.update({int(start): np.array(data) for start, data in r["rows"].items()})
+    assert sorted(rows) == [0, 2, 4, 6]  # each process restored its own devices' rows, exactly
+    for start, data in rows.items():
+        np.testing.assert_array_equal(data, full[start:start + 2])
+    # One manifest (process 0's) covers both processes' shards, and verifies.
+    os.rename(out / "step_00000003.invalid-1", ckpt.step_path(out, 3))
+    manifest = json.loads((ckpt.step_path(out, 3) / "MANIFEST.json").read_text())
+    arrays_dirs = {f.split("/")[1] for f in manifest["files"] if f.startswith("arrays/")}
+    assert {"ocdbt.process_0", "ocdbt.process_1"} <= arrays_dirs
+    assert ckpt.verify(out, 3) == ()
