@@ -189,9 +189,11 @@ class TrainStep:
                   "metrics": {k: zero for k in self.metric_names}}
         bad = {"step": np.int32(-1), "loss": zero, "grad_norm": zero}
         window = jax.device_put(window, sharding)
-        # Zeros that depend on no input get no sharding of their own on several processes: pin the window's.
-        self._zero = jax.jit(lambda tree: jax.tree.map(jnp.zeros_like, tree),
-                             out_shardings=jax.tree.map(lambda x: x.sharding, window))
+        # Zeros that depend on no input get no sharding of their own on several processes: pin the given one
+        # (pinning an unplaced window's would change the step's input signature: one more compilation).
+        # Compiled here, so that no compilation lands inside the first logged window's timing.
+        pinned = None if sharding is None else jax.tree.map(lambda x: x.sharding, window)
+        self._zero = jax.jit(lambda tree: jax.tree.map(jnp.zeros_like, tree), out_shardings=pinned).lower(window).compile()
         return {"state": raw if sharding is None else jax.device_put(raw, sharding), "window": window,
                 "bad": jax.device_put(bad, sharding)}
 
