@@ -9,36 +9,37 @@
 Importing the package first adds one CPU setting to `XLA_FLAGS` (whole small loops compiled as one
 kernel; `xla_flags.py` says what it does, what it measured, and how to opt out).
 """
+import importlib
+
 from jax_scan_rnn import xla_flags
 
 xla_flags.configure()  # before anything below can create a JAX backend
 
-from jax_scan_rnn.cells import GRUCell, LSTMCell, RNNCell
-from jax_scan_rnn.compiled import Compiled, jit
-from jax_scan_rnn.convert import load_safetensors, load_torch_state_dict, save_safetensors, torch_state_dict
-from jax_scan_rnn.feedback import feedback_scan
-from jax_scan_rnn.layers import GRU, LSTM, RNN
-from jax_scan_rnn.traveller import Traveller, TravellerState
-from jax_scan_rnn.vae import SeqVAE
-
 __version__ = "0.1.0"
 
-__all__ = [
-    "LSTM",
-    "GRU",
-    "RNN",
-    "Traveller",
-    "TravellerState",
-    "SeqVAE",
-    "feedback_scan",
-    "LSTMCell",
-    "GRUCell",
-    "RNNCell",
-    "load_torch_state_dict",
-    "torch_state_dict",
-    "save_safetensors",
-    "load_safetensors",
-    "jit",
-    "Compiled",
-    "__version__",
-]
+# Public name -> the module that defines it. Imported on first use (PEP 562), so that `import jax_scan_rnn`,
+# `jax-scan-rnn --version` and `--help` do not pay for importing JAX, Flax and the models.
+_EXPORTS = {
+    "LSTM": "layers", "GRU": "layers", "RNN": "layers",
+    "Traveller": "traveller", "TravellerState": "traveller",
+    "SeqVAE": "vae",
+    "feedback_scan": "feedback",
+    "LSTMCell": "cells", "GRUCell": "cells", "RNNCell": "cells",
+    "load_torch_state_dict": "convert", "torch_state_dict": "convert", "save_safetensors": "convert",
+    "load_safetensors": "convert",
+    "jit": "compiled", "Compiled": "compiled",
+}
+
+__all__ = [*_EXPORTS, "__version__"]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f"jax_scan_rnn.{_EXPORTS[name]}"), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    raise AttributeError(f"module 'jax_scan_rnn' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

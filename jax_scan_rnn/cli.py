@@ -28,9 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from jax_scan_rnn import options
-from jax_scan_rnn.checkpoint import CheckpointError
 from jax_scan_rnn.optional import available
-from jax_scan_rnn.train import NonFiniteLossError
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
 
@@ -481,32 +479,44 @@ def add_train_arguments(parser: argparse.ArgumentParser, task: type, defaults: d
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+class Parser(argparse.ArgumentParser):
+    """argparse, with a usage error as one line (and where to look) instead of the whole usage block first."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The command line. The options of `train ...` and `bench` come from modules that import JAX, so they are
+    added only when `argv` names that command: `--version`, `--help` and the other commands start at once."""
     from jax_scan_rnn import __version__
 
-    parser = argparse.ArgumentParser(
-        prog="jax-scan-rnn", description="Feedback recurrent networks in JAX, driven by lax.scan."
-    )
+    words = [a for a in argv if not a.startswith("-")][:2]
+    parser = Parser(prog="jax-scan-rnn", description="Feedback recurrent networks in JAX, driven by lax.scan.")
     parser.add_argument("--version", action="version", version=f"jax-scan-rnn {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     sub.add_parser("info", help="devices and library versions")
     check = sub.add_parser("check", help="parity self-check against torch.nn on random weights")
     check.add_argument("--steps", type=positive_int, default=500, help="sequence length T (default: 500)")
     check.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    bench_parser = sub.add_parser("bench", help="time scan against every kind of loop (benchmarks/)")
+    if words[:1] == ["bench"]:
+        from jax_scan_rnn import bench
 
-    from jax_scan_rnn import bench
-
-    bench.add_arguments(sub.add_parser("bench", help="time scan against every kind of loop (benchmarks/)"))
+        bench.add_arguments(bench_parser)
 
     train = sub.add_parser("train", help="train a model").add_subparsers(dest="model", required=True, metavar="MODEL")
-    from jax_scan_rnn.tasks.traveller import TravellerTask
-    from jax_scan_rnn.tasks.vae import LEARNING_RATE as VAE_LEARNING_RATE, VAETask
-
     trav = train.add_parser("traveller", help="the position-feedback LSTM on the simulated market")
-    add_train_arguments(trav, TravellerTask, {"steps": 1000, "learning_rate": 3e-3}, out="runs/traveller")
+    if words == ["train", "traveller"]:
+        from jax_scan_rnn.tasks.traveller import TravellerTask
+
+        add_train_arguments(trav, TravellerTask, {"steps": 1000, "learning_rate": 3e-3}, out="runs/traveller")
     vae = train.add_parser("vae", help="the SMILES sequence VAE (GRU encoder/decoder, teacher forcing or scheduled "
                                        "sampling)")
-    add_train_arguments(vae, VAETask, {"steps": 1200, "learning_rate": VAE_LEARNING_RATE}, out="runs/vae")
+    if words == ["train", "vae"]:
+        from jax_scan_rnn.tasks.vae import LEARNING_RATE, VAETask
+
+        add_train_arguments(vae, VAETask, {"steps": 1200, "learning_rate": LEARNING_RATE}, out="runs/vae")
 
     sample = sub.add_parser("sample", help="generate from a trained model").add_subparsers(
         dest="model", required=True, metavar="MODEL"
@@ -539,8 +549,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv).parse_args(argv)
     name = f"{args.command} {args.model}" if getattr(args, "model", None) else args.command
     try:
         return COMMANDS[name](args)
@@ -549,13 +559,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\njax-scan-rnn {name}: interrupted; every completed checkpoint is kept (continue with --resume)",
               file=sys.stderr)
         return 130
-    except (ValueError, TypeError, KeyError, FileNotFoundError, ImportError, CheckpointError) as err:
+    except Exception as err:
+        from jax_scan_rnn.checkpoint import CheckpointError  # here: importing them at start-up imports JAX
+        from jax_scan_rnn.train import NonFiniteLossError
+
+        if isinstance(err, NonFiniteLossError):
+            print(f"jax-scan-rnn {name}: error: {err}", file=sys.stderr)
+            return 1
+        if not isinstance(err, (ValueError, TypeError, KeyError, FileNotFoundError, ImportError, CheckpointError)):
+            raise
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"jax-scan-rnn {name}: error: {message}", file=sys.stderr)
         return 2
-    except NonFiniteLossError as err:
-        print(f"jax-scan-rnn {name}: error: {err}", file=sys.stderr)
-        return 1
 
 
 if __name__ == "__main__":

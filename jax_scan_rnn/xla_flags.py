@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 
 SMALL_LOOP_OPTION = "xla_cpu_small_while_loop_byte_threshold"
 SMALL_LOOP_BYTES = 2_000_000  # per-iteration bytes (XLA cost analysis): admits the loops measured faster
@@ -35,6 +36,8 @@ _status = "not configured"
 
 
 def _backends_initialized() -> bool:
+    if "jax._src.xla_bridge" not in sys.modules:  # JAX not imported yet: no backend (and no 0.5 s import)
+        return False
     try:
         from jax._src import xla_bridge
     except ImportError:  # pragma: no cover - jax moved it; assume the worst (no change)
