@@ -19,3 +19,17 @@ def test_readme_snippet_runs_as_written(index, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a snippet may write files (lstm.safetensors): keep them out of the repo
     code = compile(SNIPPETS[index], f"README.md python block {index + 1}", "exec")
     exec(code, {"__name__": f"readme_snippet_{index}"})
+
+
+ROOT = README.parent
+DOCS = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "README.md"]
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_resolve_inside_the_repository(doc):
+    """A clone must explain itself: every relative link of the README and docs names a file in the repo."""
+    for target in re.findall(r"\]\(([^)#\s]+)", doc.read_text()):
+        if "://" in target or target.startswith("mailto:"):
+            continue
+        path = (doc.parent / target).resolve()
+        assert path.is_relative_to(ROOT) and path.exists(), f"{doc.name} links to {target}, which is not in the repo"
