@@ -272,6 +272,20 @@ def check_resume(out: Path, args: argparse.Namespace, task: dict, cfg) -> None:
     print(f"resuming with changed settings (--override): {'; '.join(changed)}")
 
 
+def run_directory(text: str) -> Path:
+    """`--checkpoint`: a training run's output directory (train's --out), with a hint for the usual slip of
+    naming one of its step folders instead."""
+    from jax_scan_rnn.train import CHECKPOINT_DIR
+
+    path = Path(text)
+    if re.fullmatch(r"step_\d+", path.name) and path.parent.name == CHECKPOINT_DIR:
+        raise FileNotFoundError(f"--checkpoint: expected the run directory (train's --out), got its checkpoint folder "
+                                f"{path}; pass --checkpoint {path.parent.parent} --step {int(path.name[5:])}")
+    if not path.is_dir():
+        raise FileNotFoundError(f"--checkpoint: expected a training output directory (train's --out), got {path}")
+    return path
+
+
 def first_process() -> bool:
     import jax
 
@@ -324,9 +338,7 @@ def cmd_train_traveller(args: argparse.Namespace) -> int:
 def cmd_evaluate_traveller(args: argparse.Namespace) -> int:
     from jax_scan_rnn.tasks import traveller as task_lib
 
-    checkpoint = Path(args.checkpoint)
-    if not checkpoint.is_dir():
-        raise FileNotFoundError(f"--checkpoint: expected a training output directory, got {checkpoint}")
+    checkpoint = run_directory(args.checkpoint)
     model, task = task_lib.load(checkpoint, args.step)
     if args.paths is not None or args.horizon is not None:
         task = dataclasses.replace(
@@ -393,10 +405,7 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
 def load_vae(args: argparse.Namespace):
     from jax_scan_rnn.tasks import vae as task_lib
 
-    checkpoint = Path(args.checkpoint)
-    if not checkpoint.is_dir():
-        raise FileNotFoundError(f"--checkpoint: expected a training output directory, got {checkpoint}")
-    return task_lib.load(checkpoint, args.step)
+    return task_lib.load(run_directory(args.checkpoint), args.step)
 
 
 @command("sample vae")

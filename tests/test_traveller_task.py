@@ -66,6 +66,11 @@ def test_cli_train_resume_and_evaluate(tmp_path, capsys):
     assert (out / "positions.png").stat().st_size > 0
     assert main(["evaluate", "traveller", "--checkpoint", str(out), "--paths", "8", "--horizon", "50"]) == 0
     assert "8 held-out paths x 50 steps" in capsys.readouterr().out
+    # The usual slip, a step folder for --checkpoint: one line that says what to pass instead.
+    step_folder = out / "checkpoints" / "step_00000010"
+    assert step_folder.is_dir()
+    assert main(["evaluate", "traveller", "--checkpoint", str(step_folder)]) == 2
+    assert capsys.readouterr().err.strip().endswith(f"pass --checkpoint {out} --step 10")
 
 
 def test_cli_errors_are_one_line_with_exit_code_2(tmp_path, capsys):
