@@ -85,6 +85,12 @@ _TRACED = object()  # placeholder for a traced leaf in a compile key and in the 
 _MISSING = object()
 
 
+# The Compiled of each live module: `jsr.jit(model)` called again (inline, or by library code that gets a
+# model passed in) reuses the compiled functions instead of compiling anew, after one graph walk that
+# checks the structure is unchanged (a changed one gets a fresh Compiled).
+_COMPILED: weakref.WeakKeyDictionary[nnx.Module, Compiled] = weakref.WeakKeyDictionary()
+
+
 def jit(module: nnx.Module, *, mode_attributes: Sequence[str] = MODE_ATTRIBUTES) -> Compiled:
     """A compiled view of `module`: `jit(model)(*args)` is `model(*args)`, `jit(model).m(...)` is `model.m(...)`.
 
@@ -95,8 +101,8 @@ def jit(module: nnx.Module, *, mode_attributes: Sequence[str] = MODE_ATTRIBUTES)
 
     Returns:
       `Compiled`, the same one for the same module while its structure is unchanged (so calling
-      `jsr.jit(model)` again costs one graph walk, not a compile). See the module docstring for what a call sees (weights, rng streams, mode), which
-      arguments are static, and what is not supported.
+      `jsr.jit(model)` again costs one graph walk, not a compile). See the module docstring for what a
+      call sees (weights, rng streams, mode), which arguments are static, and what is not supported.
     """
     cached = _COMPILED.get(module)
     if (
@@ -107,12 +113,6 @@ def jit(module: nnx.Module, *, mode_attributes: Sequence[str] = MODE_ATTRIBUTES)
         return cached
     fast = _COMPILED[module] = Compiled(module, mode_attributes=mode_attributes)
     return fast
-
-
-# The Compiled of each live module: `jsr.jit(model)` called again (inline, or by library code that gets a
-# model passed in) reuses the compiled functions instead of compiling anew, after one graph walk that
-# checks the structure is unchanged (a changed one gets a fresh Compiled).
-_COMPILED: weakref.WeakKeyDictionary[nnx.Module, Compiled] = weakref.WeakKeyDictionary()
 
 
 def _path_text(path: tuple) -> str:
@@ -176,10 +176,6 @@ class Compiled:
         self._methods: dict[str, CompiledMethod] = {}
         self._call = CompiledMethod(self, "__call__")
 
-    # ------------------------------------------------------------------------------------------------
-    # Public surface
-    # ------------------------------------------------------------------------------------------------
-
     @property
     def module(self) -> nnx.Module:
         """The wrapped model."""
@@ -212,10 +208,6 @@ class Compiled:
 
     def __repr__(self) -> str:
         return f"jsr.jit({type(self._module).__name__})"
-
-    # ------------------------------------------------------------------------------------------------
-    # Internals
-    # ------------------------------------------------------------------------------------------------
 
     def _watch(self, names) -> None:
         """Add (submodule, attribute) for each submodule that has an attribute in `names` (a graph walk)."""

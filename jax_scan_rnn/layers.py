@@ -126,16 +126,11 @@ class RNN(nnx.Module):
         """Features per output step: D * H (D * P for an LSTM with a projection)."""
         return self.num_directions * self.layers[0].state_size
 
-    # -- states --------------------------------------------------------------------------------
-    def directions(self) -> list[RNNCell]:
-        """All cells in torch's state order: layer 0 (forward, backward if bidirectional), layer 1, ..."""
-        if not self.bidirectional:
-            return list(self.layers)
-        return [cell for pair in zip(self.layers, self.reverse_layers) for cell in pair]
-
     def initial_state(self, batch_size: int, dtype=jnp.float32):
         """Zero state in the public layout: LSTM `(h, c)`, GRU `h`, each `[L*D, B, H]` (D directions)."""
-        return self.stack_carries([cell.initial_state(batch_size, dtype) for cell in self.directions()])
+        # torch's state order: layer 0 (forward, backward if bidirectional), layer 1, ...
+        layers = zip(self.layers, self.reverse_layers) if self.bidirectional else zip(self.layers)
+        return self.stack_carries([cell.initial_state(batch_size, dtype) for pair in layers for cell in pair])
 
     @staticmethod
     def stack_carries(carries: list) -> object:
@@ -191,7 +186,6 @@ class RNN(nnx.Module):
         """The int unroll of a scan over `batch_size` sequences: `unroll`, else the module's; "auto" resolved."""
         return resolve_unroll(self.unroll if unroll is None else unroll, batch_size)
 
-    # -- dropout ---------------------------------------------------------------------------------
     @property
     def dropout_active(self) -> bool:
         """Whether inter-layer dropout applies now (rate > 0, more than one layer, training mode)."""
@@ -224,7 +218,6 @@ class RNN(nnx.Module):
         draw = jax.random.bernoulli(jax.random.fold_in(key, t), keep, (self.num_layers - 1, *shape))
         return jnp.where(draw, jnp.asarray(1.0 / keep, dtype), jnp.zeros((), dtype))
 
-    # -- running -----------------------------------------------------------------------------------
     def step(self, carries: list, xp0: Array, dropout_masks: Array | None = None) -> tuple[list, Array]:
         """One time step through every layer.
 
@@ -271,13 +264,10 @@ class RNN(nnx.Module):
         """
         x = self.check_input(x)
         unbatched = x.ndim == 2
-        if unbatched:
-            if lengths is not None:
-                raise ValueError("lengths: expected None for unbatched [T, I] input (one sequence), got an array")
-            x = x[:, None]  # [T, 1, I]
-        elif self.batch_first:
-            x = jnp.swapaxes(x, 0, 1)
-        seq = x  # time-major [T, B, I]: lax.scan slices the leading axis
+        if unbatched and lengths is not None:
+            raise ValueError("lengths: expected None for unbatched [T, I] input (one sequence), got an array")
+        # time-major [T, B, I] (unbatched: [T, 1, I]): lax.scan slices the leading axis
+        seq = x[:, None] if unbatched else jnp.swapaxes(x, 0, 1) if self.batch_first else x
         steps, batch, _ = seq.shape
         state = self.initial_state(batch, seq.dtype) if initial_state is None else self.check_state(
             initial_state, batch, seq.dtype, unbatched
@@ -295,47 +285,42 @@ class RNN(nnx.Module):
             reverse_index = jnp.broadcast_to(steps - 1 - t, (steps, batch)) if lengths is None else jnp.where(
                 valid, lengths[None, :] - 1 - t, t
             )
+
+        def scan_layer(cell: RNNCell, carry, seq: Array):
+            """One layer, one direction over time-major `seq [T, B, I]`; `valid [T, B]` freezes padding.
+            With `hoist`, the input projection of many steps is one matmul (`prepare`) before the loop."""
+
+            def step(carry, inputs):
+                x_t, valid_t = inputs
+                new_carry, h = cell.step(carry, x_t if hoist else cell.input_projection(x_t))
+                if valid_t is None:
+                    return new_carry, h
+                keep = valid_t[:, None]
+                carry = jax.tree.map(lambda new, old: jnp.where(keep, new, old), new_carry, carry)
+                return carry, jnp.where(keep, h, jnp.zeros_like(h))
+
+            prepare = (lambda xs: (cell.input_projection(xs[0]), xs[1])) if hoist else None
+            return time_scan(step, carry, (seq, valid), prepare=prepare, unroll=unroll, remat_chunk=self.remat_chunk)
+
+        def reverse(seq: Array) -> Array:
+            return jnp.take_along_axis(seq, reverse_index[:, :, None], axis=0)
+
         carries = iter(self.unstack_state(state))
         finals = []
         for k in range(self.num_layers):
             if k > 0:
                 seq = self.dropout(seq)
-            carry, out = self._scan_layer(self.layers[k], next(carries), seq, valid, unroll, self.remat_chunk, hoist)
+            carry, out = scan_layer(self.layers[k], next(carries), seq)
             finals.append(carry)
             if self.bidirectional:
-                backward = jnp.take_along_axis(seq, reverse_index[:, :, None], axis=0)
-                carry, out_b = self._scan_layer(
-                    self.reverse_layers[k], next(carries), backward, valid, unroll, self.remat_chunk, hoist
-                )
+                carry, out_b = scan_layer(self.reverse_layers[k], next(carries), reverse(seq))
                 finals.append(carry)
-                out = jnp.concatenate([out, jnp.take_along_axis(out_b, reverse_index[:, :, None], axis=0)], -1)
+                out = jnp.concatenate([out, reverse(out_b)], -1)
             seq = out
         final = self.stack_carries(finals)
         if unbatched:
             return seq[:, 0], jax.tree.map(lambda s: s[:, 0], final)
         return (jnp.swapaxes(seq, 0, 1) if self.batch_first else seq), final
-
-    @staticmethod
-    def _scan_layer(
-        cell: RNNCell, carry, seq: Array, valid: Array | None, unroll: int, remat_chunk: int | None, hoist: bool
-    ):
-        """One layer, one direction over time-major `seq [T, B, I]`; `valid [T, B]` freezes padding.
-
-        `hoist`: the input projection of many steps as one matmul (`prepare`) before the loop, else each
-        step projects its own `x_t`.
-        """
-
-        def step(carry, inputs):
-            x_t, valid_t = inputs
-            new_carry, h = cell.step(carry, x_t if hoist else cell.input_projection(x_t))
-            if valid_t is None:
-                return new_carry, h
-            keep = valid_t[:, None]
-            carry = jax.tree.map(lambda new, old: jnp.where(keep, new, old), new_carry, carry)
-            return carry, jnp.where(keep, h, jnp.zeros_like(h))
-
-        prepare = (lambda xs: (cell.input_projection(xs[0]), xs[1])) if hoist else None
-        return time_scan(step, carry, (seq, valid), prepare=prepare, unroll=unroll, remat_chunk=remat_chunk)
 
 
 def check_lengths(lengths, batch_size: int, steps: int) -> Array:

@@ -79,11 +79,6 @@ GENERATE_MODES = ("greedy", "sample")
 TOKEN_DTYPE = jnp.int32  # ids fed back and returned; fixed, whatever jax_enable_x64 says
 
 
-# ----------------------------------------------------------------------------------------------------
-# Helpers
-# ----------------------------------------------------------------------------------------------------
-
-
 def replace_mask(key: Array, shape: tuple[int, int], p: float | Array) -> Array:
     """Scheduled-sampling coins, one per token: bool `shape` ([B, T]), True (feed the prediction) w.p. `p`."""
     if isinstance(p, bool | Real):  # an array of probabilities is the caller's
@@ -98,10 +93,6 @@ def pad_after_eos(tokens: Array) -> Array:
     return jnp.where(eos_before > 0, jnp.asarray(PAD, tokens.dtype), tokens)
 
 
-def _is_concrete(x: Any) -> bool:
-    return not isinstance(x, jax.core.Tracer)
-
-
 def _first_bad(name: str, values: np.ndarray, bad: np.ndarray, what: str) -> str:
     """"name[i, j]=value" of the first True entry of `bad`, and how many there are when more than one."""
     where = np.argwhere(bad)
@@ -110,21 +101,19 @@ def _first_bad(name: str, values: np.ndarray, bad: np.ndarray, what: str) -> str
     return text + (f" ({len(where)} {what} out of range)" if len(where) > 1 else "")
 
 
-def _check_token_layout(tokens: Any) -> None:
-    """An integer [B, T] array with B, T >= 1 (numpy, jax or traced: only dtype and shape are read)."""
+def _check_token_array(tokens: Any, vocab_size: int) -> None:
+    """An integer [B, T] array (B, T >= 1) of numpy or jax; its ids in [0, vocab_size) unless traced."""
     if not np.issubdtype(tokens.dtype, np.integer):
         raise TypeError(f"tokens: expected an integer array of token ids, got dtype {tokens.dtype}")
     if tokens.ndim != 2 or tokens.shape[0] == 0 or tokens.shape[1] == 0:
         raise ValueError(f"tokens: expected shape [B, T] with B, T >= 1, got {list(tokens.shape)}")
-
-
-def _check_token_values(tokens: np.ndarray, vocab_size: int) -> None:
-    """Concrete ids in [0, vocab_size), else ValueError naming the first bad entry."""
-    if int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size:
-        bad = (tokens < 0) | (tokens >= vocab_size)
-        raise ValueError(
-            f"tokens: expected ids in [0, vocab_size={vocab_size}), got {_first_bad('tokens', tokens, bad, 'ids')}"
-        )
+    if isinstance(tokens, jax.core.Tracer):
+        return
+    ids = np.asarray(tokens)
+    if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
+        bad = (ids < 0) | (ids >= vocab_size)
+        got = _first_bad("tokens", ids, bad, "ids")
+        raise ValueError(f"tokens: expected ids in [0, vocab_size={vocab_size}), got {got}")
 
 
 def check_tokens(tokens: Any, lengths: Any, vocab_size: int) -> None:
@@ -142,8 +131,7 @@ def check_tokens(tokens: Any, lengths: Any, vocab_size: int) -> None:
         if isinstance(value, jax.core.Tracer):
             raise TypeError(f"{name}: expected concrete values (call check_tokens outside jit), got a traced array")
     tokens = np.asarray(tokens)
-    _check_token_layout(tokens)
-    _check_token_values(tokens, vocab_size)
+    _check_token_array(tokens, vocab_size)
     if lengths is not None:
         check_lengths(lengths, *tokens.shape)
 
@@ -174,11 +162,6 @@ def _as_float(name: str, x: Any, expected: tuple[int | None, ...], symbols: str,
     return x.astype(dtype)
 
 
-# ----------------------------------------------------------------------------------------------------
-# The model
-# ----------------------------------------------------------------------------------------------------
-
-
 class SeqVAE(nnx.Module):
     """GRU sequence VAE: tokens [B, T] -> latent [B, Z] -> logits [B, T, V] (see the module docstring).
 
@@ -205,7 +188,8 @@ class SeqVAE(nnx.Module):
       gru_encoder: `GRU(V, H, L, batch_first=True, bidirectional=bidirectional)`, reads one-hot [B, T, V].
       fc_mu, fc_logvar: `Linear(D*H, Z)`.
       latent_to_hidden: `Linear(Z, L*H)`; the decoder's layer l starts at `tanh` of columns l*H:(l+1)*H.
-      gru_decoder: `GRU(V + (Z if concat_z else 0), H, L, batch_first=True)`; `w_ih` rows 0..V-1 read the token, V.. read z.
+      gru_decoder: `GRU(V + (Z if concat_z else 0), H, L, batch_first=True)`; `w_ih` rows 0..V-1 read the
+        token, V.. read z.
       h2o: `Linear(H, V)`, hidden state to vocabulary logits.
       sample_rngs: the rng stream for noise that is not passed in (not a parameter).
 
@@ -262,10 +246,6 @@ class SeqVAE(nnx.Module):
         """The parameters' dtype, in which everything is computed."""
         return self.h2o.kernel[...].dtype
 
-    # ------------------------------------------------------------------------------------------------
-    # Encoder and latent
-    # ------------------------------------------------------------------------------------------------
-
     def encode(self, tokens: Array, lengths: Array) -> tuple[Array, Array]:
         """tokens [B, T] (int), lengths [B] (int) -> (mu [B, Z], logvar [B, Z]).
 
@@ -274,10 +254,8 @@ class SeqVAE(nnx.Module):
         lengths-1; bidirectional: `[forward final; backward final]`, the backward pass started at step
         lengths-1), as torch's packed `h_n[-1]` / `[h_n[-2]; h_n[-1]]`.
 
-        Concrete ids outside [0, V) or lengths outside 1..T raise ValueError (the first bad entry named).
-        Traced (under `jit`): lengths are clipped to 0..T (0: the encoder reads nothing; never NaN), and ids
-        are not checked (an id outside [0, V) reads as an all-zero one-hot): run `check_tokens` on the
-        concrete batch first.
+        Checks: the module docstring's "Checked inputs"; under `jit`, a length of 0 reads nothing and an id
+        outside [0, V) reads as an all-zero one-hot.
         """
         tokens = self._check_tokens(tokens)
         lengths = check_lengths(lengths, *tokens.shape)  # jsr.GRU's rule: concrete checked, traced clipped
@@ -305,14 +283,12 @@ class SeqVAE(nnx.Module):
         h0 = jnp.tanh(self.latent_to_hidden(z))  # [B, L*H]
         return jnp.swapaxes(h0.reshape(z.shape[0], self.num_layers, self.hidden_size), 0, 1)
 
-    # ------------------------------------------------------------------------------------------------
-    # Decoder
-    # ------------------------------------------------------------------------------------------------
-
-    def _decoder_rules(self, z: Array):
-        """(carries, embed, base): the decoder's initial per-layer carries, the fed-value projection, and
-        the time-invariant part of layer 0's projection `z @ W_z + b_ih` ([B, 3H] or [3H])."""
-        first = self.gru_decoder.layers[0]
+    def _decoder(self, z: Array):
+        """The decoder started from z [B, Z], as `run(feedback, xs, *, readout, feed, remat=True,
+        hoisted=False) -> ys`: `feedback_scan` whose layer-0 input is `project(a) = embed(a) + (z @ W_z +
+        b_ih)` of the fed value a (hoisted: of the token ids `xs` [T, B], all steps before the loop)."""
+        decoder = self.gru_decoder
+        first = decoder.layers[0]
         dt = z.dtype
         w_ih = first.w_ih[...]  # [V (+ Z), 3H]
         w_tok = w_ih[: self.vocab_size]
@@ -321,13 +297,24 @@ class SeqVAE(nnx.Module):
             base = first.matmul(z, w_ih[self.vocab_size :]) + base  # [B, 3H], hoisted out of the loop
         rows = w_tok.astype(first.compute_dtype or dt).astype(dt)  # what a one-hot matmul would read
 
-        def embed(fb: Array) -> Array:
-            # A token id [B] selects its row (= one_hot(fb) @ w_tok, bit for bit); a vector [B, V]
+        def project(fb: Array) -> Array:
+            # A token id selects its row (= one_hot(fb) @ w_tok, bit for bit); a vector [B, V]
             # (straight-through gumbel-softmax) is multiplied.
-            return rows[fb] if jnp.issubdtype(fb.dtype, jnp.integer) else first.matmul(fb, w_tok)
+            return (rows[fb] if jnp.issubdtype(fb.dtype, jnp.integer) else first.matmul(fb, w_tok)) + base
 
-        carries = self.gru_decoder.unstack_state(self.initial_hidden(z))
-        return carries, embed, base
+        carries = decoder.unstack_state(self.initial_hidden(z))
+
+        def run(feedback, xs, *, readout, feed, remat: bool = True, hoisted: bool = False):
+            rules = dict(prepare=project, inject=lambda _, xp_t: xp_t) if hoisted else dict(
+                inject=lambda fb, _: project(fb)
+            )
+            _, _, ys = feedback_scan(
+                decoder, carries, feedback, xs, readout=readout, feed=feed, **rules,
+                unroll=decoder.scan_unroll(None, z.shape[0]), remat_chunk=decoder.remat_chunk if remat else None,
+            )
+            return ys
+
+        return run
 
     def decode(
         self,
@@ -357,8 +344,7 @@ class SeqVAE(nnx.Module):
         None and the mode needs it. Under teacher forcing `mode`, `gumbel`, `temperature`, `tau` are
         checked but unused; `temperature` is used by "sample" only, `tau` by "gumbel_softmax" only.
 
-        Concrete ids outside [0, V) raise ValueError (the first bad entry named); traced ids are not checked
-        and give meaningless logits: run `check_tokens` on the concrete batch first.
+        Checks: the module docstring's "Checked inputs"; under `jit`, ids outside [0, V) give meaningless logits.
         """
         tokens = self._check_tokens(tokens)
         batch, steps = tokens.shape
@@ -369,29 +355,18 @@ class SeqVAE(nnx.Module):
         dt = self.dtype
         if gumbel is not None:
             gumbel = _as_float("gumbel", gumbel, (batch, steps, self.vocab_size), "[B, T, V]", dt)
-        carries, embed, base = self._decoder_rules(z)
-        unroll = self.gru_decoder.scan_unroll(None, batch)
+        run_decoder = self._decoder(z)
         truth = jnp.swapaxes(tokens, 0, 1)  # [T, B]; truth[t] is fed to step t+1
 
         if replace_mask is None:  # teacher forcing: every input known up front, h2o after the loop
             if resolve_hoist(self.gru_decoder.hoist_inputs):  # all steps' layer-0 projections, one gather
                 inputs = jnp.concatenate([jnp.full((1, batch), SOS, TOKEN_DTYPE), truth[:-1]])  # [T, B]
-                rules = dict(feedback=None, prepare=lambda a: embed(a) + base, inject=lambda _, xp_t: xp_t,
-                             feed=lambda _y, _x: None)  # [T, B, 3H] before the loop
+                hs = run_decoder(None, inputs.astype(TOKEN_DTYPE), readout=lambda h, _: h,
+                                 feed=lambda _y, _x: None, hoisted=True)  # [T, B, 3H] before the loop
             else:  # the true token is "fed back": step t reads a_t = truth[t-1] from the carry, faster
                 # on CPU than scanning the tokens (docs/measurements.md#vae-teacher-forcing-feed)
-                inputs = truth
-                rules = dict(feedback=jnp.full((batch,), SOS, TOKEN_DTYPE), inject=lambda fb, _: embed(fb) + base,
-                             feed=lambda _y, truth_t: truth_t)
-            _, _, hs = feedback_scan(
-                self.gru_decoder,
-                carries,
-                xs=inputs.astype(TOKEN_DTYPE),
-                readout=lambda h, _: h,
-                unroll=unroll,
-                remat_chunk=self.gru_decoder.remat_chunk,
-                **rules,
-            )
+                hs = run_decoder(jnp.full((batch,), SOS, TOKEN_DTYPE), truth.astype(TOKEN_DTYPE),
+                                 readout=lambda h, _: h, feed=lambda _y, truth_t: truth_t)
             return self.h2o(jnp.swapaxes(hs, 0, 1))  # [B, T, V]: one matmul for all steps
 
         replace_mask = jnp.asarray(replace_mask)
@@ -423,22 +398,9 @@ class SeqVAE(nnx.Module):
                 scores = logits if mode == "argmax" else logits / temperature + g_t
                 return jnp.where(coin_t, jnp.argmax(scores, axis=-1).astype(TOKEN_DTYPE), truth_t)
 
-        _, _, logits = feedback_scan(
-            self.gru_decoder,
-            carries,
-            first,
-            (truth.astype(TOKEN_DTYPE), coins, noise),
-            inject=lambda fb, _: embed(fb) + base,
-            readout=lambda h, _: self.h2o(h),
-            feed=feed,
-            unroll=unroll,
-            remat_chunk=self.gru_decoder.remat_chunk,
-        )
+        xs = (truth.astype(TOKEN_DTYPE), coins, noise)
+        logits = run_decoder(first, xs, readout=lambda h, _: self.h2o(h), feed=feed)
         return jnp.swapaxes(logits, 0, 1)  # [B, T, V]
-
-    # ------------------------------------------------------------------------------------------------
-    # Loss and generation
-    # ------------------------------------------------------------------------------------------------
 
     def loss(
         self,
@@ -464,10 +426,8 @@ class SeqVAE(nnx.Module):
                       (free bits, Kingma et al. 2016, on the batch-averaged per-dimension KL);
           total       scalar: recon + beta * kl.
 
-        Concrete ids outside [0, V) or lengths outside 1..T raise ValueError (the first bad entry named).
-        Traced (under `jit`): lengths are clipped to 0..T (never NaN; see `encode`), and ids cannot be
-        checked: any id outside [0, V) makes `recon` and `total` NaN, so training stops at that step
-        rather than learn from it. Run `check_tokens` on concrete batches to be told which entry is bad.
+        Checks: the module docstring's "Checked inputs"; under `jit`, any id outside [0, V) makes `recon`
+        and `total` NaN, so training stops at that step rather than learn from it.
         """
         _check_scalar("beta", beta, lo=0)
         _check_scalar("free_bits", free_bits, lo=0)
@@ -480,7 +440,7 @@ class SeqVAE(nnx.Module):
         log_probs = jax.nn.log_softmax(logits, axis=-1)  # [B, T, V]
         target = jnp.take_along_axis(log_probs, tokens[..., None].astype(TOKEN_DTYPE), axis=-1)[..., 0]
         recon = -jnp.sum(jnp.where(tokens != PAD, target, 0.0)) / tokens.shape[0]
-        if not _is_concrete(tokens):  # unchecked ids: a NaN loss (loud) rather than a plausible number
+        if isinstance(tokens, jax.core.Tracer):  # unchecked ids: a NaN loss (loud) rather than a plausible number
             out_of_range = jnp.any((tokens < 0) | (tokens >= self.vocab_size))
             recon = jnp.where(out_of_range, jnp.asarray(jnp.nan, recon.dtype), recon)
         kl_per_dim = jnp.mean(-0.5 * (1.0 + logvar - mu**2 - jnp.exp(logvar)), axis=0)  # [Z]
@@ -524,7 +484,7 @@ class SeqVAE(nnx.Module):
         if gumbel is not None:
             gumbel = _as_float("gumbel", gumbel, (batch, max_len, self.vocab_size), "[B, max_len, V]", dt)
         z = jax.lax.stop_gradient(z)
-        carries, embed, base = self._decoder_rules(z)
+        run_decoder = self._decoder(z)
 
         if mode == "greedy":
             xs = jnp.arange(max_len)  # only the length matters
@@ -544,28 +504,13 @@ class SeqVAE(nnx.Module):
                 logits = jnp.where(logits < kth_largest, -jnp.inf, logits)
             return jnp.argmax(logits / temperature + noise, axis=-1).astype(TOKEN_DTYPE)
 
-        _, _, chosen = feedback_scan(
-            self.gru_decoder,
-            carries,
-            jnp.full((batch,), SOS, TOKEN_DTYPE),
-            xs,
-            inject=lambda fb, _: embed(fb) + base,
-            readout=choose,
-            feed=lambda next_t, _: next_t,
-            unroll=self.gru_decoder.scan_unroll(None, batch),
-        )
+        first = jnp.full((batch,), SOS, TOKEN_DTYPE)
+        chosen = run_decoder(first, xs, readout=choose, feed=lambda next_t, _: next_t, remat=False)
         return pad_after_eos(jnp.swapaxes(chosen, 0, 1))  # [B, max_len]
 
-    # ------------------------------------------------------------------------------------------------
-    # Argument checks (shapes and dtypes always; id and length ranges when the values are concrete)
-    # ------------------------------------------------------------------------------------------------
-
     def _check_tokens(self, tokens: Any) -> Array:
-        """tokens as an int array; ids checked to lie in [0, V) when concrete (traced ids cannot be)."""
         tokens = jnp.asarray(tokens)
-        _check_token_layout(tokens)
-        if _is_concrete(tokens):
-            _check_token_values(np.asarray(tokens), self.vocab_size)
+        _check_token_array(tokens, self.vocab_size)
         return tokens
 
     def _check_z(self, z: Any, batch: int | None = None) -> Array:
