@@ -101,7 +101,7 @@ print(f"public torch.scan exists: {hasattr(torch, 'scan')}; prototype available:
       f"{torch_ref.traveller.scan_available()}")
 
 # %% 2. TorchScript done right: script the loop function, which takes the weights as a list
-# `method="script"` runs `torch.jit.script(_traveller_loop)`: the loop runs in TorchScript's
+# `method="script"` runs `torch.jit.script(traveller_loop)`: the loop runs in TorchScript's
 # interpreter (no Python per step), but each step still launches its small kernels one by one.
 
 

@@ -86,11 +86,7 @@ LAYOUTS = ("batch", "seed")
 
 
 class TravellerState(NamedTuple):
-    """What one step of `Traveller` hands to the next (see the module docstring).
-
-    Returned by every call (`forward`, `step`, `compiled_loop`'s `run`) as the state after the last step;
-    pass it to the next call to continue the same sequences. `Traveller.initial_state(B)` is the zero state.
-    """
+    """The state after a call's last step (see the module docstring); pass it to the next call."""
 
     h: Tensor  # [L, B, H] LSTM hidden state per layer (nn.LSTM's h_n)
     c: Tensor  # [L, B, H] LSTM cell state per layer (nn.LSTM's c_n)
@@ -102,26 +98,10 @@ def scan_available() -> bool:
     return _torch_scan is not None
 
 
-# ----------------------------------------------------------------------------------------------------
-# The single-step math, written once. These functions stay inside the TorchScript subset (typing.List,
-# typing.Optional, no closures) because `method="script"` compiles `_traveller_loop`, which calls them;
-# `method="cell"` runs the very same functions eagerly and `method="scan"` calls `_traveller_step` as
-# its combine function, so the three methods cannot drift apart.
-# ----------------------------------------------------------------------------------------------------
-
-
-def _lstm_cell(
-    x: Tensor, h: Tensor, c: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor, b_hh: Tensor
-) -> Tuple[Tensor, Tensor]:
-    """One LSTM cell step with `torch.nn.LSTMCell`'s math: x [B, I], h, c [B, H] -> (h', c') [B, H].
-
-    `w_ih` [4H, I], `w_hh` [4H, H], `b_ih`, `b_hh` [4H]; gate blocks stacked i, f, g, o.
-    """
-    gates = F.linear(x, w_ih, b_ih) + F.linear(h, w_hh, b_hh)  # [B, 4H]
-    i, f, g, o = gates.chunk(4, 1)
-    c_new = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-    h_new = torch.sigmoid(o) * torch.tanh(c_new)
-    return h_new, c_new
+# The single-step math, written once. `_traveller_step` and `traveller_loop` stay inside the TorchScript
+# subset (typing.List, typing.Optional, no closures) because `method="script"` compiles `traveller_loop`;
+# "cell" runs the very same functions eagerly and "scan" calls `_traveller_step` as its combine function,
+# so the three methods cannot drift apart.
 
 
 def _traveller_step(
@@ -132,7 +112,7 @@ def _traveller_step(
     weights: List[Tensor],
     masks_t: Optional[Tensor],
 ) -> Tuple[Tensor, List[Tensor], List[Tensor]]:
-    """One time step of the whole model.
+    """One time step of the whole model, with `torch.nn.LSTMCell`'s math in every layer.
 
     x_t [B, F]; prev_position [B, 2]; h, c: one [B, H] tensor per layer; `weights` as
     `Traveller.flat_weights()` returns them; masks_t [L-1, B, H] (already scaled) or None (no dropout).
@@ -145,9 +125,11 @@ def _traveller_step(
         if k > 0 and masks_t is not None:
             # Dropout sits between layers only, as in nn.LSTM: never on the input nor on the top output.
             layer_input = layer_input * masks_t[k - 1]
-        h_k, c_k = _lstm_cell(
-            layer_input, h[k], c[k], weights[4 * k], weights[4 * k + 1], weights[4 * k + 2], weights[4 * k + 3]
-        )
+        w_ih, w_hh, b_ih, b_hh = weights[4 * k], weights[4 * k + 1], weights[4 * k + 2], weights[4 * k + 3]
+        gates = F.linear(layer_input, w_ih, b_ih) + F.linear(h[k], w_hh, b_hh)  # [B, 4H]
+        i, f, g, o = gates.chunk(4, 1)
+        c_k = torch.sigmoid(f) * c[k] + torch.sigmoid(i) * torch.tanh(g)
+        h_k = torch.sigmoid(o) * torch.tanh(c_k)
         new_h.append(h_k)
         new_c.append(c_k)
         layer_input = h_k
@@ -155,14 +137,16 @@ def _traveller_step(
     return position, new_h, new_c
 
 
-def _traveller_loop(
+def traveller_loop(
     xs: Tensor, position: Tensor, h: Tensor, c: Tensor, weights: List[Tensor], masks: Optional[Tensor]
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """The Python loop over time of `method="cell"`; `method="script"` is this function scripted.
 
     xs [T, B, F] (time-major); the state before the first step: position [B, 2], h, c [L, B, H];
-    masks [L-1, T, B, H] or None. Returns (positions [T, B, 2], and the state after the last step:
-    position [B, 2], h [L, B, H], c [L, B, H]).
+    `weights` as `Traveller.flat_weights()` returns them; masks [L-1, T, B, H] (scaled) or None.
+    Returns (positions [T, B, 2], and the state after the last step: position [B, 2], h [L, B, H],
+    c [L, B, H]). Plain tensors in and out, no module, so it can also be captured in a CUDA graph or
+    compiled on its own (`jax-scan-rnn bench`'s CUDA-graph row does).
     """
     h_list = h.unbind(0)
     c_list = c.unbind(0)
@@ -178,7 +162,7 @@ def _traveller_loop(
 
 @functools.cache
 def _scripted_loop() -> Callable[..., Tensor]:
-    """`torch.jit.script(_traveller_loop)`, compiled once per process and cached.
+    """`torch.jit.script(traveller_loop)`, compiled once per process and cached.
 
     TorchScript is deprecated in current PyTorch (`torch.compile`/`torch.export` replace it) and
     `torch.jit.script` emits a DeprecationWarning saying so. The warning is silenced here, locally, because
@@ -192,7 +176,7 @@ def _scripted_loop() -> Callable[..., Tensor]:
             "ignore", message=r"`torch\.jit\.script` is (deprecated|not supported)", category=DeprecationWarning
         )
         try:
-            return torch.jit.script(_traveller_loop)
+            return torch.jit.script(traveller_loop)
         except Exception as err:  # TorchScript may be removed or broken in a future torch
             raise RuntimeError(
                 f'method="script" needs TorchScript, which failed to compile the loop in torch '
@@ -203,10 +187,7 @@ def _scripted_loop() -> Callable[..., Tensor]:
 def _scan_loop(
     xs: Tensor, position: Tensor, h: Tensor, c: Tensor, weights: List[Tensor], masks: Optional[Tensor]
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The loop as `torch._higher_order_ops.scan`, with `_traveller_loop`'s arguments and results.
-
-    xs [T, B, F], state before the first step (position [B, 2], h, c [L, B, H]), masks [L-1, T, B, H]
-    -> (positions [T, B, 2], position [B, 2], h [L, B, H], c [L, B, H]).
+    """The loop as `torch._higher_order_ops.scan`, with `traveller_loop`'s arguments and results.
 
     In eager mode this is no faster than "cell": eager scan is a Python loop over T. Worse, torch 2.13
     runs even eager scan through Dynamo, which traces on the first call for each new structure (layers,
@@ -239,14 +220,7 @@ def _scan_loop(
     return positions, position, h, c
 
 
-# The signature shared by the loop functions: (xs [T, B, F], position [B, 2], h [L, B, H], c [L, B, H],
-# weights, masks) -> (positions [T, B, 2], position [B, 2], h [L, B, H], c [L, B, H]).
-_Loop = Callable[
-    [Tensor, Tensor, Tensor, Tensor, List[Tensor], Optional[Tensor]], Tuple[Tensor, Tensor, Tensor, Tensor]
-]
-
-
-def _loop_function(method: str) -> _Loop:
+def _loop_function(method: str) -> Callable[..., Tuple[Tensor, Tensor, Tensor, Tensor]]:
     """The loop function behind `method` ("cell", "script" or "scan", already checked to be one)."""
     if method == "script":
         return _scripted_loop()
@@ -255,10 +229,10 @@ def _loop_function(method: str) -> _Loop:
             f"method='scan' needs torch._higher_order_ops.scan, which torch {torch.__version__} does not "
             "provide; use method='cell', 'script' or 'loop'"
         )
-    return _scan_loop if method == "scan" else _traveller_loop
+    return _scan_loop if method == "scan" else traveller_loop
 
 
-def _call_quietly(loop: _Loop, *args) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+def _call_quietly(loop: Callable[..., Tuple[Tensor, ...]], *args) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """`loop(*args)` without torch's "`.grad` of a non-leaf Tensor" UserWarning.
 
     Dynamo (behind scan, eager or compiled) reads `.grad` of every tensor it wraps, which warns for a
@@ -271,11 +245,6 @@ def _call_quietly(loop: _Loop, *args) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"The \.grad attribute of a Tensor that is not a leaf")
         return loop(*args)
-
-
-# ----------------------------------------------------------------------------------------------------
-# The model
-# ----------------------------------------------------------------------------------------------------
 
 
 class Traveller(nn.Module):
@@ -311,12 +280,8 @@ class Traveller(nn.Module):
         output_layer.weight, output_layer.bias]`. Fetched on every call, so `load_state_dict`, `.to()` and
         optimiser steps are always seen.
         """
-        weights: list[Tensor] = []
-        for k in range(self.lstm_layers.num_layers):
-            for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
-                weights.append(getattr(self.lstm_layers, f"{name}_l{k}"))
-        weights += [self.output_layer.weight, self.output_layer.bias]
-        return weights
+        per_layer = self.lstm_layers.all_weights  # [[weight_ih_l{k}, weight_hh_l{k}, bias_ih_l{k}, bias_hh_l{k}], ...]
+        return [w for layer in per_layer for w in layer] + [self.output_layer.weight, self.output_layer.bias]
 
     def initial_state(self, batch_size: int) -> TravellerState:
         """The zero state for `batch_size` sequences: h, c [L, B, H] and positions [B, 2], all zeros, in the
@@ -325,12 +290,12 @@ class Traveller(nn.Module):
             raise TypeError(f"batch_size: expected an int, got {type(batch_size).__name__}")
         if batch_size < 0:
             raise ValueError(f"batch_size: expected an int >= 0, got {batch_size}")
-        ref = self.lstm_layers.weight_hh_l0
         lstm = self.lstm_layers
+        zeros = lstm.weight_hh_l0.new_zeros
         return TravellerState(
-            h=ref.new_zeros(lstm.num_layers, batch_size, lstm.hidden_size),
-            c=ref.new_zeros(lstm.num_layers, batch_size, lstm.hidden_size),
-            positions=ref.new_zeros(batch_size, 2),
+            h=zeros(lstm.num_layers, batch_size, lstm.hidden_size),
+            c=zeros(lstm.num_layers, batch_size, lstm.hidden_size),
+            positions=zeros(batch_size, 2),
         )
 
     def sample_dropout_masks(
@@ -343,13 +308,12 @@ class Traveller(nn.Module):
         as `forward(..., dropout_masks=...)` (or to another framework) to reproduce one draw exactly;
         `masks[:, t]` is what `step(..., dropout_masks=...)` takes for step t.
         """
-        ref = self.lstm_layers.weight_hh_l0
-        shape = (self.lstm_layers.num_layers - 1, seq_len, batch_size, self.lstm_layers.hidden_size)
-        p = float(self.lstm_layers.dropout)
-        if p >= 1.0:
-            return ref.new_zeros(shape)
-        keep = 1.0 - p
-        return torch.empty(shape, dtype=ref.dtype, device=ref.device).bernoulli_(keep, generator=generator) / keep
+        lstm = self.lstm_layers
+        shape = (lstm.num_layers - 1, seq_len, batch_size, lstm.hidden_size)
+        keep = 1.0 - float(lstm.dropout)
+        if keep <= 0.0:
+            return lstm.weight_hh_l0.new_zeros(shape)
+        return lstm.weight_hh_l0.new_empty(shape).bernoulli_(keep, generator=generator) / keep
 
     def forward(
         self,
@@ -399,9 +363,8 @@ class Traveller(nn.Module):
     ) -> tuple[Tensor, TravellerState]:
         """One time step, as a live user calls it per new bar: x_t [B, F] -> (positions_t [B, 2], new state).
 
-        Runs method "cell" over this one step (`_traveller_step`, the single-step function of "cell", "script"
-        and "scan"), so a sequence stepped through one `step` at a time gives exactly what those methods give
-        in one call.
+        Runs method "cell" over this one step, so a sequence stepped through one `step` at a time gives
+        exactly what "cell", "script" and "scan" give in one call.
 
         Args:
             state: the state before this step (`TravellerState`, h, c [L, B, H], positions [B, 2]); None is
@@ -430,7 +393,7 @@ class Traveller(nn.Module):
         method: str,
         layout: str,
         dropout_masks: Tensor | None,
-        loop: _Loop | None,
+        loop: Callable[..., Tuple[Tensor, ...]] | None,
     ) -> tuple[Tensor, TravellerState]:
         """`forward`'s body; `compiled_loop` passes its compiled `loop` in place of the method's own."""
         seed_layout = self._check_inputs(inputs, method, layout)
@@ -453,10 +416,8 @@ class Traveller(nn.Module):
                 # Drawn up front rather than inside the loop, so that every method consumes randomness
                 # the same way and scan's combine function stays free of random ops.
                 masks = self.sample_dropout_masks(xs.shape[0], xs.shape[1])
-            if loop is None:
-                loop = _loop_function(method)
             positions, position, h, c = _call_quietly(
-                loop, xs, state.positions, state.h, state.c, self.flat_weights(), masks
+                loop or _loop_function(method), xs, state.positions, state.h, state.c, self.flat_weights(), masks
             )
             state = TravellerState(h, c, position)
         return (positions[:, 0] if seed_layout else positions.transpose(0, 1)), state
@@ -520,13 +481,9 @@ class Traveller(nn.Module):
                 f"state: expected a TravellerState(h, c, positions) or None, got {type(state).__name__}"
             )
         lstm = self.lstm_layers
-        layers, hidden = lstm.num_layers, lstm.hidden_size
         device = lstm.weight_hh_l0.device
-        expected = {
-            "h": ("[L, B, H]", (layers, batch_size, hidden)),
-            "c": ("[L, B, H]", (layers, batch_size, hidden)),
-            "positions": ("[B, 2]", (batch_size, 2)),
-        }
+        hc = ("[L, B, H]", (lstm.num_layers, batch_size, lstm.hidden_size))
+        expected = {"h": hc, "c": hc, "positions": ("[B, 2]", (batch_size, 2))}
         for field, (names, shape) in expected.items():
             value = getattr(state, field)
             self._check_float_tensor(f"state.{field}", value)
@@ -543,11 +500,7 @@ class Traveller(nn.Module):
         """Validate `dropout_masks` [L-1, *steps_and_batch, H] ((T, B) for forward, (B,) for step)."""
         if masks is None:
             return None
-        if not isinstance(masks, Tensor):
-            raise TypeError(f"dropout_masks: expected a torch.Tensor or None, got {type(masks).__name__}")
-        dtype = self.lstm_layers.weight_hh_l0.dtype
-        if masks.dtype != dtype:
-            raise TypeError(f"dropout_masks: expected dtype {dtype} (the model's parameters), got {masks.dtype}")
+        self._check_float_tensor("dropout_masks", masks)
         lstm = self.lstm_layers
         expected = (lstm.num_layers - 1, *steps_and_batch, lstm.hidden_size)
         names = "[num_layers-1, T, B, H]" if where == "forward" else "[num_layers-1, B, H]"

@@ -29,8 +29,8 @@ How the decoder runs:
   whole sequence in ONE call (cuDNN/oneDNN fuse the time loop);
 - scheduled sampling (`replace_mask` given) and free running (`generate`): the input of step t depends on
   the output of step t-1, so a Python loop over time calls `gru_decoder` on one step `[B, 1, V(+Z)]` at a
-  time, carrying the hidden state. Both use the one loop `SeqVAE._feedback_loop` and the one step
-  `SeqVAE._decoder_step`; they differ only in the function that chooses what is fed back.
+  time, carrying the hidden state. Both use the one loop `SeqVAE._feedback_loop`; they differ only in the
+  function that chooses what is fed back.
 
 Randomness is explicit: `eps` (latent noise), `gumbel` (sampling noise) and `replace_mask` (scheduled
 sampling coins, one per token as in Bengio et al. 2015, not one per step) can all be passed in, so the JAX
@@ -53,11 +53,6 @@ PAD, SOS, EOS = 0, 1, 2
 
 DECODE_MODES = ("argmax", "sample", "gumbel_softmax")
 GENERATE_MODES = ("greedy", "sample")
-
-
-# ----------------------------------------------------------------------------------------------------
-# Small helpers
-# ----------------------------------------------------------------------------------------------------
 
 
 def sample_gumbel(
@@ -106,11 +101,6 @@ def _check_float(name: str, x: Tensor, shape: tuple[int | None, ...], dtype: tor
         symbols = what[1:-1].split(", ")
         spelled = ", ".join(symbol if want is None else str(want) for symbol, want in zip(symbols, shape))
         raise ValueError(f"{name}: expected shape {what} = [{spelled}], got {list(x.shape)}")
-
-
-# ----------------------------------------------------------------------------------------------------
-# The model
-# ----------------------------------------------------------------------------------------------------
 
 
 class SeqVAE(nn.Module):
@@ -175,9 +165,7 @@ class SeqVAE(nn.Module):
         """Integer ids [...] -> one-hot [..., V] in the parameters' dtype."""
         return F.one_hot(tokens.long(), self.vocab_size).to(self.dtype)
 
-    # ------------------------------------------------------------------------------------------------
-    # Encoder and latent
-    # ------------------------------------------------------------------------------------------------
+    # ---- Encoder and latent ----
 
     def encode(self, tokens: Tensor, lengths: Tensor | Sequence[int]) -> tuple[Tensor, Tensor]:
         """tokens [B, T] (int), lengths [B] -> (mu [B, Z], logvar [B, Z]).
@@ -213,31 +201,23 @@ class SeqVAE(nn.Module):
         h0 = torch.tanh(self.latent_to_hidden(z))  # [B, L*H]
         return h0.view(z.shape[0], self.num_layers, self.hidden_size).transpose(0, 1).contiguous()
 
-    # ------------------------------------------------------------------------------------------------
-    # Decoder
-    # ------------------------------------------------------------------------------------------------
-
-    def _decoder_step(self, x_t: Tensor, z: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
-        """One decoder step: fed vector x_t [B, V], z [B, Z], h [L, B, H] -> (logits_t [B, V], h' [L, B, H])."""
-        if self.concat_z:
-            x_t = torch.cat([x_t, z], dim=-1)
-        out, h = self.gru_decoder(x_t.unsqueeze(1), h)  # one step: [B, 1, V(+Z)] -> [B, 1, H]
-        return self.h2o(out[:, 0]), h
+    # ---- Decoder ----
 
     def _feedback_loop(self, z: Tensor, steps: int, feed: Callable[[int, Tensor], Tensor]) -> Tensor:
         """The Python loop over time shared by scheduled sampling and free running: -> logits [B, steps, V].
 
         x_0 = one_hot(<sos>); step t gives logits_t; `feed(t, logits_t)` returns x_{t+1} [B, V], the vector
-        fed to step t+1 (not called after the last step).
+        fed to step t+1 (not called after the last step). `gru_decoder` runs one step [B, 1, V(+Z)] per call.
         """
-        h = self.initial_hidden(z)
+        h = self.initial_hidden(z)  # [L, B, H]
         x = self._one_hot(torch.full((z.shape[0],), SOS, device=z.device))
         logits = []
         for t in range(steps):
-            logits_t, h = self._decoder_step(x, z, h)
-            logits.append(logits_t)
+            x_t = torch.cat([x, z], dim=-1) if self.concat_z else x
+            out, h = self.gru_decoder(x_t.unsqueeze(1), h)  # [B, 1, H]
+            logits.append(self.h2o(out[:, 0]))
             if t + 1 < steps:
-                x = feed(t, logits_t)
+                x = feed(t, logits[-1])
         return torch.stack(logits, dim=1)
 
     def decode(
@@ -312,9 +292,7 @@ class SeqVAE(nn.Module):
 
         return self._feedback_loop(z, seq_len, feed)
 
-    # ------------------------------------------------------------------------------------------------
-    # Loss, forward, generation
-    # ------------------------------------------------------------------------------------------------
+    # ---- Loss, forward, generation ----
 
     def loss(
         self,
@@ -387,31 +365,26 @@ class SeqVAE(nn.Module):
             gumbel, (z.shape[0], max_len), needed=mode == "sample", device=z.device, what="[B, max_len, V]"
         )
 
-        def pick(logits: Tensor, noise: Tensor | None) -> Tensor:
-            """next tokens from logits [..., V] (noise: gumbel of the same shape, or None for greedy)."""
-            if noise is None:
-                return logits.argmax(dim=-1)
+        def pick(t: int, logits_t: Tensor) -> Tensor:
+            """next_t [B] from logits_t [B, V]."""
+            if mode == "greedy":
+                return logits_t.argmax(dim=-1)
             if top_k > 0:
-                kth_largest = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-                logits = logits.masked_fill(logits < kth_largest, float("-inf"))
-            return (logits / temperature + noise).argmax(dim=-1)
-
-        def noise_at(t: int) -> Tensor | None:
-            return None if mode == "greedy" else gumbel[:, t]
+                kth_largest = torch.topk(logits_t, top_k, dim=-1).values[..., -1:]
+                logits_t = logits_t.masked_fill(logits_t < kth_largest, float("-inf"))
+            return (logits_t / temperature + gumbel[:, t]).argmax(dim=-1)
 
         chosen: list[Tensor] = []  # next_t [B] for every step
 
         def feed(t: int, logits_t: Tensor) -> Tensor:
-            chosen.append(pick(logits_t, noise_at(t)))
+            chosen.append(pick(t, logits_t))
             return self._one_hot(chosen[-1])
 
         logits = self._feedback_loop(z, max_len, feed)
-        chosen.append(pick(logits[:, -1], noise_at(max_len - 1)))  # the last token is output, never fed
+        chosen.append(pick(max_len - 1, logits[:, -1]))  # the last token is output, never fed
         return pad_after_eos(torch.stack(chosen, dim=1))
 
-    # ------------------------------------------------------------------------------------------------
-    # Argument checks
-    # ------------------------------------------------------------------------------------------------
+    # ---- Argument checks ----
 
     def _check_tokens(self, tokens: Tensor) -> None:
         if not isinstance(tokens, Tensor):

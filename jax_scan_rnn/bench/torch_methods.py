@@ -141,7 +141,7 @@ def cuda_graph(ctx: Context, batch: int, steps: int, mode: str) -> Case:
     torch = ctx.torch
     if not ctx.on_gpu:
         raise Skip("needs a CUDA GPU (torch.cuda.is_available() is False on this machine)")
-    from torch_ref.traveller import _traveller_loop  # the loop function itself: torch_ref has no public name
+    from torch_ref.traveller import traveller_loop  # the loop function itself
 
     d = ctx.data(batch, steps)
     xs = ctx.t(d["x"]).transpose(0, 1).contiguous()  # [T, B, F], the graph's static input
@@ -154,11 +154,11 @@ def cuda_graph(ctx: Context, batch: int, steps: int, mode: str) -> Case:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side), torch.no_grad():
-            _traveller_loop(xs, *start, weights, None)  # warm-up outside the capture, as CUDA graphs need
+            traveller_loop(xs, *start, weights, None)  # warm-up outside the capture, as CUDA graphs need
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.no_grad(), torch.cuda.graph(graph):
-            static_out = _traveller_loop(xs, *start, weights, None)[0]  # positions [T, B, 2]
+            static_out = traveller_loop(xs, *start, weights, None)[0]  # positions [T, B, 2]
         torch.cuda.synchronize()
         capture_s = time.perf_counter() - t0
 
@@ -173,7 +173,7 @@ def cuda_graph(ctx: Context, batch: int, steps: int, mode: str) -> Case:
     params = model.flat_weights()
 
     def run(x, *weights):
-        return _traveller_loop(x, *start, list(weights), None)[0]
+        return traveller_loop(x, *start, list(weights), None)[0]
 
     graphed = torch.cuda.make_graphed_callables(run, (xs, *params))
     torch.cuda.synchronize()
