@@ -21,6 +21,7 @@ Output: a table of free-running reconstruction and prior-sample validity, and a 
 import json
 from pathlib import Path
 
+from jax_scan_rnn.cli import ProgressBar
 from jax_scan_rnn.tasks import vae as vae_task
 from jax_scan_rnn.train import TrainConfig
 
@@ -49,7 +50,7 @@ results, curves = {}, {}
 for decoding in ("teacher", "scheduled"):
     task = vae_task.VAETask(**{**BASE.__dict__, "decoding": decoding})
     print(f"\ntraining with {decoding} decoding ({STEPS} steps)...")
-    model, _, history = vae_task.train(task, config, dataset=dataset)
+    model, _, history = vae_task.train(task, config, dataset=dataset, callback=ProgressBar())  # the CLI's bar
     curves[decoding] = history.series("recon", "train")
     results[decoding] = vae_task.evaluate(model, dataset, task)
 
