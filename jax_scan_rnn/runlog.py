@@ -100,30 +100,49 @@ def _read_rows(path: Path) -> list[dict]:
     return rows
 
 
+def curve_panels(history: History) -> tuple[dict[str, dict[str, list]], dict[str, float]]:
+    """({panel: {split: [(step, value)]}} for every series that changes, {name: value} for those that do not)."""
+    names = list(dict.fromkeys(m for r in history.train + history.eval for m in r.get("metrics", {}) if m != "loss"))
+    series = {key: {split: [(x, y) for x, y in zip(*history.series(key, split)) if math.isfinite(y)]
+                    for split in (("train", "eval") if key != "lr" else ("train",))}
+              for key in ["loss", "lr", "grad_norm", *names]}
+    constant = {key: pts[0][1] for key, by_split in series.items()
+                if (pts := [p for split in by_split.values() for p in split]) and len({y for _, y in pts}) == 1}
+    return {k: v for k, v in series.items() if k not in constant and any(v.values())}, constant
+
+
 def plot_curves(history: History, path: Path) -> None:
-    """Loss (train and eval), learning rate, gradient norm and every metric against the step, as one PNG."""
+    """Loss, learning rate, gradient norm and every metric against the step, as one PNG. Train points are means
+    over a log window; eval points come from `eval_fn` (the run's held-out set). A series that never changes
+    (a learning rate held constant, a replacement probability of 0 under teacher forcing) gets no panel: the
+    figure's title lists it with its value."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: matplotlib is slow to import
     from matplotlib.figure import Figure
 
-    names = list(dict.fromkeys(m for r in history.train + history.eval for m in r.get("metrics", {}) if m != "loss"))
-    panels = ["loss", "lr", "grad_norm", *names]
-    ncols = min(3, len(panels))
-    nrows = math.ceil(len(panels) / ncols)
-    fig = Figure(figsize=(4.5 * ncols, 3.2 * nrows))
-    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.1, top=0.92, wspace=0.25, hspace=0.45)
+    series, constant = curve_panels(history)
+    panels = list(series)
+    ncols = max(1, min(3, len(panels)))
+    nrows = max(1, math.ceil(len(panels) / ncols))
+    height = 3.2 * nrows + 0.8  # inches: the panels and a two-line title
+    fig = Figure(figsize=(4.5 * ncols, height))
+    fig.subplots_adjust(left=0.08, right=0.98, bottom=0.5 / height, top=1 - 0.85 / height, wspace=0.3, hspace=0.5)
     FigureCanvasAgg(fig)
+    title = "train: mean over each log window; eval: the held-out set"
+    if constant:
+        title += "\nconstant, not drawn: " + ", ".join(f"{k} = {v:g}" for k, v in constant.items())
+    fig.suptitle(title, fontsize="small")
     for idx, key in enumerate(panels):
         ax = fig.add_subplot(nrows, ncols, idx + 1)
-        for split in ("train", "eval") if key != "lr" else ("train",):
-            pts = [(x, y) for x, y in zip(*history.series(key, split)) if math.isfinite(y)]
+        for split, pts in series[key].items():
             if pts:
                 ax.plot(*zip(*pts), label=split, marker="." if len(pts) < 30 else None)
         values = [y for line in ax.lines for y in line.get_ydata()]
-        if key == "loss" and values and min(values) > 0:
+        if key == "loss" and min(values) > 0:
             ax.set_yscale("log")
         ax.set_title(key)
         ax.set_xlabel("step")
+        ax.set_ylabel(key)
         ax.grid(alpha=0.3)
-        if ax.lines and key != "lr":
+        if key != "lr":
             ax.legend(fontsize="small")
     fig.savefig(path, dpi=90)

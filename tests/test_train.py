@@ -515,3 +515,15 @@ def test_step_overhead_is_small():
     fit(DropMLP(nnx.Rngs(0)), loss_fn, lambda i: (x, y), cfg, callback=cb)
     per_step = (marks[3000] - marks[1000]) / 2000
     assert per_step < 600e-6, f"{per_step * 1e6:.0f} us per step"
+
+
+def test_curves_draw_what_changes_and_name_what_does_not():
+    from jax_scan_rnn.runlog import curve_panels
+
+    rows = [{"step": i, "split": "train", "loss": 1 / i, "lr": 0.1, "grad_norm": float(i),
+             "metrics": {"p_replace": 0.0, "acc": i / 10}} for i in range(1, 6)]
+    evals = [{"step": 5, "split": "eval", "loss": 0.3, "metrics": {"loss": 0.3, "acc": 0.2}}]
+    panels, constant = curve_panels(History(train=rows, eval=evals, step=5))
+    assert list(panels) == ["loss", "grad_norm", "acc"]
+    assert constant == {"lr": 0.1, "p_replace": 0.0}  # named in the figure's title instead of a flat panel
+    assert panels["acc"]["eval"] == [(5, 0.2)] and len(panels["acc"]["train"]) == 5
