@@ -356,6 +356,12 @@ def cmd_evaluate_traveller(args: argparse.Namespace) -> int:
     return 0
 
 
+def vae_evaluation_banner(task, test_sequences: int) -> str:
+    """Said before the final evaluation, which compiles and runs for tens of seconds without a step to count."""
+    return (f"evaluating: reconstructing {min(task.eval_sequences, test_sequences)} test sequences, drawing "
+            f"{task.eval_samples} prior samples twice (sampled and greedy), interpolating...")
+
+
 def print_vae_report(report: dict) -> None:
     rec, latent = report["reconstruction"], report["latent"]
     print(f"{'reconstruction (decoding from mu)':<36} {'token acc':>10} {'sequence acc':>13}")
@@ -393,6 +399,7 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
             task, cfg, out, resume=args.resume, callback=ProgressBar(), dataset=dataset,
             data_sharding=dp.data, state_sharding=dp.replicated,
         )
+        print(vae_evaluation_banner(task, len(dataset.test)), flush=True)
         report = task_lib.evaluate(model, dataset, task, seed=args.seed)
         if first_process():
             (out / "evaluation.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -437,7 +444,9 @@ def cmd_evaluate_vae(args: argparse.Namespace) -> int:
     dataset = task_lib.load_dataset(task)
     if dataset.vocab != vocab:
         raise ValueError(f"--checkpoint: its vocabulary differs from the one rebuilt from {task.data!r}")
-    report = task_lib.evaluate(model, dataset, dataclasses.replace(task, eval_samples=args.n))
+    task = dataclasses.replace(task, eval_samples=args.n)
+    print(vae_evaluation_banner(task, len(dataset.test)), flush=True)
+    report = task_lib.evaluate(model, dataset, task)
     print_vae_report(report)
     if args.output:
         Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
