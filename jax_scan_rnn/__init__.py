@@ -3,8 +3,10 @@
     import jax_scan_rnn as jsr
     lstm = jsr.LSTM(input_size, hidden_size, num_layers=1, rngs=nnx.Rngs(0))  # torch.nn.LSTM's arguments
     jsr.load_torch_state_dict(lstm, torch_lstm.state_dict())
-    out, (h, c) = jsr.jit(lstm)(x)             # x [T, B, I] (batch_first=False, torch's default) -> [T, B, H]
-    positions, state = jsr.jit(trav)(x, state)  # the Traveller carries its state across calls
+    fast = jsr.jit(lstm)                       # once: each jsr.jit(model) walks the model's graph
+    out, (h, c) = fast(x)                      # x [T, B, I] (batch_first=False, torch's default) -> [T, B, H]
+    step = jsr.jit(trav)                       # kept, and called once per market tick:
+    positions, state = step(x, state)          # the Traveller carries its state across calls
 
 Importing the package first adds one CPU setting to `XLA_FLAGS` (whole small loops compiled as one
 kernel; `xla_flags.py` says what it does, what it measured, and how to opt out).

@@ -74,8 +74,8 @@ class RNNCell(nnx.Module):
         compute_dtype=None,
         rngs: nnx.Rngs,
     ):
-        validate.integer("input_size", input_size, lo=1)
-        validate.integer("hidden_size", hidden_size, lo=1)
+        input_size = validate.integer("input_size", input_size, lo=1)  # a plain int from here on
+        hidden_size = validate.integer("hidden_size", hidden_size, lo=1)
         validate.boolean("bias", bias)
         if compute_dtype is not None and not jnp.issubdtype(compute_dtype, jnp.floating):
             raise TypeError(f"compute_dtype: expected None or a floating dtype, got {compute_dtype!r}")

@@ -60,7 +60,7 @@ import numpy as np
 from jax_scan_rnn import validate
 
 __all__ = ["CheckpointError", "Restored", "save", "restore", "steps", "latest_step", "verify", "read_metadata",
-           "step_path", "set_aside", "named_leaves"]
+           "step_path", "step_of", "set_aside", "named_leaves"]
 
 FORMAT_VERSION = 2  # of MANIFEST.json and the layout; 2: orbax's CheckpointManager
 MANIFEST, ARRAYS, METADATA = "MANIFEST.json", "arrays", "metadata"
@@ -95,6 +95,12 @@ def _name_format():
 def step_path(directory: str | os.PathLike, step: int) -> Path:
     """The directory a committed checkpoint of ``step`` lives in: ``directory/step_{step:08d}``."""
     return Path(directory) / f"{_PREFIX}_{int(step):0{_DIGITS}d}"
+
+
+def step_of(path: str | os.PathLike) -> int | None:
+    """The step a committed checkpoint's directory name holds (``step_00000120`` -> 120), else None."""
+    match = re.fullmatch(rf"{_PREFIX}_(\d{{{_DIGITS},}})", Path(path).name)
+    return int(match.group(1)) if match else None
 
 
 def steps(directory: str | os.PathLike) -> list[int]:

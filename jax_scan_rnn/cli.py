@@ -162,15 +162,13 @@ def train_config(args: argparse.Namespace):
 def output_directory(out: Path, resume: bool):
     """Hold `--out` for this run (training, evaluation, plots): one writer per run directory (`lock.py`), and
     a finished or running run there is never overwritten without --resume."""
-    import jax
-
     from jax_scan_rnn import checkpoint
     from jax_scan_rnn.lock import run_lock
     from jax_scan_rnn.train import CHECKPOINT_DIR
 
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out: expected a directory, got the file {out}")
-    if jax.process_index() != 0:  # several processes: the first one holds the directory (and writes)
+    if not first_process():  # several processes: the first one holds the directory (and writes)
         yield
         return
     with contextlib.ExitStack() as held:
@@ -275,12 +273,13 @@ def check_resume(out: Path, args: argparse.Namespace, task: dict, cfg) -> None:
 def run_directory(text: str) -> Path:
     """`--checkpoint`: a training run's output directory (train's --out), with a hint for the usual slip of
     naming one of its step folders instead."""
+    from jax_scan_rnn.checkpoint import step_of
     from jax_scan_rnn.train import CHECKPOINT_DIR
 
     path = Path(text)
-    if re.fullmatch(r"step_\d+", path.name) and path.parent.name == CHECKPOINT_DIR:
+    if step_of(path) is not None and path.parent.name == CHECKPOINT_DIR:
         raise FileNotFoundError(f"--checkpoint: expected the run directory (train's --out), got its checkpoint folder "
-                                f"{path}; pass --checkpoint {path.parent.parent} --step {int(path.name[5:])}")
+                                f"{path}; pass --checkpoint {path.parent.parent} --step {step_of(path)}")
     if not path.is_dir():
         raise FileNotFoundError(f"--checkpoint: expected a training output directory (train's --out), got {path}")
     return path

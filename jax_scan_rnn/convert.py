@@ -168,14 +168,14 @@ def load_torch_state_dict(module: nnx.Module, state_dict: Mapping[str, Any]) -> 
             raise ValueError(f"state_dict[{key!r}]: expected shape {expected}, got {tuple(value.shape)}")
         dtype = param[...].dtype
         with np.errstate(over="ignore", invalid="ignore"):  # an overflow is reported below, naming the key
+            # astype copies (even to the same dtype): the module never aliases the caller's (torch's) memory,
+            # which a later in-place optimiser step would change behind its back.
             cast = value.astype(dtype)
         if not np.isfinite(cast).all():
             raise ValueError(_non_finite_message(key, value, cast))
         if value.dtype != dtype:
             casts.setdefault((str(value.dtype), str(dtype)), []).append(key)
-        # jnp.array copies: jnp.asarray may alias host memory on CPU, and a later in-place torch optimiser
-        # step would then change this module's weights behind its back.
-        updates.append((param, jnp.array(cast.T if transpose else cast, copy=True)))
+        updates.append((param, jnp.asarray(cast.T if transpose else cast)))
     if casts:
         warnings.warn(_cast_warning(casts), UserWarning, stacklevel=2)
     for param, value in updates:

@@ -63,20 +63,26 @@ class DataParallel:
             )
 
     def put(self, batch):
-        """Place a global batch (pytree of `[B, ...]` host arrays) sharded over the mesh.
+        """Place a global batch (pytree of `[B, ...]` host arrays) sharded over the mesh (`put_batch`)."""
+        return put_batch(batch, self.data)
 
-        On one host this is `jax.device_put`. On several, each host holds the same global batch (the data
-        is a function of the step) and contributes the rows of its own devices.
-        """
-        if jax.process_count() == 1:
-            return jax.device_put(batch, self.data)
 
-        def local(x):
-            rows = np.asarray(x).shape[0] // jax.process_count()
-            start = jax.process_index() * rows
-            return jax.make_array_from_process_local_data(self.data, np.asarray(x)[start : start + rows])
+def put_batch(batch, sharding: jax.sharding.Sharding):
+    """Place a global batch (pytree of `[B, ...]` host arrays) with a batch-axis `sharding`.
 
-        return jax.tree.map(local, batch)
+    On one process this is `jax.device_put`. On several, every process holds the same global batch (the data
+    is a function of the step) and contributes the rows of its own devices: process p the p-th of
+    `process_count` equal row blocks (the devices of a mesh from `jax.devices()` are ordered by process).
+    """
+    if jax.process_count() == 1:
+        return jax.device_put(batch, sharding)
+
+    def local(x):
+        rows = np.asarray(x).shape[0] // jax.process_count()
+        start = jax.process_index() * rows
+        return jax.make_array_from_process_local_data(sharding, np.asarray(x)[start : start + rows])
+
+    return jax.tree.map(local, batch)
 
 
 # The environment of a launch by hand (tests/test_multihost.py runs exactly this on localhost). JAX itself

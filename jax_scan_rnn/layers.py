@@ -88,14 +88,14 @@ class RNN(nnx.Module):
         hoist_inputs: bool | Literal["auto"] = "auto",
         rngs: nnx.Rngs,
     ):
-        validate.integer("num_layers", num_layers, lo=1)
+        num_layers = validate.integer("num_layers", num_layers, lo=1)
         if proj_size and self.cell_type is not LSTMCell:  # torch.nn.GRU refuses it too
             raise ValueError(f"proj_size: supported by LSTM only (as in torch), got {proj_size!r}")
         cell_kwargs = {"proj_size": proj_size} if self.cell_type is LSTMCell else {}
         validate.boolean("batch_first", batch_first)
         validate.boolean("bidirectional", bidirectional)  # sizes and `bias` are the cells' to check
         validate.real("dropout", dropout, lo=0, hi=1, hi_open=True)
-        validate.integer("remat_chunk", remat_chunk, lo=1, none=True)
+        remat_chunk = validate.integer("remat_chunk", remat_chunk, lo=1, none=True)
         resolve_unroll(unroll, 1)  # validates
         resolve_hoist(hoist_inputs)  # validates
         self.input_size = input_size
@@ -330,22 +330,24 @@ def check_lengths(lengths, batch_size: int, steps: int) -> Array:
     bad entry); traced ones (under `jit`) cannot be checked and are clipped to 0..T instead, so a bad length
     never yields NaN. Shared by `RNN` (`lengths=`) and the SeqVAE's encoder.
     """
-    try:
-        lengths = jnp.asarray(lengths)
-    except TypeError:  # e.g. a list of strings: name the argument, not jnp's internals
-        raise TypeError(f"lengths: expected an integer array, got {type(lengths).__name__}") from None
-    if not jnp.issubdtype(lengths.dtype, jnp.integer):
-        raise TypeError(f"lengths: expected an integer array, got dtype {lengths.dtype}")
-    if tuple(lengths.shape) != (batch_size,):
-        raise ValueError(f"lengths: expected shape [B] = [{batch_size}], got {list(lengths.shape)}")
     if isinstance(lengths, jax.core.Tracer):
-        return jnp.clip(lengths, 0, steps)
-    values = np.asarray(lengths)
-    bad = np.flatnonzero((values < 1) | (values > steps))
-    if bad.size:
-        more = f" ({bad.size} lengths out of range)" if bad.size > 1 else ""
-        raise ValueError(f"lengths: expected values in [1, T={steps}], got lengths[{bad[0]}]={values[bad[0]]}{more}")
-    return lengths
+        values = lengths
+    else:  # concrete: checked on the host (a NumPy array never makes a trip to the device and back)
+        try:
+            values = np.asarray(lengths)
+        except (TypeError, ValueError):  # e.g. ragged nesting: name the argument, not NumPy's internals
+            raise TypeError(f"lengths: expected an integer array, got {type(lengths).__name__}") from None
+    if not jnp.issubdtype(values.dtype, jnp.integer):
+        raise TypeError(f"lengths: expected an integer array, got dtype {values.dtype}")
+    if tuple(values.shape) != (batch_size,):
+        raise ValueError(f"lengths: expected shape [B] = [{batch_size}], got {list(values.shape)}")
+    if isinstance(values, jax.core.Tracer):
+        return jnp.clip(values, 0, steps)
+    bad = (values < 1) | (values > steps)
+    if bad.any():
+        got = validate.first_bad("lengths", values, bad, "lengths")
+        raise ValueError(f"lengths: expected values in [1, T={steps}], got {got}")
+    return jnp.asarray(lengths)
 
 
 class LSTM(RNN):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import typing
 from typing import Any
 
@@ -40,9 +41,14 @@ def option(default: Any = _NO_DEFAULT, help: str = "", *, factory: Any = _NO_DEF
     return dataclasses.field(default=default, metadata=meta)
 
 
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)  # evaluates every string annotation: once per class, not per field
+
+
 def _kind(cls: type, field: dataclasses.Field) -> tuple[type, bool]:
     """(int | float | bool | str | a dataclass, whether None is allowed) from the field's annotation."""
-    hint = typing.get_type_hints(cls)[field.name]
+    hint = _hints(cls)[field.name]
     args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
     return args[0], type(None) in typing.get_args(hint)
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from numbers import Real
 
 import jax
 import jax.numpy as jnp
@@ -49,9 +48,7 @@ TEACHER_FORCING_SCHEDULES = ("linear", "exponential", "inverse_sigmoid")  # make
 
 def _step(step: Step) -> Array:
     """The step as float32; a concrete number must be >= 0 (arrays, perhaps traced, are not checked)."""
-    if isinstance(step, bool | Real):
-        validate.real("step", step, lo=0)
-    return jnp.asarray(step, dtype=jnp.float32)
+    return jnp.asarray(validate.real_or_array("step", step, lo=0), dtype=jnp.float32)
 
 
 # ---------------------------------------------------------------------------------- learning rate
@@ -144,9 +141,7 @@ def inverse_sigmoid_decay(step: Step, *, k: float) -> Array:
 
 def replacement_probability(teacher_forcing_probability: float | Array) -> Array:
     """``1 - epsilon_i``: the probability of feeding the model's OWN prediction instead of the truth."""
-    p = teacher_forcing_probability
-    if isinstance(p, bool | Real):  # arrays (perhaps traced) are not checked
-        validate.real("teacher_forcing_probability", p, lo=0, hi=1)
+    p = validate.real_or_array("teacher_forcing_probability", teacher_forcing_probability, lo=0, hi=1)
     return (1.0 - jnp.asarray(p, dtype=jnp.float32)).astype(jnp.float32)
 
 

@@ -41,6 +41,7 @@ from flax import nnx
 
 from jax_scan_rnn import checkpoint as ckpt
 from jax_scan_rnn import validate
+from jax_scan_rnn.distributed import put_batch
 from jax_scan_rnn.lock import run_lock
 from jax_scan_rnn.optional import available
 from jax_scan_rnn.options import check, option
@@ -324,7 +325,7 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
       metadata: JSON-serialisable dict stored in every checkpoint (e.g. the model config, so another process
         can rebuild the model); `train_config` is added (and reserved).
       data_sharding: if given, every batch is placed with it (e.g. batch-sharded for data parallelism; on
-        several processes each contributes the rows of its own devices, `distributed.DataParallel.put`).
+        several processes each contributes the rows of its own devices, `distributed.put_batch`).
       state_sharding: if given, the training state is placed with it (e.g. replicated) before the loop.
 
     While it runs, `fit` holds `out_dir` (`lock.run_lock`, on the first process of a multi-process run).
@@ -351,13 +352,7 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
                          f"{ckdir}; pass resume=True to continue that run or choose another out_dir")
 
     def put(batch):
-        if data_sharding is None:
-            return batch
-        if jax.process_count() > 1:
-            from jax_scan_rnn.distributed import DataParallel
-
-            return DataParallel(data_sharding.mesh).put(batch)
-        return jax.device_put(batch, data_sharding)
+        return batch if data_sharding is None else put_batch(batch, data_sharding)
 
     first_batch = batch_fn(0)
     step = TrainStep(model, loss_fn, make_optimizer(cfg), put(first_batch), make_lr_schedule_for(cfg))

@@ -81,9 +81,7 @@ TOKEN_DTYPE = jnp.int32  # ids fed back and returned; fixed, whatever jax_enable
 
 def replace_mask(key: Array, shape: tuple[int, int], p: float | Array) -> Array:
     """Scheduled-sampling coins, one per token: bool `shape` ([B, T]), True (feed the prediction) w.p. `p`."""
-    if isinstance(p, bool | Real):  # an array of probabilities is the caller's
-        validate.real("p", p, lo=0, hi=1)
-    return jax.random.uniform(key, tuple(shape)) < p
+    return jax.random.uniform(key, tuple(shape)) < validate.real_or_array("p", p, lo=0, hi=1)
 
 
 def pad_after_eos(tokens: Array) -> Array:
@@ -91,14 +89,6 @@ def pad_after_eos(tokens: Array) -> Array:
     is_eos = (tokens == EOS).astype(jnp.int32)
     eos_before = jnp.cumsum(is_eos, axis=1) - is_eos  # number of <eos> strictly before each position
     return jnp.where(eos_before > 0, jnp.asarray(PAD, tokens.dtype), tokens)
-
-
-def _first_bad(name: str, values: np.ndarray, bad: np.ndarray, what: str) -> str:
-    """"name[i, j]=value" of the first True entry of `bad`, and how many there are when more than one."""
-    where = np.argwhere(bad)
-    index = tuple(int(i) for i in where[0])
-    text = f"{name}[{', '.join(map(str, index))}]={values[index]}"
-    return text + (f" ({len(where)} {what} out of range)" if len(where) > 1 else "")
 
 
 def _check_token_array(tokens: Any, vocab_size: int) -> None:
@@ -112,7 +102,7 @@ def _check_token_array(tokens: Any, vocab_size: int) -> None:
     ids = np.asarray(tokens)
     if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
         bad = (ids < 0) | (ids >= vocab_size)
-        got = _first_bad("tokens", ids, bad, "ids")
+        got = validate.first_bad("tokens", ids, bad, "ids")
         raise ValueError(f"tokens: expected ids in [0, vocab_size={vocab_size}), got {got}")
 
 
@@ -139,9 +129,7 @@ def check_tokens(tokens: Any, lengths: Any, vocab_size: int) -> None:
 def _check_scalar(name: str, value: Any, **bounds) -> None:
     """A Python number is checked against `bounds` (`validate.real`'s; under `jsr.jit` Python numbers stay
     concrete); an array (perhaps traced, e.g. an annealed beta) must be a scalar, its value unchecked."""
-    if isinstance(value, bool | Real):
-        validate.real(name, value, **bounds)
-    elif jnp.ndim(value) != 0:
+    if not isinstance(validate.real_or_array(name, value, **bounds), Real) and jnp.ndim(value) != 0:
         raise ValueError(f"{name}: expected a scalar, got shape {tuple(jnp.shape(value))}")
 
 

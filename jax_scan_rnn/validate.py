@@ -58,6 +58,14 @@ def real(name: str, value: Any, lo: float | None = None, hi: float | None = None
     return float(value)
 
 
+def real_or_array(name: str, value: Any, **bounds: Any) -> Any:
+    """A number is checked with `real` (and `bounds`); anything else (an array, perhaps traced under `jit`,
+    whose values cannot be seen) is returned as it is: the caller's to check."""
+    if isinstance(value, Real):  # bools included: `real` refuses them
+        real(name, value, **bounds)
+    return value
+
+
 def boolean(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name}: expected True or False, got {value!r}")
@@ -82,6 +90,17 @@ def instance(name: str, value: Any, cls: type | tuple[type, ...]) -> Any:
         names = " or ".join(c.__name__ for c in (cls if isinstance(cls, tuple) else (cls,)))
         raise TypeError(f"{name}: expected {names}, got {type(value).__name__}")
     return value
+
+
+def first_bad(name: str, values: Any, bad: Any, what: str) -> str:
+    """"name[i, j]=value" of the first True entry of the NumPy mask `bad`, and how many `what` are out of range
+    when more than one: what an error message says of an array with bad entries."""
+    import numpy as np  # here: the rest of this module is plain Python
+
+    where = np.argwhere(bad)
+    index = tuple(int(i) for i in where[0])
+    text = f"{name}[{', '.join(map(str, index))}]={values[index]}"
+    return text + (f" ({len(where)} {what} out of range)" if len(where) > 1 else "")
 
 
 def _bounds(lo: int | None, hi: int | None) -> str:

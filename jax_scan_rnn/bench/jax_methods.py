@@ -140,7 +140,7 @@ def remat(ctx: Context, batch: int, steps: int, mode: str) -> Case:
 
 
 def user_call(ctx: Context, batch: int, steps: int, mode: str) -> Case:
-    """`jsr.jit(model)(x)`: the call a user makes, the model's weights read at each call (forward only)."""
+    """`fast(x)`, `fast = jsr.jit(model)` made once: the call a user makes, weights read at each call (forward only)."""
     fast = jsr.jit(nnx.merge(ctx.graphdef, ctx.params, ctx.rest))
     x = jnp.asarray(ctx.data(batch, steps)["x"])
     t0 = time.perf_counter()
