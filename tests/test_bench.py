@@ -263,4 +263,12 @@ def test_modules_import_only_earlier_ones_by_public_names():
                 imported = node.module.split(".")[2:] or [alias.name for alias in node.names]
                 assert all(order.index(m) < i for m in imported), (name, node.module)
                 assert not any(alias.name.startswith("_") for alias in node.names), (name, node.module)
-    assert {m.key for m in bench.METHODS.values()} == set(bench.METHODS)  # one table, keyed by each row's key
+
+
+def test_the_method_table_refuses_two_rows_with_one_key():
+    from jax_scan_rnn.bench.methods import _by_key
+
+    row = next(iter(bench.METHODS.values()))
+    assert _by_key([row]) == {row.key: row}
+    with pytest.raises(ValueError, match="^METHODS: expected distinct keys"):
+        _by_key([row, row])

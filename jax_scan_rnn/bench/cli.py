@@ -68,13 +68,14 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         value = getattr(args, name, None)
         if value is not None:
             overrides[name] = value
-    if getattr(args, "repeats", None) is not None:
-        overrides["min_repeats"] = min(args.repeats, 3 if not args.quick else 2)
+    preset = BenchConfig.quick if args.quick else BenchConfig.default
+    if getattr(args, "repeats", None) is not None:  # fewer repeats than the preset's minimum lower it too
+        overrides["min_repeats"] = min(args.repeats, preset().min_repeats)
     if args.methods:
         overrides["methods"] = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     if args.modes:
         overrides["modes"] = tuple(m.strip() for m in args.modes.split(",") if m.strip())
-    cfg = (BenchConfig.quick if args.quick else BenchConfig.default)(**overrides)
+    cfg = preset(**overrides)
     cfg.validate()
     check_method_keys(cfg)
     return cfg

@@ -18,7 +18,15 @@ from jax_scan_rnn.optional import require
 
 
 class Skip(Exception):
-    """Raised by a case builder: this method does not apply here (the message says why)."""
+    """Raised by a case builder: this method does not apply here (the message says why); row status "n/a"."""
+
+    status = "n/a"
+
+
+class TooCostly(Skip):
+    """It applies, but would cost more time or memory than the suite allows; row status "skipped"."""
+
+    status = "skipped"
 
 
 @dataclass

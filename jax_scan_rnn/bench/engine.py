@@ -21,7 +21,7 @@ import numpy as np
 from jax_scan_rnn import xla_flags
 from jax_scan_rnn.bench import vae_methods
 from jax_scan_rnn.bench.config import AUTO_KEY, LIMIT_KEYS, SCHEMA_VERSION, SEED_KEY, SEEDS, BenchConfig
-from jax_scan_rnn.bench.context import Case, Context, Skip
+from jax_scan_rnn.bench.context import Case, Context, Skip, TooCostly
 from jax_scan_rnn.bench.machine import available_memory, cpu_model, host_kind, load_average
 from jax_scan_rnn.bench.methods import METHODS, Method, check_method_keys
 
@@ -47,11 +47,12 @@ def _calibrate_torch_threads(ctx: Context, default: int, probe: Callable[[], Non
     if ctx.on_gpu or default == 1:
         return {"chosen": default, "default": default, "how": "torch default"}
 
-    def traveller_probe() -> None:
-        for method, batch in (("loop", 1), ("cell", 64)):
-            x = ctx.t(ctx.data(batch, 20)["x"])
-            with torch.no_grad():
-                ctx.torch_model(x, method=method, layout="batch")
+    inputs = [(method, ctx.t(ctx.data(batch, 20)["x"])) for method, batch in (("loop", 1), ("cell", 64))]
+
+    def traveller_probe() -> None:  # timed: the inputs are made once, above
+        with torch.no_grad():
+            for method, x in inputs:
+                ctx.torch_model(x, method=method)
 
     probe = probe or traveller_probe
     candidates = sorted({1, default})
@@ -145,7 +146,7 @@ class _Engine:
             try:
                 case = self.build_and_warm(method, row, batch, steps, mode, cap)
             except Skip as why:
-                row["status"] = "skipped" if str(why).startswith(("predicted", "compiled buffers")) else "n/a"
+                row["status"] = why.status
                 row["reason"] = str(why)
             except Exception as err:  # noqa: BLE001 - one failing method must not stop the suite
                 row["status"], row["reason"] = "error", _one_line(err)
@@ -193,7 +194,7 @@ class _Engine:
             b = max((times[1] - times[0]) / (long - short), times[1] / long / 4)
             a = max(times[0] - b * short, 0.0)
             if a + b * steps > cap:
-                raise Skip(f"predicted {_fmt_s(a + b * steps)} per call > {_fmt_s(cap)} cap "
+                raise TooCostly(f"predicted {_fmt_s(a + b * steps)} per call > {_fmt_s(cap)} cap "
                            f"(probes at T={short}, {long})")
         mem_before = self.torch_mem_reset()
         t0 = time.perf_counter()

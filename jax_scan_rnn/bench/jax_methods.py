@@ -19,7 +19,7 @@ from flax import nnx
 import jax_scan_rnn as jsr
 from jax_scan_rnn import cells
 from jax_scan_rnn.bench.config import LIMIT_CHUNK_ROWS
-from jax_scan_rnn.bench.context import Case, Context, Skip
+from jax_scan_rnn.bench.context import Case, Context, Skip, TooCostly
 from jax_scan_rnn.bench.machine import available_memory
 from jax_scan_rnn.data.trading import net_utility
 from jax_scan_rnn.scan import auto_unroll
@@ -71,7 +71,7 @@ def compiled_case(ctx: Context, mode: str, fn: Callable, params, *args) -> Case:
     need = (memory or {}).get("temp_bytes", 0) + (memory or {}).get("argument_bytes", 0)
     avail = available_memory()
     if not ctx.on_gpu and avail is not None and need > ctx.cfg.memory_fraction * avail:
-        raise Skip(f"compiled buffers need {need / 2**30:.1f} GiB > {ctx.cfg.memory_fraction:.0%} of the "
+        raise TooCostly(f"compiled buffers need {need / 2**30:.1f} GiB > {ctx.cfg.memory_fraction:.0%} of the "
                    f"{avail / 2**30:.1f} GiB available")
     if mode == "train":
         return Case(_train_call(compiled, params, *args), compile_s=compile_s, memory=memory)

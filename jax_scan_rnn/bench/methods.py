@@ -36,7 +36,15 @@ class Method:
 UNROLLED_NOTE = "forward only (its compile of the unrolled backward grows with T as well)"
 NO_GRADIENT = "generation has no gradient"
 
-METHODS: dict[str, Method] = {m.key: m for m in [
+def _by_key(rows: list[Method]) -> dict[str, Method]:
+    """The table keyed by each row's key; two rows with one key would silently lose one: refused."""
+    table = {m.key: m for m in rows}
+    if len(table) != len(rows):
+        raise ValueError(f"METHODS: expected distinct keys, got {sorted(m.key for m in rows)}")
+    return table
+
+
+METHODS: dict[str, Method] = _by_key([
     # -- torch -----------------------------------------------------------------------------------
     Method(SEED_KEY, "torch: seed loop (nn.LSTM per step)", "torch", "eager", torch_methods.loop("loop"),
            role="seed", where="both",
@@ -102,7 +110,7 @@ METHODS: dict[str, Method] = {m.key: m for m in [
     Method("vae-greedy-jax", "jax: greedy generation scan", "jax", "compiled", vae_methods.jax_row("greedy"),
            model="vae-greedy", modes=("forward",), modes_note=NO_GRADIENT,
            note="jsr.SeqVAE.generate(z, T), jitted: one lax.scan"),
-]}
+])
 
 
 def check_method_keys(cfg: BenchConfig) -> None:

@@ -123,15 +123,13 @@ def limit(ctx: Context, batch: int, steps: int, mode: str) -> Case:
     fb, h_prev, c_prev = ctx.t(d["fb"]), ctx.t(d["h_prev"]), ctx.t(d["c_prev"])
 
     def positions(model, x):
-        w = dict(model.named_parameters())
         z = torch.cat([fb, x], dim=2)  # [B, T, 2 + F]
-        for k in range(ctx.cfg.num_layers):
-            gates = (linear(z, w[f"lstm_layers.weight_ih_l{k}"], w[f"lstm_layers.bias_ih_l{k}"])
-                     + linear(h_prev, w[f"lstm_layers.weight_hh_l{k}"], w[f"lstm_layers.bias_hh_l{k}"]))
+        for w_ih, w_hh, b_ih, b_hh in model.lstm_layers.all_weights:  # per layer, no name lookups per call
+            gates = linear(z, w_ih, b_ih) + linear(h_prev, w_hh, b_hh)
             i, f, g, o = gates.chunk(4, dim=2)
             c = torch.sigmoid(f) * c_prev + torch.sigmoid(i) * torch.tanh(g)
             z = torch.sigmoid(o) * torch.tanh(c)
-        return torch.tanh(linear(z, w["output_layer.weight"], w["output_layer.bias"]))
+        return torch.tanh(linear(z, model.output_layer.weight, model.output_layer.bias))
 
     return _traveller_case(ctx, batch, steps, mode, positions)
 

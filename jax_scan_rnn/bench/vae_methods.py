@@ -15,6 +15,7 @@ import jax_scan_rnn as jsr
 from jax_scan_rnn.bench.context import Case, Context, Skip
 from jax_scan_rnn.bench.jax_methods import compiled_case
 from jax_scan_rnn.bench.torch_methods import torch_case
+from jax_scan_rnn.data.smiles import EOS, SPECIAL_TOKENS
 
 
 class VAEContext:
@@ -31,7 +32,7 @@ class VAEContext:
         model = torch_ref.SeqVAE(*sizes)
         self.torch_model = model.to(ctx.torch_device).eval()
         jmodel = jsr.SeqVAE(*sizes, rngs=nnx.Rngs(cfg.seed))
-        jsr.load_torch_state_dict(jmodel, {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()})
+        jsr.load_torch_state_dict(jmodel, model.state_dict())
         jmodel.eval()
         self.graphdef, self.params, self.rest = nnx.split(jmodel, nnx.Param, ...)
         self.cfg = cfg
@@ -43,8 +44,8 @@ class VAEContext:
         key = (batch, steps)
         if key not in self._data:
             rng = np.random.default_rng([self.cfg.seed, batch, steps, 2])
-            tokens = rng.integers(3, self.cfg.vae_vocab, (batch, steps))
-            tokens[:, -1] = 2  # <eos>
+            tokens = rng.integers(len(SPECIAL_TOKENS), self.cfg.vae_vocab, (batch, steps))  # no special one
+            tokens[:, -1] = EOS
             self._data = {key: {
                 "tokens": tokens,
                 "lengths": np.full((batch,), steps),
