@@ -224,9 +224,8 @@ def flag_names():
         message = str(err)
         head, sep, rest = message.partition(":")
         field = head.removeprefix("TrainConfig.")
-        if sep and field.isidentifier():
-            if field != head:  # TrainConfig's "expected at most steps=10" names another of its fields
-                rest = re.sub(r"\b([a-z_]+)=", lambda m: f"{flag_for(m.group(1))} ", rest)
+        if sep and field.isidentifier():  # "expected at most steps=10" names another field: its flag too
+            rest = re.sub(r"\b([a-z_]+)=", lambda m: f"{flag_for(m.group(1))} ", rest)
             message = f"{flag_for(field)}:{rest}"
         raise ValueError(message) from None
 
