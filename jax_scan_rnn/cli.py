@@ -4,7 +4,10 @@
     jax-scan-rnn info                 # devices and library versions
     jax-scan-rnn check                # parity self-check against torch.nn on random weights
     jax-scan-rnn train traveller      # train the position-feedback LSTM on the simulated market
+    jax-scan-rnn train traveller --data prices.csv --feature-cols 'lag_*' --return-cols 'next_*'
     jax-scan-rnn evaluate traveller --checkpoint runs/traveller
+    jax-scan-rnn run traveller --checkpoint runs/traveller --data new.csv --output positions.csv
+    jax-scan-rnn export traveller --checkpoint runs/traveller --format torch --output traveller.pt
     jax-scan-rnn train vae            # the SMILES sequence VAE (teacher forcing; --decoding scheduled)
     jax-scan-rnn sample vae --checkpoint runs/vae -n 1000
     jax-scan-rnn evaluate vae --checkpoint runs/vae
@@ -183,17 +186,17 @@ def output_directory(out: Path, resume: bool):
         yield
 
 
-def check_output_file(path: str | None) -> None:
-    """`--output` must be a file we can write (checked before any work, so nothing is computed in vain)."""
+def check_output_file(path: str | None, flag: str = "--output") -> None:
+    """An output file must be one we can write (checked before any work, so nothing is computed in vain)."""
     if path is None:
         return
     target = Path(path)
     if target.is_dir():
-        raise ValueError(f"--output: expected a file path, got the directory {target}")
+        raise ValueError(f"{flag}: expected a file path, got the directory {target}")
     if not target.parent.is_dir():
-        raise ValueError(f"--output: the directory {target.parent} does not exist")
+        raise ValueError(f"{flag}: the directory {target.parent} does not exist")
     if not os.access(target.parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        raise ValueError(f"--output: cannot write {target} (permission denied)")
+        raise ValueError(f"{flag}: cannot write {target} (permission denied)")
 
 
 def check_memory(what: str, needed: int) -> None:
@@ -220,14 +223,14 @@ def flag_names():
     user knows the flag, not the field."""
     try:
         yield
-    except ValueError as err:
+    except (ValueError, FileNotFoundError) as err:
         message = str(err)
         head, sep, rest = message.partition(":")
-        field = head.removeprefix("TrainConfig.")
-        if sep and field.isidentifier():  # "expected at most steps=10" names another field: its flag too
-            rest = re.sub(r"\b([a-z_]+)=", lambda m: f"{flag_for(m.group(1))} ", rest)
-            message = f"{flag_for(field)}:{rest}"
-        raise ValueError(message) from None
+        fields = [name.strip().removeprefix("TrainConfig.") for name in head.split(",")]  # "a, b: ..." names two
+        if sep and all(field.isidentifier() for field in fields):
+            rest = re.sub(r"\b([a-z_]+)=", lambda m: f"{flag_for(m.group(1))} ", rest)  # "at most steps=10" too
+            message = f"{', '.join(map(flag_for, fields))}:{rest}"
+        raise type(err)(message) from None
 
 
 def _flat(settings: dict, prefix: str = "") -> dict:
@@ -309,48 +312,216 @@ def cmd_train_traveller(args: argparse.Namespace) -> int:
     with flag_names():
         task = options.from_args(task_lib.TravellerTask, args)
     cfg = train_config(args)
+    if args.init_from is not None and not Path(args.init_from).is_file():
+        raise FileNotFoundError(f"--init-from: no file at {args.init_from}")
+    data = None
+    if task.data is not None:  # read and checked before any work: a bad file or column is one line, naming its flag
+        with flag_names():
+            data = task_lib.read_data(task)
+            stats = task_lib.fit_stats(task, data)
+        print(f"data {task.data}: {data.num_paths} path(s) x {data.num_steps} steps, {data.num_features} features, "
+              f"assets {', '.join(data.asset_names)}; train steps 0-{stats.train_end - 1}, validation "
+              f"{stats.train_end}-{stats.valid_end - 1}, test {stats.valid_end}-{data.num_steps - 1}")
     check_memory("the simulated training market (--seq-len)", task.data_bytes())
     out = Path(args.out)
     dp = data_parallel(args, task.batch_size)
     with output_directory(out, args.resume):
         check_resume(out, args, task.to_json(), cfg)
-        print(f"training the Traveller ({task.objective} objective) for {args.steps} steps on {dp.size} device(s) "
-              f"-> {out}")
-        model, history = task_lib.train(
-            task, cfg, out, resume=args.resume, callback=ProgressBar(),
-            data_sharding=dp.data, state_sharding=dp.replicated,
-        )
-        table = task_lib.evaluate(model, task)  # every process computes: the model's arrays span them all
+        market = "your data" if data is not None else f"the simulated market, {task.market.num_assets} assets"
+        print(f"training the Traveller ({task.objective} objective, {market}) for {args.steps} steps on {dp.size} "
+              f"device(s) -> {out}")
+        with flag_names():  # --init-from's errors name the flag
+            model, history, stats = task_lib.train(
+                task, cfg, out, resume=args.resume, callback=ProgressBar(), init_from=args.init_from, data=data,
+                data_sharding=dp.data, state_sharding=dp.replicated,
+            )
+        # every process computes: the model's arrays span them all
+        table = task_lib.evaluate(model, task) if data is None else task_lib.data_table(
+            model, data, stats, "test", task.periods_per_year)
         plot = "not drawn (pip install 'jax-scan-rnn[plot]')"  # after training: report the missing extra
         if first_process():
             task_lib.save_table(table, out / "evaluation.json")
             if available("matplotlib"):
-                plot = task_lib.plot_positions(model, task, out / "positions.png")
-    print(f"\nout of sample: {task.eval_paths} held-out paths x {task.eval_steps} steps")
+                plot = (task_lib.plot_positions(model, task, out / "positions.png") if data is None
+                        else task_lib.plot_data(model, data, stats, out / "positions.png"))
+    print()
+    print(traveller_heading(task, table))
     print(task_lib.format_table(table))
     print(f"\nmetrics: {out / 'metrics.jsonl'}  curves: {out / 'curves.png'}  positions: {plot}")
     return 0
+
+
+def traveller_heading(task, table: dict) -> str:
+    if "policies" not in table:
+        return f"out of sample: {task.eval_paths} held-out paths x {task.eval_steps} steps"
+    (start, stop), paths = table["steps"], table["paths"]
+    return (f"{table['period']} period: steps {start}-{stop - 1} of {paths} path(s); per step, net of costs; "
+            f"Sharpe annualised with {task.periods_per_year:g} steps a year")
+
+
+def load_traveller(args: argparse.Namespace):
+    from jax_scan_rnn.tasks import traveller as task_lib
+
+    return task_lib.load(run_directory(args.checkpoint), args.step)
+
+
+def traveller_data(task, stats, path: str | None, *, returns: bool = True):
+    """The run's own data file (path None) or another one, read with the run's columns and checked against
+    what the model was trained on."""
+    from jax_scan_rnn.tasks import traveller as task_lib
+
+    with flag_names():
+        data = task_lib.read_data(task, path, returns=returns)
+    flag = "--data" if path else "--checkpoint"
+    source = path or task.data
+    if data.feature_names != stats.standardiser.names:
+        raise ValueError(f"{flag}: {source} has the features {list(data.feature_names)}, the model was trained on "
+                         f"{list(stats.standardiser.names)}")
+    if returns and data.num_assets != stats.objective.num_assets:
+        raise ValueError(f"{flag}: {source} has {data.num_assets} return columns, the model trades "
+                         f"{stats.objective.num_assets} assets")
+    if path is None and data.num_steps != stats.num_steps:
+        raise ValueError(f"--checkpoint: the run's data file {source} now has {data.num_steps} steps per path, "
+                         f"{stats.num_steps} when the model was trained: its periods would move; pass --data FILE "
+                         "to evaluate on a file as a whole")
+    return data
 
 
 @command("evaluate traveller")
 def cmd_evaluate_traveller(args: argparse.Namespace) -> int:
     from jax_scan_rnn.tasks import traveller as task_lib
 
-    checkpoint = run_directory(args.checkpoint)
-    model, task = task_lib.load(checkpoint, args.step)
-    if args.paths is not None or args.horizon is not None:
-        task = dataclasses.replace(
-            task, eval_paths=args.paths or task.eval_paths, eval_steps=args.horizon or task.eval_steps
-        )
-    table = task_lib.evaluate(model, task)
-    print(f"out of sample: {task.eval_paths} held-out paths x {task.eval_steps} steps")
-    print(task_lib.format_table(table))
+    model, task, stats = load_traveller(args)
+    checkpoint = Path(args.checkpoint)
     target = Path(args.plot) if args.plot else checkpoint / "positions.png"
+    if stats is None:
+        for name in ("data", "period"):
+            if getattr(args, name) is not None:
+                raise ValueError(f"--{name}: expected only for a run trained on your data (--data); this run "
+                                 "trained on the simulated market (use --paths and --horizon)")
+        if args.paths is not None or args.horizon is not None:
+            task = dataclasses.replace(
+                task, eval_paths=args.paths or task.eval_paths, eval_steps=args.horizon or task.eval_steps
+            )
+        table = task_lib.evaluate(model, task)
+        draw = lambda: task_lib.plot_positions(model, task, target)  # noqa: E731
+    else:
+        for name in ("paths", "horizon"):
+            if getattr(args, name) is not None:
+                raise ValueError(f"--{name}: expected only for a run on the simulated market; this run trained on "
+                                 f"{task.data} (use --period, or --data FILE)")
+        period = args.period or ("all" if args.data else "test")
+        if args.data and period != "all":
+            raise ValueError(f"--period: expected 'all' with --data (another file is scored as a whole), got {period}")
+        data = traveller_data(task, stats, args.data)
+        with flag_names():
+            table = task_lib.data_table(model, data, stats, period, task.periods_per_year)
+        draw = lambda: task_lib.plot_data(model, data, stats, target, period)  # noqa: E731
+    print(traveller_heading(task, table))
+    print(task_lib.format_table(table))
     try:  # after the table: a run folder that is read-only still gets its evaluation
-        plot = task_lib.plot_positions(model, task, target)
+        plot = draw()
     except OSError as err:
         raise ValueError(f"--plot: cannot write {target} ({err.strerror}); pass --plot FILE elsewhere") from None
     print(f"\npositions plot: {plot}")
+    return 0
+
+
+@command("run traveller")
+def cmd_run_traveller(args: argparse.Namespace) -> int:
+    """Positions for new data, from the zero state or a saved one; the state after the last row is saved."""
+    import numpy as np
+
+    from jax_scan_rnn.data import market_data
+    from jax_scan_rnn.tasks import traveller as task_lib
+    from jax_scan_rnn.traveller import TravellerState
+
+    for flag, path in (("--output", args.output), ("--final-state", args.final_state)):
+        check_output_file(path, flag)
+    model, task, stats = load_traveller(args)
+    if stats is not None:
+        data = traveller_data(task, stats, args.data, returns=False)
+        features, assets = stats.standardiser(data.features), stats.asset_names
+    else:  # trained on the simulated market: its features, as an .npz (`features [N, T, F]`)
+        if Path(args.data).suffix != ".npz":
+            raise ValueError(f"--data: expected an .npz file with features [N, T, {task.market.num_signals}] (this "
+                             f"run trained on the simulated market, which has no column names), got {args.data}")
+        with flag_names():
+            data = market_data.read(args.data, returns=False)
+        features, assets = data.features, tuple(f"asset_{i}" for i in range(task.market.num_assets))
+    state = None
+    if args.initial_state is not None:
+        try:
+            with np.load(args.initial_state) as saved:
+                state = TravellerState(*(saved[name] for name in TravellerState._fields))
+        except (OSError, KeyError, ValueError) as err:
+            raise ValueError(f"--initial-state: {args.initial_state} is not a state saved by --final-state ({err})") from None
+    try:
+        positions, state = task_lib.positions(model, features, state)
+    except ValueError as err:
+        if state is None or not str(err).startswith("state."):
+            raise
+        raise ValueError(f"--initial-state: {err} (it was saved for another model or number of paths)") from None
+    write_atomically(args.output, lambda f: write_positions_csv(f, positions, assets))
+    print(f"positions: {positions.shape[0]} path(s) x {positions.shape[1]} steps x {len(assets)} assets -> {args.output}")
+    if args.final_state is not None:
+        write_atomically(args.final_state, lambda f: np.savez(f, **{k: np.asarray(v) for k, v in state._asdict().items()}),
+                         binary=True)
+        print(f"state after the last step -> {args.final_state} (continue with --initial-state)")
+    return 0
+
+
+def write_positions_csv(file, positions, assets) -> None:
+    import csv
+
+    writer = csv.writer(file)
+    writer.writerow(["path", "step", *assets])
+    for path, rows in enumerate(positions):
+        for step, row in enumerate(rows):
+            writer.writerow([path, step, *(f"{v:.8g}" for v in row)])
+
+
+def write_atomically(path: str, write: Callable, binary: bool = False) -> None:
+    """`write(open file)` into a temporary file in the same folder, then rename it to `path`: a failed or
+    interrupted write never leaves half a file, nor spoils an older one."""
+    import tempfile
+
+    target = Path(path)
+    with tempfile.NamedTemporaryFile("wb" if binary else "w", dir=target.parent, prefix=f".{target.name}.",
+                                     delete=False, **({} if binary else {"newline": ""})) as tmp:
+        try:
+            write(tmp)
+        except BaseException:
+            tmp.close()
+            os.unlink(tmp.name)
+            raise
+    os.replace(tmp.name, target)
+
+
+@command("export traveller")
+def cmd_export_traveller(args: argparse.Namespace) -> int:
+    """The weights as a PyTorch state_dict that the seed's class (and torch_ref.Traveller) loads."""
+    import jax_scan_rnn as jsr
+    from jax_scan_rnn.convert import save_safetensors
+
+    check_output_file(args.output)
+    model, task, stats = load_traveller(args)
+    state_dict = jsr.torch_state_dict(model)
+    if args.format == "torch":
+        from jax_scan_rnn.optional import require
+
+        torch = require("torch", "export --format torch")
+        write_atomically(args.output, lambda f: torch.save({k: torch.from_numpy(v) for k, v in state_dict.items()}, f),
+                         binary=True)
+    else:
+        write_atomically(args.output, lambda f: save_safetensors(state_dict, f.name), binary=True)
+    lstm = model.lstm_layers
+    print(f"state_dict of torch_ref.Traveller({model.num_inputs}, {lstm.hidden_size}, {lstm.num_layers}, "
+          f"{task.dropout}, num_assets={model.num_assets}) -> {args.output}")
+    if stats is not None:
+        side = Path(args.output + ".json")  # next to it, named after it: another export's file is never replaced
+        write_atomically(str(side), lambda f: f.write(json.dumps(stats.to_json(), indent=2) + "\n"))
+        print(f"the model reads features standardised with the training period's mean and std: {side}")
     return 0
 
 
@@ -522,11 +693,14 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         bench.add_arguments(bench_parser)
 
     train = sub.add_parser("train", help="train a model").add_subparsers(dest="model", required=True, metavar="MODEL")
-    trav = train.add_parser("traveller", help="the position-feedback LSTM on the simulated market")
+    trav = train.add_parser("traveller", help="the position-feedback LSTM, on the simulated market or --data FILE")
     if words == ["train", "traveller"]:
         from jax_scan_rnn.tasks.traveller import TravellerTask
 
         add_train_arguments(trav, TravellerTask, {"steps": 1000, "learning_rate": 3e-3}, out="runs/traveller")
+        trav.add_argument("--init-from", default=None, metavar="FILE",
+                          help="start from a PyTorch state_dict (.pt/.pth/.safetensors) of the seed's Traveller class "
+                               "or torch_ref.Traveller, instead of random weights")
     vae = train.add_parser("vae", help="the SMILES sequence VAE (GRU encoder/decoder, teacher forcing or scheduled "
                                        "sampling)")
     if words == ["train", "vae"]:
@@ -547,6 +721,29 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     sv.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     sv.add_argument("--output", default=None, help="write the samples here, one per line (default: stdout)")
 
+    run = sub.add_parser("run", help="positions from a trained model for new data").add_subparsers(
+        dest="model", required=True, metavar="MODEL"
+    )
+    rt = run.add_parser("traveller", help="positions for every row of a data file, as CSV; the state can carry on")
+    rt.add_argument("--checkpoint", required=True, help="the training output directory (--out of train)")
+    rt.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    rt.add_argument("--data", required=True, metavar="FILE",
+                    help="features to trade on, read with the run's columns (return columns are not needed)")
+    rt.add_argument("--output", required=True, metavar="CSV", help="write the positions here: path, step, one "
+                                                                   "column per asset")
+    rt.add_argument("--initial-state", default=None, metavar="NPZ",
+                    help="continue from this state (a previous run's --final-state) instead of the zero state")
+    rt.add_argument("--final-state", default=None, metavar="NPZ", help="save the state after the last row here")
+    export = sub.add_parser("export", help="a trained model's weights for PyTorch").add_subparsers(
+        dest="model", required=True, metavar="MODEL"
+    )
+    et = export.add_parser("traveller", help="a state_dict that the seed's class and torch_ref.Traveller load")
+    et.add_argument("--checkpoint", required=True, help="the training output directory (--out of train)")
+    et.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    et.add_argument("--format", required=True, choices=("torch", "safetensors"),
+                    help="torch: torch.save of the state_dict (.pt); safetensors: a .safetensors file")
+    et.add_argument("--output", required=True, metavar="FILE", help="the file to write")
+
     evaluate = sub.add_parser("evaluate", help="evaluate a trained model").add_subparsers(
         dest="model", required=True, metavar="MODEL"
     )
@@ -556,6 +753,10 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     ev.add_argument("--paths", type=positive_int, default=None, help="held-out paths (default: the task's)")
     ev.add_argument("--horizon", type=positive_int, default=None, help="steps per held-out path")
     ev.add_argument("--plot", default=None, help="positions plot path (default: CHECKPOINT/positions.png)")
+    ev.add_argument("--period", default=None, choices=("train", "valid", "test", "all"),
+                    help="run on your data: the period of its file to score (default: test)")
+    ev.add_argument("--data", default=None, metavar="FILE",
+                    help="run on your data: score this file as a whole instead (read with the run's columns)")
     ev = evaluate.add_parser("vae", help="reconstruction, prior-sample validity/uniqueness/novelty, KL, interpolation")
     ev.add_argument("--checkpoint", required=True, help="the training output directory (--out of train)")
     ev.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")

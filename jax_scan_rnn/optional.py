@@ -7,6 +7,7 @@ conversion from numpy state dicts and training. The rest is imported only where 
     torch       torch_ref, the parity check, the benchmark's PyTorch rows      pip install 'jax-scan-rnn[torch]'
     rdkit       SMILES parsing, validity metrics, the default VAE data         pip install 'jax-scan-rnn[chem]'
     matplotlib  plots (curves.png, positions.png, benchmark charts)            pip install 'jax-scan-rnn[plot]'
+    pyarrow     reading --data FILE.parquet (market data for the Traveller)     pip install 'jax-scan-rnn[parquet]'
 
 `pip install 'jax-scan-rnn[dev]'` installs all of them (and the test tools).
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-EXTRAS = {"torch": "torch", "rdkit": "chem", "matplotlib": "plot"}
+EXTRAS = {"torch": "torch", "rdkit": "chem", "matplotlib": "plot", "pyarrow": "parquet"}
 
 
 def require(module: str, purpose: str) -> ModuleType:

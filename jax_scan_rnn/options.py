@@ -70,7 +70,9 @@ def _check_value(name: str, value: Any, kind: type, none: bool, meta: Any) -> An
     if kind is float:
         return validate.real(name, value, **bounds, lo_open=meta.get("lo_open", False),
                              hi_open=meta.get("hi_open", False), none=none)
-    return validate.instance(name, value, kind) if kind is str else value
+    if kind is str:
+        return value if none and value is None else validate.instance(name, value, kind)
+    return value
 
 
 def flag(cls: type, name: str) -> str:

@@ -1,11 +1,12 @@
 """The Traveller: a position-feedback LSTM (seed 000), as one `lax.scan` over time, with its state.
 
 At each step t the LSTM reads its own previous positions next to the step's features, and a linear
-readout squashed by `tanh` gives the new positions in [-1, 1]^2:
+readout squashed by `tanh` gives the new positions in [-1, 1]^A, one per asset (A = `num_assets`, 2 in
+the seed):
 
-    z_t = [x_{t-1}, u_t]                     x_{-1} = 0, zero LSTM state; u_t the features [F]
+    z_t = [x_{t-1}, u_t]                     [A + F]; x_{-1} = 0, zero LSTM state; u_t the features [F]
     h_t = LSTM(z_t, state_{t-1})             `num_layers` layers, inter-layer dropout in training only
-    x_t = tanh(W_o h_t + b_o)                positions [2]
+    x_t = tanh(W_o h_t + b_o)                positions [A]
 
 It is stateful, as the seed's `DeepStatefulMVO`: a call returns the state after its last step
 (`TravellerState`: the LSTM's `h`, `c` and the last positions `x_t`), and the next call continues from
@@ -13,15 +14,15 @@ it. So a live user takes one step per new market bar (`step`), and running T ste
 chunks, or one at a time gives the same positions (bit for bit on CPU, tested).
 
     fast = jsr.jit(trav)
-    positions, state = fast(history)            # [B, T, F] -> [B, T, 2]; state after the last step
-    p_t, state = fast.step(state, u_t)          # the next bar: u_t [B, F] -> p_t [B, 2]
+    positions, state = fast(history)            # [B, T, F] -> [B, T, A]; state after the last step
+    p_t, state = fast.step(state, u_t)          # the next bar: u_t [B, F] -> p_t [B, A]
 
 Attribute names are the seed's (`lstm_layers`, `output_layer`) so PyTorch checkpoints of the seed's
 class (and `torch_ref.Traveller`) convert with `jsr.load_torch_state_dict` unchanged.
 
 Why it is fast: the whole recurrence, feedback included, is one compiled loop. Layer 0's input
 projection has a part that does not depend on the feedback, the features' `u_t @ W_u + b_ih`; with
-`hoist_inputs=True` it is computed for all T steps as one matmul before the loop, and only the 2-wide
+`hoist_inputs=True` it is computed for all T steps as one matmul before the loop, and only the A-wide
 fed-back part `x_{t-1} @ W_x` stays inside. That is the usual win on a GPU. On a CPU it was measured
 slower at every batch size (`scan.auto_hoist`), so there the default computes `[x_{t-1}, u_t] @ W_ih` inside
 each step, as torch does.
@@ -41,7 +42,6 @@ from jax_scan_rnn.layers import LSTM, Linear
 from jax_scan_rnn.scan import Unroll, resolve_hoist
 
 Array = jax.Array
-NUM_POSITIONS = 2
 LAYOUTS = ("batch", "seed")
 
 
@@ -50,17 +50,19 @@ class TravellerState(NamedTuple):
 
     h: Array  # [L, B, H] LSTM hidden state per layer
     c: Array  # [L, B, H] LSTM cell state per layer
-    positions: Array  # [B, 2] the last positions, which the next step reads back
+    positions: Array  # [B, A] the last positions, which the next step reads back
 
 
 class Traveller(nnx.Module):
-    """Position-feedback LSTM: `[B, T, F] -> [B, T, 2]`, or the seed's `[T, 1, F] -> [T, 2]`.
+    """Position-feedback LSTM over A assets: `[B, T, F] -> [B, T, A]`, or the seed's `[T, 1, F] -> [T, A]`.
 
     Args:
       num_inputs: F, features per step.
       hidden_size: H of every LSTM layer.
       num_layers: stacked LSTM layers.
       dropout: inter-layer dropout probability (training mode only, as in `torch.nn.LSTM`).
+      num_assets: A, positions per step (the readout's width, and the fed-back part of layer 0's input,
+        which reads `[A + F]`, positions first). The default 2 is the seed's model, so its checkpoints load.
       param_dtype: parameter dtype; computation runs in the inputs' dtype.
       compute_dtype: None, or the LSTM matmuls' operand dtype (`jnp.bfloat16`); state stays float32.
       unroll: default `lax.scan` unroll factor, or "auto" (measured per batch size: `scan.auto_unroll`).
@@ -79,6 +81,7 @@ class Traveller(nnx.Module):
         num_layers: int = 1,
         dropout: float = 0.0,
         *,
+        num_assets: int = 2,
         param_dtype=jnp.float32,
         compute_dtype=None,
         unroll: Unroll = "auto",
@@ -87,8 +90,9 @@ class Traveller(nnx.Module):
         rngs: nnx.Rngs,
     ):
         self.num_inputs = validate.integer("num_inputs", num_inputs, lo=1)
+        self.num_assets = validate.integer("num_assets", num_assets, lo=1)
         self.lstm_layers = LSTM(
-            num_inputs + NUM_POSITIONS,
+            self.num_assets + num_inputs,
             hidden_size,
             num_layers,
             dropout=dropout,
@@ -100,12 +104,12 @@ class Traveller(nnx.Module):
             hoist_inputs=hoist_inputs,  # kept (and validated) by the stack, like unroll and remat_chunk
             rngs=rngs,
         )
-        self.output_layer = Linear(hidden_size, NUM_POSITIONS, param_dtype=param_dtype, rngs=rngs)
+        self.output_layer = Linear(hidden_size, self.num_assets, param_dtype=param_dtype, rngs=rngs)
 
     def initial_state(self, batch_size: int, dtype=jnp.float32) -> TravellerState:
-        """The state before the first step: zero LSTM state, zero positions."""
+        """The state before the first step: zero LSTM state `h, c [L, B, H]`, zero positions `[B, A]`."""
         h, c = self.lstm_layers.initial_state(batch_size, dtype)
-        return TravellerState(h, c, jnp.zeros((batch_size, NUM_POSITIONS), dtype))
+        return TravellerState(h, c, jnp.zeros((batch_size, self.num_assets), dtype))
 
     def __call__(
         self,
@@ -128,7 +132,7 @@ class Traveller(nnx.Module):
             stream (no `[T, ...]` mask array, so `remat_chunk` keeps memory ~sqrt(T)).
           unroll: `lax.scan` unroll factor; defaults to the LSTM's.
         Returns:
-          `(positions, state)`: positions `[B, T, 2]` in [-1, 1] (`[T, 2]` for the seed layout) and the
+          `(positions, state)`: positions `[B, T, A]` in [-1, 1] (`[T, A]` for the seed layout) and the
           `TravellerState` after the last step (batch 1 for the seed layout).
         """
         x = self._check_inputs(inputs, layout)
@@ -148,7 +152,7 @@ class Traveller(nnx.Module):
     def step(
         self, state: TravellerState | None, inputs_t: Array, *, dropout_masks: Array | None = None
     ) -> tuple[Array, TravellerState]:
-        """One step, for live use (one call per new bar): features `[B, F]` -> `(positions [B, 2], state)`.
+        """One step, for live use (one call per new bar): features `[B, F]` -> `(positions [B, A], state)`.
 
         The same computation as one step of `__call__`, so stepping through a sequence equals one call
         over it. `state` None starts from the initial state; `dropout_masks` `[L-1, B, H]`, as `__call__`'s.
@@ -190,20 +194,20 @@ class Traveller(nnx.Module):
     def _run(
         self, x: Array, state: TravellerState, dropout_masks: Array | None, unroll: Unroll | None
     ) -> tuple[Array, TravellerState]:
-        """The feedback recurrence on validated `[B, T, F]` inputs -> (`[B, T, 2]`, final state)."""
+        """The feedback recurrence on validated `[B, T, F]` inputs -> (`[B, T, A]`, final state)."""
         lstm = self.lstm_layers
         batch = x.shape[0]
         first = lstm.layers[0]
         out = self.output_layer
 
-        def readout(h):  # out(h), as a thin matmul ([H, 2]: fused with the gates, see cells.matmul)
+        def readout(h):  # out(h), as a thin matmul ([H, A]: fused with the gates, see cells.matmul)
             return matmul(h, out.kernel[...]) + out.bias[...].astype(h.dtype)
 
-        # Layer 0 reads [positions, features], as torch's concat: w_ih [2 + F, 4H], rows 0-1 the positions.
+        # Layer 0 reads [positions, features], as torch's concat: w_ih [A + F, 4H], rows 0:A the positions.
         if resolve_hoist(lstm.hoist_inputs):
             # The features' share of layer 0's input for all steps at once, [T, B, 4H]; the loop adds the rest.
             w_ih, b_ih = first.w_ih[...], first.b_ih[...].astype(x.dtype)
-            w_fb, w_u = w_ih[:NUM_POSITIONS], w_ih[NUM_POSITIONS:]
+            w_fb, w_u = w_ih[: self.num_assets], w_ih[self.num_assets :]
             projection = dict(prepare=lambda u: first.matmul(u, w_u) + b_ih,
                               inject=lambda fb, up_t: up_t + first.matmul(fb, w_fb))
         else:  # layer 0's whole input projection in each step, as the seed's loop computes it

@@ -31,12 +31,12 @@ MARKET = trading.MarketConfig()
 HOIST = [True, False]
 
 
-def make_pair(dtype: str, num_inputs=4, hidden=32, layers=2, seed=0, hoist_inputs="auto"):
+def make_pair(dtype: str, num_inputs=4, hidden=32, layers=2, seed=0, hoist_inputs="auto", num_assets=2):
     torch.manual_seed(seed)
     jdt, tdt = DTYPES[dtype]
-    ref = TorchTraveller(num_inputs, hidden, layers, 0.0).to(tdt)
-    ours = jsr.Traveller(num_inputs, hidden, layers, 0.0, param_dtype=jdt, hoist_inputs=hoist_inputs,
-                         rngs=nnx.Rngs(seed))
+    ref = TorchTraveller(num_inputs, hidden, layers, 0.0, num_assets=num_assets).to(tdt)
+    ours = jsr.Traveller(num_inputs, hidden, layers, 0.0, num_assets=num_assets, param_dtype=jdt,
+                         hoist_inputs=hoist_inputs, rngs=nnx.Rngs(seed))
     jsr.load_torch_state_dict(ours, ref.state_dict())
     return ref, ours
 
@@ -94,8 +94,8 @@ def utility_loss(positions, returns):
     return -trading.net_utility(positions, returns, MARKET).mean()
 
 
-def jax_loss_and_grads(model, features, returns):
-    loss, grads = nnx.jit(nnx.value_and_grad(lambda m: utility_loss(m(features)[0], returns)))(model)
+def jax_loss_and_grads(model, features, returns, loss_fn=utility_loss):
+    loss, grads = nnx.jit(nnx.value_and_grad(lambda m: loss_fn(m(features)[0], returns)))(model)
     holder = nnx.clone(model)
     nnx.update(holder, grads)
     return loss, jsr.torch_state_dict(holder)
@@ -173,3 +173,84 @@ def test_stateful_live_use_matches_torch(dtype, hoist):
     assert_steps_close(f"{label}: positions (history, 50 steps, a chunk)", got, want, POSITION_ATOL[dtype])
     for field, j, t in zip(jsr.TravellerState._fields, j_state, t_state):
         assert_close(f"{label}: final state.{field}", j, t, POSITION_ATOL[dtype])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Any number of assets A (`num_assets`): every test above runs the seed's A = 2
+# ---------------------------------------------------------------------------------------------------
+
+ASSETS = [1, 5]
+# float64 gradients for A assets, relative to each gradient's largest entry: measured ~3e-15 at T=300
+# (rounding summed over the steps), so 1e-12 keeps ~300x margin yet catches any mis-mapped weight column.
+ASSETS_GRAD_RTOL = 1e-12
+
+
+@pytest.mark.parametrize("hoist", HOIST)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_assets", ASSETS)
+def test_forward_over_1000_steps_for_any_number_of_assets(num_assets, dtype, hoist):
+    jdt, tdt = DTYPES[dtype]
+    ref, ours = make_pair(dtype, hidden=16, num_assets=num_assets, hoist_inputs=hoist)
+    x = np.random.default_rng(6).standard_normal((3, 1000, 4))
+    with torch.no_grad():
+        want, want_state = ref(torch.from_numpy(x).to(tdt))
+    got, state = ours(jnp.asarray(x, jdt))
+    assert got.shape == (3, 1000, num_assets)
+    label = f"A={num_assets} {dtype} hoist_inputs={hoist}"
+    assert_steps_close(f"{label}: positions", got, want, POSITION_ATOL[dtype])
+    for field, j, t in zip(jsr.TravellerState._fields, state, want_state):
+        assert_close(f"{label}: final state.{field}", j, t, POSITION_ATOL[dtype])
+
+
+@pytest.mark.parametrize("num_assets", ASSETS)
+def test_weights_convert_both_ways_for_any_number_of_assets(num_assets):
+    ours = jsr.Traveller(4, 8, 2, 0.0, num_assets=num_assets, param_dtype=jnp.float64, rngs=nnx.Rngs(1))
+    twin = TorchTraveller(4, 8, 2, 0.0, num_assets=num_assets).double()
+    twin.load_state_dict({k: torch.from_numpy(v) for k, v in jsr.torch_state_dict(ours).items()}, strict=True)
+    x = np.random.default_rng(7).standard_normal((2, 50, 4))
+    with torch.no_grad():
+        want, _ = twin(torch.from_numpy(x))
+    assert_steps_close(f"A={num_assets}: positions after jax -> torch", ours(jnp.asarray(x))[0], want,
+                       POSITION_ATOL["float64"])
+    torch.manual_seed(8)
+    other = TorchTraveller(4, 8, 2, 0.0, num_assets=num_assets).double()  # fresh weights, to load the other way
+    jsr.load_torch_state_dict(ours, other.state_dict())
+    loaded = jsr.torch_state_dict(ours)
+    assert list(loaded) == list(other.state_dict())
+    for key, value in other.state_dict().items():
+        np.testing.assert_array_equal(loaded[key], value.numpy(), err_msg=f"A={num_assets}: {key} after torch -> jax")
+
+
+@pytest.mark.parametrize(
+    "twin_inputs, key, expected, given",
+    [
+        (4, "lstm_layers.weight_ih_l0", (32, 9), (32, 6)),  # same features: layer 0 reads A + F = 9 vs 6
+        (7, "output_layer.weight", (5, 8), (2, 8)),  # A + F = 9 either way: only the readout tells
+    ],
+)
+def test_state_dict_of_another_number_of_assets_is_refused_naming_the_key(twin_inputs, key, expected, given):
+    ours = jsr.Traveller(4, 8, 1, 0.0, num_assets=5, rngs=nnx.Rngs(0))
+    two_assets = TorchTraveller(twin_inputs, 8, 1, 0.0)
+    message = rf"state_dict\['{key}'\]: expected shape \({expected[0]}, {expected[1]}\), got \({given[0]}, {given[1]}\)"
+    with pytest.raises(ValueError, match=message):
+        jsr.load_torch_state_dict(ours, two_assets.state_dict())
+    with pytest.raises(RuntimeError, match=rf"size mismatch for {key}"):
+        two_assets.load_state_dict({k: torch.from_numpy(v) for k, v in jsr.torch_state_dict(ours).items()})
+
+
+def weighted_positions(positions, returns):
+    """A loss every position of every asset and step feeds: sum of positions times fixed returns."""
+    return (positions * returns).sum()
+
+
+@pytest.mark.parametrize("hoist", HOIST)
+def test_gradients_match_torch_for_five_assets(hoist):
+    ref, ours = make_pair("float64", hidden=16, num_assets=5, hoist_inputs=hoist)
+    rng = np.random.default_rng(9)
+    features, returns = rng.standard_normal((4, 300, 4)), 0.1 * rng.standard_normal((4, 300, 5))
+    t_loss = weighted_positions(ref(torch.from_numpy(features))[0], torch.from_numpy(returns))
+    t_loss.backward()
+    j_loss, j_grads = jax_loss_and_grads(ours, jnp.asarray(features), jnp.asarray(returns), weighted_positions)
+    assert_close("weighted positions loss, A=5", j_loss, t_loss, POSITION_ATOL["float64"])
+    want = {k: p.grad for k, p in ref.named_parameters()}
+    assert_grads_close(j_grads, want, ASSETS_GRAD_RTOL, context=f"A=5, hoist_inputs={hoist}: ")

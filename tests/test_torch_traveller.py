@@ -24,13 +24,15 @@ EXPLICIT_MASK_METHODS = ["cell", "script"] + (["scan"] if scan_available() else 
 NUM_INPUTS, HIDDEN = 3, 8
 
 
-def make_model(num_layers=2, dropout=0.0, dtype=torch.float64, seed=0, num_inputs=NUM_INPUTS, hidden=HIDDEN):
+def make_model(
+    num_layers=2, dropout=0.0, dtype=torch.float64, seed=0, num_inputs=NUM_INPUTS, hidden=HIDDEN, num_assets=2
+):
     """A Traveller with random weights and clearly non-zero biases (a zero bias hides a mapping bug)."""
     torch.manual_seed(seed)
     with warnings.catch_warnings():
         # nn.LSTM warns that dropout does nothing with one layer; that case is tested on purpose.
         warnings.filterwarnings("ignore", message=".*dropout option adds dropout after all but last")
-        model = Traveller(num_inputs, hidden, num_layers, dropout).to(dtype)
+        model = Traveller(num_inputs, hidden, num_layers, dropout, num_assets).to(dtype)
     with torch.no_grad():
         for p in model.parameters():
             p.uniform_(-0.6, 0.6)
@@ -608,7 +610,7 @@ def bad_states(model, batch):
         (good._replace(c=good.c[:1]), ValueError,
          r"state\.c: expected shape \[L, B, H\] = \[2, 2, 8\].*got \[1, 2, 8\]"),
         (good._replace(positions=good.positions[:, :1]), ValueError,
-         r"state\.positions: expected shape \[B, 2\] = \[2, 2\].*got \[2, 1\]"),
+         r"state\.positions: expected shape \[B, A\] = \[2, 2\].*got \[2, 1\]"),
         (good._replace(h=good.h.float()), TypeError,
          r"state\.h: expected dtype torch\.float64 \(the model's parameters\), got torch\.float32"),
         (good._replace(positions=[[0.0, 0.0]] * batch), TypeError,
@@ -651,3 +653,84 @@ def test_bad_dropout_masks_raise():
         model(x, method="cell", dropout_masks=good[:, :, 0])
     with pytest.raises(TypeError, match=r"dropout_masks: expected dtype torch.float64"):
         model(x, method="cell", dropout_masks=good.float())
+
+
+# ---------------------------------------------------------------------------------------------------
+# Any number of assets A (`num_assets`; 2, the seed's, by default)
+# ---------------------------------------------------------------------------------------------------
+
+ASSETS = [1, 2, 5]
+
+
+def test_default_is_the_seeds_two_assets():
+    model = Traveller(NUM_INPUTS, HIDDEN, 2, 0.0)  # the seed's four arguments
+    assert model.num_assets == 2 and model.num_inputs == NUM_INPUTS
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    assert shapes["lstm_layers.weight_ih_l0"] == (4 * HIDDEN, 2 + NUM_INPUTS)
+    assert shapes["output_layer.weight"] == (2, HIDDEN) and shapes["output_layer.bias"] == (2,)
+
+
+@pytest.mark.parametrize("num_assets", ASSETS)
+def test_num_assets_sets_the_output_state_and_weight_shapes(num_assets):
+    model = make_model(2, num_assets=num_assets)
+    assert model.num_assets == num_assets and model.num_inputs == NUM_INPUTS
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    assert shapes["lstm_layers.weight_ih_l0"] == (4 * HIDDEN, num_assets + NUM_INPUTS)  # columns 0:A see p_{t-1}
+    assert shapes["output_layer.weight"] == (num_assets, HIDDEN) and shapes["output_layer.bias"] == (num_assets,)
+    assert [tuple(t.shape) for t in model.initial_state(3)] == [(2, 3, HIDDEN), (2, 3, HIDDEN), (3, num_assets)]
+    x = random_inputs(3, 6, NUM_INPUTS) * 3  # large features push tanh to its bounds
+    with torch.no_grad():
+        want, want_state = model(x, method="loop")
+        assert want.shape == (3, 6, num_assets) and want.abs().max() <= 1.0
+        assert [tuple(t.shape) for t in want_state] == [(2, 3, HIDDEN), (2, 3, HIDDEN), (3, num_assets)]
+        for method in ALL_METHODS[1:]:
+            got, state = model(x, method=method)
+            assert_close(got, want, TOL_F64, f"A={num_assets}, method={method}")
+            for name in TravellerState._fields:
+                what = f"final state.{name}, A={num_assets}, method={method}"
+                assert_close(getattr(state, name), getattr(want_state, name), TOL_F64, what)
+        seed, seed_state = model(x[0].unsqueeze(1), method="cell", layout="seed")  # [T, 1, F] -> [T, A]
+        assert seed.shape == (6, num_assets) and seed_state.positions.shape == (1, num_assets)
+        assert model.step(None, x[:, 0])[0].shape == (3, num_assets)
+
+
+@pytest.mark.parametrize("num_assets", ASSETS)
+def test_any_number_of_assets_one_call_chunks_and_single_steps_are_bit_identical(num_assets):
+    """As `test_one_call_chunks_and_single_steps_are_bit_identical`, for A assets: the state carries [B, A]
+    positions across calls; `step` runs the cell math, so it is compared with every method but "loop"."""
+    model = make_model(2, num_assets=num_assets)
+    x = random_inputs(2, sum(CHUNKS), NUM_INPUTS)
+    with torch.no_grad():
+        stepped, stepped_state = run_by_step(model, x)
+        for method in ALL_METHODS:
+            want, want_state = model(x, method=method)
+            what = f"A={num_assets}, method={method}"
+            got, state = run_in_chunks(model, x, CHUNKS, method=method)
+            assert_identical(got, want, f"{what}: positions in chunks {CHUNKS}")
+            assert_states_identical(state, want_state, f"{what}: chunks {CHUNKS}")
+            if method != "loop":  # nn.LSTM's kernel rounds differently from the cell math
+                assert_identical(stepped, want, f"{what}: positions of step one at a time")
+                assert_states_identical(stepped_state, want_state, f"{what}: step one at a time")
+
+
+@pytest.mark.parametrize("num_assets", [0, True, 2.5])  # none, a bool (not a count), not an int
+def test_bad_num_assets_is_named(num_assets):
+    with pytest.raises(ValueError, match=rf"^num_assets: expected an int >= 1, got {num_assets!r}$"):
+        Traveller(NUM_INPUTS, HIDDEN, 1, 0.0, num_assets)
+
+
+def test_state_of_another_number_of_assets_is_refused():
+    five = make_model(2, num_assets=5)
+    x = random_inputs(2, 3, NUM_INPUTS)
+    two_assets_state = make_model(2).initial_state(2)
+    expected = r"state\.positions: expected shape \[B, A\] = \[2, 5\] .*got \[2, 2\]"
+    for method in ALL_METHODS:
+        with pytest.raises(ValueError, match=expected):
+            five(x, two_assets_state, method=method)
+    with pytest.raises(ValueError, match=expected):
+        five.step(two_assets_state, x[:, 0])
+
+
+def test_checkpoint_of_another_number_of_assets_is_refused_naming_the_keys():
+    with pytest.raises(RuntimeError, match=r"size mismatch for output_layer\.weight.*\[2, 8\].*\[5, 8\]"):
+        make_model(2, num_assets=5).load_state_dict(make_model(2).state_dict())

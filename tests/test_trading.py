@@ -5,20 +5,27 @@ import pytest
 from jax_scan_rnn.data.trading import (
     Market,
     MarketConfig,
+    Objective,
     aim_portfolio,
+    buy_and_hold_policy,
     markowitz_policy,
     net_utility,
     no_trade_policy,
     optimal_policy,
     partial_trading,
+    performance,
+    rolling_markowitz_policy,
     simulate,
     supervised_mse,
     trade_rate,
     utility_table,
+    utility_terms,
 )
 
 CFG = MarketConfig()
 OTHER = MarketConfig(phi_fast=0.5, phi_slow=0.1, b_fast=0.3, b_slow=0.8, return_corr=-0.5, gamma=1.0, lam=5.0)
+ONE = MarketConfig(num_assets=1)
+FIVE = MarketConfig(num_assets=5, return_corr=-0.2, lam=8.0)
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +50,9 @@ def linear_policy(signals, keep, gain):
 
 def closed_form_gains(cfg):
     """(keep, gain) of the optimal policy, read off by feeding unit inputs through the module's code."""
-    rate = trade_rate(cfg)
-    aim_matrix = aim_portfolio(cfg, np.eye(cfg.num_signals)[None]).reshape(cfg.num_signals, 2).T
-    return (1.0 - rate) * np.eye(2), rate * aim_matrix
+    rate, a = trade_rate(cfg), cfg.num_assets
+    aim_matrix = aim_portfolio(cfg, np.eye(cfg.num_signals)[None]).reshape(cfg.num_signals, a).T
+    return (1.0 - rate) * np.eye(a), rate * aim_matrix
 
 
 def riccati_gains(cfg, iterations=20_000):
@@ -54,19 +61,19 @@ def riccati_gains(cfg, iterations=20_000):
     One step: Q(s, x) = reward(s, x) + E V(x, (I - Phi) f + eps); noise only shifts the constant c,
     so the quadratic part obeys  W = R + G'PG,  x* = -W_xx^{-1} W_xs s,  P <- W_ss - W_sx W_xx^{-1} W_xs.
     """
-    k = cfg.num_signals
-    n = 2 + k  # state size; z = (x_prev, f, x) has n + 2 entries
+    k, a = cfg.num_signals, cfg.num_assets
+    n = a + k  # state size; z = (x_prev, f, x) has n + a entries
     sigma, lam_mat = cfg.Sigma, cfg.lam * cfg.Sigma
-    xp, f, x = slice(0, 2), slice(2, n), slice(n, n + 2)
-    reward = np.zeros((n + 2, n + 2))  # reward(z) = z' reward z / 2
+    xp, f, x = slice(0, a), slice(a, n), slice(n, n + a)
+    reward = np.zeros((n + a, n + a))  # reward(z) = z' reward z / 2
     reward[x, x] = -(cfg.gamma * sigma + lam_mat)
     reward[xp, xp] = -lam_mat
     reward[xp, x] = reward[x, xp] = lam_mat
     reward[x, f] = cfg.B
     reward[f, x] = cfg.B.T
-    step = np.zeros((n, n + 2))  # next state (x, (I - Phi) f) = step @ z
-    step[0:2, x] = np.eye(2)
-    step[2:, f] = np.eye(k) - cfg.Phi
+    step = np.zeros((n, n + a))  # next state (x, (I - Phi) f) = step @ z
+    step[0:a, x] = np.eye(a)
+    step[a:, f] = np.eye(k) - cfg.Phi
     p = np.zeros((n, n))
     for _ in range(iterations):
         w = reward + step.T @ p @ step
@@ -122,7 +129,7 @@ def test_returns_follow_the_model():
 # ---------------------------------------------------------------- optimality
 
 
-@pytest.mark.parametrize("cfg", [CFG, OTHER], ids=["defaults", "other"])
+@pytest.mark.parametrize("cfg", [CFG, OTHER, ONE, FIVE], ids=["defaults", "other", "one_asset", "five_assets"])
 def test_closed_form_matches_riccati_solution(cfg):
     keep, gain = closed_form_gains(cfg)
     keep_r, gain_r = riccati_gains(cfg)
@@ -249,7 +256,9 @@ def test_utility_table_with_learned_positions(market):
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        (dict(num_assets=3), r"num_assets: expected one of 2, got 3"),
+        (dict(num_assets=0), r"num_assets: expected an int >= 1, got 0"),
+        (dict(num_assets=True), r"num_assets: expected an int >= 1, got True"),
+        (dict(num_assets=3, return_corr=-0.5), r"return_corr: expected > -1/\(num_assets - 1\) = -0.5 for 3 assets"),
         (dict(phi_fast=0.0), r"phi_fast: expected a finite number in \(0, 1\], got 0.0"),
         (dict(phi_slow=1.5), r"phi_slow: expected a finite number in \(0, 1\], got 1.5"),
         (dict(phi_slow=True), r"phi_slow: expected a finite number in \(0, 1\], got True"),
@@ -298,3 +307,105 @@ def test_shape_errors():
     m = simulate(CFG, num_paths=2, num_steps=3, seed=0)
     with pytest.raises(ValueError, match=r"learned_positions: expected shape \(2, 3, 2\).*got \(2, 2, 2\)"):
         utility_table(CFG, m, learned_positions=np.zeros((2, 2, 2)))
+
+
+# ---------------------------------------------------------------- N assets
+
+
+@pytest.mark.parametrize("cfg", [ONE, FIVE], ids=["one_asset", "five_assets"])
+def test_n_asset_market_shapes_and_the_optimum_wins(cfg):
+    a = cfg.num_assets
+    m = simulate(cfg, num_paths=256, num_steps=300, seed=5)
+    assert m.signals.shape == (256, 300, 2 * a) and m.returns.shape == (256, 300, a)
+    assert cfg.B.shape == (a, 2 * a) and cfg.Sigma.shape == (a, a)
+    best = mean_utility(optimal_policy(cfg, m.signals), m, cfg)
+    assert best > mean_utility(markowitz_policy(cfg, m.signals), m, cfg)
+    assert best > mean_utility(no_trade_policy(cfg, m.signals), m, cfg) == 0.0
+    assert np.linalg.eigvalsh(cfg.Sigma).min() > 0
+
+
+def test_sigma_is_equicorrelated():
+    sigma = MarketConfig(num_assets=4, return_vol=2.0, return_corr=0.25).Sigma
+    np.testing.assert_allclose(np.diag(sigma), 4.0)
+    np.testing.assert_allclose(sigma[~np.eye(4, dtype=bool)], 1.0)
+
+
+# ---------------------------------------------------------------- the objective on real data
+
+
+def test_objective_of_a_market_is_its_own():
+    obj = FIVE.objective
+    assert (obj.gamma, obj.lam, obj.num_assets) == (FIVE.gamma, FIVE.lam, 5)
+    np.testing.assert_array_equal(obj.Sigma, FIVE.Sigma)
+    m = simulate(FIVE, num_paths=3, num_steps=9, seed=0)
+    x = optimal_policy(FIVE, m.signals)
+    np.testing.assert_array_equal(net_utility(x, m.returns, obj), net_utility(x, m.returns, FIVE))
+    again = Objective.from_json(obj.to_json())
+    np.testing.assert_array_equal(again.Sigma, obj.Sigma)
+    assert (again.gamma, again.lam) == (obj.gamma, obj.lam)
+
+
+@pytest.mark.parametrize(
+    ("sigma", "match"),
+    [
+        (np.eye(2)[:1], r"Sigma: expected a square \[A, A\] matrix, got shape \(1, 2\)"),
+        (np.array([[1.0, 0.5], [0.4, 1.0]]), r"Sigma: expected a symmetric matrix"),
+        (np.array([[1.0, 2.0], [2.0, 1.0]]), r"Sigma: expected a positive definite matrix, got smallest eigenvalue -1"),
+        (np.array([[np.nan]]), r"Sigma: expected finite values"),
+        ("abc", r"Sigma: expected a square \[A, A\] matrix of numbers, got str"),
+    ],
+)
+def test_objective_errors(sigma, match):
+    with pytest.raises(ValueError, match=match):
+        Objective(3.0, 20.0, sigma)
+
+
+def test_objective_refuses_bad_gamma_and_lam():
+    with pytest.raises(ValueError, match=r"gamma: expected a finite number > 0, got 0"):
+        Objective(0, 1.0, np.eye(1))
+    with pytest.raises(ValueError, match=r"lam: expected a finite number >= 0, got -1"):
+        Objective(1.0, -1, np.eye(1))
+
+
+def test_utility_terms_sum_to_net_utility_and_previous_prices_the_first_trade(market):
+    x, r = optimal_policy(CFG, market.signals[:8]), market.returns[:8]
+    terms = utility_terms(x, r, CFG)
+    assert terms.shape == (8, 500)
+    np.testing.assert_allclose(terms.mean(axis=1), net_utility(x, r, CFG), rtol=1e-12)
+    # Scoring the second half of a run with the position held before it equals the run's own terms.
+    np.testing.assert_allclose(utility_terms(x[:, 250:], r[:, 250:], CFG, previous=x[:, 249]), terms[:, 250:],
+                               rtol=1e-12, atol=1e-15)
+    with pytest.raises(ValueError, match=r"previous: expected shape \(8, 2\) \(\[B, A\]\), got \(8, 3\)"):
+        utility_terms(x, r, CFG, previous=np.zeros((8, 3)))
+
+
+def test_performance_by_hand():
+    obj = Objective(2.0, 10.0, np.array([[0.04]]))
+    x = np.array([[[0.5], [0.5], [1.0]]])
+    r = np.array([[[0.1], [-0.2], [0.3]]])
+    report = performance(x, r, obj, periods_per_year=4)
+    gross = np.array([0.05, -0.1, 0.3])
+    cost = 0.5 * 10.0 * 0.04 * np.array([0.25, 0.0, 0.25])
+    risk = 0.5 * 2.0 * 0.04 * np.array([0.25, 0.25, 1.0])
+    net = gross - cost
+    assert report["utility"] == pytest.approx((gross - risk - cost).mean())
+    assert report["return"] == pytest.approx(gross.mean())
+    assert report["cost"] == pytest.approx(cost.mean())
+    assert report["turnover"] == pytest.approx(1.0 / 3)
+    assert report["sharpe"] == pytest.approx(net.mean() / net.std() * 2.0)
+    assert performance(np.zeros_like(x), r, obj)["sharpe"] is None  # no trading: no risk to scale by
+
+
+def test_buy_and_hold_and_rolling_markowitz_use_only_the_past():
+    rng = np.random.default_rng(0)
+    r = rng.standard_normal((2, 60, 3)) * 0.1 + 0.02
+    np.testing.assert_array_equal(buy_and_hold_policy(r), np.full((2, 60, 3), 1 / 3))
+    obj = Objective(3.0, 1.0, np.diag([0.01, 0.02, 0.03]))
+    x = rolling_markowitz_policy(r, obj, window=10, min_history=5)
+    assert not x[:, :5].any()  # fewer than 5 known returns: no position
+    t = 30
+    expected = np.clip(r[:, t - 10:t].mean(axis=1) / (3.0 * np.diag(obj.Sigma)), -1, 1)
+    np.testing.assert_allclose(x[:, t], expected, rtol=1e-12)
+    changed = r.copy()
+    changed[:, t:] += 5.0  # the future must not move today's position
+    np.testing.assert_allclose(rolling_markowitz_policy(changed, obj, window=10, min_history=5)[:, : t + 1], x[:, : t + 1])

@@ -183,3 +183,78 @@ def test_bfloat16_inputs_keep_their_dtype():
     out, state = trav(x)
     assert out.dtype == jnp.bfloat16 and state.positions.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(out, np.float32), trav(x.astype(jnp.float32))[0], atol=5e-2)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Any number of assets A (`num_assets`; 2, the seed's, by default)
+# ---------------------------------------------------------------------------------------------------
+
+ASSETS = [1, 2, 5]
+
+
+def test_default_is_the_seeds_two_assets():
+    trav = model()
+    assert trav.num_assets == 2
+    assert trav.lstm_layers.layers[0].w_ih.shape == (2 + 3, 4 * 8)  # [A + F, 4H]: positions first
+    assert trav.output_layer.kernel.shape == (8, 2)
+
+
+@pytest.mark.parametrize("num_assets", ASSETS)
+def test_num_assets_sets_the_output_state_and_weight_shapes(num_assets):
+    trav = model(num_assets=num_assets)
+    assert trav.num_assets == num_assets
+    assert trav.lstm_layers.layers[0].w_ih.shape == (num_assets + 3, 4 * 8)
+    assert trav.output_layer.kernel.shape == (8, num_assets)
+    x = np.random.default_rng(6).standard_normal((4, 20, 3)) * 3  # large features push tanh to its bounds
+    positions, state = trav(x)
+    assert positions.shape == (4, 20, num_assets)
+    assert np.all(np.abs(positions) <= 1.0)
+    assert state.h.shape == state.c.shape == (2, 4, 8) and state.positions.shape == (4, num_assets)
+    np.testing.assert_array_equal(state.positions, positions[:, -1])
+    assert [s.shape for s in trav.initial_state(4)] == [(2, 4, 8), (2, 4, 8), (4, num_assets)]
+    seed, seed_state = trav(x[1][:, None, :], layout="seed")
+    assert seed.shape == (20, num_assets) and seed_state.positions.shape == (1, num_assets)
+    p_t, _ = trav.step(None, x[:, 0])
+    assert p_t.shape == (4, num_assets)
+
+
+@pytest.mark.parametrize("num_assets", ASSETS)
+def test_any_number_of_assets_one_call_chunks_and_steps_are_bit_identical(num_assets):
+    """As `test_one_call_chunks_and_steps_are_bit_identical`, for A assets: the state carries [B, A]
+    positions across calls and steps, and both ways of projecting layer 0's input agree."""
+    results = {}
+    for hoist in (True, False):
+        fast = jsr.jit(model(num_assets=num_assets, hoist_inputs=hoist))
+        x = jnp.asarray(np.random.default_rng(7).standard_normal((3, 10, 3)))
+        whole, final = fast(x)
+        head, state = fast(x[:, :4])
+        tail, state = fast(x[:, 4:], state)
+        step_state, steps = None, []
+        for t in range(10):
+            p, step_state = fast.step(step_state, x[:, t])
+            steps.append(p)
+        for name, got, got_final in (("chunks", jnp.concatenate([head, tail], 1), state),
+                                     ("steps", jnp.stack(steps, 1), step_state)):
+            np.testing.assert_array_equal(got, whole, err_msg=f"A={num_assets}, hoist={hoist}, {name}: positions")
+            for field, a, b in zip(jsr.TravellerState._fields, got_final, final):
+                np.testing.assert_array_equal(a, b, err_msg=f"A={num_assets}, hoist={hoist}, {name}: state.{field}")
+        results[hoist] = whole
+    # The hoisted split w_ih[:A] / w_ih[A:] against the unsplit [x, u] @ w_ih: the same sums grouped differently.
+    np.testing.assert_allclose(results[True], results[False], rtol=HOIST_RTOL_F64, atol=HOIST_RTOL_F64)
+
+
+# float64 rounding of one product split in two (~1e-16 per op) over 10 steps; a mis-split column is O(0.1).
+HOIST_RTOL_F64 = 1e-14
+
+
+@pytest.mark.parametrize("num_assets", [0, True, 2.5])  # none, a bool (not a count), not an int
+def test_bad_num_assets_is_named(num_assets):
+    with pytest.raises(ValueError, match=rf"^num_assets: expected an int >= 1, got {num_assets!r}$"):
+        model(num_assets=num_assets)
+
+
+def test_state_of_another_number_of_assets_is_refused():
+    five = model(num_assets=5)
+    _, state = model()(np.zeros((2, 4, 3)))  # two assets' state: positions [2, 2]
+    with pytest.raises(ValueError, match=r"^state.positions: expected shape \[2, 5\], got \[2, 2\]$"):
+        five(np.zeros((2, 4, 3)), state)

@@ -24,19 +24,20 @@ def test_batches_are_a_pure_function_of_the_step():
 
 
 def test_short_training_improves_utility_and_reloads(tmp_path):
-    model, history = task_lib.train(TINY, TrainConfig(steps=60, learning_rate=1e-2, log_every=10, eval_every=60,
+    model, history, _ = task_lib.train(TINY, TrainConfig(steps=60, learning_rate=1e-2, log_every=10, eval_every=60,
                                                       checkpoint_every=60), tmp_path)
     before = task_lib.evaluate(task_lib.build_model(TINY), TINY)["learned"]
     after = task_lib.evaluate(model, TINY)
     assert after["learned"] > before + 0.05, (before, after)
-    loaded, task = task_lib.load(tmp_path)
+    loaded, task, stats = task_lib.load(tmp_path)
+    assert stats is None  # the simulated market: nothing learned from data
     assert task == TINY
     assert task_lib.evaluate(loaded, task)["learned"] == pytest.approx(after["learned"], abs=1e-6)
 
 
 def test_mse_objective_fits_the_optimal_policy():
     task = task_lib.TravellerTask(**{**TINY.__dict__, "objective": "mse"})
-    model, history = task_lib.train(task, TrainConfig(steps=60, learning_rate=1e-2, log_every=10, eval_every=0,
+    model, history, _ = task_lib.train(task, TrainConfig(steps=60, learning_rate=1e-2, log_every=10, eval_every=0,
                                                       checkpoint_every=0))
     _, losses = history.series("loss", "train")
     assert losses[-1] < 0.5 * losses[0]
@@ -101,7 +102,7 @@ def test_seed_reaches_the_run(tmp_path):
         argv = ["train", "traveller", "--steps", "3", "--hidden-size", "4", "--num-layers", "1", "--batch-size", "4",
                 "--seq-len", "8", "--eval-every", "0", "--out", str(out), "--seed", str(seed)]
         assert main(argv) == 0
-        model, _ = task_lib.load(out)
+        model, _, _ = task_lib.load(out)
         assert checkpoint.read_metadata(out / "checkpoints")["seed"] == seed
         return jsr.torch_state_dict(model)
 

@@ -14,26 +14,26 @@ held by `lstm_layers` and `output_layer`:
 Equations (gates stacked i, f, g, o as in `torch.nn.LSTM`; the zero state is p_{-1} = 0,
 h^k_{-1} = c^k_{-1} = 0, or the state passed in, see below)::
 
-    z^0_t = [p_{t-1}; x_t]                                          # [B, 2 + F], position FIRST
+    z^0_t = [p_{t-1}; x_t]                                          # [B, A + F], positions FIRST
     i, f, g, o = split4(W_ih^k z^k_t + b_ih^k + W_hh^k h^k_{t-1} + b_hh^k)
     c^k_t = sigmoid(f) * c^k_{t-1} + sigmoid(i) * tanh(g)
     h^k_t = sigmoid(o) * tanh(c^k_t)
     z^{k+1}_t = m^k_t * h^k_t                                       # inter-layer dropout mask
-    p_t = tanh(W_out h^{L-1}_t + b_out)                             # [B, 2]
+    p_t = tanh(W_out h^{L-1}_t + b_out)                             # [B, A], one per asset
 
 State (`TravellerState`, everything one step hands to the next; after step t)::
 
     h          [L, B, H]   h^k_t for k = 0 .. L-1 (as `nn.LSTM`'s h_n)
     c          [L, B, H]   c^k_t
-    positions  [B, 2]      p_t, read back by step t + 1
+    positions  [B, A]      p_t, read back by step t + 1
 
 Stateful use. The model is an online optimiser: in live trading it takes one step per new market bar,
 continuing from where it stopped. So every call takes a state (None: the zero state) and returns the
 state after its last step::
 
-    positions, state = trav(inputs, state)      # [B, T, F] -> [B, T, 2], from `state` (None: zeros)
+    positions, state = trav(inputs, state)      # [B, T, F] -> [B, T, A], from `state` (None: zeros)
     positions, state = trav(more_inputs, state) # continues the same sequences
-    p_t, state = trav.step(state, x_t)          # one step: x_t [B, F] -> p_t [B, 2] (one new bar)
+    p_t, state = trav.step(state, x_t)          # one step: x_t [B, F] -> p_t [B, A] (one new bar)
 
 Running T steps in one call, in chunks (passing the state along) or one `step` at a time gives the same
 positions and the same final state: bit-identical on CPU within one method, as each call runs the same
@@ -46,13 +46,15 @@ passed in (`dropout_masks`). For truncated backpropagation through time, detach 
 
 Weight layout (the `state_dict()` keys of the seed's own class, so its checkpoints load unchanged)::
 
-    lstm_layers.weight_ih_l{k}  [4H, 2 + F] for k = 0 (columns 0:2 see p_{t-1}, 2: see x_t),
+    lstm_layers.weight_ih_l{k}  [4H, A + F] for k = 0 (columns 0:A see p_{t-1}, A: see x_t),
                                 [4H, H] for k > 0; rows are the i, f, g, o blocks of H each
     lstm_layers.weight_hh_l{k}  [4H, H]
     lstm_layers.bias_ih_l{k}    [4H]
     lstm_layers.bias_hh_l{k}    [4H]
-    output_layer.weight         [2, H]
-    output_layer.bias           [2]
+    output_layer.weight         [A, H]
+    output_layer.bias           [A]
+
+A = `num_assets`, 2 for the seed's class (whose checkpoints therefore load into the default).
 """
 import functools
 import warnings
@@ -80,7 +82,7 @@ else:
         import torch.utils.mkldnn  # noqa: F401
 
 METHODS = ("loop", "cell", "script", "scan")
-# "batch": [B, T, F] -> [B, T, 2] (the default); "seed": the seed's [T, 1, F] -> [T, 2]. There is no
+# "batch": [B, T, F] -> [B, T, A] (the default); "seed": the seed's [T, 1, F] -> [T, A]. There is no
 # "auto": [B, 1, F] (B one-step sequences) and [T, 1, F] (one sequence) look alike, so the caller says.
 LAYOUTS = ("batch", "seed")
 
@@ -90,7 +92,7 @@ class TravellerState(NamedTuple):
 
     h: Tensor  # [L, B, H] LSTM hidden state per layer (nn.LSTM's h_n)
     c: Tensor  # [L, B, H] LSTM cell state per layer (nn.LSTM's c_n)
-    positions: Tensor  # [B, 2] the last positions produced (what the next step reads back)
+    positions: Tensor  # [B, A] the last positions produced (what the next step reads back)
 
 
 def scan_available() -> bool:
@@ -114,11 +116,11 @@ def _traveller_step(
 ) -> Tuple[Tensor, List[Tensor], List[Tensor]]:
     """One time step of the whole model, with `torch.nn.LSTMCell`'s math in every layer.
 
-    x_t [B, F]; prev_position [B, 2]; h, c: one [B, H] tensor per layer; `weights` as
+    x_t [B, F]; prev_position [B, A]; h, c: one [B, H] tensor per layer; `weights` as
     `Traveller.flat_weights()` returns them; masks_t [L-1, B, H] (already scaled) or None (no dropout).
-    Returns (position [B, 2], new h list, new c list).
+    Returns (position [B, A], new h list, new c list).
     """
-    layer_input = torch.cat([prev_position, x_t], dim=1)  # [B, 2 + F]: position first, as the seed
+    layer_input = torch.cat([prev_position, x_t], dim=1)  # [B, A + F]: positions first, as the seed
     new_h: List[Tensor] = []
     new_c: List[Tensor] = []
     for k in range(len(h)):
@@ -133,7 +135,7 @@ def _traveller_step(
         new_h.append(h_k)
         new_c.append(c_k)
         layer_input = h_k
-    position = torch.tanh(F.linear(layer_input, weights[-2], weights[-1]))  # [B, 2]
+    position = torch.tanh(F.linear(layer_input, weights[-2], weights[-1]))  # [B, A]
     return position, new_h, new_c
 
 
@@ -142,9 +144,9 @@ def traveller_loop(
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """The Python loop over time of `method="cell"`; `method="script"` is this function scripted.
 
-    xs [T, B, F] (time-major); the state before the first step: position [B, 2], h, c [L, B, H];
+    xs [T, B, F] (time-major); the state before the first step: position [B, A], h, c [L, B, H];
     `weights` as `Traveller.flat_weights()` returns them; masks [L-1, T, B, H] (scaled) or None.
-    Returns (positions [T, B, 2], and the state after the last step: position [B, 2], h [L, B, H],
+    Returns (positions [T, B, A], and the state after the last step: position [B, A], h [L, B, H],
     c [L, B, H]). Plain tensors in and out, no module, so it can also be captured in a CUDA graph or
     compiled on its own (`jax-scan-rnn bench`'s CUDA-graph row does).
     """
@@ -196,7 +198,7 @@ def _scan_loop(
     `torch.compile`, where the loop is one graph node instead of T unrolled steps, so compile time and
     graph size do not grow with T.
     """
-    # The carry is (position [B, 2], h [L, B, H], c [L, B, H]): whole tensors, not per-layer lists. With
+    # The carry is (position [B, A], h [L, B, H], c [L, B, H]): whole tensors, not per-layer lists. With
     # lists, torch 2.13's compiled backward fails ("scan might be aliasing the input or the output!") as
     # soon as the final carry is returned, which the state needs. The initial carry is cloned: the state
     # passed in may be a previous call's output or a user's tensor, and scan must not alias its inputs.
@@ -248,7 +250,7 @@ def _call_quietly(loop: Callable[..., Tuple[Tensor, ...]], *args) -> Tuple[Tenso
 
 
 class Traveller(nn.Module):
-    """Position-feedback LSTM: inputs [B, T, F] -> positions [B, T, 2] (or the seed's [T, 1, F] -> [T, 2]).
+    """Position-feedback LSTM over A assets: inputs [B, T, F] -> positions [B, T, A] (the seed's [T, 1, F] -> [T, A]).
 
     Args:
         num_inputs: F, the number of features per step.
@@ -256,22 +258,37 @@ class Traveller(nn.Module):
         num_layers: L, stacked LSTM layers.
         dropout: probability of zeroing a unit between LSTM layers in training mode (as `nn.LSTM`; it has
             no effect, and `nn.LSTM` warns, when num_layers == 1).
+        num_assets: A, positions per step: the width of the output and of the fed-back part of the LSTM's
+            input. The default 2 is the seed's model.
 
     Attributes (the seed's names, so a `state_dict()` of the seed's class loads unchanged):
-        lstm_layers: `nn.LSTM(num_inputs + 2, hidden_size, num_layers, dropout=dropout, batch_first=True)`.
-        output_layer: `nn.Linear(hidden_size, 2)`.
+        lstm_layers: `nn.LSTM(num_assets + num_inputs, hidden_size, num_layers, dropout=dropout, batch_first=True)`.
+        output_layer: `nn.Linear(hidden_size, num_assets)`.
         activation: `nn.Tanh()`.
 
     See the module docstring for the equations, the stateful use and the weight layout.
     """
 
-    def __init__(self, num_inputs: int, hidden_size: int, num_layers: int, dropout: float):
+    def __init__(self, num_inputs: int, hidden_size: int, num_layers: int, dropout: float, num_assets: int = 2):
         super().__init__()
-        # Sizes and the dropout rate are read back from `lstm_layers` (input_size - 2, hidden_size,
-        # num_layers, dropout) rather than stored twice.
-        self.lstm_layers = nn.LSTM(num_inputs + 2, hidden_size, num_layers, dropout=dropout, batch_first=True)
-        self.output_layer = nn.Linear(hidden_size, 2)
+        # jax_scan_rnn/validate.py's rule and wording, so both twins refuse the same values alike.
+        if isinstance(num_assets, bool) or not isinstance(num_assets, int) or num_assets < 1:
+            raise ValueError(f"num_assets: expected an int >= 1, got {num_assets!r}")
+        # Sizes and the dropout rate are read back from `output_layer` (num_assets) and `lstm_layers`
+        # (input_size - num_assets, hidden_size, num_layers, dropout) rather than stored twice.
+        self.lstm_layers = nn.LSTM(num_assets + num_inputs, hidden_size, num_layers, dropout=dropout, batch_first=True)
+        self.output_layer = nn.Linear(hidden_size, num_assets)
         self.activation = nn.Tanh()
+
+    @property
+    def num_assets(self) -> int:
+        """A, positions per step (the width of `output_layer`)."""
+        return self.output_layer.out_features
+
+    @property
+    def num_inputs(self) -> int:
+        """F, features per step: what `lstm_layers` reads besides the fed-back positions."""
+        return self.lstm_layers.input_size - self.num_assets
 
     def flat_weights(self) -> list[Tensor]:
         """The model's own Parameters (not copies), in the order the step functions read them.
@@ -284,7 +301,7 @@ class Traveller(nn.Module):
         return [w for layer in per_layer for w in layer] + [self.output_layer.weight, self.output_layer.bias]
 
     def initial_state(self, batch_size: int) -> TravellerState:
-        """The zero state for `batch_size` sequences: h, c [L, B, H] and positions [B, 2], all zeros, in the
+        """The zero state for `batch_size` sequences: h, c [L, B, H] and positions [B, A], all zeros, in the
         model's dtype and on its device. It is what `state=None` means."""
         if isinstance(batch_size, bool) or not isinstance(batch_size, int):
             raise TypeError(f"batch_size: expected an int, got {type(batch_size).__name__}")
@@ -295,7 +312,7 @@ class Traveller(nn.Module):
         return TravellerState(
             h=zeros(lstm.num_layers, batch_size, lstm.hidden_size),
             c=zeros(lstm.num_layers, batch_size, lstm.hidden_size),
-            positions=zeros(batch_size, 2),
+            positions=zeros(batch_size, self.num_assets),
         )
 
     def sample_dropout_masks(
@@ -329,12 +346,12 @@ class Traveller(nn.Module):
         Args:
             inputs: float tensor, [B, T, F] (layout "batch") or the seed's [T, 1, F] (layout "seed").
             state: the state before the first step (`TravellerState` with h, c [L, B, H] and positions
-                [B, 2], B = 1 in the seed layout), e.g. the state a previous call returned; None (default)
+                [B, A], B = 1 in the seed layout), e.g. the state a previous call returned; None (default)
                 is the zero state, `initial_state(B)`.
             method: "loop" (the seed's loop over `lstm_layers`), "cell" (eager loop of LSTM-cell math),
                 "script" (that loop under TorchScript) or "scan" (`torch._higher_order_ops.scan`). All read
                 the same Parameters and agree to rounding.
-            layout: "batch" (default): [B, T, F] -> [B, T, 2]. "seed": [T, 1, F] -> [T, 2], the seed's own
+            layout: "batch" (default): [B, T, F] -> [B, T, A]. "seed": [T, 1, F] -> [T, A], the seed's own
                 shapes (one sequence). Nothing is guessed from the shape: the seed layout must be asked for.
             dropout_masks: optional explicit inter-layer dropout masks [L-1, T, B, H] (B = 1 in the seed
                 layout), already scaled by 1/(1-p), e.g. from `sample_dropout_masks`. When given they are
@@ -344,7 +361,7 @@ class Traveller(nn.Module):
                 training mode if dropout > 0 and num_layers > 1, and never in eval mode.
 
         Returns:
-            (positions, state): positions in (-1, 1), [B, T, 2] for layout "batch", [T, 2] for layout
+            (positions, state): positions in (-1, 1), [B, T, A] for layout "batch", [T, A] for layout
             "seed"; state, the `TravellerState` after the last step (its `positions` is the last row of
             positions), to pass to the next call.
 
@@ -361,13 +378,13 @@ class Traveller(nn.Module):
     def step(
         self, state: TravellerState | None, x_t: Tensor, *, dropout_masks: Tensor | None = None
     ) -> tuple[Tensor, TravellerState]:
-        """One time step, as a live user calls it per new bar: x_t [B, F] -> (positions_t [B, 2], new state).
+        """One time step, as a live user calls it per new bar: x_t [B, F] -> (positions_t [B, A], new state).
 
         Runs method "cell" over this one step, so a sequence stepped through one `step` at a time gives
         exactly what "cell", "script" and "scan" give in one call.
 
         Args:
-            state: the state before this step (`TravellerState`, h, c [L, B, H], positions [B, 2]); None is
+            state: the state before this step (`TravellerState`, h, c [L, B, H], positions [B, A]); None is
                 the zero state.
             x_t: float tensor [B, F], this step's features.
             dropout_masks: optional inter-layer masks [L-1, B, H] for this step (scaled, e.g.
@@ -375,10 +392,10 @@ class Traveller(nn.Module):
                 `forward` draws them: in training mode if dropout > 0 and num_layers > 1.
 
         Returns:
-            (positions_t [B, 2], state after the step; its `positions` is positions_t).
+            (positions_t [B, A], state after the step; its `positions` is positions_t).
         """
         self._check_float_tensor("x_t", x_t)
-        num_inputs = self.lstm_layers.input_size - 2
+        num_inputs = self.num_inputs
         if x_t.ndim != 2 or x_t.shape[1] != num_inputs:
             raise ValueError(f"x_t: expected shape [B, {num_inputs}], got {list(x_t.shape)}")
         self._check_masks(dropout_masks, (x_t.shape[0],), "step")  # here, so its errors speak of [L-1, B, H]
@@ -409,7 +426,7 @@ class Traveller(nn.Module):
 
         if method == "loop":
             positions, state = self._seed_loop(xs.transpose(0, 1), state)
-            positions = positions.transpose(0, 1)  # [T, B, 2]
+            positions = positions.transpose(0, 1)  # [T, B, A]
         else:
             lstm = self.lstm_layers
             if masks is None and self.training and lstm.dropout > 0 and lstm.num_layers > 1:
@@ -423,18 +440,18 @@ class Traveller(nn.Module):
         return (positions[:, 0] if seed_layout else positions.transpose(0, 1)), state
 
     def _seed_loop(self, x: Tensor, state: TravellerState) -> tuple[Tensor, TravellerState]:
-        """The seed's loop, batched and stateful: x [B, T, F] -> (positions [B, T, 2], final state).
+        """The seed's loop, batched and stateful: x [B, T, F] -> (positions [B, T, A], final state).
 
-        `nn.LSTM` is called on a [B, 1, F + 2] one-step sequence with the (h, c) it returned last time
+        `nn.LSTM` is called on a [B, 1, A + F] one-step sequence with the (h, c) it returned last time
         (first: the state's), so its inter-layer dropout applies in training mode exactly as in the seed.
         """
         hidden_state = (state.h, state.c)  # [L, B, H] each, nn.LSTM's (h_0, c_0) even with batch_first
-        prev_position = state.positions.unsqueeze(1)  # [B, 1, 2]
+        prev_position = state.positions.unsqueeze(1)  # [B, 1, A]
         positions = []
         for t in range(x.shape[1]):
-            input_data = torch.cat([prev_position, x[:, t : t + 1]], dim=2)  # [B, 1, F + 2]
+            input_data = torch.cat([prev_position, x[:, t : t + 1]], dim=2)  # [B, 1, A + F]
             lstm_out, hidden_state = self.lstm_layers(input_data, hidden_state)  # [B, 1, H]
-            prev_position = self.activation(self.output_layer(lstm_out))  # [B, 1, 2]
+            prev_position = self.activation(self.output_layer(lstm_out))  # [B, 1, A]
             positions.append(prev_position)
         return torch.cat(positions, dim=1), TravellerState(hidden_state[0], hidden_state[1], prev_position[:, 0])
 
@@ -461,7 +478,7 @@ class Traveller(nn.Module):
                 f"nothing is guessed from the shape), got {layout!r}"
             )
         self._check_float_tensor("inputs", inputs)
-        num_inputs = self.lstm_layers.input_size - 2
+        num_inputs = self.num_inputs
         seed_layout = layout == "seed"
         expected = f"[T, 1, {num_inputs}] (layout 'seed')" if seed_layout else f"[B, T, {num_inputs}] (layout 'batch')"
         if inputs.ndim != 3:
@@ -483,7 +500,7 @@ class Traveller(nn.Module):
         lstm = self.lstm_layers
         device = lstm.weight_hh_l0.device
         hc = ("[L, B, H]", (lstm.num_layers, batch_size, lstm.hidden_size))
-        expected = {"h": hc, "c": hc, "positions": ("[B, 2]", (batch_size, 2))}
+        expected = {"h": hc, "c": hc, "positions": ("[B, A]", (batch_size, self.num_assets))}
         for field, (names, shape) in expected.items():
             value = getattr(state, field)
             self._check_float_tensor(f"state.{field}", value)

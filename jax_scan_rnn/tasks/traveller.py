@@ -1,12 +1,25 @@
-"""Train and evaluate the Traveller on the Garleanu-Pedersen market (`data/trading.py`).
+"""Train and evaluate the Traveller: on the simulated Garleanu-Pedersen market (`data/trading.py`, the
+default), or on your own market data (`data/market_data.py`: .npz, .csv or .parquet).
 
     task = TravellerTask()                                   # defaults: a few minutes on a 2-core CPU
-    model, history = train(task, TrainConfig(steps=1000, learning_rate=3e-3), out_dir="runs/traveller")
+    model, history, _ = train(task, TrainConfig(steps=1000, learning_rate=3e-3), out_dir="runs/traveller")
     evaluate(model, task)    # {"optimal": .., "markowitz": .., "no_trade": .., "learned": .., "learned_over_optimal": ..}
 
-Objective "utility" maximises the market's net utility directly (no labels: the model discovers
-partial trading toward the aim portfolio because the cost term punishes turnover); objective "mse"
-regresses onto given target paths (here the optimal policy's), for users with labelled positions.
+    task = TravellerTask(data="prices.csv", feature_cols="ret_*,vol_*", return_cols="next_ret_*")
+    model, history, stats = train(task, cfg, out_dir="runs/mine")
+    data_table(model, read_data(task), stats)   # the test period: against buy-and-hold, Markowitz, no trade
+
+Objective "utility" maximises the net utility directly (no labels: the model discovers partial trading
+toward the aim portfolio because the cost term punishes turnover); objective "mse" regresses onto given
+target paths (here the optimal policy's, so only on the simulated market).
+
+On your own data the file is split by time into training, validation and test periods (never
+shuffled across time). Features are standardised with the training period's mean and std, and the
+return covariance Sigma of the objective is estimated from the training period unless given; both are
+saved with the checkpoint (`DataStats`), so evaluation and `run` read new data exactly as training did.
+Training draws random windows of `seq_len` steps from the training period, each from the zero state;
+evaluation runs every path once from its first step, so the state carries through the whole history,
+and scores only the period asked for.
 """
 from __future__ import annotations
 
@@ -22,40 +35,80 @@ from flax import nnx
 from jax_scan_rnn.compiled import jit
 from jax_scan_rnn.options import check, option
 from jax_scan_rnn.optional import require
-from jax_scan_rnn.data import trading
+from jax_scan_rnn.data import market_data, trading
 from jax_scan_rnn.train import TrainConfig, fit, restore_model
-from jax_scan_rnn.traveller import Traveller
+from jax_scan_rnn.traveller import Traveller, TravellerState
 
 OBJECTIVES = ("utility", "mse")
+# A rolling Markowitz baseline's look-back on real data: one year of daily bars.
+MARKOWITZ_WINDOW = 252
+_DATA_ONLY = ("feature_cols", "return_cols", "path_col", "covariance")
 
 
 @dataclass(frozen=True)
 class TravellerTask:
-    """Model size, data and objective of a Traveller training run (every field but `market` is a flag)."""
+    """Model size, market and objective of a Traveller training run (every field is a flag)."""
 
     hidden_size: int = option(32, "H of every LSTM layer", lo=1)
     num_layers: int = option(2, "stacked LSTM layers", lo=1)
     dropout: float = option(0.0, "inter-layer dropout (training only)", lo=0, hi=1, hi_open=True)
-    batch_size: int = option(64, "paths per optimiser step", lo=1)
-    seq_len: int = option(128, "steps per training path", lo=1)
-    objective: str = option("utility", "utility: maximise net utility; mse: fit the optimal policy's positions",
-                            choices=OBJECTIVES)
+    batch_size: int = option(64, "paths (windows, with --data) per optimiser step", lo=1)
+    seq_len: int = option(128, "steps per training path (window, with --data)", lo=1)
+    objective: str = option("utility", "utility: maximise net utility; mse: fit the optimal policy's positions "
+                            "(simulated market only)", choices=OBJECTIVES)
+    risk_aversion: float = option(3.0, "gamma of the utility x.r - gamma/2 x'Sigma x - lam/2 dx'Sigma dx", lo=0,
+                                  lo_open=True)
+    cost_scale: float = option(20.0, "lam of that utility: trading dx costs lam/2 dx'Sigma dx", lo=0)
+    num_assets: int | None = option(None, "assets of the simulated market (default 2, the seed's); with --data "
+                                    "the file's return columns, checked if given", lo=1)
+    data: str | None = option(None, "your own market: a .npz, .csv or .parquet file (default: the simulated "
+                              "market; format in jax_scan_rnn/data/market_data.py)")
+    feature_cols: str | None = option(None, "with a .csv/.parquet --data: feature columns, comma-separated names or "
+                                      "patterns such as 'vol_*'")
+    return_cols: str | None = option(None, "with a .csv/.parquet --data: return columns, one per asset: the return "
+                                     "earned by the position chosen at that row")
+    path_col: str | None = option(None, "with a .csv/.parquet --data: the column naming each row's path (several "
+                                  "paths of equal length)")
+    fill: str = option("error", "missing values in --data: error, or ffill, zero, drop (rows)",
+                       choices=market_data.FILLS)
+    valid_fraction: float = option(0.15, "with --data: the share of each path's steps, after the training period, "
+                                   "for validation", lo=0, hi=1, hi_open=True)
+    test_fraction: float = option(0.15, "with --data: the last share of each path's steps, held out for the test",
+                                  lo=0, hi=1, lo_open=True, hi_open=True)
+    covariance: str | None = option(None, "with --data: the return covariance Sigma [A, A] as .npy/.csv (default: "
+                                    "estimated from the training period)")
+    periods_per_year: float = option(252.0, "with --data: bars per year, to annualise the Sharpe ratio (252: daily)",
+                                     lo=0, lo_open=True)
     train_paths: int = option(8192, "simulated training paths, resampled every step", lo=1)
-    eval_paths: int = option(256, "held-out paths for evaluation", lo=1)
-    eval_steps: int = option(500, "steps per held-out path (longer than training: the policy must stay stable)",
-                             lo=1)
-    data_seed: int = option(1, "seed of the training market", lo=0)
-    eval_seed: int = option(999, "seed of the held-out market (never seen in training)", lo=0)
-    market: trading.MarketConfig = option(factory=trading.MarketConfig, help="the market's parameters", cli=False)
+    eval_paths: int = option(256, "simulated held-out paths for evaluation", lo=1)
+    eval_steps: int = option(500, "steps per simulated held-out path (longer than training: the policy must stay "
+                             "stable)", lo=1)
+    data_seed: int = option(1, "seed of the simulated training market", lo=0)
+    eval_seed: int = option(999, "seed of the simulated held-out market (never seen in training)", lo=0)
 
     def __post_init__(self):
         check(self)
-        if self.batch_size > self.train_paths:
-            raise ValueError(f"batch_size: expected at most train_paths={self.train_paths}, got {self.batch_size}")
+        if self.data is None:
+            given = [name for name in _DATA_ONLY if getattr(self, name) is not None]
+            if given:
+                raise ValueError(f"{given[0]}: expected only together with data=FILE (your own market), got "
+                                 f"{getattr(self, given[0])!r} without it")
+            if self.batch_size > self.train_paths:
+                raise ValueError(f"batch_size: expected at most train_paths={self.train_paths}, got {self.batch_size}")
+        elif self.objective == "mse":
+            raise ValueError("objective: expected 'utility' with data=FILE ('mse' fits the optimal policy, which "
+                             "only the simulated market knows), got 'mse'")
+
+    @property
+    def market(self) -> trading.MarketConfig:
+        """The simulated market (its other parameters are `MarketConfig`'s documented defaults)."""
+        return trading.MarketConfig(num_assets=self.num_assets or 2, gamma=self.risk_aversion, lam=self.cost_scale)
 
     def data_bytes(self) -> int:
         """Bytes the simulated training market takes while it is built (float64 signals, shocks and returns,
         then the float32 features, returns and targets kept): a bound to check before simulating."""
+        if self.data is not None:
+            return 0
         per_step = self.market.num_signals * 3 + 2 * self.market.num_assets + (self.market.num_signals + 4) // 2
         return self.train_paths * self.seq_len * per_step * 8
 
@@ -64,16 +117,100 @@ class TravellerTask:
 
     @classmethod
     def from_json(cls, data: dict) -> TravellerTask:
-        return cls(**{**data, "market": trading.MarketConfig(**data["market"])})
+        data = dict(data)
+        market = data.pop("market", None)  # runs saved before the objective was a set of flags
+        if market is not None:
+            data.update(num_assets=market["num_assets"], risk_aversion=market["gamma"], cost_scale=market["lam"])
+        return cls(**data)
 
 
-def build_model(task: TravellerTask, seed: int = 0) -> Traveller:
-    return Traveller(task.market.num_signals, task.hidden_size, task.num_layers, task.dropout, rngs=nnx.Rngs(seed))
+@dataclass(frozen=True)
+class DataStats:
+    """What training learned from your data's training period, saved with the checkpoint: the features'
+    standardisation, the objective (with its Sigma), the names, and the split of the training file."""
+
+    standardiser: market_data.Standardiser
+    objective: trading.Objective
+    asset_names: tuple[str, ...]
+    train_end: int  # the training period is steps [0, train_end), validation [train_end, valid_end)
+    valid_end: int  # and the test [valid_end, num_steps)
+    num_steps: int  # steps per path of the training file
+
+    def to_json(self) -> dict:
+        return {"standardiser": self.standardiser.to_json(), "objective": self.objective.to_json(),
+                "asset_names": list(self.asset_names), "train_end": self.train_end, "valid_end": self.valid_end,
+                "num_steps": self.num_steps}
+
+    @classmethod
+    def from_json(cls, data: dict) -> DataStats:
+        return cls(market_data.Standardiser.from_json(data["standardiser"]),
+                   trading.Objective.from_json(data["objective"]), tuple(data["asset_names"]),
+                   data["train_end"], data["valid_end"], data["num_steps"])
 
 
-def make_batch_fn(task: TravellerTask, seed: int = 0):
-    """`step -> batch`: a pure function of the step (what makes resumed runs exact). The training market is
-    `task.data_seed`'s; the batch order is seeded by `task.data_seed + seed` (the run's seed)."""
+def _columns(text: str | None) -> list[str] | None:
+    return None if text is None else [part.strip() for part in text.split(",") if part.strip()]
+
+
+def read_data(task: TravellerTask, path: str | None = None, *, returns: bool = True) -> market_data.MarketData:
+    """The task's data file (or `path`, read with the task's columns); `returns=False` for features only
+    (new data to trade on, whose future returns are not known yet)."""
+    try:
+        data = market_data.read(path or task.data, feature_cols=_columns(task.feature_cols),
+                                return_cols=_columns(task.return_cols) if returns else None,
+                                path_col=task.path_col, fill=task.fill, returns=returns)
+    except FileNotFoundError as err:
+        raise FileNotFoundError(f"data: {err}") from None
+    if returns and task.num_assets is not None and data.num_assets != task.num_assets:
+        raise ValueError(f"num_assets: expected the data's {data.num_assets} return columns "
+                         f"({', '.join(data.asset_names)}), got {task.num_assets}")
+    return data
+
+
+def fit_stats(task: TravellerTask, data: market_data.MarketData) -> DataStats:
+    """Standardisation and Sigma from the training period alone (nothing later leaks into training)."""
+    train_end, valid_end = market_data.time_split(data.num_steps, task.valid_fraction, task.test_fraction)
+    if task.seq_len > train_end:
+        raise ValueError(f"seq_len: expected at most the training period's {train_end} steps, got {task.seq_len}")
+    train = data.time_slice(0, train_end)
+    if task.covariance is None:
+        sigma = market_data.estimate_covariance(train.returns)
+    else:
+        try:
+            sigma = market_data.read_covariance(task.covariance, data.num_assets)
+        except FileNotFoundError as err:
+            raise FileNotFoundError(f"covariance: {err}") from None
+    return DataStats(market_data.Standardiser.fit(train.features, data.feature_names),
+                     trading.Objective(task.risk_aversion, task.cost_scale, sigma), data.asset_names,
+                     train_end, valid_end, data.num_steps)
+
+
+def build_model(task: TravellerTask, seed: int = 0, stats: DataStats | None = None) -> Traveller:
+    if stats is None:
+        inputs, assets = task.market.num_signals, task.market.num_assets
+    else:
+        inputs, assets = len(stats.standardiser.mean), stats.objective.num_assets
+    return Traveller(inputs, task.hidden_size, task.num_layers, task.dropout, num_assets=assets,
+                     rngs=nnx.Rngs(seed))
+
+
+def make_batch_fn(task: TravellerTask, seed: int = 0, data: market_data.MarketData | None = None,
+                  stats: DataStats | None = None):
+    """`step -> batch`: a pure function of the step (what makes resumed runs exact). The batch order is seeded
+    by `task.data_seed + seed` (the run's seed). Simulated market: `task.data_seed`'s pool of paths. Your data:
+    random windows of `seq_len` steps of the training period, features standardised."""
+    if task.data is not None:
+        features = stats.standardiser(data.features[:, : stats.train_end])
+        returns = data.returns[:, : stats.train_end].astype(np.float32)
+        windows = stats.train_end - task.seq_len + 1  # start steps per path
+
+        def window_fn(step: int) -> dict:
+            rng = np.random.default_rng((task.data_seed + seed, step))
+            path = rng.integers(data.num_paths, size=task.batch_size)[:, None]
+            steps = rng.integers(windows, size=task.batch_size)[:, None] + np.arange(task.seq_len)
+            return {"features": features[path, steps], "returns": returns[path, steps]}
+
+        return window_fn
     pool = trading.simulate(task.market, task.train_paths, task.seq_len, seed=task.data_seed)
     features = pool.features.astype(np.float32)
     returns = pool.returns.astype(np.float32)
@@ -90,12 +227,14 @@ def make_batch_fn(task: TravellerTask, seed: int = 0):
     return batch_fn
 
 
-def make_loss_fn(task: TravellerTask):
-    """`(model, batch) -> (loss, metrics)`: minus the mean per-step net utility, or the MSE to targets."""
+def make_loss_fn(task: TravellerTask, objective: trading.Objective | None = None):
+    """`(model, batch) -> (loss, metrics)`: minus the mean per-step net utility, or the MSE to targets.
+    `objective`: your data's (`DataStats.objective`); default the simulated market's."""
+    objective = task.market.objective if objective is None else objective
 
     def loss_fn(model: Traveller, batch: dict):
         positions, _ = model(batch["features"])
-        utility = trading.net_utility(positions, batch["returns"], task.market).mean()
+        utility = trading.net_utility(positions, batch["returns"], objective).mean()
         if task.objective == "utility":
             return -utility, {"utility": utility}
         return trading.supervised_mse(positions, batch["targets"]), {"utility": utility}
@@ -107,18 +246,49 @@ def held_out_market(task: TravellerTask) -> trading.Market:
     return trading.simulate(task.market, task.eval_paths, task.eval_steps, seed=task.eval_seed)
 
 
-def _positions(model: Traveller, features: jax.Array) -> jax.Array:
-    """Positions `[B, T, 2]` for `features [B, T, F]`, through the one compiled call (`jsr.jit`, which keeps
-    its compiled functions per model, so the evaluations during training compile once)."""
-    return jit(model)(features)[0]
+def positions(model: Traveller, features, state: TravellerState | None = None) -> tuple[np.ndarray, TravellerState]:
+    """`(positions [N, T, A], state after the last step)` for model-ready `features [N, T, F]`, from `state`
+    (None: the zero state), through the one compiled call (`jsr.jit`, which keeps its compiled functions per
+    model, so the evaluations during training compile once)."""
+    model.eval()
+    out, state = jit(model)(jnp.asarray(features, jnp.float32), state)
+    return np.asarray(out), state
+
+
+def _period(stats: DataStats, num_steps: int, period: str) -> tuple[int, int]:
+    bounds = {"train": (0, stats.train_end), "valid": (stats.train_end, stats.valid_end),
+              "test": (stats.valid_end, num_steps), "all": (0, num_steps)}
+    if period not in bounds:
+        raise ValueError(f"period: expected one of {', '.join(bounds)}, got {period!r}")
+    start, stop = bounds[period]
+    if stop <= start:
+        raise ValueError(f"period: the {period} period is empty (steps {start} to {stop})")
+    return start, stop
+
+
+def data_table(model: Traveller, data: market_data.MarketData, stats: DataStats, period: str = "test",
+               periods_per_year: float = 252) -> dict:
+    """Every policy on one period of your data: the Traveller (run over each whole path from its first step,
+    its state carried through) against buy-and-hold, a rolling Markowitz and no trading, each scored by
+    `trading.performance` from the position it held just before the period."""
+    start, stop = _period(stats, data.num_steps, period)
+    learned, _ = positions(model, stats.standardiser(data.features))
+    runs = {"learned": learned, "buy_and_hold": trading.buy_and_hold_policy(data.returns),
+            "rolling_markowitz": trading.rolling_markowitz_policy(data.returns, stats.objective, MARKOWITZ_WINDOW),
+            "no_trade": np.zeros_like(data.returns)}
+    scores = {name: trading.performance(x[:, start:stop], data.returns[:, start:stop], stats.objective,
+                                        previous=x[:, start - 1] if start else None,
+                                        periods_per_year=periods_per_year)
+              for name, x in runs.items()}
+    return {"period": period, "steps": [start, stop], "paths": data.num_paths, "policies": scores}
 
 
 def evaluate(model: Traveller, task: TravellerTask, market: trading.Market | None = None) -> dict[str, float]:
-    """Out-of-sample mean per-step net utility of the model and of the optimal/Markowitz/no-trade policies."""
+    """Simulated market: out-of-sample mean per-step net utility of the model and of the optimal, Markowitz
+    and no-trade policies (`data_table` is the table for your own data)."""
     market = held_out_market(task) if market is None else market
-    model.eval()
-    positions = _positions(model, jnp.asarray(market.features, jnp.float32))
-    return trading.utility_table(task.market, market, np.asarray(positions))
+    learned, _ = positions(model, market.features)
+    return trading.utility_table(task.market, market, learned)
 
 
 def train(
@@ -128,45 +298,95 @@ def train(
     *,
     resume: bool = False,
     callback=None,
+    init_from: str | Path | None = None,
+    data: market_data.MarketData | None = None,
     **fit_kwargs,
 ):
-    """Train a fresh Traveller (or resume `out_dir`); returns `(model, history)`.
+    """Train a fresh Traveller (or resume `out_dir`); returns `(model, history, stats)`, `stats` the
+    `DataStats` of your data (None on the simulated market).
 
-    `cfg.seed` is the run's one seed: the initialisation, the dropout stream and the batch order."""
+    `cfg.seed` is the run's one seed: the initialisation, the dropout stream and the batch order.
+    `init_from`: a PyTorch state_dict file (`.pt`, `.pth`, `.safetensors`) of `torch_ref.Traveller` or the
+    seed's own class to start from instead of a random initialisation (a resumed run starts from its
+    checkpoint). `data`: `read_data(task)` when already read (else it is read here)."""
     seed = cfg.seed
-    model = build_model(task, seed)
-    market = held_out_market(task)
+    metadata = {"model": "traveller", "task": task.to_json(), "seed": seed}
+    if task.data is None:
+        data = stats = None
+        model = build_model(task, seed)
+        market = held_out_market(task)
 
-    def eval_fn(m: Traveller) -> dict[str, float]:
-        table = evaluate(m, task, market)
-        return {"utility": table["learned"], "over_optimal": table["learned_over_optimal"]}
+        def eval_fn(m: Traveller) -> dict[str, float]:
+            table = evaluate(m, task, market)
+            return {"utility": table["learned"], "over_optimal": table["learned_over_optimal"]}
+    else:
+        data = read_data(task) if data is None else data
+        stats = fit_stats(task, data)
+        metadata["data_stats"] = stats.to_json()
+        model = build_model(task, seed, stats)
+        period = "valid" if stats.valid_end > stats.train_end else "train"
 
+        def eval_fn(m: Traveller) -> dict[str, float]:
+            learned = data_table(m, data, stats, period, task.periods_per_year)["policies"]["learned"]
+            return {"utility": learned["utility"], "sharpe": learned["sharpe"] or 0.0}
+    if init_from is not None:
+        metadata["init_from"] = load_init(model, init_from)
     history = fit(
         model,
-        make_loss_fn(task),
-        make_batch_fn(task, seed),
+        make_loss_fn(task, None if stats is None else stats.objective),
+        make_batch_fn(task, seed, data, stats),
         cfg,
         out_dir=out_dir,
         eval_fn=eval_fn,
         resume=resume,
         callback=callback,
-        metadata={"model": "traveller", "task": task.to_json(), "seed": seed},
+        metadata=metadata,
         **fit_kwargs,
     )
-    return model, history
+    return model, history, stats
 
 
-def load(out_dir: str | Path, step: int | None = None) -> tuple[Traveller, TravellerTask]:
-    """Rebuild the model of a training run from its checkpoint's metadata and load its weights."""
+def load_init(model: Traveller, path: str | Path) -> dict:
+    """Load a PyTorch state_dict file into `model`; returns {path, sha256} for the run's metadata."""
+    import hashlib
+
+    from jax_scan_rnn.convert import load_safetensors, load_torch_state_dict
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"init_from: no file at {path}")
+    if path.suffix == ".safetensors":
+        state_dict = load_safetensors(path)
+    elif path.suffix in (".pt", ".pth"):
+        torch = require("torch", "reading a .pt state_dict")
+        try:
+            state_dict = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:  # pickle and zip errors of every kind: the file is the problem
+            raise ValueError(f"init_from: {path} is not a readable torch state_dict ({type(err).__name__}: {err})") from None
+    else:
+        raise ValueError(f"init_from: expected a .pt, .pth or .safetensors file, got {path.name}")
+    try:
+        load_torch_state_dict(model, state_dict)
+    except (KeyError, ValueError, TypeError) as err:
+        message = err.args[0] if isinstance(err, KeyError) else str(err)
+        raise ValueError(f"init_from: {path} does not fit this model ({message}); its sizes must match "
+                         "hidden_size, num_layers and the data's features and assets") from None
+    return {"path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
+def load(out_dir: str | Path, step: int | None = None) -> tuple[Traveller, TravellerTask, DataStats | None]:
+    """Rebuild the model of a training run from its checkpoint's metadata and load its weights; also the
+    task and, for a run on your data, its `DataStats`."""
     from jax_scan_rnn import checkpoint
 
     meta = checkpoint.read_metadata(Path(out_dir) / "checkpoints", step)
     if meta.get("model") != "traveller":
         raise ValueError(f"checkpoint: expected a Traveller run, got model {meta.get('model')!r} in {out_dir}")
     task = TravellerTask.from_json(meta["task"])
-    model = build_model(task, meta.get("seed", 0))
+    stats = DataStats.from_json(meta["data_stats"]) if "data_stats" in meta else None
+    model = build_model(task, meta.get("seed", 0), stats)
     restore_model(out_dir, model, step)
-    return model, task
+    return model, task, stats
 
 
 def plot_positions(model: Traveller, task: TravellerTask, path: str | Path, *, steps: int = 200) -> Path:
@@ -175,20 +395,62 @@ def plot_positions(model: Traveller, task: TravellerTask, path: str | Path, *, s
     import matplotlib.pyplot as plt
 
     market = trading.simulate(task.market, 1, steps, seed=task.eval_seed)
-    model.eval()
-    learned = np.asarray(_positions(model, jnp.asarray(market.features, jnp.float32)))[0]
+    learned = positions(model, market.features)[0][0]
     optimal = trading.optimal_policy(task.market, market.signals)[0]
     markowitz = trading.markowitz_policy(task.market, market.signals)[0]
-    fig, axes = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
-    for asset, ax in enumerate(axes):
+    shown = min(task.market.num_assets, 4)
+    fig, axes = plt.subplots(shown, 1, figsize=(10, 1.2 + 2.4 * shown), sharex=True, squeeze=False)
+    for asset, ax in enumerate(axes[:, 0]):
         ax.plot(markowitz[:, asset], color="0.75", lw=0.8, label="Markowitz (ignores costs)")
         ax.plot(optimal[:, asset], color="k", lw=1.5, label="optimal (Garleanu-Pedersen)")
         ax.plot(learned[:, asset], color="tab:red", lw=1.2, ls="--", label="Traveller (learned)")
         ax.set_ylabel(f"position, asset {asset}")
         ax.set_ylim(-1.05, 1.05)
-    axes[0].legend(loc="upper right", fontsize=8)
-    axes[-1].set_xlabel("step")
-    fig.suptitle("Held-out path: learned positions vs the optimal policy")
+    axes[0, 0].legend(loc="upper right", fontsize=8)
+    axes[-1, 0].set_xlabel("step")
+    title = "Held-out path: learned positions vs the optimal policy"
+    fig.suptitle(title + (f" (first {shown} of {task.market.num_assets} assets)" if shown < task.market.num_assets else ""))
+    return _save(fig, path)
+
+
+def plot_data(model: Traveller, data: market_data.MarketData, stats: DataStats, path: str | Path,
+              period: str = "test") -> Path:
+    """PNG of one period of your data (first path): each policy's cumulative net return (gross return minus
+    trading costs) and the Traveller's positions against the rolling Markowitz's."""
+    require("matplotlib", "the positions plot").use("Agg")
+    import matplotlib.pyplot as plt
+
+    start, stop = _period(stats, data.num_steps, period)
+    r = data.returns[:1]
+    runs = {"Traveller (learned)": positions(model, stats.standardiser(data.features[:1]))[0],
+            "buy and hold": trading.buy_and_hold_policy(r),
+            f"rolling Markowitz ({MARKOWITZ_WINDOW})": trading.rolling_markowitz_policy(r, stats.objective, MARKOWITZ_WINDOW),
+            "no trading": np.zeros_like(r)}
+    shown = min(len(stats.asset_names), 3)
+    fig, axes = plt.subplots(1 + shown, 1, figsize=(10, 3.2 + 2.2 * shown), sharex=True, squeeze=False)
+    axes = axes[:, 0]
+    steps = np.arange(start, stop)
+    for (name, x), color in zip(runs.items(), ("tab:red", "tab:blue", "0.6", "k")):
+        trades = np.diff(x[0], axis=0, prepend=np.zeros((1, x.shape[-1])))
+        cost = 0.5 * stats.objective.lam * np.einsum("ti,ij,tj->t", trades, stats.objective.Sigma, trades)
+        net = (x[0] * r[0]).sum(-1) - cost
+        axes[0].plot(steps, np.cumsum(net[start:stop]), color=color, lw=1.2, label=name)
+        if name.startswith(("Traveller", "rolling")):
+            for asset in range(shown):
+                axes[1 + asset].plot(steps, x[0, start:stop, asset], color=color, lw=1.0, label=name)
+    axes[0].set_ylabel("cumulative net return")
+    axes[0].legend(loc="upper left", fontsize=8)
+    for asset in range(shown):
+        axes[1 + asset].set_ylabel(f"position, {stats.asset_names[asset]}")
+        axes[1 + asset].set_ylim(-1.05, 1.05)
+    axes[-1].set_xlabel(f"step ({period} period of path 0)")
+    fig.suptitle(f"{period} period: net of the cost model lam/2 dx'Sigma dx, lam = {stats.objective.lam:g}")
+    return _save(fig, path)
+
+
+def _save(fig, path: str | Path) -> Path:
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -197,7 +459,18 @@ def plot_positions(model: Traveller, task: TravellerTask, path: str | Path, *, s
     return path
 
 
-def format_table(table: dict[str, float]) -> str:
+def format_table(table: dict) -> str:
+    """The simulated market's table (utility against the known optimum) or your data's (`data_table`)."""
+    if "policies" in table:
+        names = {"learned": "Traveller (learned)", "buy_and_hold": "buy and hold",
+                 "rolling_markowitz": f"rolling Markowitz ({MARKOWITZ_WINDOW})", "no_trade": "no trading"}
+        lines = [f"{'policy':<24} {'utility/step':>12} {'return/step':>12} {'cost/step':>10} {'turnover':>9} "
+                 f"{'Sharpe':>7}"]
+        for key, row in table["policies"].items():
+            sharpe = "n/a" if row["sharpe"] is None else f"{row['sharpe']:.2f}"
+            lines.append(f"{names[key]:<24} {row['utility']:>12.3e} {row['return']:>12.3e} {row['cost']:>10.2e} "
+                         f"{row['turnover']:>9.4f} {sharpe:>7}")
+        return "\n".join(lines)
     rows = [("optimal (closed form)", table["optimal"]), ("Markowitz (myopic)", table["markowitz"]),
             ("no trading", table["no_trade"])]
     if "learned" in table:
@@ -208,5 +481,5 @@ def format_table(table: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
-def save_table(table: dict[str, float], path: str | Path) -> None:
+def save_table(table: dict, path: str | Path) -> None:
     Path(path).write_text(json.dumps(table, indent=2) + "\n")

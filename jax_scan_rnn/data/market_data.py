@@ -1,0 +1,411 @@
+"""Read, check, split and standardise a user's own time-ordered market data (numpy only).
+
+Convention: N paths of T steps. `features[:, t]` is what the model reads at step t; `returns[:, t]` is the
+return EARNED BY THE POSITION CHOSEN AT t, i.e. the NEXT period's return (as the simulated `Market.returns`).
+In a CSV, row t holds the features known at t and the return from t to t+1:
+
+    date,mom_20,ret_spx          # ret_spx on row 2024-01-02 is the return from 01-02 to 01-03
+    2024-01-02,0.31,0.0110
+    2024-01-03,-0.12,-0.0040
+
+A price file usually has the return UP TO t on row t (close[t] / close[t-1] - 1): shift that column up by
+one row (ret_next[t] = ret[t + 1]) and drop the last row, which has no next return. Unshifted, the position
+chosen at t would be paid a return already realised at t: look-ahead, and a backtest too good to be true.
+
+Formats of `read`:
+    .npz      arrays features [N, T, F] and returns [N, T, A]; optional feature_names [F], asset_names [A]
+    .csv      header row, comma separated, rows in time order (stdlib `csv`)
+    .parquet  the same table as a CSV (needs pyarrow: pip install 'jax-scan-rnn[parquet]')
+For a table, `feature_cols` / `return_cols` select columns by exact name or fnmatch pattern ("ret_*"), in
+the file's column order; `path_col` groups rows into paths, in order of first appearance (default: the
+whole file is one path), and is never a feature or a return.
+
+Missing values (empty cell, "nan"/"NA", parquet null, NaN in npz) follow `fill`:
+    error  (default) refuse, naming the first one;   ffill  carry the path's last value forward;
+    zero   replace by 0;   drop  drop the steps with any missing value, per path (paths must stay equal).
+An infinite value is always an error: it is a data bug, not a gap.
+
+`time_split` cuts contiguous train/valid/test periods (never shuffled). Fit `Standardiser` on the training
+period only and apply it to every period, so no statistic looks ahead. A slice [a, b) ends with the return
+realised at step b, which is known when step b begins: the next period's labels do not overlap it.
+"""
+from __future__ import annotations
+
+import csv
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from fnmatch import fnmatchcase
+from pathlib import Path
+
+import numpy as np
+
+from jax_scan_rnn import validate
+from jax_scan_rnn.optional import require
+
+FILLS = ("error", "ffill", "zero", "drop")
+SUFFIXES = (".npz", ".csv", ".parquet")
+_MISSING = ("", "nan", "na")  # compared lower-cased, after stripping blanks
+
+
+@dataclass(frozen=True)
+class MarketData:
+    """Time-ordered market data: N paths of T steps (see the module docstring for the alignment)."""
+
+    features: np.ndarray  # [N, T, F] float64: what the model reads at step t
+    returns: np.ndarray  # [N, T, A] float64: the return earned by the position chosen at t (next period's)
+    feature_names: tuple[str, ...]
+    asset_names: tuple[str, ...]
+
+    def __post_init__(self):
+        x, r = np.asarray(self.features, np.float64), np.asarray(self.returns, np.float64)
+        if x.ndim != 3 or r.ndim != 3 or x.shape[:2] != r.shape[:2]:
+            raise ValueError(f"features, returns: expected [N, T, F] and [N, T, A], got {x.shape} and {r.shape}")
+        if len(self.feature_names) != x.shape[2] or len(self.asset_names) != r.shape[2]:
+            raise ValueError(f"feature_names, asset_names: expected {x.shape[2]} and {r.shape[2]} names, got "
+                             f"{len(self.feature_names)} and {len(self.asset_names)}")
+        for name, value in (("features", x), ("returns", r), ("feature_names", tuple(self.feature_names)),
+                            ("asset_names", tuple(self.asset_names))):
+            object.__setattr__(self, name, value)
+
+    num_paths = property(lambda self: self.features.shape[0])
+    num_steps = property(lambda self: self.features.shape[1])
+    num_features = property(lambda self: self.features.shape[2])
+    num_assets = property(lambda self: self.returns.shape[2])
+
+    def time_slice(self, start: int, stop: int) -> MarketData:
+        """Steps [start, stop) of every path (views, not copies); an empty slice (start == stop) is allowed."""
+        validate.integer("start", start, lo=0, hi=self.num_steps)
+        validate.integer("stop", stop, lo=start, hi=self.num_steps)
+        return replace(self, features=self.features[:, start:stop], returns=self.returns[:, start:stop])
+
+
+def read(path, *, feature_cols: Sequence[str] | None = None, return_cols: Sequence[str] | None = None,
+         path_col: str | None = None, fill: str = "error", returns: bool = True) -> MarketData:
+    """Read a .npz, .csv or .parquet file into `MarketData` (formats and `fill` in the module docstring).
+
+    `returns=False` reads the features alone (new bars to trade on, whose next returns are not known yet):
+    `return_cols` must then be None, an npz needs no 'returns', and `MarketData.returns` is `[N, T, 0]`."""
+    validate.choice("fill", fill, FILLS)
+    if not returns and return_cols is not None:
+        raise ValueError(f"return_cols: expected None when reading features alone (returns=False), got {return_cols!r}")
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in SUFFIXES:
+        raise ValueError(f"{path.name}: unsupported suffix {suffix!r}; expected one of {', '.join(SUFFIXES)}")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    given = {"feature_cols": feature_cols, "return_cols": return_cols, "path_col": path_col}
+    if suffix == ".npz":
+        for arg, value in given.items():
+            if value is not None:
+                raise ValueError(f"{arg}: only for .csv/.parquet files, got {value!r} with {path.name}")
+        return _read_npz(path, fill, returns)
+    for arg in ("feature_cols", "return_cols") if returns else ("feature_cols",):
+        if given[arg] is None:
+            raise ValueError(f"{arg}: required to read {path.name} (column names or patterns such as 'ret_*')")
+    columns, get, where = _read_csv(path) if suffix == ".csv" else _read_parquet(path)
+    if len(set(columns)) < len(columns):
+        duplicates = sorted({c for c in columns if columns.count(c) > 1})
+        raise ValueError(f"{path.name}: duplicate column names {duplicates}")
+    if path_col is not None and path_col not in columns:
+        raise ValueError(f"path_col: no column {path_col!r} in {path.name}; its columns are {_listing(columns)}")
+    features = _select("feature_cols", feature_cols, columns, path_col, path.name)
+    targets = _select("return_cols", return_cols, columns, path_col, path.name) if returns else []
+    both = [c for c in features if c in targets]
+    if both:
+        raise ValueError(f"return_cols: {both} also selected by feature_cols; a feature must be known when the "
+                         f"position is chosen, a return column is the future")
+    names = features + targets
+    matrix = np.stack([_to_float(path.name, c, get(c), where) for c in names], axis=1)  # [R, C]
+    if path_col is None:
+        ids, labels = np.zeros(len(matrix), np.int64), ["(whole file)"]
+    else:
+        index: dict = {}
+        ids = np.array([index.setdefault(k, len(index)) for k in get(path_col)], np.int64)
+        labels = list(index)
+    cells = [f"column {c!r}" for c in names]
+    return _assemble(path.name, matrix, ids, labels, where, cells, names, len(features), fill)
+
+
+def time_split(num_steps: int, valid_fraction: float, test_fraction: float) -> tuple[int, int]:
+    """(train_end, valid_end): periods [0, train_end), [train_end, valid_end), [valid_end, num_steps).
+
+    Each size is its fraction of num_steps, rounded to nearest (halves up); the train period gets the rest.
+    valid_fraction == 0 gives an empty validation period (train_end == valid_end); any positive fraction must
+    give at least 1 step, test at least 1 step and train at least 2, else ValueError.
+    """
+    validate.integer("num_steps", num_steps, lo=1)
+    validate.real("valid_fraction", valid_fraction, lo=0, hi=1, hi_open=True)
+    validate.real("test_fraction", test_fraction, lo=0, hi=1, lo_open=True, hi_open=True)
+    num_valid, num_test = int(num_steps * valid_fraction + 0.5), int(num_steps * test_fraction + 0.5)
+    for arg, fraction, size in (("valid_fraction", valid_fraction, num_valid),
+                                ("test_fraction", test_fraction, num_test)):
+        if fraction > 0 and size < 1:
+            raise ValueError(f"{arg}: {fraction} of {num_steps} steps is {size} steps; the period needs at least 1")
+    num_train = num_steps - num_valid - num_test
+    if num_train < 2:
+        raise ValueError(f"valid_fraction, test_fraction: {valid_fraction} and {test_fraction} of {num_steps} steps "
+                         f"({num_valid} + {num_test}) leave {num_train} training steps; training needs at least 2")
+    return num_train, num_train + num_valid
+
+
+@dataclass(frozen=True)
+class Standardiser:
+    """Per-feature (x - mean) / std, with statistics fitted on the training period only."""
+
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    names: tuple[str, ...]
+
+    def __post_init__(self):
+        mean, std, names = tuple(map(float, self.mean)), tuple(map(float, self.std)), tuple(map(str, self.names))
+        if not len(mean) == len(std) == len(names):
+            raise ValueError(f"standardiser: mean, std, names have lengths {len(mean)}, {len(std)}, {len(names)}")
+        if not (np.isfinite(mean).all() and np.isfinite(std).all() and min(std, default=1) > 0):
+            raise ValueError(f"standardiser: expected finite means and positive finite stds, got {mean}, {std}")
+        for name, value in (("mean", mean), ("std", std), ("names", names)):
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def fit(cls, features: np.ndarray, names: Sequence[str]) -> Standardiser:
+        """Mean and (population) std of each feature of `features` [N, T, F], over N and T."""
+        x = np.asarray(features, np.float64)
+        names = tuple(names)
+        if x.ndim != 3 or x.shape[2] != len(names) or x.shape[0] * x.shape[1] == 0:
+            raise ValueError(f"features: expected a non-empty [N, T, {len(names)}] array, got shape {x.shape}")
+        mean, std = x.mean(axis=(0, 1)), x.std(axis=(0, 1))
+        # max == min as well: a constant's std is round-off (~1e-17), not 0, so `std == 0` alone misses it
+        bad = ~np.isfinite(std) | (std == 0) | (x.max(axis=(0, 1)) == x.min(axis=(0, 1)))
+        if bad.any():
+            i = int(np.argmax(bad))
+            # Named after the option that selects features, which is where the fix goes.
+            raise ValueError(f"feature_cols: {names[i]!r} is constant or not finite over the training period (std "
+                             f"{std[i]:g}); it cannot be standardised, so leave it out of feature_cols")
+        return cls(tuple(mean), tuple(std), names)
+
+    def __call__(self, features: np.ndarray) -> np.ndarray:
+        """features [..., F] -> standardised [..., F] float32."""
+        x = np.asarray(features, np.float64)
+        if x.ndim == 0 or x.shape[-1] != len(self.mean):
+            raise ValueError(f"features: expected {len(self.mean)} features {self.names} on the last axis, "
+                             f"got shape {x.shape}")
+        return ((x - np.array(self.mean)) / np.array(self.std)).astype(np.float32)
+
+    def to_json(self) -> dict:
+        return {"mean": list(self.mean), "std": list(self.std), "names": list(self.names)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> Standardiser:
+        missing = [k for k in ("mean", "std", "names") if k not in d]
+        if missing:
+            raise ValueError(f"standardiser: missing keys {missing} in {sorted(d)}")
+        return cls(tuple(d["mean"]), tuple(d["std"]), tuple(d["names"]))
+
+
+def estimate_covariance(returns: np.ndarray) -> np.ndarray:
+    """returns [N, T, A] -> [A, A] sample covariance (ddof 1) of all N * T return vectors."""
+    r = np.asarray(returns, np.float64)
+    if r.ndim != 3 or r.shape[1] < 2:
+        raise ValueError(f"returns: expected [N, T, A] with at least 2 steps, got shape {r.shape}")
+    if not np.isfinite(r).all():
+        raise ValueError(f"returns: {validate.first_bad('returns', r, ~np.isfinite(r), 'entries')} is not finite")
+    cov = np.cov(r.reshape(-1, r.shape[2]), rowvar=False).reshape(r.shape[2], r.shape[2])
+    _check_positive_definite("return_cols: the sample covariance of the training period's returns", cov)
+    return cov
+
+
+def read_covariance(path, num_assets: int) -> np.ndarray:
+    """An [A, A] covariance matrix from a .npy file or a headerless .csv; returned symmetrised, (C + C.T) / 2."""
+    validate.integer("num_assets", num_assets, lo=1)
+    path = Path(path)
+    if path.suffix.lower() not in (".npy", ".csv"):
+        raise ValueError(f"{path.name}: unsupported suffix {path.suffix!r}; expected .npy or .csv")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    if path.suffix.lower() == ".npy":
+        m = _numeric(path.name, lambda: np.load(path, allow_pickle=False))
+    else:
+        m = []
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            reader = csv.reader(f)
+            for row in filter(None, reader):
+                try:
+                    m.append([float(cell) for cell in row])
+                except ValueError:
+                    raise ValueError(f"{path.name}: line {reader.line_num}: expected numbers (a headerless CSV), "
+                                     f"got {row}") from None
+        if len({len(row) for row in m}) > 1:
+            raise ValueError(f"{path.name}: rows of different lengths {[len(row) for row in m]}")
+    m = np.asarray(m, np.float64)
+    if m.shape != (num_assets, num_assets):
+        raise ValueError(f"{path.name}: expected a [{num_assets}, {num_assets}] covariance (num_assets={num_assets}), "
+                         f"got shape {m.shape}")
+    if not np.isfinite(m).all():
+        raise ValueError(f"{path.name}: {validate.first_bad('C', m, ~np.isfinite(m), 'entries')} is not finite")
+    asymmetry = np.abs(m - m.T).max()
+    if asymmetry > 1e-8 * np.abs(m).max():
+        raise ValueError(f"{path.name}: not symmetric (|C - C.T| up to {asymmetry:.3g}, "
+                         f"largest |C| {np.abs(m).max():.3g})")
+    m = (m + m.T) / 2
+    _check_positive_definite(f"{path.name}: the covariance", m)
+    return m
+
+
+# --- helpers -------------------------------------------------------------------------------------------
+
+
+def _read_npz(path: Path, fill: str, returns: bool = True) -> MarketData:
+    with np.load(path, allow_pickle=False) as z:
+        for key in ("features", "returns") if returns else ("features",):
+            if key not in z.files:
+                raise ValueError(f"{path.name}: no array {key!r}; it has {z.files}")
+        x = _numeric(f"{path.name}: array 'features'", lambda: z["features"])
+        if returns:
+            r = _numeric(f"{path.name}: array 'returns'", lambda: z["returns"])
+        else:
+            r = np.zeros(x.shape[:2] + (0,)) if x.ndim == 3 else np.zeros((0, 0, 0))
+        if x.ndim != 3 or r.ndim != 3 or x.shape[:2] != r.shape[:2] or 0 in x.shape + r.shape[: 3 if returns else 2]:
+            raise ValueError(f"{path.name}: 'features' and 'returns' must be non-empty [N, T, F] and [N, T, A] with "
+                             f"the same N and T; got features {x.shape}, returns {r.shape}")
+        names = []
+        for key, size, prefix in (("feature_names", x.shape[2], "feature"), ("asset_names", r.shape[2], "asset")):
+            given = [str(s) for s in z[key].reshape(-1)] if key in z.files else [f"{prefix}_{i}" for i in range(size)]
+            if len(given) != size:
+                raise ValueError(f"{path.name}: {key!r} has {len(given)} names for {size} columns "
+                                 f"(features {x.shape}, returns {r.shape})")
+            names.append(given)
+    n, t, num_features = x.shape
+    cells = [f"features {s!r}" for s in names[0]] + [f"returns {s!r}" for s in names[1]]
+    return _assemble(path.name, np.concatenate([x, r], axis=2).reshape(n * t, -1), np.repeat(np.arange(n), t),
+                     list(range(n)), lambda i: f"path {i // t}, step {i % t}", cells, names[0] + names[1],
+                     num_features, fill)
+
+
+def _read_csv(path: Path):
+    """(columns, get(name) -> [R] cells, where(row) -> "row r (line l)") of a CSV file."""
+    with open(path, newline="", encoding="utf-8-sig") as f:  # -sig: Excel writes a byte-order mark
+        reader = csv.reader(f)
+        header = [h.strip() for h in next(reader, [])]
+        rows, lines = [], []
+        for row in filter(None, reader):  # skips blank lines
+            if len(row) != len(header):
+                raise ValueError(f"{path.name}: line {reader.line_num} has {len(row)} fields, the header {len(header)}")
+            rows.append(row)
+            lines.append(reader.line_num)
+    if not rows:
+        raise ValueError(f"{path.name}: no data rows (expected a header row, then one row per time step)")
+    columns = dict(zip(header, zip(*rows)))
+    return header, columns.__getitem__, lambda i: f"row {i + 1} (line {lines[i]})"
+
+
+def _read_parquet(path: Path):
+    """(columns, get(name) -> [R] float64 or cells, where(row) -> "row r") of a parquet file."""
+    pq = require("pyarrow.parquet", "reading .parquet files")
+    import pyarrow as pa  # importable: pyarrow.parquet was
+
+    table = pq.read_table(path)
+    if table.num_rows == 0:
+        raise ValueError(f"{path.name}: no data rows")
+
+    def get(name):
+        col = table.column(name)
+        if pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_decimal(col.type):
+            return col.cast(pa.float64()).to_numpy()  # nulls -> NaN
+        return col.to_pylist()  # text to parse, or the path ids
+
+    return table.column_names, get, lambda i: f"row {i + 1}"
+
+
+def _to_float(file: str, name: str, cells, where: Callable[[int], str]) -> np.ndarray:
+    """[R] cells -> [R] float64, NaN where missing; a cell that is not a number is an error naming its row."""
+    if isinstance(cells, np.ndarray):
+        return cells
+    out = np.empty(len(cells))
+    for i, cell in enumerate(cells):
+        text = "" if cell is None else str(cell).strip()
+        try:
+            out[i] = np.nan if text.lower() in _MISSING else float(text)
+        except ValueError:
+            raise ValueError(f"{file}: column {name!r}, {where(i)}: expected a number, got {cell!r}") from None
+    return out
+
+
+def _numeric(what: str, load: Callable[[], np.ndarray]) -> np.ndarray:
+    """The array `load()` returns, as float64, if it holds real numbers (ints or floats, not bools)."""
+    try:
+        a = np.asarray(load())
+    except ValueError:  # an object array, which allow_pickle=False refuses to load
+        raise ValueError(f"{what} is not numeric (dtype object)") from None
+    if not (np.issubdtype(a.dtype, np.integer) or np.issubdtype(a.dtype, np.floating)):
+        raise ValueError(f"{what} is not numeric (dtype {a.dtype})")
+    return a.astype(np.float64)
+
+
+def _assemble(file: str, matrix: np.ndarray, ids: np.ndarray, labels: list, where: Callable[[int], str],
+              cells: list[str], names: list[str], num_features: int, fill: str) -> MarketData:
+    """matrix [R, C] (feature then return columns, NaN = missing), ids [R] its rows' paths 0..N-1 -> MarketData."""
+    inf = np.isinf(matrix)
+    if inf.any():
+        i, c = np.argwhere(inf)[0]  # row-major: the first in file order
+        raise ValueError(f"{file}: {cells[c]}, {where(i)}: {matrix[i, c]} is not finite "
+                         f"(a data error, not a missing value)")
+    missing = np.isnan(matrix)
+    if fill == "error" and missing.any():
+        i, c = np.argwhere(missing)[0]
+        raise ValueError(f"{file}: {cells[c]}, {where(i)}: missing value ({missing.sum()} missing in total) "
+                         f"(or choose a --fill policy: ffill, zero, drop)")
+    if fill == "zero":
+        matrix = np.nan_to_num(matrix, nan=0.0)
+    order = np.argsort(ids, kind="stable")  # rows grouped by path, file order kept within each
+    blocks = []
+    for rows in np.split(order, np.cumsum(np.bincount(ids))[:-1]):
+        block = matrix[rows]
+        if fill == "ffill":
+            last = np.where(np.isnan(block), 0, np.arange(len(block))[:, None])
+            block = block[np.maximum.accumulate(last, axis=0), np.arange(block.shape[1])]
+            if np.isnan(block).any():
+                t, c = np.argwhere(np.isnan(block))[0]
+                raise ValueError(f"{file}: {cells[c]}, {where(rows[t])}: missing value with no earlier value in its "
+                                 f"path to carry forward (fill='ffill')")
+        elif fill == "drop":
+            block = block[~np.isnan(block).any(axis=1)]
+        blocks.append(block)
+    lengths = [len(b) for b in blocks]
+    after = " after fill='drop'" if fill == "drop" else ""
+    if len(set(lengths)) > 1:
+        shown = ", ".join(f"{label!r}: {n}" for label, n in list(zip(labels, lengths))[:10])
+        raise ValueError(f"{file}: all paths must have the same number of rows{after}; got {shown}"
+                         f"{' ...' if len(labels) > 10 else ''} ({len(labels)} paths)")
+    if lengths[0] == 0:
+        raise ValueError(f"{file}: no rows left{after}")
+    data = np.stack(blocks)
+    return MarketData(data[..., :num_features], data[..., num_features:], tuple(names[:num_features]),
+                      tuple(names[num_features:]))
+
+
+def _select(arg: str, patterns, columns: list[str], path_col: str | None, file: str) -> list[str]:
+    """The columns (but `path_col`) matching any of `patterns`, exact names or fnmatch patterns, in file order."""
+    patterns = [patterns] if isinstance(patterns, str) else list(patterns)
+    if not patterns:
+        raise ValueError(f"{arg}: empty; expected at least one column name or pattern")
+    chosen = set()
+    for p in patterns:
+        if p == path_col:
+            raise ValueError(f"{arg}: {p!r} is the path_col; the path id is neither a feature nor a return")
+        hits = [p] if p in columns else [c for c in columns if fnmatchcase(c, p) and c != path_col]
+        if not hits:
+            raise ValueError(f"{arg}: {p!r} matches no column of {file}; its columns are {_listing(columns)}")
+        chosen.update(hits)
+    return [c for c in columns if c in chosen]
+
+
+def _check_positive_definite(what: str, cov: np.ndarray) -> None:
+    eig = np.linalg.eigvalsh(cov)
+    if not eig[0] > 1e-12 * max(eig[-1], 0):  # relative: round-off leaves a singular matrix's eigenvalue ~1e-17
+        raise ValueError(f"{what} of {len(cov)} assets is not positive definite (smallest eigenvalue {eig[0]:.3g}, "
+                         f"largest {eig[-1]:.3g})")
+
+
+def _listing(columns: Sequence[str], most: int = 20) -> str:
+    shown = ", ".join(map(repr, columns[:most]))
+    return shown + (f", ... ({len(columns)} in all)" if len(columns) > most else "")

@@ -1,0 +1,358 @@
+"""Reading, checking, splitting and standardising a user's own market data (jax_scan_rnn.data.market_data)."""
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from jax_scan_rnn.data.market_data import (FILLS, MarketData, Standardiser, estimate_covariance, read,
+                                           read_covariance, time_split)
+
+N, T = 2, 6
+RNG = np.random.default_rng(0)
+FEATURES = RNG.normal(size=(N, T, 2)).round(4)  # [mom, vol]
+RETURNS = RNG.normal(size=(N, T, 2)).round(4)  # [ret_a, ret_b]
+HEADER = ["date", "mom", "ret_a", "vol", "id", "ret_b"]  # interleaved: selection follows file order
+
+
+def table_rows():
+    """Rows of HEADER, the two paths interleaved in time order (path 'x' first)."""
+    rows = []
+    for t in range(T):
+        for n, ident in enumerate(["x", "y"]):
+            rows.append([f"2024-01-{t + 1:02d}", FEATURES[n, t, 0], RETURNS[n, t, 0], FEATURES[n, t, 1], ident,
+                         RETURNS[n, t, 1]])
+    return rows
+
+
+def write_csv(path, rows, header=HEADER):
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        w.writerows(rows)
+    return path
+
+
+def write_parquet(path, rows, header=HEADER):
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    pq.write_table(pa.table({h: [row[i] for row in rows] for i, h in enumerate(header)}), path)
+    return path
+
+
+def read_table(path, **kw):
+    return read(path, **{"feature_cols": ["mom", "vol"], "return_cols": ["ret_*"], "path_col": "id", **kw})
+
+
+def check(data):
+    np.testing.assert_array_equal(data.features, FEATURES)
+    np.testing.assert_array_equal(data.returns, RETURNS)
+    assert data.feature_names == ("mom", "vol") and data.asset_names == ("ret_a", "ret_b")
+    assert (data.num_paths, data.num_steps, data.num_features, data.num_assets) == (N, T, 2, 2)
+    assert data.features.dtype == data.returns.dtype == np.float64
+
+
+def test_formats_read_the_same_numbers(tmp_path):
+    np.savez(tmp_path / "m.npz", features=FEATURES, returns=RETURNS, feature_names=["mom", "vol"],
+             asset_names=["ret_a", "ret_b"])
+    check(read(tmp_path / "m.npz"))
+    check(read_table(write_csv(tmp_path / "m.csv", table_rows())))
+    check(read_table(write_parquet(tmp_path / "m.parquet", table_rows())))
+
+
+def test_features_alone_for_new_bars(tmp_path):
+    """returns=False: the features of bars whose next return is not known yet (what `run` trades on)."""
+    rows = [row[:2] + row[3:5] for row in table_rows()]  # no return columns at all
+    data = read(write_csv(tmp_path / "new.csv", rows, ["date", "mom", "vol", "id"]), feature_cols=["mom", "vol"],
+                path_col="id", returns=False)
+    np.testing.assert_array_equal(data.features, FEATURES)
+    assert data.returns.shape == (N, T, 0) and data.asset_names == ()
+    np.savez(tmp_path / "new.npz", features=FEATURES)
+    np.testing.assert_array_equal(read(tmp_path / "new.npz", returns=False).features, FEATURES)
+    with pytest.raises(ValueError, match=r"^return_cols: expected None when reading features alone"):
+        read(tmp_path / "new.csv", feature_cols=["mom"], return_cols=["ret_*"], returns=False)
+
+
+def test_npz_default_names_and_int_arrays(tmp_path):
+    np.savez(tmp_path / "m.npz", features=np.ones((1, 3, 2), np.int32), returns=np.zeros((1, 3, 1)))
+    data = read(tmp_path / "m.npz")
+    assert data.feature_names == ("feature_0", "feature_1") and data.asset_names == ("asset_0",)
+    assert data.features.dtype == np.float64
+
+
+def test_patterns_follow_file_order_without_path_col(tmp_path):
+    rows = [r for r in table_rows() if r[4] == "x"]
+    data = read(write_csv(tmp_path / "m.csv", rows), feature_cols=["vol", "m*"], return_cols=["ret_b", "ret_*"])
+    assert data.feature_names == ("mom", "vol") and data.asset_names == ("ret_a", "ret_b")  # file order, no repeats
+    np.testing.assert_array_equal(data.features, FEATURES[:1])
+    # no path_col: the whole file is one path, rows in file order
+    whole = read(tmp_path / "m.csv", feature_cols="mom", return_cols="ret_a")
+    assert whole.features.shape == (1, T, 1)
+
+
+def test_path_col_groups_in_order_of_first_appearance(tmp_path):
+    rows = table_rows()
+    rows = [r[:4] + [{"x": "b", "y": "a"}[r[4]]] + r[5:] for r in rows]  # 'b' (path x) still appears first
+    check(read_table(write_csv(tmp_path / "m.csv", rows)))
+
+
+def test_paths_of_different_lengths(tmp_path):
+    path = write_csv(tmp_path / "m.csv", table_rows()[:-1])  # path 'y' loses its last row
+    with pytest.raises(ValueError, match=r"m\.csv: all paths must have the same number of rows; got 'x': 6, 'y': 5"):
+        read_table(path)
+
+
+def test_blank_lines_and_line_numbers(tmp_path):
+    path = tmp_path / "m.csv"
+    path.write_text("mom,ret\n1,2\n\n3,abc\n")
+    with pytest.raises(ValueError, match=r"m\.csv: column 'ret', row 2 \(line 4\): expected a number, got 'abc'"):
+        read(path, feature_cols=["mom"], return_cols=["ret"])
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_non_numeric_cell(tmp_path, suffix):
+    rows = table_rows()
+    rows[10][2] = "abc"  # data row 11, line 12
+    write = write_csv if suffix == ".csv" else write_parquet  # parquet: every column text, to be parsed
+    path = write(tmp_path / f"prices{suffix}", [list(map(str, r)) for r in rows])
+    where = r"row 11 \(line 12\)" if suffix == ".csv" else "row 11"
+    with pytest.raises(ValueError, match=rf"prices\{suffix}: column 'ret_a', {where}: expected a number, got 'abc'"):
+        read_table(path)
+
+
+def test_infinite_value_is_an_error_under_every_fill(tmp_path):
+    rows = table_rows()
+    rows[3][1] = "-inf"
+    path = write_csv(tmp_path / "m.csv", rows)
+    for fill in FILLS:
+        with pytest.raises(ValueError, match=r"m\.csv: column 'mom', row 4 \(line 5\): -inf is not finite"):
+            read_table(path, fill=fill)
+    features = FEATURES.copy()
+    features[1, 2, 0] = np.inf
+    np.savez(tmp_path / "m.npz", features=features, returns=RETURNS)
+    with pytest.raises(ValueError, match=r"m\.npz: features 'feature_0', path 1, step 2: inf is not finite"):
+        read(tmp_path / "m.npz", fill="zero")
+
+
+def with_gaps(rows):
+    """Path 'x' (even rows) misses ret_a at steps 2 and 3 ("" and "NA"), path 'y' misses vol at step 4 ("nan")."""
+    rows = [list(r) for r in rows]
+    rows[4][2], rows[6][2], rows[9][3] = "", "NA", "nan"
+    return rows
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet", ".npz"])
+def test_fill_policies(tmp_path, suffix):
+    path = tmp_path / f"m{suffix}"
+    if suffix == ".csv":
+        write_csv(path, with_gaps(table_rows()))
+    elif suffix == ".parquet":  # real nulls in numeric columns
+        rows = [[None if c in ("", "NA", "nan") else c for c in r] for r in with_gaps(table_rows())]
+        write_parquet(path, rows)
+    else:
+        features, returns = FEATURES.copy(), RETURNS.copy()
+        returns[0, 2:4, 0] = features[1, 4, 1] = np.nan
+        np.savez(path, features=features, returns=returns, feature_names=["mom", "vol"], asset_names=["ret_a", "ret_b"])
+    kw = {} if suffix == ".npz" else {"feature_cols": ["mom", "vol"], "return_cols": ["ret_*"], "path_col": "id"}
+
+    first = {".csv": r"column 'ret_a', row 5 \(line 6\)", ".parquet": "column 'ret_a', row 5",
+             ".npz": "returns 'ret_a', path 0, step 2"}[suffix]
+    with pytest.raises(ValueError, match=rf"{first}: missing value \(3 missing in total\) \(or choose a --fill policy"):
+        read(path, **kw)
+
+    zero = read(path, fill="zero", **kw)
+    assert zero.returns[0, 2, 0] == zero.returns[0, 3, 0] == zero.features[1, 4, 1] == 0
+    assert np.isfinite(zero.features).all() and np.isfinite(zero.returns).all()
+
+    ffill = read(path, fill="ffill", **kw)
+    assert ffill.returns[0, 2, 0] == ffill.returns[0, 3, 0] == RETURNS[0, 1, 0]
+    assert ffill.features[1, 4, 1] == FEATURES[1, 3, 1]
+    np.testing.assert_array_equal(ffill.returns[1], RETURNS[1])
+
+    if suffix == ".npz":  # both paths lose a different number of steps
+        with pytest.raises(ValueError, match=r"same number of rows after fill='drop'; got 0: 4, 1: 5"):
+            read(path, fill="drop", **kw)
+    else:
+        with pytest.raises(ValueError, match=r"same number of rows after fill='drop'; got 'x': 4, 'y': 5"):
+            read(path, fill="drop", **kw)
+
+
+def test_drop_keeps_equal_paths(tmp_path):
+    rows = table_rows()
+    rows[4][2] = rows[7][5] = ""  # path x step 2, path y step 3
+    data = read_table(write_csv(tmp_path / "m.csv", rows), fill="drop")
+    np.testing.assert_array_equal(data.features[0], np.delete(FEATURES[0], 2, axis=0))
+    np.testing.assert_array_equal(data.returns[1], np.delete(RETURNS[1], 3, axis=0))
+
+
+def test_leading_gap_with_ffill(tmp_path):
+    rows = table_rows()
+    rows[1][3] = ""  # path 'y', its first row: nothing to carry forward
+    with pytest.raises(ValueError, match=r"m\.csv: column 'vol', row 2 \(line 3\): missing value with no earlier "
+                                         r"value in its path to carry forward"):
+        read_table(write_csv(tmp_path / "m.csv", rows), fill="ffill")
+
+
+def test_bad_arguments(tmp_path):
+    path = write_csv(tmp_path / "m.csv", table_rows())
+    with pytest.raises(ValueError, match="fill: expected one of 'error', 'ffill', 'zero', 'drop', got 'mean'"):
+        read_table(path, fill="mean")
+    with pytest.raises(ValueError, match="return_cols: required to read m.csv"):
+        read(path, feature_cols=["mom"])
+    with pytest.raises(ValueError, match="feature_cols: required"):
+        read(path, return_cols=["ret_a"])
+    with pytest.raises(ValueError, match=r"feature_cols: 'mon\*' matches no column of m\.csv; its columns are "
+                                         r"'date', 'mom', 'ret_a', 'vol', 'id', 'ret_b'"):
+        read_table(path, feature_cols=["mon*"])
+    with pytest.raises(ValueError, match=r"return_cols: \['ret_a'\] also selected by feature_cols; a feature must be"):
+        read_table(path, feature_cols=["mom", "ret_a"])
+    with pytest.raises(ValueError, match="path_col: no column 'ident' in m.csv"):
+        read_table(path, path_col="ident")
+    with pytest.raises(ValueError, match="feature_cols: 'id' is the path_col"):
+        read_table(path, feature_cols=["mom", "id"])
+    assert read_table(path, feature_cols=["*o*"]).feature_names == ("mom", "vol")  # never the path id
+
+
+def test_bad_files(tmp_path):
+    with pytest.raises(ValueError, match=r"m\.xlsx: unsupported suffix '\.xlsx'; expected one of \.npz, \.csv, "):
+        read(tmp_path / "m.xlsx")
+    with pytest.raises(FileNotFoundError, match="nope.csv"):
+        read(tmp_path / "nope.csv", feature_cols=["a"], return_cols=["b"])
+    (tmp_path / "empty.csv").write_text("")
+    (tmp_path / "header.csv").write_text("mom,ret\n")
+    for name in ("empty.csv", "header.csv"):
+        with pytest.raises(ValueError, match=rf"{name}: no data rows"):
+            read(tmp_path / name, feature_cols=["mom"], return_cols=["ret"])
+    (tmp_path / "ragged.csv").write_text("mom,ret\n1,2\n3\n")
+    with pytest.raises(ValueError, match=r"ragged\.csv: line 3 has 1 fields, the header 2"):
+        read(tmp_path / "ragged.csv", feature_cols=["mom"], return_cols=["ret"])
+
+
+def test_bad_npz(tmp_path):
+    path = tmp_path / "m.npz"
+    np.savez(path, features=FEATURES, returns=RETURNS)
+    with pytest.raises(ValueError, match=r"feature_cols: only for \.csv/\.parquet files, got \['mom'\] with m\.npz"):
+        read(path, feature_cols=["mom"])
+    with pytest.raises(ValueError, match="path_col: only for .csv/.parquet files"):
+        read(path, path_col="id")
+    np.savez(path, features=FEATURES)
+    with pytest.raises(ValueError, match=r"m\.npz: no array 'returns'"):
+        read(path)
+    np.savez(path, features=FEATURES, returns=RETURNS[:, :5])
+    with pytest.raises(ValueError, match=r"m\.npz: 'features' and 'returns' .* got features \(2, 6, 2\), "
+                                         r"returns \(2, 5, 2\)"):
+        read(path)
+    np.savez(path, features=FEATURES[0], returns=RETURNS)
+    with pytest.raises(ValueError, match=r"got features \(6, 2\), returns \(2, 6, 2\)"):
+        read(path)
+    np.savez(path, features=FEATURES, returns=RETURNS, asset_names=["a"])
+    with pytest.raises(ValueError, match=r"m\.npz: 'asset_names' has 1 names for 2 columns"):
+        read(path)
+    np.savez(path, features=np.full((2, 6, 2), "x"), returns=RETURNS)
+    with pytest.raises(ValueError, match=r"m\.npz: array 'features' is not numeric \(dtype <U1\)"):
+        read(path)
+    np.savez(path, features=FEATURES, returns=np.empty((2, 6, 2), object))
+    with pytest.raises(ValueError, match=r"m\.npz: array 'returns' is not numeric \(dtype object\)"):
+        read(path)
+
+
+def test_time_slice():
+    data = MarketData(FEATURES, RETURNS, ("mom", "vol"), ("a", "b"))
+    part = data.time_slice(2, 5)
+    np.testing.assert_array_equal(part.features, FEATURES[:, 2:5])
+    np.testing.assert_array_equal(part.returns, RETURNS[:, 2:5])
+    assert part.feature_names == data.feature_names
+    assert data.time_slice(3, 3).num_steps == 0
+    with pytest.raises(ValueError, match="stop: expected an int in"):
+        data.time_slice(3, 7)
+    with pytest.raises(ValueError, match="features, returns"):
+        MarketData(FEATURES, RETURNS[:, :3], ("mom", "vol"), ("a", "b"))
+
+
+def test_time_split():
+    assert time_split(100, 0.15, 0.15) == (70, 85)
+    assert time_split(10, 0.0, 0.2) == (8, 8)  # empty validation period
+    assert time_split(4, 0.25, 0.25) == (2, 3)
+    assert time_split(10, 0.25, 0.25) == (4, 7)  # halves round up: 2.5 -> 3
+    with pytest.raises(ValueError, match="test_fraction: 0.01 of 20 steps is 0 steps"):
+        time_split(20, 0.2, 0.01)
+    with pytest.raises(ValueError, match="valid_fraction: 0.01 of 20 steps is 0 steps"):
+        time_split(20, 0.01, 0.2)
+    with pytest.raises(ValueError, match=r"valid_fraction, test_fraction: 0.4 and 0.4 of 5 steps \(2 \+ 2\) leave 1 "
+                                         r"training steps"):
+        time_split(5, 0.4, 0.4)
+    for args, name in (((10, 0.2, 0.0), "test_fraction"), ((10, 0.2, 1.0), "test_fraction"),
+                       ((10, -0.1, 0.2), "valid_fraction"), ((0, 0.2, 0.2), "num_steps")):
+        with pytest.raises(ValueError, match=name):
+            time_split(*args)
+
+
+def test_standardiser():
+    x = RNG.normal(3.0, 2.0, size=(3, 50, 2))
+    s = Standardiser.fit(x, ["mom", "vol"])
+    np.testing.assert_allclose(s.mean, x.mean(axis=(0, 1)))
+    np.testing.assert_allclose(s.std, x.std(axis=(0, 1)))
+    z = s(x)
+    assert z.dtype == np.float32 and z.shape == x.shape
+    np.testing.assert_allclose(z.mean(axis=(0, 1)), 0, atol=1e-6)
+    np.testing.assert_allclose(z.std(axis=(0, 1)), 1, atol=1e-6)
+    again = Standardiser.from_json(json.loads(json.dumps(s.to_json())))
+    assert again == s
+    np.testing.assert_array_equal(again(x[0]), z[0])  # any leading shape
+    with pytest.raises(ValueError, match=r"features: expected 2 features \('mom', 'vol'\) on the last axis, got shape"):
+        s(x[..., :1])
+    const = x.copy()
+    const[..., 1] = 0.1  # a float constant: its computed std is round-off, not exactly 0
+    with pytest.raises(ValueError, match="feature_cols: 'vol' is constant or not finite over the training period"):
+        Standardiser.fit(const, ["mom", "vol"])
+    with pytest.raises(ValueError, match=r"features: expected a non-empty \[N, T, 2\] array, got shape \(3, 50, 1\)"):
+        Standardiser.fit(x[..., :1], ["mom", "vol"])
+    with pytest.raises(ValueError, match="standardiser: missing keys"):
+        Standardiser.from_json({"mean": [0.0]})
+    with pytest.raises(ValueError, match="standardiser: expected finite means and positive finite stds"):
+        Standardiser.from_json({"mean": [0.0], "std": [0.0], "names": ["a"]})
+
+
+def test_estimate_covariance():
+    r = RNG.normal(size=(3, 40, 2)) @ np.array([[1.0, 0.5], [0.0, 2.0]])
+    np.testing.assert_allclose(estimate_covariance(r), np.cov(r.reshape(-1, 2).T))
+    np.testing.assert_allclose(estimate_covariance(r[..., :1]), [[np.var(r[..., 0], ddof=1)]])
+    with pytest.raises(ValueError, match="returns: expected .* at least 2 steps"):
+        estimate_covariance(r[:, :1])
+    with pytest.raises(ValueError, match="returns: expected"):
+        estimate_covariance(r[0])
+    collinear = np.concatenate([r[..., :1], 2 * r[..., :1]], axis=2)
+    with pytest.raises(ValueError, match="return_cols: the sample covariance of the training period's returns of 2 assets is not positive definite "
+                                         r"\(smallest eigenvalue"):
+        estimate_covariance(collinear)
+    r[1, 3, 0] = np.nan
+    with pytest.raises(ValueError, match=r"returns\[1, 3, 0\]=nan is not finite"):
+        estimate_covariance(r)
+
+
+def test_read_covariance(tmp_path):
+    cov = np.array([[1.0, 0.3], [0.3, 2.0]])
+    np.save(tmp_path / "c.npy", cov)
+    np.testing.assert_array_equal(read_covariance(tmp_path / "c.npy", 2), cov)
+    np.savetxt(tmp_path / "c.csv", cov, delimiter=",")
+    np.testing.assert_array_equal(read_covariance(tmp_path / "c.csv", 2), cov)
+
+    errors = {
+        "shape.npy": (np.eye(3), r"shape\.npy: expected a \[2, 2\] covariance \(num_assets=2\), got shape \(3, 3\)"),
+        "asym.npy": (np.array([[1.0, 0.3], [0.2, 2.0]]), r"asym\.npy: not symmetric"),
+        "notpd.npy": (np.array([[1.0, 2.0], [2.0, 1.0]]), r"notpd\.npy: the covariance of 2 assets is not positive "
+                                                           r"definite \(smallest eigenvalue -1"),
+        "inf.npy": (np.array([[1.0, np.inf], [np.inf, 1.0]]), r"inf\.npy: C\[0, 1\]=inf .* is not finite"),
+        "text.npy": (np.array([["a", "b"], ["c", "d"]]), r"text\.npy is not numeric"),
+        "asym.csv": (np.array([[1.0, 0.3], [0.2, 2.0]]), r"asym\.csv: not symmetric"),
+    }
+    for name, (matrix, message) in errors.items():
+        (np.save if name.endswith(".npy") else lambda p, m: np.savetxt(p, m, delimiter=","))(tmp_path / name, matrix)
+        with pytest.raises(ValueError, match=message):
+            read_covariance(tmp_path / name, 2)
+    (tmp_path / "header.csv").write_text("a,b\n1,0\n0,1\n")
+    with pytest.raises(ValueError, match=r"header\.csv: line 1: expected numbers \(a headerless CSV\)"):
+        read_covariance(tmp_path / "header.csv", 2)
+    with pytest.raises(ValueError, match=r"c\.txt: unsupported suffix '\.txt'; expected \.npy or \.csv"):
+        read_covariance(tmp_path / "c.txt", 2)
+    with pytest.raises(FileNotFoundError, match="missing.npy"):
+        read_covariance(tmp_path / "missing.npy", 2)

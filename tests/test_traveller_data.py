@@ -1,0 +1,286 @@
+"""The Traveller on your own data: files in, the time split, N assets, positions out with the state carried
+over, and weights in and out of the seed's own PyTorch class."""
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+
+import jax_scan_rnn as jsr
+from jax_scan_rnn import checkpoint
+from jax_scan_rnn.cli import main
+from jax_scan_rnn.data import market_data, trading
+from jax_scan_rnn.tasks import traveller as task_lib
+from jax_scan_rnn.train import TrainConfig
+
+# float32 positions through two frameworks (the parity suite's bound for T = 1000; these runs are shorter).
+POSITION_ATOL = 1e-5
+STEPS = 400  # rows of the test files: 280 train, 60 validation, 60 test with the default fractions
+TINY = ["--hidden-size", "8", "--num-layers", "1", "--batch-size", "8", "--seq-len", "32", "--log-every", "10",
+        "--eval-every", "0", "--checkpoint-every", "0"]
+
+
+def market_rows(num_assets: int = 2, steps: int = STEPS, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """One simulated path: features [T, 2A] (the signals) and returns [T, A] (r_{t+1}, as market_data wants)."""
+    m = trading.simulate(trading.MarketConfig(num_assets=num_assets), 1, steps, seed=seed)
+    # Returns on a daily scale (~1%), features on their own (standardisation must undo it): what files hold.
+    return 3.0 + 2.0 * m.features[0], 0.01 * m.returns[0]
+
+
+def write_csv(path, features, returns, *, extra: dict | None = None) -> None:
+    names = [f"f{i}" for i in range(features.shape[1])] + [f"r_{a}" for a in "abcdefgh"[: returns.shape[1]]]
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["date", *names, *(extra or {})])
+        for t in range(len(features)):
+            writer.writerow([f"day{t}", *features[t], *returns[t], *(v[t] for v in (extra or {}).values())])
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """One short training run on a CSV file, shared by the tests that read it."""
+    folder = tmp_path_factory.mktemp("data_run")
+    features, returns = market_rows()
+    write_csv(folder / "prices.csv", features, returns)
+    out = folder / "run"
+    code = main(["train", "traveller", "--data", str(folder / "prices.csv"), "--feature-cols", "f*",
+                 "--return-cols", "r_*", "--steps", "40", "--lr", "0.01", *TINY, "--out", str(out)])
+    assert code == 0
+    return folder, out, features, returns
+
+
+def test_training_on_a_csv_reports_the_test_period_and_saves_training_statistics(run):
+    folder, out, features, returns = run
+    table = json.loads((out / "evaluation.json").read_text())
+    assert table["period"] == "test" and table["steps"] == [340, 400] and table["paths"] == 1
+    assert set(table["policies"]) == {"learned", "buy_and_hold", "rolling_markowitz", "no_trade"}
+    assert table["policies"]["no_trade"]["utility"] == 0.0
+    stats = task_lib.DataStats.from_json(checkpoint.read_metadata(out / "checkpoints")["data_stats"])
+    assert (stats.train_end, stats.valid_end, stats.num_steps) == (280, 340, 400)
+    # Standardisation and Sigma come from the training period alone: nothing later leaks in.
+    np.testing.assert_allclose(stats.standardiser.mean, features[:280].mean(0), rtol=1e-12)
+    np.testing.assert_allclose(stats.standardiser.std, features[:280].std(0), rtol=1e-12)
+    np.testing.assert_allclose(stats.objective.Sigma, np.cov(returns[:280].T), rtol=1e-10)
+    assert stats.asset_names == ("r_a", "r_b") and stats.standardiser.names == ("f0", "f1", "f2", "f3")
+    assert (out / "positions.png").stat().st_size > 0
+
+
+def test_training_windows_never_reach_past_the_training_period(tmp_path):
+    features, returns = market_rows()
+    returns[280:] = 1e6  # validation and test: any window that reached them would show it
+    write_csv(tmp_path / "p.csv", features, returns)
+    task = task_lib.TravellerTask(data=str(tmp_path / "p.csv"), feature_cols="f*", return_cols="r_*", seq_len=50,
+                                  batch_size=64)
+    data = task_lib.read_data(task)
+    stats = task_lib.fit_stats(task, data)
+    batch_fn = task_lib.make_batch_fn(task, 0, data, stats)
+    starts = set()
+    for step in range(50):
+        batch = batch_fn(step)
+        assert batch["features"].shape == (64, 50, 4) and batch["returns"].shape == (64, 50, 2)
+        assert np.abs(batch["returns"]).max() < 1.0
+        starts.update(np.flatnonzero(np.isin(returns[:, 0].astype(np.float32), batch["returns"][:, 0, 0])).tolist())
+    assert max(starts) == 280 - 50  # 3,200 windows drawn: the last one ends at the training period's last step
+    np.testing.assert_array_equal(batch_fn(7)["features"], batch_fn(7)["features"])  # a pure function of the step
+
+
+def test_evaluate_a_period_or_another_file(run, capsys):
+    folder, out, features, returns = run
+    capsys.readouterr()
+    assert main(["evaluate", "traveller", "--checkpoint", str(out), "--period", "valid"]) == 0
+    printed = capsys.readouterr().out
+    assert "valid period: steps 280-339 of 1 path(s)" in printed and "rolling Markowitz" in printed
+    write_csv(folder / "later.csv", *market_rows(seed=5, steps=120))
+    assert main(["evaluate", "traveller", "--checkpoint", str(out), "--data", str(folder / "later.csv"),
+                 "--plot", str(folder / "later.png")]) == 0
+    assert "all period: steps 0-119 of 1 path(s)" in capsys.readouterr().out
+    assert main(["evaluate", "traveller", "--checkpoint", str(out), "--paths", "4"]) == 2
+    assert "--paths: expected only for a run on the simulated market" in capsys.readouterr().err
+
+
+def read_positions(path) -> np.ndarray:
+    with open(path) as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["path", "step", "r_a", "r_b"]
+    return np.array([[float(v) for v in row[2:]] for row in rows[1:]])
+
+
+def test_run_writes_positions_and_two_halves_with_the_state_carried_equal_the_whole(run, capsys):
+    folder, out, features, returns = run
+    write_csv(folder / "first.csv", features[:150], returns[:150])
+    # The second half has no return columns: new bars, whose future is not known yet.
+    with open(folder / "second.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["date", *(f"f{i}" for i in range(4))])
+        writer.writerows([f"day{t}", *features[t]] for t in range(150, STEPS))
+    whole, first, second = folder / "whole.csv", folder / "first_pos.csv", folder / "second_pos.csv"
+    base = ["run", "traveller", "--checkpoint", str(out)]
+    assert main([*base, "--data", str(folder / "prices.csv"), "--output", str(whole)]) == 0
+    assert main([*base, "--data", str(folder / "first.csv"), "--output", str(first), "--final-state",
+                 str(folder / "state.npz")]) == 0
+    assert main([*base, "--data", str(folder / "second.csv"), "--output", str(second), "--initial-state",
+                 str(folder / "state.npz")]) == 0
+    w = read_positions(whole)
+    assert w.shape == (STEPS, 2) and np.abs(w).max() <= 1.0
+    halves = np.concatenate([read_positions(first), read_positions(second)])
+    np.testing.assert_allclose(halves, w, rtol=0, atol=1e-6)  # the CSV's 8 significant digits
+    # The library's call: equal to rounding of the same float32 program run in two pieces.
+    model, task, stats = task_lib.load(out)
+    x = stats.standardiser(features[None])
+    p_whole, s_whole = task_lib.positions(model, x)
+    p_a, s_a = task_lib.positions(model, x[:, :150])
+    p_b, s_b = task_lib.positions(model, x[:, 150:], s_a)
+    np.testing.assert_allclose(np.concatenate([p_a, p_b], axis=1), p_whole, rtol=0, atol=1e-6)
+    for name, a, b in zip(s_whole._fields, s_whole, s_b):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=0, atol=1e-6, err_msg=f"state.{name}")
+
+
+def test_run_refuses_a_state_of_another_model_and_a_file_with_other_features(run, capsys, tmp_path):
+    folder, out, features, returns = run
+    np.savez(tmp_path / "bad.npz", h=np.zeros((1, 1, 5)), c=np.zeros((1, 1, 5)), positions=np.zeros((1, 2)))
+    target = tmp_path / "p.csv"
+    base = ["run", "traveller", "--checkpoint", str(out), "--output", str(target)]
+    assert main([*base, "--data", str(folder / "prices.csv"), "--initial-state", str(tmp_path / "bad.npz")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--initial-state: state.h: expected shape [1, 1, 8]" in err, err
+    assert not target.exists()  # nothing written half
+    write_csv(tmp_path / "three.csv", features[:, :3], returns)
+    assert main([*base, "--data", str(tmp_path / "three.csv")]) == 2
+    assert "--data: " in capsys.readouterr().err and not target.exists()
+
+
+def seed_class():
+    torch = pytest.importorskip("torch")
+
+    class Traveller(torch.nn.Module):  # seed 000's class, attribute for attribute (its forward is not needed)
+        def __init__(self, num_inputs: int, hidden_size: int, num_layers: int, dropout: float):
+            super().__init__()
+            self.lstm_layers = torch.nn.LSTM(input_size=num_inputs + 2, hidden_size=hidden_size,
+                                             num_layers=num_layers, dropout=dropout, batch_first=True)
+            self.output_layer = torch.nn.Linear(in_features=hidden_size, out_features=2)
+            self.activation = torch.nn.Tanh()
+
+    return torch, Traveller
+
+
+@pytest.mark.parametrize("fmt", ["torch", "safetensors"])
+def test_export_loads_into_the_seeds_class_and_gives_the_same_positions(run, fmt, tmp_path, capsys):
+    torch, Seed = seed_class()
+    import torch_ref
+
+    folder, out, features, returns = run
+    target = tmp_path / ("model.pt" if fmt == "torch" else "model.safetensors")
+    assert main(["export", "traveller", "--checkpoint", str(out), "--format", fmt, "--output", str(target)]) == 0
+    if fmt == "torch":
+        state_dict = torch.load(target, weights_only=True)
+    else:
+        from safetensors.torch import load_file
+
+        state_dict = load_file(target)
+    seed = Seed(4, 8, 1, 0.0)
+    seed.load_state_dict(state_dict)  # strict: every key of the seed's class, nothing else
+    side = json.loads(target.with_name(target.name + ".json").read_text())
+    assert side["standardiser"]["names"] == ["f0", "f1", "f2", "f3"]
+    # The seed's class through torch_ref's loop, on the same weights, against the JAX model.
+    twin = torch_ref.Traveller(4, 8, 1, 0.0)
+    twin.load_state_dict(seed.state_dict())
+    model, _, stats = task_lib.load(out)
+    x = stats.standardiser(features[None])
+    with torch.no_grad():
+        want, _ = twin(torch.from_numpy(x), method="loop")
+    got, _ = task_lib.positions(model, x)
+    np.testing.assert_allclose(got, want.numpy(), rtol=0, atol=POSITION_ATOL)
+
+
+def test_init_from_a_torch_state_dict_starts_there(tmp_path, capsys):
+    torch, Seed = seed_class()
+    write_csv(tmp_path / "p.csv", *market_rows())
+    seed = Seed(4, 8, 1, 0.0)
+    torch.save(seed.state_dict(), tmp_path / "seed.pt")
+    out = tmp_path / "run"
+    data = ["--data", str(tmp_path / "p.csv"), "--feature-cols", "f*", "--return-cols", "r_*"]
+    # One update at a learning rate of 1e-12: the weights are the file's, to float32 rounding.
+    assert main(["train", "traveller", *data, *TINY, "--steps", "1", "--lr", "1e-12", "--init-from",
+                 str(tmp_path / "seed.pt"), "--out", str(out)]) == 0
+    model, _, _ = task_lib.load(out)
+    for key, value in jsr.torch_state_dict(model).items():
+        np.testing.assert_allclose(value, seed.state_dict()[key].numpy(), rtol=0, atol=1e-9, err_msg=key)
+    meta = checkpoint.read_metadata(out / "checkpoints")
+    assert meta["init_from"]["path"] == str(tmp_path / "seed.pt") and len(meta["init_from"]["sha256"]) == 64
+    capsys.readouterr()
+    wrong = Seed(4, 16, 1, 0.0)
+    torch.save(wrong.state_dict(), tmp_path / "wrong.pt")
+    assert main(["train", "traveller", *data, *TINY, "--steps", "1", "--init-from", str(tmp_path / "wrong.pt"),
+                 "--out", str(tmp_path / "run2")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("jax-scan-rnn train traveller: error: --init-from: "), err
+    assert "state_dict['lstm_layers.weight_ih_l0']: expected shape (32, 6), got (64, 6)" in err, err
+
+
+@pytest.mark.parametrize("num_assets", [1, 5])
+def test_n_assets_from_an_npz_file_and_on_the_simulated_market(num_assets, tmp_path):
+    features, returns = market_rows(num_assets)
+    np.savez(tmp_path / "m.npz", features=features[None], returns=returns[None])
+    cfg = TrainConfig(steps=3, log_every=1, eval_every=0, checkpoint_every=0)
+    task = task_lib.TravellerTask(hidden_size=8, num_layers=1, batch_size=4, seq_len=16, data=str(tmp_path / "m.npz"))
+    model, _, stats = task_lib.train(task, cfg)
+    assert model.num_assets == num_assets and stats.objective.num_assets == num_assets
+    table = task_lib.data_table(model, task_lib.read_data(task), stats)
+    assert table["policies"]["learned"]["turnover"] > 0
+    sim = task_lib.TravellerTask(hidden_size=8, num_layers=1, batch_size=4, seq_len=16, train_paths=16, eval_paths=4,
+                                 eval_steps=20, num_assets=num_assets)
+    model, _, _ = task_lib.train(sim, cfg)
+    assert model.num_assets == num_assets and model.num_inputs == 2 * num_assets
+    assert task_lib.evaluate(model, sim)["optimal"] > 0
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--feature-cols", "g*"], "--feature-cols: "),
+        (["--return-cols", "f0"], "--return-cols: "),
+        (["--objective", "mse"], "--objective: expected 'utility' with --data FILE"),
+        (["--num-assets", "3"], "--num-assets: expected the data's 2 return columns"),
+        (["--seq-len", "400"], "--seq-len: expected at most the training period's 280 steps, got 400"),
+        (["--test-fraction", "0.999"], "--test-fraction: "),
+    ],
+)
+def test_bad_data_options_are_one_line_and_write_nothing(extra, message, tmp_path, capsys):
+    write_csv(tmp_path / "p.csv", *market_rows())
+    out = tmp_path / "run"
+    argv = ["train", "traveller", "--data", str(tmp_path / "p.csv"), "--feature-cols", "f*", "--return-cols", "r_*",
+            *TINY, "--steps", "2", *extra, "--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and message in err, err
+    assert not out.exists()
+
+
+def test_missing_values_need_a_fill_policy(tmp_path, capsys):
+    features, returns = market_rows()
+    features[100, 2] = np.nan
+    write_csv(tmp_path / "p.csv", features, returns)
+    argv = ["train", "traveller", "--data", str(tmp_path / "p.csv"), "--feature-cols", "f*", "--return-cols", "r_*",
+            *TINY, "--steps", "2", "--out", str(tmp_path / "run")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "'f2'" in err and "--fill" in err, err
+    assert main([*argv, "--fill", "ffill"]) == 0
+
+
+def test_missing_files_name_their_flag(tmp_path, capsys):
+    write_csv(tmp_path / "p.csv", *market_rows())
+    cols = ["--feature-cols", "f*", "--return-cols", "r_*", *TINY, "--steps", "2", "--out", str(tmp_path / "run")]
+    assert main(["train", "traveller", "--data", str(tmp_path / "nope.csv"), *cols]) == 2
+    assert f"--data: {tmp_path / 'nope.csv'}: no such file" in capsys.readouterr().err
+    assert main(["train", "traveller", "--data", str(tmp_path / "p.csv"), "--covariance", str(tmp_path / "c.npy"),
+                 *cols]) == 2
+    assert f"--covariance: {tmp_path / 'c.npy'}: no such file" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_data_options_without_data_are_refused(capsys):
+    assert main(["train", "traveller", "--feature-cols", "f*", "--steps", "1"]) == 2
+    assert "--feature-cols: expected only together with --data FILE" in capsys.readouterr().err
