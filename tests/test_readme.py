@@ -33,3 +33,26 @@ def test_relative_links_resolve_inside_the_repository(doc):
             continue
         path = (doc.parent / target).resolve()
         assert path.is_relative_to(ROOT) and path.exists(), f"{doc.name} links to {target}, which is not in the repo"
+
+
+def load_figures():
+    """docs/figures.py, the one renderer of measured figures (a script, not part of the package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("figures", ROOT / "docs" / "figures.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_quoted_figures_agree_with_their_results_files():
+    """A figure between <!--fig:NAME--> markers is what docs/figures.py renders from its committed results
+    file: a number typed by hand, or a results file replaced without re-rendering, fails here."""
+    figures = load_figures()
+    used = set()
+    for doc in figures.DOCUMENTS:
+        text = doc.read_text()
+        _, changed = figures.render(text)
+        assert not changed, f"{doc.name}: figures {changed} disagree with their results files; run python docs/figures.py"
+        used.update(match.group(1) for match in figures.MARKER.finditer(text))
+    assert used == set(figures.FIGURES), f"figures defined but quoted nowhere: {sorted(set(figures.FIGURES) - used)}"

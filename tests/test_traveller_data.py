@@ -152,24 +152,16 @@ def test_run_refuses_a_state_of_another_model_and_a_file_with_other_features(run
 
 
 def seed_class():
+    """torch, and seed 000's own class as the seed writes it (tests/test_torch_traveller.py: `SeedTraveller`)."""
     torch = pytest.importorskip("torch")
+    from tests.test_torch_traveller import SeedTraveller
 
-    class Traveller(torch.nn.Module):  # seed 000's class, attribute for attribute (its forward is not needed)
-        def __init__(self, num_inputs: int, hidden_size: int, num_layers: int, dropout: float):
-            super().__init__()
-            self.lstm_layers = torch.nn.LSTM(input_size=num_inputs + 2, hidden_size=hidden_size,
-                                             num_layers=num_layers, dropout=dropout, batch_first=True)
-            self.output_layer = torch.nn.Linear(in_features=hidden_size, out_features=2)
-            self.activation = torch.nn.Tanh()
-
-    return torch, Traveller
+    return torch, SeedTraveller
 
 
 @pytest.mark.parametrize("fmt", ["torch", "safetensors"])
 def test_export_loads_into_the_seeds_class_and_gives_the_same_positions(run, fmt, tmp_path, capsys):
     torch, Seed = seed_class()
-    import torch_ref
-
     folder, out, features, returns = run
     target = tmp_path / ("model.pt" if fmt == "torch" else "model.safetensors")
     assert main(["export", "traveller", "--checkpoint", str(out), "--format", fmt, "--output", str(target)]) == 0
@@ -183,15 +175,13 @@ def test_export_loads_into_the_seeds_class_and_gives_the_same_positions(run, fmt
     seed.load_state_dict(state_dict)  # strict: every key of the seed's class, nothing else
     side = json.loads(target.with_name(target.name + ".json").read_text())
     assert side["standardiser"]["names"] == ["f0", "f1", "f2", "f3"]
-    # The seed's class through torch_ref's loop, on the same weights, against the JAX model.
-    twin = torch_ref.Traveller(4, 8, 1, 0.0)
-    twin.load_state_dict(seed.state_dict())
+    # The seed's own forward (its loop over nn.LSTM, the seed's [T, 1, F] -> [T, 2]) against the JAX model.
     model, _, stats = task_lib.load(out)
     x = stats.standardiser(features[None])
     with torch.no_grad():
-        want, _ = twin(torch.from_numpy(x), method="loop")
+        want = seed(torch.from_numpy(x[0][:, None]))
     got, _ = task_lib.positions(model, x)
-    np.testing.assert_allclose(got, want.numpy(), rtol=0, atol=POSITION_ATOL)
+    np.testing.assert_allclose(got[0], want.numpy(), rtol=0, atol=POSITION_ATOL)
 
 
 def test_init_from_a_torch_state_dict_starts_there(tmp_path, capsys):

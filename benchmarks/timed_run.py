@@ -1,0 +1,77 @@
+"""Time one command as a user runs it, and append the run to a results file the docs quote from.
+
+    python benchmarks/timed_run.py --results benchmarks/results/train-traveller-cpu-2core.json \
+        --report runs/t/evaluation.json -- jax-scan-rnn train traveller --out runs/t
+
+Each run appends {command, wall_s, peak_rss_mib, load average before/after, started, report} to the
+file's "runs", so the docs can quote a range over runs (`docs/figures.py`). Wall time is the command's,
+start-up included, as a user waits for it; peak RSS is the largest resident set of the command or any
+process it started (`getrusage(RUSAGE_CHILDREN)`), the figure that decides whether a machine can run it.
+The results file is only written when named: nothing here overwrites committed results by default.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def machine() -> dict:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results", required=True, help="the JSON file to append this run to (created if missing)")
+    parser.add_argument("--report", default=None, help="a JSON file the command writes (evaluation.json), kept with "
+                                                       "the run")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to time")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("expected a command after --")
+    results = Path(args.results)
+    if not results.parent.is_dir():
+        parser.error(f"--results: the directory {results.parent} does not exist")
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    load_before = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    code = subprocess.call(command)
+    wall = time.perf_counter() - t0
+    if code != 0:
+        print(f"timed_run: the command exited with {code}; nothing recorded", file=sys.stderr)
+        return code
+    run = {"command": " ".join([Path(command[0]).name, *command[1:]]),  # as a user types it, not a venv path
+            "wall_s": round(wall, 1),
+           "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1),
+           "load_average": {"start": round(load_before, 2), "end": round(os.getloadavg()[0], 2)},
+           "started": started}
+    if args.report:
+        run["report"] = json.loads(Path(args.report).read_text())
+    data = json.loads(results.read_text()) if results.exists() else {"machine": machine(), "runs": []}
+    data["runs"].append(run)
+    tmp = results.with_name(results.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, results)  # never half a file: the docs test reads it
+    print(f"timed_run: {wall:.1f} s wall, peak RSS {run['peak_rss_mib']:.0f} MiB -> {results} "
+          f"({len(data['runs'])} run(s))")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
