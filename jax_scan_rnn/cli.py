@@ -448,6 +448,9 @@ def cmd_run_traveller(args: argparse.Namespace) -> int:
                              f"run trained on the simulated market, which has no column names), got {args.data}")
         with flag_names():
             data = market_data.read(args.data, returns=False)
+        if data.num_features != model.num_inputs:
+            raise ValueError(f"--data: {args.data} has {data.num_features} features per step, the model reads "
+                             f"{model.num_inputs} (the simulated market's signals)")
         features, assets = data.features, tuple(f"asset_{i}" for i in range(task.market.num_assets))
     state = None
     if args.initial_state is not None:

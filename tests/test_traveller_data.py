@@ -151,6 +151,28 @@ def test_run_refuses_a_state_of_another_model_and_a_file_with_other_features(run
     assert "--data: " in capsys.readouterr().err and not target.exists()
 
 
+def test_run_a_model_trained_on_the_simulated_market_on_an_npz(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "traveller", *TINY, "--steps", "2", "--train-paths", "64", "--eval-paths", "4",
+                 "--eval-steps", "16", "--out", str(out)]) == 0
+    m = trading.simulate(trading.MarketConfig(), 3, 20, seed=4)
+    np.savez(tmp_path / "signals.npz", features=m.features)
+    target = tmp_path / "positions.csv"
+    assert main(["run", "traveller", "--checkpoint", str(out), "--data", str(tmp_path / "signals.npz"), "--output",
+                 str(target)]) == 0
+    rows = list(csv.reader(target.open()))
+    assert rows[0] == ["path", "step", "asset_0", "asset_1"] and len(rows) == 1 + 3 * 20
+    model, _, _ = task_lib.load(out)
+    want, _ = task_lib.positions(model, m.features)
+    np.testing.assert_allclose(np.array([[float(v) for v in r[2:]] for r in rows[1:]]), want.reshape(-1, 2), atol=1e-7)
+    np.savez(tmp_path / "wide.npz", features=np.zeros((1, 5, 6)))
+    capsys.readouterr()
+    assert main(["run", "traveller", "--checkpoint", str(out), "--data", str(tmp_path / "wide.npz"), "--output",
+                 str(target)]) == 2
+    err = capsys.readouterr().err
+    assert "--data: " in err and "has 6 features per step, the model reads 4" in err, err
+
+
 def seed_class():
     """torch, and seed 000's own class as the seed writes it (tests/test_torch_traveller.py: `SeedTraveller`)."""
     torch = pytest.importorskip("torch")
