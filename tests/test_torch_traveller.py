@@ -90,19 +90,20 @@ class SeedTraveller(torch.nn.Module):
 # ---------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("num_layers", [1, 2, 3])
-def test_all_methods_agree_in_float64_batched(num_layers):
-    model = make_model(num_layers)
-    x = random_inputs(3, 6, NUM_INPUTS)
+@pytest.mark.parametrize(("num_layers", "num_assets"), [(1, 2), (2, 2), (3, 2), (2, 1), (2, 5)])
+def test_all_methods_agree_in_float64_batched(num_layers, num_assets):
+    model = make_model(num_layers, num_assets=num_assets)
+    x = random_inputs(3, 6, NUM_INPUTS) * 3  # large features push tanh to its bounds
+    hc = (num_layers, 3, HIDDEN)
     with torch.no_grad():
         want, want_state = model(x, method="loop")
-        assert want.shape == (3, 6, 2)
-        assert [tuple(t.shape) for t in want_state] == [(num_layers, 3, HIDDEN), (num_layers, 3, HIDDEN), (3, 2)]
+        assert want.shape == (3, 6, num_assets) and want.abs().max() <= 1.0
+        assert [tuple(t.shape) for t in want_state] == [hc, hc, (3, num_assets)]
         for method in ALL_METHODS[1:]:
             got, state = model(x, method=method)
-            assert_close(got, want, TOL_F64, f"method={method}, layers={num_layers}")
+            assert_close(got, want, TOL_F64, f"method={method}, layers={num_layers}, A={num_assets}")
             for name in TravellerState._fields:
-                what = f"final state.{name}, method={method}, layers={num_layers}"
+                what = f"final state.{name}, method={method}, layers={num_layers}, A={num_assets}"
                 assert_close(getattr(state, name), getattr(want_state, name), TOL_F64, what)
 
 
@@ -678,17 +679,8 @@ def test_num_assets_sets_the_output_state_and_weight_shapes(num_assets):
     assert shapes["lstm_layers.weight_ih_l0"] == (4 * HIDDEN, num_assets + NUM_INPUTS)  # columns 0:A see p_{t-1}
     assert shapes["output_layer.weight"] == (num_assets, HIDDEN) and shapes["output_layer.bias"] == (num_assets,)
     assert [tuple(t.shape) for t in model.initial_state(3)] == [(2, 3, HIDDEN), (2, 3, HIDDEN), (3, num_assets)]
-    x = random_inputs(3, 6, NUM_INPUTS) * 3  # large features push tanh to its bounds
+    x = random_inputs(3, 6, NUM_INPUTS)  # every method agrees for A assets: test_all_methods_agree_in_float64_batched
     with torch.no_grad():
-        want, want_state = model(x, method="loop")
-        assert want.shape == (3, 6, num_assets) and want.abs().max() <= 1.0
-        assert [tuple(t.shape) for t in want_state] == [(2, 3, HIDDEN), (2, 3, HIDDEN), (3, num_assets)]
-        for method in ALL_METHODS[1:]:
-            got, state = model(x, method=method)
-            assert_close(got, want, TOL_F64, f"A={num_assets}, method={method}")
-            for name in TravellerState._fields:
-                what = f"final state.{name}, A={num_assets}, method={method}"
-                assert_close(getattr(state, name), getattr(want_state, name), TOL_F64, what)
         seed, seed_state = model(x[0].unsqueeze(1), method="cell", layout="seed")  # [T, 1, F] -> [T, A]
         assert seed.shape == (6, num_assets) and seed_state.positions.shape == (1, num_assets)
         assert model.step(None, x[:, 0])[0].shape == (3, num_assets)
