@@ -176,6 +176,26 @@ def _traveller_table() -> str:
     return "\n".join(lines)
 
 
+REAL = ROOT / "examples" / "results" / "traveller_real_data.json"
+POLICY_NAMES = {"learned": "Traveller (learned)", "buy_and_hold": "buy and hold (1/2 each)",
+                "rolling_markowitz": "rolling Markowitz (252 days)", "no_trade": "no trading"}
+
+
+@figure("traveller.real_data")
+def _traveller_real_data() -> str:
+    data = json.loads(REAL.read_text())
+    start, stop = data["all_folds"]["test"]
+    lines = [f"Test periods {start} to {stop}, {len(data['folds'])} folds, "
+             f"{data['wall_seconds'] / 60:.1f} min on {data['machine'].get('cpu_count', '?')} cores:", "",
+             "| policy | net utility (bp/day) | gross return (bp/day) | cost (bp/day) | turnover (/day) | Sharpe (ann.) |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for key, row in data["all_folds"]["policies"].items():
+        sharpe = "n/a" if row["sharpe"] is None else f"{row['sharpe']:.2f}"
+        lines.append(f"| {POLICY_NAMES[key]} | {row['utility'] * 1e4:+.2f} | {row['return'] * 1e4:+.2f} | "
+                     f"{row['cost'] * 1e4:.2f} | {row['turnover']:.3f} | {sharpe} |")
+    return "\n".join(lines + ["", " ".join(data["summary"])])
+
+
 # ------------------------------------------------------------------------------ render / check
 
 

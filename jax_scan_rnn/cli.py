@@ -535,16 +535,20 @@ def vae_evaluation_banner(task, test_sequences: int) -> str:
 
 
 def print_vae_report(report: dict) -> None:
-    rec, latent = report["reconstruction"], report["latent"]
-    print(f"{'reconstruction (decoding from mu)':<36} {'token acc':>10} {'sequence acc':>13}")
-    print(f"{'  teacher-forced':<36} {rec['tf_token_acc']:>10.3f} {rec['tf_sequence_acc']:>13.3f}")
-    print(f"{'  free-running (greedy)':<36} {rec['free_token_acc']:>10.3f} {rec['free_sequence_acc']:>13.3f}")
+    if "reconstruction" in report:  # a CharRNN (--decoder-only) has no latent: samples only
+        rec = report["reconstruction"]
+        head = f"reconstruction of {rec['n']} test molecules" if "n" in rec else "reconstruction (decoding from mu)"
+        print(f"{head:<36} {'token acc':>10} {'sequence acc':>13}")
+        print(f"{'  teacher-forced':<36} {rec['tf_token_acc']:>10.3f} {rec['tf_sequence_acc']:>13.3f}")
+        print(f"{'  free-running (greedy)':<36} {rec['free_token_acc']:>10.3f} {rec['free_sequence_acc']:>13.3f}")
     for key, how in (("samples", "sampled, T=1"), ("samples_greedy", "greedy")):
         samples = report[key]
         print(f"prior samples, {how} (n={samples['n']}): valid {samples['validity']:.3f}  "
               f"unique {samples['uniqueness']:.3f}  novel {samples['novelty']:.3f}")
-    print(f"latent: KL {latent['kl']:.2f} nats, active units {latent['active_units']} of {len(latent['kl_per_dim'])}")
-    print("interpolation:", " -> ".join(report["interpolation"]["path"][:: max(1, len(report["interpolation"]["path"]) // 4)]))
+    if "latent" in report:
+        latent, path = report["latent"], report["interpolation"]["path"]
+        print(f"latent: KL {latent['kl']:.2f} nats, active units {latent['active_units']} of {len(latent['kl_per_dim'])}")
+        print("interpolation:", " -> ".join(path[:: max(1, len(path) // 4)]))
 
 
 @command("train vae")
@@ -567,6 +571,10 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
     with output_directory(out, args.resume):
         check_resume(out, args, dataclasses.asdict(task), cfg)
         print(f"training the VAE ({task.decoding} decoding) for {args.steps} steps on {dp.size} device(s) -> {out}")
+        accuracy = ("" if task.decoder_only else f", free-running (greedy, from mu) accuracy on "
+                                                    f"{min(task_lib.EVAL_RECONSTRUCT, len(dataset.valid))}")
+        print(f"the bar's eval figures: loss on {min(task_lib.EVAL_LOSS, len(dataset.valid))} validation molecules"
+              f"{accuracy}; the final report uses the test set")
         model, dataset, _ = task_lib.train(
             task, cfg, out, resume=args.resume, callback=ProgressBar(), dataset=dataset,
             data_sharding=dp.data, state_sharding=dp.replicated,
@@ -597,7 +605,8 @@ def cmd_sample_vae(args: argparse.Namespace) -> int:
     model.eval()
     with flag_names():  # the sampler's own checks ("top_k: ...") name the flag
         generated = task_lib.sample(model, vocab, args.n, max_len=task.max_length + 1, seed=args.seed,
-                                    temperature=args.temperature, top_k=args.top_k, greedy=args.greedy)
+                                    temperature=args.temperature, top_k=args.top_k, greedy=args.greedy,
+                                    decoder_only=task.decoder_only)
     if args.output:
         Path(args.output).write_text("\n".join(generated) + "\n")
     else:

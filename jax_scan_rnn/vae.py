@@ -398,6 +398,7 @@ class SeqVAE(nnx.Module):
         beta: float | Array = 1.0,
         free_bits: float | Array = 0.0,
         eps: Array | None = None,
+        z: Array | None = None,
         replace_mask: Array | None = None,
         mode: str = "argmax",
         gumbel: Array | None = None,
@@ -405,6 +406,10 @@ class SeqVAE(nnx.Module):
         tau: float | Array = 1.0,
     ) -> dict[str, Array]:
         """Encode, sample z (with `eps`), decode (the decoder options go to `decode`), and score.
+
+        `z` [B, Z] given: decode from it instead, with no encoder and no KL (0): zeros make the decoder alone
+        a CharRNN (a language model with a learned start state `tanh(latent_to_hidden.bias)`), the baseline
+        that tells an undertrained decoder from a latent space with holes.
 
         `beta` and `free_bits` may be traced scalars (annealing schedules under jit). Returns:
           recon       scalar: sum over t and positions with tokens != <pad> of
@@ -420,8 +425,12 @@ class SeqVAE(nnx.Module):
         _check_scalar("beta", beta, lo=0)
         _check_scalar("free_bits", free_bits, lo=0)
         tokens = self._check_tokens(tokens)
-        mu, logvar = self.encode(tokens, lengths)
-        z = self.reparameterize(mu, logvar, eps)
+        if z is None:
+            mu, logvar = self.encode(tokens, lengths)
+            z = self.reparameterize(mu, logvar, eps)
+        else:
+            z = self._check_z(z, tokens.shape[0])
+            mu = logvar = jnp.zeros_like(z)  # no posterior: KL(N(0, 1) || N(0, 1)) = 0 in every dimension
         logits = self.decode(
             z, tokens, replace_mask=replace_mask, mode=mode, gumbel=gumbel, temperature=temperature, tau=tau
         )

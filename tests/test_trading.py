@@ -14,12 +14,12 @@ from jax_scan_rnn.data.trading import (
     optimal_policy,
     partial_trading,
     performance,
+    performance_terms,
     rolling_markowitz_policy,
     simulate,
     supervised_mse,
     trade_rate,
     utility_table,
-    utility_terms,
 )
 
 CFG = MarketConfig()
@@ -369,6 +369,10 @@ def test_objective_refuses_bad_gamma_and_lam():
 
 def test_utility_terms_sum_to_net_utility_and_previous_prices_the_first_trade(market):
     x, r = optimal_policy(CFG, market.signals[:8]), market.returns[:8]
+
+    def utility_terms(*args, **kwargs):
+        return performance_terms(*args, **kwargs)["utility"]
+
     terms = utility_terms(x, r, CFG)
     assert terms.shape == (8, 500)
     np.testing.assert_allclose(terms.mean(axis=1), net_utility(x, r, CFG), rtol=1e-12)

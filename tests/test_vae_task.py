@@ -216,3 +216,30 @@ def test_batches_are_checked_before_they_reach_the_jitted_step(corpus, monkeypat
     with pytest.raises(ValueError, match=rf"tokens: expected ids in \[0, vocab_size={dataset.vocab.size}\), got "
                                          rf"tokens\[3, 1\]={bad}"):
         task_lib.make_batch_fn(task, dataset)
+
+
+def test_decoder_only_is_a_charrnn_baseline_from_the_same_code(corpus, tmp_path, capsys):
+    """--decoder-only trains the decoder alone from z = 0 (no encoder, no KL): the CharRNN row of MOSES's
+    table, like for like. Its encoder gets no gradient, its report has samples but no reconstruction."""
+    from jax_scan_rnn.train import TrainConfig
+
+    task = tiny(corpus, decoder_only=True)
+    model, dataset, history = task_lib.train(task, TrainConfig(steps=30, learning_rate=1e-2, log_every=10,
+                                                               eval_every=0, checkpoint_every=0))
+    _, kl = history.series("kl", "train")
+    _, recon = history.series("recon", "train")
+    assert max(kl) == 0.0 and recon[-1] < recon[0]
+    untouched = task_lib.build_model(task, dataset.vocab.size)
+    params = lambda m: jax.tree.leaves(nnx.state(m.gru_encoder, nnx.Param))  # noqa: E731
+    for ours, init in zip(params(model), params(untouched)):
+        np.testing.assert_array_equal(np.asarray(ours), np.asarray(init))  # the encoder is never used
+    report = task_lib.evaluate(model, dataset, task)
+    assert set(report) == {"samples", "samples_greedy"} and report["samples"]["n"] == task.eval_samples
+    out = tmp_path / "run"
+    argv = ["train", "vae", "--data", str(corpus), "--hidden-size", "16", "--latent-size", "4", "--batch-size", "8",
+            "--decoder-only", "--steps", "4", "--eval-every", "0", "--eval-samples", "8", "--eval-sequences", "2",
+            "--out", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "prior samples, sampled" in printed and "reconstruction" not in printed.split("the final report")[-1]
+    assert main(["sample", "vae", "--checkpoint", str(out), "-n", "3"]) == 0

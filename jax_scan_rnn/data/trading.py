@@ -39,8 +39,9 @@ to ~0.1 %.
 on numpy, jax and torch arrays (and differentiate under `jax.grad`).
 
 On real data there is no known optimum. `Objective` holds the utility's gamma, lam and a return
-covariance Sigma (the CLI estimates it from the training period); `performance` scores positions on a
-period of a longer run, and `buy_and_hold_policy` and `rolling_markowitz_policy` are the baselines.
+covariance Sigma (the CLI estimates it from the training period); `performance_terms` and `performance`
+score positions on a period of a longer run, and `buy_and_hold_policy` and `rolling_markowitz_policy` are
+the baselines.
 """
 from __future__ import annotations
 
@@ -314,12 +315,18 @@ def utility_table(cfg: MarketConfig, market: Market, learned_positions=None) -> 
 # ---------------------------------------------------------------- real data: scores and baselines
 
 
-def utility_terms(positions, returns, objective: Objective | MarketConfig, previous=None) -> np.ndarray:
-    """[B, T] each step's utility `x_t . r_{t+1} - gamma/2 x_t' Sigma x_t - lam/2 dx_t' Sigma dx_t` (numpy).
+def performance_terms(positions, returns, objective: Objective | MarketConfig, previous=None) -> dict[str, np.ndarray]:
+    """[B, T] per step, numpy: what a policy earned, paid and risked at each step.
+
+        return    x_t . r_{t+1}                          (gross)
+        cost      lam/2 dx_t' Sigma dx_t                 (in return units)
+        net       return - cost
+        utility   net - gamma/2 x_t' Sigma x_t           (the objective; `net_utility` is its mean over t)
+        turnover  sum_a |dx_t,a|
 
     `previous` [B, A] is x_{-1}, the position held before the first step (default 0): to score a period
     in the middle of a run, pass the position at the end of the period before it, so its first trade
-    costs what it cost in the run. `net_utility` is `utility_terms(...).mean(axis=1)`.
+    costs what it cost in the run.
     """
     objective = _objective(objective)
     x, r = np.asarray(positions, np.float64), np.asarray(returns, np.float64)
@@ -328,35 +335,26 @@ def utility_terms(positions, returns, objective: Objective | MarketConfig, previ
     if before.shape != x[:, 0].shape:
         raise ValueError(f"previous: expected shape {x[:, 0].shape} ([B, A]), got {before.shape}")
     trades = np.diff(x, axis=1, prepend=before[:, None])
-    sigma = objective.Sigma
-    quad = lambda v: np.einsum("bti,ij,btj->bt", v, sigma, v)  # noqa: E731
-    return (x * r).sum(-1) - 0.5 * objective.gamma * quad(x) - 0.5 * objective.lam * quad(trades)
+    quad = lambda v: np.einsum("bti,ij,btj->bt", v, objective.Sigma, v)  # noqa: E731
+    gross = (x * r).sum(-1)
+    cost = 0.5 * objective.lam * quad(trades)
+    return {"return": gross, "cost": cost, "net": gross - cost, "utility": gross - cost - 0.5 * objective.gamma * quad(x),
+            "turnover": np.abs(trades).sum(-1)}
+
+
+def summarise(terms: dict[str, np.ndarray], periods_per_year: float = 252) -> dict[str, float | None]:
+    """Means of `performance_terms` over every step, and the Sharpe ratio: mean over std of the net return per
+    step, times sqrt(periods_per_year); None when the net return is constant (no trading at all)."""
+    net = terms["net"]
+    std = float(net.std())
+    sharpe = float(net.mean() / std * np.sqrt(periods_per_year)) if std > 1e-12 * (1 + abs(net.mean())) else None
+    return {key: float(terms[key].mean()) for key in ("utility", "return", "cost", "turnover")} | {"sharpe": sharpe}
 
 
 def performance(positions, returns, objective: Objective | MarketConfig, *, previous=None,
                 periods_per_year: float = 252) -> dict[str, float | None]:
-    """How a policy did over [B, T] steps: the objective and what a trader reads besides it.
-
-    utility: mean net utility per step (the training objective). return: mean gross return per step,
-    `x_t . r_{t+1}`. cost: mean trading cost per step, `lam/2 dx' Sigma dx` (in return units). turnover:
-    mean `sum_a |dx_a|` per step. sharpe: mean over std of the net return (return - cost) per step, times
-    sqrt(periods_per_year); None when the net return is constant (no trading at all).
-    """
-    objective = _objective(objective)
-    x, r = np.asarray(positions, np.float64), np.asarray(returns, np.float64)
-    utility = utility_terms(x, r, objective, previous)
-    before = np.zeros_like(x[:, 0]) if previous is None else np.asarray(previous, np.float64)
-    trades = np.diff(x, axis=1, prepend=before[:, None])
-    cost = 0.5 * objective.lam * np.einsum("bti,ij,btj->bt", trades, objective.Sigma, trades)
-    net = (x * r).sum(-1) - cost
-    std = float(net.std())
-    return {
-        "utility": float(utility.mean()),
-        "return": float((x * r).sum(-1).mean()),
-        "cost": float(cost.mean()),
-        "turnover": float(np.abs(trades).sum(-1).mean()),
-        "sharpe": float(net.mean() / std * np.sqrt(periods_per_year)) if std > 1e-12 * (1 + abs(net.mean())) else None,
-    }
+    """How a policy did over [B, T] steps: `summarise(performance_terms(...))`."""
+    return summarise(performance_terms(positions, returns, objective, previous), periods_per_year)
 
 
 def buy_and_hold_policy(returns) -> np.ndarray:

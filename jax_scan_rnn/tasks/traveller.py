@@ -431,9 +431,7 @@ def plot_data(model: Traveller, data: market_data.MarketData, stats: DataStats, 
     axes = axes[:, 0]
     steps = np.arange(start, stop)
     for (name, x), color in zip(runs.items(), ("tab:red", "tab:blue", "0.6", "k")):
-        trades = np.diff(x[0], axis=0, prepend=np.zeros((1, x.shape[-1])))
-        cost = 0.5 * stats.objective.lam * np.einsum("ti,ij,tj->t", trades, stats.objective.Sigma, trades)
-        net = (x[0] * r[0]).sum(-1) - cost
+        net = trading.performance_terms(x, r, stats.objective)["net"][0]
         axes[0].plot(steps, np.cumsum(net[start:stop]), color=color, lw=1.2, label=name)
         if name.startswith(("Traveller", "rolling")):
             for asset in range(shown):

@@ -37,6 +37,9 @@ KL_SCHEDULES = ("constant", "linear", "sigmoid")
 SPLIT_FRACTIONS = (0.9, 0.05, 0.05)  # train / validation / test parts of the data (`smiles.split`)
 MIN_VALID = 1  # validation sequences a run needs: the periodic evaluation reconstructs them
 MIN_TEST = 2  # test sequences a run needs: the final report reconstructs them and interpolates between two
+# Validation sequences of the periodic evaluation during training (the progress bar's "eval" figures): the
+# loss on EVAL_LOSS of them, free-running reconstruction of EVAL_RECONSTRUCT. The final report uses the test set.
+EVAL_LOSS, EVAL_RECONSTRUCT = 512, 256
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,8 @@ class VAETask:
     num_layers: int = option(1, "GRU layers in the encoder and in the decoder", lo=1)
     bidirectional: bool = option(False, "bidirectional encoder")
     concat_z: bool = option(False, "append z to every decoder input (as MOSES does)")
+    decoder_only: bool = option(False, "a CharRNN baseline from the same code: the decoder alone, from a fixed zero "
+                                       "latent, trained on reconstruction alone (no encoder, no KL)")
     batch_size: int = option(128, "sequences per step", lo=1)
     decoding: str = option("teacher", "teacher forcing only, or scheduled sampling per token (the README says what "
                                       "each does to reconstruction and to sampled molecules)", choices=DECODINGS)
@@ -229,6 +234,8 @@ def make_loss_fn(task: VAETask):
             kwargs["mode"] = task.ss_mode
             if task.ss_mode != "argmax":
                 kwargs["gumbel"] = jax.vmap(lambda k: jax.random.gumbel(k, (steps, model.vocab_size)))(split[:, 2])
+        if task.decoder_only:
+            kwargs["z"] = jnp.zeros_like(eps)
         out = model.loss(tokens, batch["lengths"], beta=batch["beta"][0], free_bits=task.free_bits, eps=eps, **kwargs)
         return out["total"], {"recon": out["recon"], "kl": out["kl"], "beta": batch["beta"][0],
                               "p_replace": batch["p_replace"][0]}
@@ -251,10 +258,12 @@ def _teacher_forced_argmax(model, z, tokens):
 
 
 def sample(model: SeqVAE, vocab: smiles.Vocabulary, n: int, *, max_len: int, seed: int = 0, temperature: float = 1.0,
-           top_k: int = 0, greedy: bool = False) -> list[str]:
-    """`n` SMILES from the prior z ~ N(0, I), in one jitted call."""
+           top_k: int = 0, greedy: bool = False, decoder_only: bool = False) -> list[str]:
+    """`n` SMILES from the prior z ~ N(0, I) (`decoder_only`: from z = 0, a CharRNN), in one jitted call."""
     key_z, key_g = jax.random.split(jax.random.key(seed))
     z = jax.random.normal(key_z, (n, model.latent_size), model.dtype)
+    if decoder_only:
+        z = jnp.zeros_like(z)
     if greedy:
         tokens = _greedy(model, z, max_len)
     else:
@@ -282,13 +291,15 @@ def evaluate(model: SeqVAE, dataset: Dataset, task: VAETask, *, seed: int = 0) -
     """Reconstruction of held-out molecules, prior samples' MOSES metrics, KL per dimension, interpolation."""
     model.eval()
     test = dataset.test[: task.eval_sequences]
-    report = {"reconstruction": reconstruction(model, dataset.vocab, test, task.max_length)}
+    report = {}
+    if not task.decoder_only:  # a CharRNN has no latent to reconstruct from
+        report["reconstruction"] = {**reconstruction(model, dataset.vocab, test, task.max_length), "n": len(test)}
     # The same latents decoded two ways: sampled at temperature 1 (what MOSES reports) and greedily.
     # A decoder that has not yet sharpened its next-token distributions writes far more valid SMILES
     # greedily, so the pair tells an undertrained language model from a latent space off the prior.
     for name, greedy in (("samples", False), ("samples_greedy", True)):
         generated = sample(model, dataset.vocab, task.eval_samples, max_len=task.max_length + 1, seed=seed,
-                           greedy=greedy)
+                           greedy=greedy, decoder_only=task.decoder_only)
         report[name] = {
             "n": len(generated),
             "validity": metrics.validity(generated),
@@ -296,6 +307,8 @@ def evaluate(model: SeqVAE, dataset: Dataset, task: VAETask, *, seed: int = 0) -
             "novelty": metrics.novelty(generated, dataset.train),
             "examples": list(generated[:10]),
         }
+    if task.decoder_only:
+        return report
     tokens, lengths = encode(dataset.vocab, test, task.max_length)
     mu, logvar = (np.asarray(a) for a in _encode(model, tokens, lengths))  # reuses reconstruction's compiled encoder
     kl_per_dim = np.mean(-0.5 * (1 + logvar - mu**2 - np.exp(logvar)), axis=0)
@@ -313,12 +326,15 @@ def train(task: VAETask, cfg: TrainConfig, out_dir: str | Path | None = None, *,
     dataset = load_dataset(task) if dataset is None else dataset
     seed = cfg.seed  # the run's one seed: initialisation, batch order, per-step noise
     model = build_model(task, dataset.vocab.size, seed)
-    valid_tokens, valid_lengths = encode(dataset.vocab, dataset.valid[:512], task.max_length)
+    valid_tokens, valid_lengths = encode(dataset.vocab, dataset.valid[:EVAL_LOSS], task.max_length)
 
     def eval_fn(m: SeqVAE) -> dict[str, float]:
         m.eval()
-        out = jit(m).loss(valid_tokens, valid_lengths, eps=jnp.zeros((len(valid_tokens), m.latent_size), m.dtype))
-        acc = reconstruction(m, dataset.vocab, dataset.valid[:256], task.max_length)
+        zeros = jnp.zeros((len(valid_tokens), m.latent_size), m.dtype)
+        if task.decoder_only:
+            return {"recon": float(jit(m).loss(valid_tokens, valid_lengths, z=zeros)["recon"])}
+        out = jit(m).loss(valid_tokens, valid_lengths, eps=zeros)
+        acc = reconstruction(m, dataset.vocab, dataset.valid[:EVAL_RECONSTRUCT], task.max_length)
         return {"recon": float(out["recon"]), "kl": float(out["kl"]), "free_sequence_acc": acc["free_sequence_acc"]}
 
     history = fit(
