@@ -243,3 +243,29 @@ def test_decoder_only_is_a_charrnn_baseline_from_the_same_code(corpus, tmp_path,
     printed = capsys.readouterr().out
     assert "prior samples, sampled" in printed and "reconstruction" not in printed.split("the final report")[-1]
     assert main(["sample", "vae", "--checkpoint", str(out), "-n", "3"]) == 0
+
+
+def test_augment_writes_each_training_molecule_several_ways(corpus):
+    """--augment K: each training molecule also has up to K randomized SMILES (the same molecule); a batch
+    draws one way per molecule, as a pure function of the step; validation and test stay canonical."""
+    from jax_scan_rnn.data.smiles import canonical_smiles
+
+    task = tiny(corpus, augment=5)
+    dataset = task_lib.load_dataset(task)
+    assert dataset.valid == task_lib.load_dataset(tiny(corpus)).valid  # the split does not move
+    for variants in dataset.train_variants:
+        assert variants[0] in dataset.train and len(set(variants)) == len(variants) <= 6
+        assert {canonical_smiles(v) for v in variants} == {canonical_smiles(variants[0])}
+        assert all(len(v) <= task.max_length for v in variants)
+    assert sum(len(v) > 1 for v in dataset.train_variants) > len(dataset.train) // 2
+    batch_fn = task_lib.make_batch_fn(task, dataset)
+    np.testing.assert_array_equal(batch_fn(3)["tokens"], batch_fn(3)["tokens"])
+    writings: dict[str, set[str]] = {}
+    for step in range(60):  # ~6 epochs of the 81 training molecules: each drawn several times
+        for written in dataset.vocab.decode(batch_fn(step)["tokens"]):
+            writings.setdefault(canonical_smiles(written), set()).add(written)
+    assert max(len(w) for w in writings.values()) >= 3  # the same molecule, written different ways
+    plain = task_lib.make_batch_fn(tiny(corpus), task_lib.load_dataset(tiny(corpus)))
+    assert plain(0)["tokens"].shape == batch_fn(0)["tokens"].shape
+    with pytest.raises(ValueError, match="^augment: expected 0 with smiles_check=False"):
+        tiny(corpus, augment=2, smiles_check=False)

@@ -52,6 +52,8 @@ class VAETask:
                                       "--no-smiles-check: the file is not chemistry")
     max_length: int = option(smiles.DEFAULT_MAX_LENGTH, "longer sequences are skipped (counted)", lo=1)
     limit: int | None = option(None, "use at most this many sequences", lo=1)
+    augment: int = option(0, "randomized SMILES per training molecule (Arus-Pous et al. 2019): each time a molecule "
+                             "is drawn, it is written one of these ways or canonically; 0: off", lo=0)
     hidden_size: int = option(256, "H of the encoder and decoder GRUs", lo=1)
     latent_size: int = option(64, "Z, the latent size", lo=1)
     num_layers: int = option(1, "GRU layers in the encoder and in the decoder", lo=1)
@@ -81,6 +83,9 @@ class VAETask:
 
     def __post_init__(self):
         check(self)  # every option, before any data is read or any directory written
+        if self.augment and not self.smiles_check:
+            raise ValueError(f"augment: expected 0 with smiles_check=False (randomized SMILES rewrite molecules; the "
+                             f"data is not chemistry), got {self.augment}")
         if not self.smiles_check and smiles.is_builtin_source(self.data):
             raise ValueError(
                 f"smiles_check: expected True for the built-in source {self.data!r} (always SMILES; False is "
@@ -122,6 +127,8 @@ class Dataset:
     valid: list[str]
     test: list[str]
     skipped: dict[str, int]
+    # Every way each training molecule may be written ([canonical, randomized...], `VAETask.augment`), or None.
+    train_variants: list[list[str]] | None = None
 
 
 def _skipped_text(skipped: dict[str, int]) -> str:
@@ -163,7 +170,11 @@ def load_dataset(task: VAETask) -> Dataset:
             f"{task.batch_size}), {MIN_VALID} validation and {MIN_TEST} test sequences (skipped: {skipped_text})"
         )
     train_seqs, valid_seqs, test_seqs = smiles.split(loaded.sequences, SPLIT_FRACTIONS, seed=task.split_seed)
-    vocab = smiles.Vocabulary.build(train_seqs)
+    variants = None
+    if task.augment:
+        variants = [[s, *(v for v in smiles.randomized_smiles(s, task.augment, i, task.max_length) if v != s)]
+                    for i, s in enumerate(train_seqs)]
+    vocab = smiles.Vocabulary.build([v for vs in variants for v in vs] if variants else train_seqs)
     # Validation/test sequences with characters unseen in training cannot be encoded: drop and count them.
     def encodable(seqs):
         kept = [s for s in seqs if set(s) <= set(vocab.tokens)]
@@ -181,7 +192,7 @@ def load_dataset(task: VAETask) -> Dataset:
             f"dropped (unseen_character {dropped_v + dropped_t}); needs at least {MIN_VALID} validation and "
             f"{MIN_TEST} test sequences (skipped: {skipped_text})"
         )
-    return Dataset(vocab, train_seqs, valid_seqs, test_seqs, skipped)
+    return Dataset(vocab, train_seqs, valid_seqs, test_seqs, skipped, variants)
 
 
 def build_model(task: VAETask, vocab_size: int, seed: int = 0) -> SeqVAE:
@@ -201,10 +212,17 @@ def make_batch_fn(task: VAETask, dataset: Dataset, seed: int = 0):
     """`step -> batch`, a pure function of the step: tokens, lengths, per-sequence keys and schedules. The
     batch order and the per-step noise are seeded by `task.data_seed + seed` (the run's seed)."""
     data_seed = task.data_seed + seed
-    tokens, lengths = encode(dataset.vocab, dataset.train, task.max_length)  # checked once, here
+    variants = dataset.train_variants or [[s] for s in dataset.train]
+    counts = np.array([len(vs) for vs in variants])
+    first = np.concatenate([[0], np.cumsum(counts)[:-1]])  # row of each molecule's first way in `tokens`
+    tokens, lengths = encode(dataset.vocab, [v for vs in variants for v in vs], task.max_length)  # checked once
+    molecules = np.arange(len(variants))[:, None]
 
     def batch_fn(step: int) -> dict:
-        tok, length = smiles.batch_at(tokens, lengths, task.batch_size, step, seed=data_seed)
+        # Epochs over molecules (not over their written forms); then one way of writing each, drawn per step.
+        rows = smiles.batch_at(molecules, counts, task.batch_size, step, seed=data_seed)[0][:, 0]
+        picked = first[rows] + np.random.default_rng((data_seed, step, 1)).integers(counts[rows])
+        tok, length = tokens[picked], lengths[picked]
         b = task.batch_size
         return {
             "tokens": tok,

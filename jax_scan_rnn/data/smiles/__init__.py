@@ -23,6 +23,7 @@ from jax_scan_rnn.data.smiles.sources import (
     is_builtin_source,
     load_sequences,
     parse_smiles,
+    randomized_smiles,
     silence_rdkit,
 )
 from jax_scan_rnn.data.smiles.vocabulary import EOS, PAD, SOS, SPECIAL_TOKENS, Vocabulary
@@ -30,5 +31,5 @@ from jax_scan_rnn.data.smiles.vocabulary import EOS, PAD, SOS, SPECIAL_TOKENS, V
 __all__ = [
     "DEFAULT_MAX_LENGTH", "DRUG_LIKE", "EOS", "PAD", "RDKIT_FILES", "SOS", "SPECIAL_TOKENS", "LoadResult",
     "MoleculeFilter", "Vocabulary", "batch_at", "canonical_smiles", "is_builtin_source", "load_sequences",
-    "min_split_size", "parse_smiles", "silence_rdkit", "split", "split_sizes",
+    "min_split_size", "parse_smiles", "randomized_smiles", "silence_rdkit", "split", "split_sizes",
 ]

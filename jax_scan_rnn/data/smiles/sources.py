@@ -91,6 +91,19 @@ def canonical_smiles(smiles: str) -> str | None:
         return None if mol is None else _chem().MolToSmiles(mol)
 
 
+def randomized_smiles(smiles: str, count: int, seed: int, max_length: int) -> list[str]:
+    """`count` randomized SMILES of the molecule (Arús-Pous et al. 2019): the same graph written from random
+    starting atoms and branch orders (`Chem.MolToRandomSmilesVect`, seeded, so the same arguments give the
+    same strings), those of at most `max_length` characters, duplicates dropped. [] if `smiles` is invalid."""
+    integer("count", count, lo=0)
+    with silence_rdkit():
+        mol = parse_smiles(smiles)
+        if mol is None or count == 0:
+            return []
+        variants = _chem().MolToRandomSmilesVect(mol, count, randomSeed=integer("seed", seed, lo=0))
+    return list(dict.fromkeys(v for v in variants if len(v) <= max_length))
+
+
 @dataclass(frozen=True)
 class MoleculeFilter:
     """Which parsed molecules count as clean and drug-like (checked on rdkit Mol objects)."""
