@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-DOCUMENTS = [ROOT / "README.md"]
+DOCUMENTS = [ROOT / "README.md", ROOT / "docs" / "scan_vs_loop.md", ROOT / "docs" / "tuning_cpu.md"]
 MARKER = re.compile(r"<!--fig:([\w.-]+)-->(.*?)<!--/fig-->", re.S)
 FIGURES: dict[str, Callable[[], str]] = {}
 
@@ -194,6 +194,208 @@ def _traveller_real_data() -> str:
         lines.append(f"| {POLICY_NAMES[key]} | {row['utility'] * 1e4:+.2f} | {row['return'] * 1e4:+.2f} | "
                      f"{row['cost'] * 1e4:.2f} | {row['turnover']:.3f} | {sharpe} |")
     return "\n".join(lines + ["", " ".join(data["summary"])])
+
+
+# ------------------------------------------------------------ docs/scan_vs_loop.md and its appendix, docs/tuning_cpu.md
+
+# The rows of the page's table, B=1, T=1000, in the order the page explains them.
+LOOP_ROWS = (
+    ("torch-loop", "seed loop: `nn.LSTM` called once per step"),
+    ("torch-cell", "the same loop, cell math written out (`F.linear` + gates)"),
+    ("torch-script", "that loop under `torch.jit.script` (TorchScript)"),
+    ("torch-scan", "`torch._higher_order_ops.scan`, eager"),
+    ("torch-compile-scan", "`torch.compile` of that scan"),
+    ("jax-scan-auto", "**`jax.lax.scan`, jitted** (`jsr.Traveller`, its defaults)"),
+    ("jax-user-call", "the same through `fast(x)`, `fast = jsr.jit(model)`: the user's call"),
+    ("torch-lstm-seq", "`nn.LSTM` over the whole sequence, feedback removed (a bound, not this model)"),
+    ("limit-xla", "the limit: same FLOPs, time dependency removed"),
+)
+
+
+def any_row(file: str, method: str, mode: str, batch: int, steps: int) -> dict | None:
+    """The row of a cell whatever its status (skipped and n/a rows say why), or None if the run has none."""
+    for row in load(file)["rows"]:
+        if (row["method"], row["mode"], row["B"], row["T"]) == (method, mode, batch, steps):
+            return row
+    return None
+
+
+def times(value: float) -> str:
+    return f"{value:.3g}×"
+
+
+@figure("loop.seed_step")
+def _loop_seed_step() -> str:
+    return f"{us(bench_row(MAIN, 'torch-loop', 'forward', 1, 1000)['per_step_us'])} per step"
+
+
+@figure("loop.table")
+def _loop_table() -> str:
+    lines = ["| B=1, T=1000 (CPU, 2 cores) | forward, per step | vs seed loop | vs limit | train step, per step "
+             "| vs seed loop |", "|---|---:|---:|---:|---:|---:|"]
+    notes = []
+    for method, label in LOOP_ROWS:
+        fwd = bench_row(MAIN, method, "forward", 1, 1000)
+        bold = "**" if method == "jax-scan-auto" else ""  # the headline row's forward figures
+        forward = (us(fwd["per_step_us"]), times(fwd["speedup_vs_seed"]), times(fwd["x_limit"]))
+        cells = [f"{bold}{c}{bold}" for c in forward]
+        train = any_row(MAIN, method, "train", 1, 1000)
+        if train is not None and train["status"] == "ok":
+            cells += [us(train["per_step_us"]), times(train["speedup_vs_seed"])]
+        else:
+            why = "not measured" if train is None else train["reason"] if train["status"] == "n/a" else \
+                f"{train['status']}: {train['reason']}"
+            notes.append(f"({len(notes) + 1}) {why}")
+            cells += [f"— ({len(notes)})", ""]
+        lines.append(f"| {label} | {' | '.join(cells)} |")
+    return "\n".join(lines + [""] + [note + ("  " if i < len(notes) - 1 else "") for i, note in enumerate(notes)])
+
+
+@figure("loop.agreement")
+def _loop_agreement() -> str:
+    diffs = [row["max_abs_diff"]["value"] for row in load(MAIN)["rows"]
+             if row["method"] in ("jax-scan-auto", "jax-user-call") and row["status"] == "ok"
+             and row.get("max_abs_diff") and row["max_abs_diff"]["vs"] == "torch-loop"]
+    return f"{max(diffs):.1e}"
+
+
+@figure("loop.b64_lstm")
+def _loop_b64_lstm() -> str:
+    seq, scan = (bench_row(MAIN, m, "forward", 64, 1000) for m in ("torch-lstm-seq", "jax-scan-auto"))
+    return (f"{us(seq['per_step_us'])} per step against the scan's {us(scan['per_step_us'])} "
+            f"({seq['x_limit']:.2f}× the limit row)")
+
+
+@figure("loop.eager_jax")
+def _loop_eager_jax() -> str:
+    row = bench_row(MAIN, "jax-eager", "forward", 1, 100)
+    return f"{us(row['per_step_us'])} per step at T=100, {1 / row['speedup_vs_seed']:.1f}× slower than the seed's loop"
+
+
+@figure("loop.torch_scan_train")
+def _loop_torch_scan_train() -> str:
+    row = bench_row(MAIN, "torch-scan", "train", 1, 100)
+    return (f"{row['per_step_us'] * row['T'] / 1e6:.2f} s per call at T=100, "
+            f"{1 / row['speedup_vs_seed']:.1f}× slower than the seed loop")
+
+
+CALLS = "call-overhead-cpu-2core.json"
+
+
+@figure("loop.calls")
+def _loop_calls() -> str:
+    rows = {(r["arm"], r["T"]): r for r in load(CALLS)["rows"]}
+    steps = sorted({t for _, t in rows})
+
+    def per_call(value: float) -> str:
+        return f"{value / 1e3:.3g} ms" if value >= 1e3 else us(value)
+
+    lines = ["| per call, Traveller B=1 | " + " | ".join(f"T={t}" for t in steps) + " | first call, T=4 |",
+             "|---|" + "---:|" * (len(steps) + 1)]
+    for arm, label in (("eager", "eager `model(x)`: traced and compiled on every call"),
+                       ("bare jax.jit", "a bare `jax.jit` over `nnx.split` state"),
+                       ("jsr.jit", "`fast(x)`, `fast = jsr.jit(model)` made once"),
+                       ("torch seed loop", "for scale: the torch seed loop")):
+        cells = [per_call(rows[arm, t]["median_us"]) for t in steps]
+        first = "no compile" if arm.startswith("torch") else f"{rows[arm, steps[0]]['first_call_s']:.2f} s"
+        lines.append(f"| {label} | {' | '.join(cells)} | {first} |")
+    return "\n".join(lines)
+
+
+@figure("loop.shapes")
+def _loop_shapes() -> str:
+    scan = [bench_row(MAIN, "jax-scan-auto", "forward", 1, t)["first_call_s"] for t in (100, 1000, 10000)]
+    loop = [bench_row(MAIN, "jax-jit-loop", "forward", 1, t)["first_call_s"] for t in (10, 25, 50)]
+    return (f"the jitted scan's first call, compile included, takes {min(scan):.2f}-{max(scan):.2f} s at "
+            f"T = 100, 1,000 and 10,000; a Python `for` loop under `jax.jit` takes {loop[0]:.2f} s at T=10, "
+            f"{loop[1]:.2f} s at T=25 and {loop[2]:.2f} s at T=50")
+
+
+TUNING_LOGS = {
+    "flag": ("xla-flag-cpu-2core.txt",
+             r"(?P<config>\S+)\s+(?:True|False)\s+(?P<fwd0>[\d.]+) ->\s+(?P<fwd1>[\d.]+) us\s+"
+             r"(?P<train0>[\d.]+) ->\s+(?P<train1>[\d.]+) us"),
+    "unroll": ("unroll-cpu-2core.txt",
+               r"(?P<config>\S+)\s+T=\s*\d+ unroll=\s*(?P<unroll>\d+)\s+forward\s+(?P<fwd>[\d.]+) us/step\s+"
+               r"train\s+(?P<train>[\d.]+) us/step\s+first call\s+(?P<first>[\d.]+) s"),
+    "hoist": ("hoist-cpu-2core.txt",
+              r"(?P<config>\S+)\s+T=\s*\d+\s+forward\s+(?P<fwd0>[\d.]+) ->\s+(?P<fwd1>[\d.]+) us/step\s+"
+              r"train\s+(?P<train0>[\d.]+) ->\s+(?P<train1>[\d.]+)"),
+    "hoist-layers": ("hoist-layers-cpu-2core.txt",
+                     r"(?P<config>.+?)\s+T=\s*\d+.*?forward\s+(?P<fwd0>[\d.]+) ->\s+(?P<fwd1>[\d.]+) us/step"),
+}
+
+
+def tuning_log(kind: str) -> list[dict]:
+    """The measured lines of a `benchmarks/tune_scan.py` log (comment lines skipped), as dicts of strings."""
+    file, pattern = TUNING_LOGS[kind]
+    rows = [re.match(pattern, line) for line in (RESULTS / file).read_text().splitlines() if not line.startswith("#")]
+    return [{**m.groupdict(), "config": " ".join(m["config"].split())} for m in rows if m]
+
+
+def log_us(value: str) -> str:
+    return us(float(value)).replace(" µs", "")
+
+
+@figure("tuning.flag")
+def _tuning_flag() -> str:
+    b1 = {r["config"]: r for r in tuning_log("flag")}["1x64"]
+    return (f"forward {log_us(b1['fwd0'])} -> {log_us(b1['fwd1'])} µs per step, train step "
+            f"{log_us(b1['train0'])} -> {log_us(b1['train1'])} µs")
+
+
+@figure("tuning.unroll")
+def _tuning_unroll() -> str:
+    rows = {(r["config"], int(r["unroll"])): r for r in tuning_log("unroll")}
+    b1 = [float(rows["1x64", u]["fwd"]) for u in (1, 2, 4, 8)]
+    train_b1 = f"{log_us(rows['1x64', 1]['train'])} -> {log_us(rows['1x64', 2]['train'])} µs"
+    return (f"at B=1 the forward pass is the same at unroll 1 to 8 ({min(b1):.3g}-{max(b1):.3g} µs per step) and "
+            f"the train step gains from 2 ({train_b1}); "
+            f"at B=64 every unroll above 1 is slower, training most ({log_us(rows['64x64', 1]['train'])} µs per "
+            f"step at 1, {log_us(rows['64x64', 4]['train'])} at 4, {log_us(rows['64x64', 16]['train'])} at 16); and "
+            f"unroll 16 takes {rows['1x64', 16]['first']} s to compile at B=1 instead of {rows['1x64', 1]['first']} s")
+
+
+@figure("tuning.hoist")
+def _tuning_hoist() -> str:
+    rows = {r["config"]: r for r in tuning_log("hoist")}
+    return ", ".join(f"{label} {log_us(rows[c]['fwd0'])} -> {log_us(rows[c]['fwd1'])}"
+                     for c, label in (("1x64", "B=1"), ("64x64", "B=64"), ("1024x64", "B=1024 (T=100)")))
+
+
+@figure("tuning.hoist_layers")
+def _tuning_hoist_layers() -> str:
+    rows = {r["config"]: r for r in tuning_log("hoist-layers")}
+    return "; ".join(f"{label} {log_us(rows[c]['fwd0'])} -> {log_us(rows[c]['fwd1'])}" for c, label in (
+        ("GRU I=40 H=256 L=1 B=128", "the VAE's encoder (GRU, one-hot inputs, B=128, T=60)"),
+        ("LSTM I=64 H=64 L=1 B=64", "an LSTM at B=64"),
+        ("GRU I=256 H=256 L=2 B=128", "a 2-layer GRU with 256 inputs per row, where the hoisted matmul does "
+                                      "real arithmetic")))
+
+
+@figure("tuning.remat_time")
+def _tuning_remat_time() -> str:
+    remat, plain = (bench_row(MAIN, m, "train", 1, 10000)["per_step_us"] for m in ("jax-scan-remat", "jax-scan-u1"))
+    return f"{us(remat)} per train step against {us(plain)} without (both at unroll 1)"
+
+
+@figure("tuning.compile_loop")
+def _tuning_compile_loop() -> str:
+    loop = [bench_row(MAIN, "torch-compile-loop", "forward", 1, t) for t in (10, 25, 50)]
+    scan = [bench_row(MAIN, "torch-compile-scan", "forward", 1, t)["first_call_s"] for t in (100, 1000, 10000)]
+    return (f"its first call takes {loop[0]['first_call_s']:.1f} s at T=10, {loop[1]['first_call_s']:.1f} s at T=25 "
+            f"and {loop[2]['first_call_s']:.1f} s at T=50 (then {us(loop[2]['per_step_us'])} per step), where "
+            f"`torch.compile` of the scan takes {min(scan):.1f}-{max(scan):.1f} s at T = 100 to 10,000")
+
+
+@figure("tuning.run")
+def _tuning_run() -> str:
+    data = load(MAIN)
+    threads = data["host"]["torch_threads"]
+    calib = ", ".join(f"{float(s) * 1e3:.1f} ms on {n}" for n, s in threads["calibration_s"].items())
+    return (f"{data['wall_s']:.0f} s wall, load average {data['load_average']['start']} at the start and "
+            f"{data['load_average']['end']} at the end; torch ran on {threads['chosen']} thread(s) "
+            f"(calibration: {calib})")
 
 
 # ------------------------------------------------------------------------------ render / check
