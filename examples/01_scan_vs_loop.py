@@ -13,24 +13,32 @@ What it teaches
     Why the numbers come out as they do: docs/scan_vs_loop.md. The full benchmark: `jax-scan-rnn bench`.
 
 How to run
-    python examples/01_scan_vs_loop.py        # about a minute on a 2-core CPU (imports included)
+    python examples/01_scan_vs_loop.py            # about a minute on a 2-core CPU (imports included)
+    python examples/01_scan_vs_loop.py --quick    # T=50, 3 repeats: ~15-30 s, a smoke test (noisier timings)
     The `# %%` markers make it a notebook in VS Code or Jupyter.
 
-Outputs: `times.md` (the table) and `times.png` (the chart) in the folder printed on the last line.
+Outputs: `times.md` (the table) and `times.png` (the chart) in examples/out/01_scan_vs_loop (or --out),
+the folder printed on the last line.
 """
 # %% Config
+import argparse
 from pathlib import Path
 
-SEQ_LEN = 1000  # T: time steps
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--quick", action="store_true", help="T=50 and 3 repeats: a smoke test (the test suite's)")
+parser.add_argument("--out", default="examples/out/01_scan_vs_loop", help="where times.md and times.png go")
+args, _ = parser.parse_known_args()  # known args only: the cells also run in a notebook kernel
+
+SEQ_LEN = 50 if args.quick else 1000  # T: time steps
 BATCH = 1  # B: paths (the seed has one)
 HIDDEN = 64  # H of each LSTM layer
 LAYERS = 2  # stacked LSTM layers
 FEATURES = 8  # F: features per step
 UNROLL = "auto"  # lax.scan steps per compiled loop iteration: the library's measured choice, or an int
-REPEATS = 5  # timed calls per method, after one warm-up call
+REPEATS = 3 if args.quick else 5  # timed calls per method, after one warm-up call
 TORCH_THREADS = 1  # B=1 ops are too small to split; more threads only add synchronisation (a lot, on a busy CPU)
 SEED = 0
-OUT_DIR = Path("examples/out/01_scan_vs_loop")
+OUT_DIR = Path(args.out)
 
 # %% Imports, and one set of weights in both frameworks
 import statistics

@@ -8,10 +8,13 @@ What it teaches:
      an "aim" portfolio (Garleanu & Pedersen 2013), which needs the previous position, i.e. feedback.
   3. The same weights in PyTorch (`torch_ref.Traveller`, the seed's own loop) give the same positions.
 
-Run:   python examples/02_train_traveller.py        (about 1-2 minutes on a 2-core CPU)
-Output: a utility table on held-out paths, and PNGs of the training curve and of the positions.
+Run:   python examples/02_train_traveller.py           (about 1-2 minutes on a 2-core CPU)
+       python examples/02_train_traveller.py --quick   (60 updates on small data: ~15-30 s, a smoke test)
+Output: a utility table on held-out paths, and PNGs of the training curve and of the positions in
+examples/out/02_train_traveller (or --out).
 """
 # %% Config
+import argparse
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -25,16 +28,23 @@ import torch_ref
 from jax_scan_rnn.data import trading
 from jax_scan_rnn.train import TrainStep
 
-STEPS = 600  # optimiser steps
-BATCH, SEQ_LEN = 64, 128  # paths per step, steps per training path
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--quick", action="store_true", help="60 updates on small data: a smoke test (the test suite's)")
+parser.add_argument("--out", default="examples/out/02_train_traveller", help="where the PNGs go")
+args, _ = parser.parse_known_args()  # known args only: the cells also run in a notebook kernel
+
+STEPS = 60 if args.quick else 600  # optimiser steps
+PRINT_EVERY = 20 if args.quick else 100  # steps between progress lines (a multiple of 10)
+BATCH, SEQ_LEN = (16, 32) if args.quick else (64, 128)  # paths per step, steps per training path
+TRAIN_PATHS, TEST_PATHS, TEST_LEN = (256, 32, 100) if args.quick else (4096, 256, 500)  # simulated paths
 HIDDEN, LAYERS = 32, 2
 LEARNING_RATE = 3e-3
-OUT = Path("examples/out/02_train_traveller")
+OUT = Path(args.out)
 market_cfg = trading.MarketConfig()
 
 # %% The market: signals predict returns; trading costs make the best position depend on the last one
-train_market = trading.simulate(market_cfg, 4096, SEQ_LEN, seed=1)
-test_market = trading.simulate(market_cfg, 256, 500, seed=999)  # held out, longer paths
+train_market = trading.simulate(market_cfg, TRAIN_PATHS, SEQ_LEN, seed=1)
+test_market = trading.simulate(market_cfg, TEST_PATHS, TEST_LEN, seed=999)  # held out, longer paths
 print("held-out utility per step of the reference policies:")
 for name, value in trading.utility_table(market_cfg, test_market).items():
     print(f"  {name:<10} {value:+.4f}")
@@ -69,7 +79,7 @@ for step in range(STEPS):
         window = train_step.read(carry)["window"]  # sums since the last reset: the only host sync
         losses.append(float(window["loss"] / window["count"]))
         carry = train_step.reset(carry)
-    if (step + 1) % 100 == 0:
+    if (step + 1) % PRINT_EVERY == 0:
         print(f"step {step + 1:4d}  training utility per step {-losses[-1]:+.4f}")
 train_step.write(carry)  # the model now holds the trained weights
 
@@ -81,6 +91,8 @@ positions, _ = fast(test_features)
 positions = np.asarray(positions)
 table = trading.utility_table(market_cfg, test_market, positions)
 print(f"\nlearned policy: {table['learned']:+.4f} per step = {table['learned_over_optimal']:.1%} of the optimum")
+if args.quick:
+    print(f"quick run: {STEPS} updates on {TRAIN_PATHS} short paths, a smoke test: quote the default run's share")
 
 # %% The same weights in PyTorch: the seed's own per-step loop gives the same positions
 reference = torch_ref.Traveller(market_cfg.num_signals, HIDDEN, LAYERS, 0.0).eval()
@@ -88,17 +100,19 @@ reference.load_state_dict({k: torch.from_numpy(v) for k, v in jsr.torch_state_di
 with torch.no_grad():
     torch_positions, _ = reference(torch.from_numpy(test_market.features[:4].astype(np.float32)), method="loop")
 gap = np.abs(torch_positions.numpy() - positions[:4]).max()
-print(f"PyTorch seed loop vs JAX scan, same weights, 4 paths x 500 steps: max |diff| = {gap:.1e}")
+print(f"PyTorch seed loop vs JAX scan, same weights, 4 paths x {TEST_LEN} steps: max |diff| = {gap:.1e}")
+assert gap < 1e-4, f"PyTorch and JAX disagree: {gap}"  # float32 rounding only
 
 # %% Live use: the model is stateful. Run the history in one call, then one step per new bar from the
 # returned state: the same positions as one call over everything.
-history, state = fast(test_features[:, :490])
+history, state = fast(test_features[:, :TEST_LEN - 10])
 live = []
-for t in range(490, 500):  # ten "new bars"
+for t in range(TEST_LEN - 10, TEST_LEN):  # ten "new bars"
     p_t, state = fast.step(state, test_features[:, t])
     live.append(np.asarray(p_t))
-gap = np.abs(np.stack(live, 1) - positions[:, 490:]).max()
-print(f"10 live steps from the saved state vs one call over all 500 steps: max |diff| = {gap:.1e}")
+gap = np.abs(np.stack(live, 1) - positions[:, TEST_LEN - 10:]).max()
+print(f"10 live steps from the saved state vs one call over all {TEST_LEN} steps: max |diff| = {gap:.1e}")
+assert gap < 1e-4, f"the live steps disagree with the one call: {gap}"
 
 # %% Plots
 import matplotlib  # noqa: E402
