@@ -8,6 +8,7 @@ conversion from numpy state dicts and training. The rest is imported only where 
     rdkit       SMILES parsing, validity metrics, the default VAE data         pip install 'jax-scan-rnn[chem]'
     matplotlib  plots (curves.png, positions.png, benchmark charts)            pip install 'jax-scan-rnn[plot]'
     pyarrow     reading --data FILE.parquet (market data for the Traveller)     pip install 'jax-scan-rnn[parquet]'
+    fcd_torch   FCD/Test among MOSES's metrics (ChemNet's weights in its wheel)  pip install 'jax-scan-rnn[moses]'
 
 `pip install 'jax-scan-rnn[dev]'` installs all of them (and the test tools).
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-EXTRAS = {"torch": "torch", "rdkit": "chem", "matplotlib": "plot", "pyarrow": "parquet"}
+EXTRAS = {"torch": "torch", "rdkit": "chem", "matplotlib": "plot", "pyarrow": "parquet", "fcd_torch": "moses"}
 
 
 def require(module: str, purpose: str) -> ModuleType:

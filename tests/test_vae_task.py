@@ -76,6 +76,15 @@ def test_cli_train_sample_evaluate(corpus, tmp_path, capsys):
     assert len((tmp_path / "s.txt").read_text().splitlines()) == 7
     assert main(["evaluate", "vae", "--checkpoint", str(out), "-n", "10"]) == 0
     assert "prior samples, greedy (n=10)" in capsys.readouterr().out
+    # --metrics moses: MOSES's table, our row beside the published ones, saying what it compared against.
+    pytest.importorskip("fcd_torch")
+    assert main(["evaluate", "vae", "--checkpoint", str(out), "-n", "10", "--metrics", "moses", "--output",
+                 str(tmp_path / "report.json")]) == 0
+    printed = capsys.readouterr().out
+    assert "MOSES VAE (published)" in printed and "MOSES CharRNN (published)" in printed
+    assert "this run (T=1)" in printed and "Test metrics against" in printed
+    row = json.loads((tmp_path / "report.json").read_text())["moses"]
+    assert row["n_generated"] == 10 and 0.0 <= row["valid"] <= 1.0
 
 
 @pytest.mark.slow  # exact resume is covered by tests/test_train.py; this checks the VAE's CLI wiring of it
