@@ -309,6 +309,8 @@ def data_parallel(args: argparse.Namespace, batch_size: int):
 def cmd_train_traveller(args: argparse.Namespace) -> int:
     from jax_scan_rnn.tasks import traveller as task_lib
 
+    if args.data is not None:  # saved with the run: evaluate and run find it from any working directory
+        args.data = os.path.abspath(args.data)
     with flag_names():
         task = options.from_args(task_lib.TravellerTask, args)
     cfg = train_config(args)
@@ -370,6 +372,9 @@ def traveller_data(task, stats, path: str | None, *, returns: bool = True):
     what the model was trained on."""
     from jax_scan_rnn.tasks import traveller as task_lib
 
+    if path is None and not Path(task.data).is_file():
+        raise FileNotFoundError(f"--checkpoint: the run's data file {task.data} is gone; pass --data FILE to score "
+                                "another file")
     with flag_names():
         data = task_lib.read_data(task, path, returns=returns)
     flag = "--data" if path else "--checkpoint"
