@@ -648,8 +648,11 @@ def moses_row(model, vocab, task, dataset, n: int) -> dict:
     from jax_scan_rnn import metrics
     from jax_scan_rnn.tasks import vae as task_lib
 
-    reference = "moses" if available("moses") else dataset.test
-    where = "MOSES's test set" if reference == "moses" else f"the held-out split ({len(dataset.test)} molecules)"
+    try:  # molsets' data files, read without importing moses (whose own imports fail on current pandas)
+        reference = metrics.reference_set("moses")
+        where = "MOSES's test set"
+    except ImportError:
+        reference, where = dataset.test, f"the held-out split ({len(dataset.test)} molecules)"
     print(f"\nMOSES metrics of {n} prior samples against {where}: about {max(10, n // 80)} s on 2 cores...",
           flush=True)
     generated = task_lib.sample(model, vocab, n, max_len=task.max_length + 1, seed=0, decoder_only=task.decoder_only)
