@@ -535,6 +535,8 @@ def cmd_export_traveller(args: argparse.Namespace) -> int:
 
 def vae_evaluation_banner(task, test_sequences: int) -> str:
     """Said before the final evaluation, which compiles and runs for tens of seconds without a step to count."""
+    if task.decoder_only:
+        return f"evaluating: drawing {task.eval_samples} samples twice (sampled and greedy)..."
     return (f"evaluating: reconstructing {min(task.eval_sequences, test_sequences)} test sequences, drawing "
             f"{task.eval_samples} prior samples twice (sampled and greedy), interpolating...")
 
