@@ -21,7 +21,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-DOCUMENTS = [ROOT / "README.md", ROOT / "docs" / "scan_vs_loop.md", ROOT / "docs" / "tuning_cpu.md"]
+DOCUMENTS = [ROOT / "README.md", ROOT / "docs" / "scan_vs_loop.md", ROOT / "docs" / "tuning_cpu.md",
+             ROOT / "docs" / "vae_experiments.md"]
 MARKER = re.compile(r"<!--fig:([\w.-]+)-->(.*?)<!--/fig-->", re.S)
 FIGURES: dict[str, Callable[[], str]] = {}
 
@@ -161,6 +162,19 @@ def runs(file: str) -> list[dict]:
 TRAVELLER = "train-traveller-cpu-2core.json"
 
 
+@figure("vae.default_wall")
+def _vae_default_wall() -> str:
+    walls = [r["wall_s"] for r in runs(VAE_RUNS) if _vae_flags(r["command"]) == "(defaults)"]
+    loads = [r["load_average"]["start"] for r in runs(VAE_RUNS) if _vae_flags(r["command"]) == "(defaults)"]
+    return f"{minutes_range(walls)}, load average {min(loads):.1f}-{max(loads):.1f} at the start"
+
+
+@figure("vae.default_valid")
+def _vae_default_valid() -> str:
+    valid = [r["report"]["samples"]["validity"] for r in runs(VAE_RUNS) if _vae_flags(r["command"]) == "(defaults)"]
+    return f"{valid[-1]:.0%} of its prior samples (temperature 1) are valid SMILES"
+
+
 @figure("traveller.wall")
 def _traveller_wall() -> str:
     return seconds_range([r["wall_s"] for r in runs(TRAVELLER)])
@@ -174,6 +188,74 @@ def _traveller_table() -> str:
                        ("markowitz", "Markowitz (myopic)"), ("no_trade", "no trading")):
         lines.append(f"| {label} | {table[key]:.4f} | {table[key] / table['optimal']:.1%} |")
     return "\n".join(lines)
+
+
+VAE_RUNS = "vae-experiments-cpu-2core.json"
+
+
+def _vae_flags(command: str) -> str:
+    """The options that made a run differ from the default, from its recorded command."""
+    words = command.split()
+    words = words[words.index("vae") + 1:]
+    shown, skip = [], False
+    for i, word in enumerate(words):
+        if skip:
+            skip = False
+            continue
+        if word in ("--out", "--eval-samples"):  # where it wrote, and the evaluation size every run shares
+            skip = True
+            continue
+        shown.append(word)
+    return " ".join(shown) or "(defaults)"
+
+
+@figure("vae.experiments")
+def _vae_experiments() -> str:
+    lines = ["| options (`jax-scan-rnn train vae ...`) | wall | load | valid (T=1) | valid (greedy) | unique | novel | "
+             "TF token acc | free-running seq acc | KL (nats) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for run in runs(VAE_RUNS):
+        rep = run["report"]
+        sampled, greedy = rep["samples"], rep["samples_greedy"]
+        rec, latent = rep.get("reconstruction"), rep.get("latent")
+        cells = [f"`{_vae_flags(run['command'])}`", f"{run['wall_s'] / 60:.1f} min",
+                 f"{run['load_average']['start']:.1f}", f"{sampled['validity']:.3f}", f"{greedy['validity']:.3f}",
+                 f"{sampled['uniqueness']:.3f}", f"{sampled['novelty']:.3f}",
+                 f"{rec['tf_token_acc']:.3f}" if rec else "n/a", f"{rec['free_sequence_acc']:.3f}" if rec else "n/a",
+                 f"{latent['kl']:.1f}" if latent else "n/a"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+VAE_MOSES = "vae-moses-cpu-2core.json"
+MOSES_SHOWN = ("valid", "unique@10k", "FCD/Test", "SNN/Test", "Frag/Test", "Scaf/Test", "IntDiv", "Filters", "Novelty")
+
+
+def _vae_run_flags(out_dir: str) -> str:
+    """The options of the training run that wrote `out_dir` (from the experiments' results file)."""
+    for run in runs(VAE_RUNS):
+        words = run["command"].split()
+        if "--out" in words and words[words.index("--out") + 1] == out_dir:
+            return _vae_flags(run["command"])
+    raise KeyError(f"{VAE_RUNS}: no training run wrote {out_dir}")
+
+
+@figure("vae.moses")
+def _vae_moses() -> str:
+    from jax_scan_rnn.metrics import MOSES_PUBLISHED  # the published rows, as the library prints them
+
+    lines = ["| model | " + " | ".join(MOSES_SHOWN) + " |", "|---|" + "---:|" * len(MOSES_SHOWN)]
+    for run in runs(VAE_MOSES):
+        words = run["command"].split()
+        row = run["report"]["moses"]
+        name = f"`train vae {_vae_run_flags(words[words.index('--checkpoint') + 1])}`".replace(" (defaults)`", "` (default)")
+        lines.append(f"| {name}, {row['n_generated']:,} samples | "
+                     + " | ".join(f"{row[c]:.3f}" for c in MOSES_SHOWN) + " |")
+    for name in ("MOSES VAE", "MOSES CharRNN"):
+        lines.append(f"| {name} (published, 30,000 samples) | "
+                     + " | ".join(f"{MOSES_PUBLISHED[name][c]:.3f}" for c in MOSES_SHOWN) + " |")
+    reference = {run["report"]["moses"]["reference"] for run in runs(VAE_MOSES)}
+    return "\n".join(lines + ["", f"Test metrics against {', '.join(sorted(reference))}; Novelty against each run's "
+                                   "training molecules."])
 
 
 REAL = ROOT / "examples" / "results" / "traveller_real_data.json"
