@@ -330,7 +330,10 @@ def moses_code():
             from moses.metrics import utils as moses_utils
         except ImportError as err:
             pytest.skip(f"MOSES's metrics cannot be imported here: {err}")
-    return moses_metrics_code, moses_utils, get_statistics("test")
+    yield moses_metrics_code, moses_utils, get_statistics("test")
+    # Forget MOSES's modules again: other tests check that the library reads molsets' files without them.
+    for name in [n for n in sys.modules if n == "moses" or n.startswith("moses.")]:
+        del sys.modules[name]
 
 
 @pytest.mark.filterwarnings("ignore:Can't compute unique@", "ignore::DeprecationWarning")  # MOSES's, fcd_torch's

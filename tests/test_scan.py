@@ -133,7 +133,8 @@ def test_hoisted_and_inside_projections_give_the_same_numbers(remat_chunk):
         np.testing.assert_allclose(b, a, atol=REMAT_ATOL)
 
 
-@pytest.mark.parametrize("remat_chunk", [None, 7])
+# remat_chunk=None repeats chunk 7's check without rematerialisation: slow (15 s), outside the default run.
+@pytest.mark.parametrize("remat_chunk", [pytest.param(None, marks=pytest.mark.slow), 7])
 def test_layers_hoisted_and_inside_give_the_same_numbers(remat_chunk):
     """jsr.LSTM (bidirectional, with lengths) and the SeqVAE's teacher-forced loss, projections before the
     loop or inside it: the same outputs and gradients, with and without remat."""

@@ -107,6 +107,7 @@ def test_sample_missing_checkpoint_exits_2(tmp_path, capsys):
     assert "--checkpoint: expected a training output directory" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # 14 s; the Traveller's test_seed_reaches_the_run covers fit's seeding in the default run
 def test_seed_reaches_initialisation_batch_order_and_noise(corpus):
     """The run's seed (`TrainConfig.seed`, the CLI's --seed) changes the initial weights and the batches;
     the same seed gives the same run."""
