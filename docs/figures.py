@@ -175,6 +175,13 @@ def _vae_default_valid() -> str:
     return f"{valid[-1]:.0%} of its prior samples (temperature 1) are valid SMILES"
 
 
+@figure("pytest.run")
+def _pytest_run() -> str:
+    run = runs("pytest-cpu-2core.json")[-1]
+    return (f"{run['wall_s'] / 60:.1f} min wall and {run['peak_rss_mib'] / 1024:.1f} GiB peak memory (load average "
+            f"{run['load_average']['start']:.1f} at the start)")
+
+
 @figure("traveller.wall")
 def _traveller_wall() -> str:
     return seconds_range([r["wall_s"] for r in runs(TRAVELLER)])
