@@ -707,6 +707,12 @@ def add_train_arguments(parser: argparse.ArgumentParser, task: type, defaults: d
     )
 
 
+def trained_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """--checkpoint and --step: which training run (and which of its checkpoints) a command reads."""
+    parser.add_argument("--checkpoint", required=True, help="the training output directory (--out of train)")
+    parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, with a usage error as one line (and where to look) instead of the whole usage block first."""
 
@@ -753,8 +759,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         dest="model", required=True, metavar="MODEL"
     )
     sv = sample.add_parser("vae", help="SMILES from the prior z ~ N(0, I), in one jitted call")
-    sv.add_argument("--checkpoint", required=True, help="the training output directory (--out of train)")
-    sv.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    trained_run_arguments(sv)
     sv.add_argument("-n", type=positive_int, default=1000, help="number of samples (default: 1000)")
     sv.add_argument("--temperature", type=positive_float, default=1.0, help="sampling temperature (default: 1.0)")
     sv.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (default: 0, off)")
@@ -766,8 +771,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         dest="model", required=True, metavar="MODEL"
     )
     rt = run.add_parser("traveller", help="positions for every row of a data file, as CSV; the state can carry on")
-    rt.add_argument("--checkpoint", required=True, help="the training output directory (--out of train)")
-    rt.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    trained_run_arguments(rt)
     rt.add_argument("--data", required=True, metavar="FILE",
                     help="features to trade on, read with the run's columns (return columns are not needed)")
     rt.add_argument("--output", required=True, metavar="CSV", help="write the positions here: path, step, one "
@@ -779,8 +783,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         dest="model", required=True, metavar="MODEL"
     )
     et = export.add_parser("traveller", help="a state_dict that the seed's class and torch_ref.Traveller load")
-    et.add_argument("--checkpoint", required=True, help="the training output directory (--out of train)")
-    et.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    trained_run_arguments(et)
     et.add_argument("--format", required=True, choices=("torch", "safetensors"),
                     help="torch: torch.save of the state_dict (.pt); safetensors: a .safetensors file")
     et.add_argument("--output", required=True, metavar="FILE", help="the file to write")
@@ -789,8 +792,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         dest="model", required=True, metavar="MODEL"
     )
     ev = evaluate.add_parser("traveller", help="out-of-sample utility table and a positions plot")
-    ev.add_argument("--checkpoint", required=True, help="the training output directory (--out of train)")
-    ev.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    trained_run_arguments(ev)
     ev.add_argument("--paths", type=positive_int, default=None, help="held-out paths (default: the task's)")
     ev.add_argument("--horizon", type=positive_int, default=None, help="steps per held-out path")
     ev.add_argument("--plot", default=None, help="positions plot path (default: CHECKPOINT/positions.png)")
@@ -799,8 +801,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     ev.add_argument("--data", default=None, metavar="FILE",
                     help="run on your data: score this file as a whole instead (read with the run's columns)")
     ev = evaluate.add_parser("vae", help="reconstruction, prior-sample validity/uniqueness/novelty, KL, interpolation")
-    ev.add_argument("--checkpoint", required=True, help="the training output directory (--out of train)")
-    ev.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    trained_run_arguments(ev)
     ev.add_argument("-n", type=positive_int, default=1000, help="prior samples (default: 1000)")
     ev.add_argument("--metrics", choices=("basic", "moses"), default="basic",
                     help="moses: also MOSES's table (FCD/SNN/Frag/Scaf against MOSES's test set, or the held-out "
