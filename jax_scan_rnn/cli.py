@@ -707,6 +707,11 @@ def add_train_arguments(parser: argparse.ArgumentParser, task: type, defaults: d
     )
 
 
+def model_commands(sub, name: str, help: str):
+    """`jax-scan-rnn NAME MODEL ...`: a command with one sub-command per model."""
+    return sub.add_parser(name, help=help).add_subparsers(dest="model", required=True, metavar="MODEL")
+
+
 def trained_run_arguments(parser: argparse.ArgumentParser) -> None:
     """--checkpoint and --step: which training run (and which of its checkpoints) a command reads."""
     parser.add_argument("--checkpoint", required=True, help="the training output directory (--out of train)")
@@ -739,7 +744,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
 
         bench.add_arguments(bench_parser)
 
-    train = sub.add_parser("train", help="train a model").add_subparsers(dest="model", required=True, metavar="MODEL")
+    train = model_commands(sub, "train", "train a model")
     trav = train.add_parser("traveller", help="the position-feedback LSTM, on the simulated market or --data FILE")
     if words == ["train", "traveller"]:
         from jax_scan_rnn.tasks.traveller import TravellerTask
@@ -755,9 +760,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
 
         add_train_arguments(vae, VAETask, {"steps": 1200, "learning_rate": LEARNING_RATE}, out="runs/vae")
 
-    sample = sub.add_parser("sample", help="generate from a trained model").add_subparsers(
-        dest="model", required=True, metavar="MODEL"
-    )
+    sample = model_commands(sub, "sample", "generate from a trained model")
     sv = sample.add_parser("vae", help="SMILES from the prior z ~ N(0, I), in one jitted call")
     trained_run_arguments(sv)
     sv.add_argument("-n", type=positive_int, default=1000, help="number of samples (default: 1000)")
@@ -767,9 +770,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     sv.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     sv.add_argument("--output", default=None, help="write the samples here, one per line (default: stdout)")
 
-    run = sub.add_parser("run", help="positions from a trained model for new data").add_subparsers(
-        dest="model", required=True, metavar="MODEL"
-    )
+    run = model_commands(sub, "run", "positions from a trained model for new data")
     rt = run.add_parser("traveller", help="positions for every row of a data file, as CSV; the state can carry on")
     trained_run_arguments(rt)
     rt.add_argument("--data", required=True, metavar="FILE",
@@ -779,18 +780,14 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     rt.add_argument("--initial-state", default=None, metavar="NPZ",
                     help="continue from this state (a previous run's --final-state) instead of the zero state")
     rt.add_argument("--final-state", default=None, metavar="NPZ", help="save the state after the last row here")
-    export = sub.add_parser("export", help="a trained model's weights for PyTorch").add_subparsers(
-        dest="model", required=True, metavar="MODEL"
-    )
+    export = model_commands(sub, "export", "a trained model's weights for PyTorch")
     et = export.add_parser("traveller", help="a state_dict that the seed's class and torch_ref.Traveller load")
     trained_run_arguments(et)
     et.add_argument("--format", required=True, choices=("torch", "safetensors"),
                     help="torch: torch.save of the state_dict (.pt); safetensors: a .safetensors file")
     et.add_argument("--output", required=True, metavar="FILE", help="the file to write")
 
-    evaluate = sub.add_parser("evaluate", help="evaluate a trained model").add_subparsers(
-        dest="model", required=True, metavar="MODEL"
-    )
+    evaluate = model_commands(sub, "evaluate", "evaluate a trained model")
     ev = evaluate.add_parser("traveller", help="out-of-sample utility table and a positions plot")
     trained_run_arguments(ev)
     ev.add_argument("--paths", type=positive_int, default=None, help="held-out paths (default: the task's)")

@@ -266,20 +266,25 @@ def _period(stats: DataStats, num_steps: int, period: str) -> tuple[int, int]:
     return start, stop
 
 
+def score_period(x: np.ndarray, data: market_data.MarketData, stats: DataStats, start: int, stop: int,
+                 periods_per_year: float = 252) -> dict[str, float | None]:
+    """`trading.performance` of positions `x [N, T, A]` (a whole run over `data`) on steps [start, stop),
+    from the position held just before them."""
+    return trading.performance(x[:, start:stop], data.returns[:, start:stop], stats.objective,
+                               previous=x[:, start - 1] if start else None, periods_per_year=periods_per_year)
+
+
 def data_table(model: Traveller, data: market_data.MarketData, stats: DataStats, period: str = "test",
                periods_per_year: float = 252) -> dict:
     """Every policy on one period of your data: the Traveller (run over each whole path from its first step,
     its state carried through) against buy-and-hold, a rolling Markowitz and no trading, each scored by
-    `trading.performance` from the position it held just before the period."""
+    `score_period`."""
     start, stop = _period(stats, data.num_steps, period)
     learned, _ = positions(model, stats.standardiser(data.features))
     runs = {"learned": learned, "buy_and_hold": trading.buy_and_hold_policy(data.returns),
             "rolling_markowitz": trading.rolling_markowitz_policy(data.returns, stats.objective, MARKOWITZ_WINDOW),
             "no_trade": np.zeros_like(data.returns)}
-    scores = {name: trading.performance(x[:, start:stop], data.returns[:, start:stop], stats.objective,
-                                        previous=x[:, start - 1] if start else None,
-                                        periods_per_year=periods_per_year)
-              for name, x in runs.items()}
+    scores = {name: score_period(x, data, stats, start, stop, periods_per_year) for name, x in runs.items()}
     return {"period": period, "steps": [start, stop], "paths": data.num_paths, "policies": scores}
 
 
@@ -324,10 +329,11 @@ def train(
         stats = fit_stats(task, data)
         metadata["data_stats"] = stats.to_json()
         model = build_model(task, seed, stats)
-        period = "valid" if stats.valid_end > stats.train_end else "train"
+        start, stop = _period(stats, data.num_steps, "valid" if stats.valid_end > stats.train_end else "train")
+        features = stats.standardiser(data.features)  # once: only the Traveller changes between evaluations
 
         def eval_fn(m: Traveller) -> dict[str, float]:
-            learned = data_table(m, data, stats, period, task.periods_per_year)["policies"]["learned"]
+            learned = score_period(positions(m, features)[0], data, stats, start, stop, task.periods_per_year)
             return {"utility": learned["utility"], "sharpe": learned["sharpe"] or 0.0}
     if init_from is not None:
         metadata["init_from"] = load_init(model, init_from)
