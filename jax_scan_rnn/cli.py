@@ -9,6 +9,7 @@
     jax-scan-rnn run traveller --checkpoint runs/traveller --data new.csv --output positions.csv
     jax-scan-rnn export traveller --checkpoint runs/traveller --format torch --output traveller.pt
     jax-scan-rnn train vae            # the SMILES sequence VAE (teacher forcing; --decoding scheduled)
+    jax-scan-rnn train vae --preset moses   # MOSES's VAE and data (one GPU); explicit flags override it
     jax-scan-rnn sample vae --checkpoint runs/vae -n 1000
     jax-scan-rnn evaluate vae --checkpoint runs/vae
     jax-scan-rnn bench [--quick]      # scan vs loop timings, tables and plots
@@ -571,6 +572,8 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
     cfg = train_config(args)
     out = Path(args.out)
     dp = data_parallel(args, task.batch_size)
+    if args.preset:
+        print(f"preset {args.preset}: {task_lib.PRESETS[args.preset].summary}; explicit flags override it")
     dataset = task_lib.load_dataset(task)
     skipped = ", ".join(f"{k} {v}" for k, v in dataset.skipped.items()) or "none"
     print(f"data {task.data}: {len(dataset.train)} train / {len(dataset.valid)} valid / {len(dataset.test)} test "
@@ -684,11 +687,13 @@ def positive_float(text: str) -> float:
     return value
 
 
-def add_train_arguments(parser: argparse.ArgumentParser, task: type, defaults: dict, out: str) -> None:
-    """The task's options, then TrainConfig's (with this command's defaults), then the run's own flags."""
+def add_train_arguments(parser: argparse.ArgumentParser, task: type, defaults: dict, out: str,
+                        task_defaults: dict | None = None) -> None:
+    """The task's options (with `task_defaults`), then TrainConfig's (with this command's `defaults`), then the
+    run's own flags."""
     from jax_scan_rnn.train import TrainConfig
 
-    options.add_arguments(parser.add_argument_group("model and data"), task)
+    options.add_arguments(parser.add_argument_group("model and data"), task, task_defaults)
     group = parser.add_argument_group("training")
     options.add_arguments(group, TrainConfig, {"log_every": 25, "eval_every": 250, "checkpoint_every": 250,
                                                "warmup_steps": None, **defaults},
@@ -716,6 +721,15 @@ def trained_run_arguments(parser: argparse.ArgumentParser) -> None:
     """--checkpoint and --step: which training run (and which of its checkpoints) a command reads."""
     parser.add_argument("--checkpoint", required=True, help="the training output directory (--out of train)")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+
+
+def preset_named(argv: Sequence[str], presets: dict):
+    """The preset that `--preset NAME` in `argv` names, or None (also for an unknown name: the command's own
+    parser then refuses it, with the choices). Read before the command's parser is built, because the
+    preset's values become its flags' defaults: an explicit flag overrides them."""
+    early = argparse.ArgumentParser(add_help=False)
+    early.add_argument("--preset")
+    return presets.get(early.parse_known_args(argv)[0].preset)
 
 
 class Parser(argparse.ArgumentParser):
@@ -756,9 +770,15 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     vae = train.add_parser("vae", help="the SMILES sequence VAE (GRU encoder/decoder, teacher forcing or scheduled "
                                        "sampling)")
     if words == ["train", "vae"]:
-        from jax_scan_rnn.tasks.vae import LEARNING_RATE, VAETask
+        from jax_scan_rnn.tasks.vae import LEARNING_RATE, PRESETS, VAETask
 
-        add_train_arguments(vae, VAETask, {"steps": 1200, "learning_rate": LEARNING_RATE}, out="runs/vae")
+        vae.add_argument("--preset", choices=tuple(PRESETS), default=None,
+                         help="; ".join(f"{p.name}: {p.summary}" for p in PRESETS.values())
+                         + ". Its values become the defaults below; an explicit flag overrides them")
+        preset = preset_named(argv, PRESETS)
+        train_defaults = {"steps": 1200, "learning_rate": LEARNING_RATE, **(preset.train if preset else {})}
+        add_train_arguments(vae, VAETask, train_defaults, out="runs/vae",
+                            task_defaults=dict(preset.task) if preset else None)
 
     sample = model_commands(sub, "sample", "generate from a trained model")
     sv = sample.add_parser("vae", help="SMILES from the prior z ~ N(0, I), in one jitted call")
@@ -812,6 +832,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(argv).parse_args(argv)
     name = f"{args.command} {args.model}" if getattr(args, "model", None) else args.command
+    if sys.stderr.isatty():  # importing JAX (and torch) takes seconds: a person at a terminal sees at once that it runs
+        print(f"jax-scan-rnn {name}: starting (loading JAX)...", file=sys.stderr, flush=True)
     try:
         return COMMANDS[name](args)
     except KeyboardInterrupt:

@@ -31,11 +31,12 @@ _NO_DEFAULT = dataclasses.MISSING
 
 def option(default: Any = _NO_DEFAULT, help: str = "", *, factory: Any = _NO_DEFAULT, lo: float | None = None,
            hi: float | None = None, lo_open: bool = False, hi_open: bool = False,
-           choices: tuple | None = None, flag: str | None = None, cli: bool = True) -> Any:
+           choices: tuple | None = None, flag: str | None = None, cli: bool = True, none: str = "off") -> Any:
     """A dataclass field with what `check` and `add_arguments` need. `flag` replaces `--field-name`; `cli=False`
-    keeps the option off the command line (it is still checked)."""
+    keeps the option off the command line (it is still checked); `none` is what a None default means, as the
+    help's "(default: ...)" says it."""
     meta = {"help": help, "lo": lo, "hi": hi, "lo_open": lo_open, "hi_open": hi_open, "choices": choices,
-            "flag": flag, "cli": cli}
+            "flag": flag, "cli": cli, "none": none}
     if factory is not _NO_DEFAULT:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -84,7 +85,7 @@ def flag(cls: type, name: str) -> str:
 def add_arguments(group: Any, cls: type, defaults: dict[str, Any] | None = None,
                   shown: dict[str, str] | None = None) -> None:
     """One flag per command-line field of `cls`; `defaults` replaces a field's default for this command, and
-    `shown` the default's description in the help (for a None the command resolves itself)."""
+    `shown` the description of a None default in the help (for a None the command resolves itself)."""
     defaults, shown = defaults or {}, shown or {}
     for field in dataclasses.fields(cls):
         kind, none = _kind(cls, field)
@@ -99,7 +100,7 @@ def add_arguments(group: Any, cls: type, defaults: dict[str, Any] | None = None,
             kwargs["metavar"] = "N" if kind is int else "X" if kind is float else field.name.split("_")[-1].upper()
             if field.metadata.get("choices") is not None:
                 kwargs["choices"], kwargs["metavar"] = field.metadata["choices"], None
-        text = shown.get(field.name, "off" if default is None else default)
+        text = shown.get(field.name, field.metadata.get("none", "off")) if default is None else default
         help_text = field.metadata.get("help", "")
         kwargs["help"] = f"{help_text} (default: {text})" if kind is not bool else help_text
         group.add_argument(flag(cls, field.name), **kwargs)

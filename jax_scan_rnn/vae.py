@@ -9,13 +9,16 @@ Tokens: `PAD, SOS, EOS = 0, 1, 2`, then the vocabulary (V ids in all). A batch i
 each row its tokens, one `<eos>`, then `<pad>`; `lengths [B]` counts the non-pad tokens (`<eos>`
 included). `<sos>` is never stored: the decoder is given it. With e(a) = one_hot(a, V):
 
-    s          = last layer's final state of gru_encoder over e(tokens[b, :lengths[b]])
+    s          = last layer's final state of gru_encoder over e(tokens[b, :lengths[b]])    # [B, D*H]
                  (bidirectional: [forward final (step lengths-1); backward final (started at lengths-1)])
     mu, logvar = fc_mu(s), fc_logvar(s)                                  # [B, Z] each
     z          = mu + exp(logvar / 2) * eps                              # [B, Z]
-    h_{-1}     = tanh(latent_to_hidden(z)) as [B, L, H] -> [L, B, H]     # layer l: columns l*H:(l+1)*H
+    h_{-1}     = tanh(latent_to_hidden(z)) as [B, Ld, Hd] -> [Ld, B, Hd] # layer l: columns l*Hd:(l+1)*Hd
     h_t        = gru_decoder([e(a_t); z if concat_z], h_{t-1});  logits_t = h2o(h_t)
     a_0 = <sos>; a_t = tokens[:, t-1] (teacher forcing) or the model's own choice from logits_{t-1}
+    word dropout (`word_mask`, teacher forcing): e(a_t) = 0 (no token at all) where word_mask[:, t], t >= 1
+
+H, L are the encoder's sizes; Hd, Ld the decoder's (`decoder_hidden_size`, `decoder_layers`; by default H, L).
 
 Why it is fast. Layer 0 of the decoder reads a one-hot, and `e(a) @ W_ih` is exactly row `a` of `W_ih`
 (one product by 1.0, the rest exact zeros), so the projection is a row gather `W_tok[a]`, never a one-hot
@@ -39,13 +42,14 @@ One scan runs all L layers per step (measured faster on CPU than L layer-by-laye
 The encoder reads a real one-hot through `gru_encoder` (the spec, literally): with V ~ 40 its input matmul
 is a few percent of the step, not worth a second code path in `layers.py`.
 
-Randomness is explicit: `eps` (latent noise), `gumbel` (sampling noise) and `replace_mask` (scheduled
-sampling coins, one per token) can all be passed in, so torch can be fed the same draws. When `eps` or
-a needed `gumbel` is None, a key is taken from the module's own stream `sample_rngs` (the constructor's
-`rngs["sample"]`, which falls back to its default stream): `eps = normal(key, [B, Z])`; `decode`'s
+Randomness is explicit: `eps` (latent noise), `gumbel` (sampling noise), `replace_mask` (scheduled
+sampling coins, one per token) and `word_mask` (word dropout coins, one per token) can all be passed in,
+so torch can be fed the same draws. When `eps` or a needed `gumbel` is None, a key is taken from the
+module's own stream `sample_rngs` (the constructor's `rngs["sample"]`, which falls back to its default
+stream): `eps = normal(key, [B, Z])`; `decode`'s
 `gumbel = gumbel(key, [B, T, V])`; `generate` draws step t's noise in the loop as
-`gumbel(fold_in(key, t), [B, V])` (no [B, max_len, V] array). `replace_mask` is always the caller's
-(`replace_mask(key, tokens.shape, p)` draws one).
+`gumbel(fold_in(key, t), [B, V])` (no [B, max_len, V] array). `replace_mask` and `word_mask` are always
+the caller's (`replace_mask(key, tokens.shape, p)` draws either).
 
 Checked inputs. `tokens` must be integer [B, T] with ids in [0, V), `lengths` integer [B] in 1..T. Shapes
 and dtypes are always checked. The values are checked only when they are concrete (an eager call): a bad
@@ -80,7 +84,8 @@ TOKEN_DTYPE = jnp.int32  # ids fed back and returned; fixed, whatever jax_enable
 
 
 def replace_mask(key: Array, shape: tuple[int, int], p: float | Array) -> Array:
-    """Scheduled-sampling coins, one per token: bool `shape` ([B, T]), True (feed the prediction) w.p. `p`."""
+    """Coins, one per token: bool `shape` ([B, T]), True w.p. `p`: scheduled sampling's `replace_mask` (True:
+    feed the prediction) or word dropout's `word_mask` (True: feed no token)."""
     return jax.random.uniform(key, tuple(shape)) < validate.real_or_array("p", p, lo=0, hi=1)
 
 
@@ -141,6 +146,15 @@ def _check_shape(name: str, x: Array, expected: tuple[int | None, ...], symbols:
         raise ValueError(f"{name}: expected shape {symbols} = [{spelled}], got {list(shape)}")
 
 
+def _check_mask(name: str, mask: Any, batch: int, steps: int) -> Array:
+    """A bool [B, T] array (`replace_mask`, `word_mask`): TypeError for another dtype, ValueError for a shape."""
+    mask = jnp.asarray(mask)
+    if mask.dtype != jnp.bool_:
+        raise TypeError(f"{name}: expected a bool array or None, got dtype {mask.dtype}")
+    _check_shape(name, mask, (batch, steps), "[B, T]")
+    return mask
+
+
 def _as_float(name: str, x: Any, expected: tuple[int | None, ...], symbols: str, dtype) -> Array:
     """A floating array of the expected shape, cast to the model's compute dtype `dtype`."""
     x = jnp.asarray(x)
@@ -155,9 +169,11 @@ class SeqVAE(nnx.Module):
 
     Args:
       vocab_size: V, number of token ids, the specials PAD, SOS, EOS = 0, 1, 2 included (V >= 3).
-      hidden_size: H of every GRU layer (encoder and decoder).
+      hidden_size: H of every encoder GRU layer (and of the decoder's unless `decoder_hidden_size`).
       latent_size: Z.
-      num_layers: L, stacked GRU layers, in the encoder and in the decoder.
+      num_layers: L, stacked GRU layers in the encoder (and in the decoder unless `decoder_layers`).
+      decoder_hidden_size: Hd of every decoder GRU layer; None: H.
+      decoder_layers: Ld, stacked GRU layers in the decoder; None: L.
       bidirectional: bidirectional encoder (the decoder is always forward).
       concat_z: append z to the decoder's input at every step, besides initialising its state from z.
       param_dtype: parameter dtype; all computation runs in it (float arguments are cast to it).
@@ -175,10 +191,11 @@ class SeqVAE(nnx.Module):
     Attributes (the torch twin's state_dict prefixes); D = 2 if bidirectional else 1:
       gru_encoder: `GRU(V, H, L, batch_first=True, bidirectional=bidirectional)`, reads one-hot [B, T, V].
       fc_mu, fc_logvar: `Linear(D*H, Z)`.
-      latent_to_hidden: `Linear(Z, L*H)`; the decoder's layer l starts at `tanh` of columns l*H:(l+1)*H.
-      gru_decoder: `GRU(V + (Z if concat_z else 0), H, L, batch_first=True)`; `w_ih` rows 0..V-1 read the
+      latent_to_hidden: `Linear(Z, Ld*Hd)`; the decoder's layer l starts at `tanh` of columns l*Hd:(l+1)*Hd.
+      gru_decoder: `GRU(V + (Z if concat_z else 0), Hd, Ld, batch_first=True)`; `w_ih` rows 0..V-1 read the
         token, V.. read z.
-      h2o: `Linear(H, V)`, hidden state to vocabulary logits.
+      h2o: `Linear(Hd, V)`, hidden state to vocabulary logits.
+      hidden_size, num_layers, decoder_hidden_size, decoder_layers: H, L, Hd, Ld (the last two resolved).
       sample_rngs: the rng stream for noise that is not passed in (not a parameter).
 
     `model(tokens, lengths, ...)` is `model.loss(tokens, lengths, ...)`.
@@ -191,6 +208,8 @@ class SeqVAE(nnx.Module):
         latent_size: int,
         num_layers: int,
         *,
+        decoder_hidden_size: int | None = None,
+        decoder_layers: int | None = None,
         bidirectional: bool = False,
         concat_z: bool = False,
         param_dtype=jnp.float32,
@@ -204,12 +223,16 @@ class SeqVAE(nnx.Module):
         validate.integer("hidden_size", hidden_size, lo=1)
         validate.integer("latent_size", latent_size, lo=1)
         validate.integer("num_layers", num_layers, lo=1)
+        validate.integer("decoder_hidden_size", decoder_hidden_size, lo=1, none=True)
+        validate.integer("decoder_layers", decoder_layers, lo=1, none=True)
         if not jnp.issubdtype(param_dtype, jnp.floating):
             raise TypeError(f"param_dtype: expected a floating dtype, got {jnp.dtype(param_dtype)}")
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.latent_size = latent_size
         self.num_layers = num_layers
+        self.decoder_hidden_size = hidden_size if decoder_hidden_size is None else decoder_hidden_size
+        self.decoder_layers = num_layers if decoder_layers is None else decoder_layers
         self.bidirectional = validate.boolean("bidirectional", bidirectional)
         self.concat_z = validate.boolean("concat_z", concat_z)
         directions = 2 if bidirectional else 1
@@ -223,10 +246,10 @@ class SeqVAE(nnx.Module):
         )
         self.fc_mu = Linear(directions * hidden_size, latent_size, **kw)
         self.fc_logvar = Linear(directions * hidden_size, latent_size, **kw)
-        self.latent_to_hidden = Linear(latent_size, num_layers * hidden_size, **kw)
+        self.latent_to_hidden = Linear(latent_size, self.decoder_layers * self.decoder_hidden_size, **kw)
         decoder_input = vocab_size + (latent_size if self.concat_z else 0)
-        self.gru_decoder = GRU(decoder_input, hidden_size, num_layers, batch_first=True, **rnn)
-        self.h2o = Linear(hidden_size, vocab_size, **kw)
+        self.gru_decoder = GRU(decoder_input, self.decoder_hidden_size, self.decoder_layers, batch_first=True, **rnn)
+        self.h2o = Linear(self.decoder_hidden_size, vocab_size, **kw)
         self.sample_rngs = rngs["sample"].fork()
 
     @property
@@ -266,24 +289,30 @@ class SeqVAE(nnx.Module):
         return mu + jnp.exp(0.5 * logvar) * eps
 
     def initial_hidden(self, z: Array) -> Array:
-        """The decoder's initial state from z [B, Z]: tanh(latent_to_hidden(z)) [B, L*H] -> [L, B, H]."""
+        """The decoder's initial state from z [B, Z]: tanh(latent_to_hidden(z)) [B, Ld*Hd] -> [Ld, B, Hd]."""
         z = self._check_z(z)
-        h0 = jnp.tanh(self.latent_to_hidden(z))  # [B, L*H]
-        return jnp.swapaxes(h0.reshape(z.shape[0], self.num_layers, self.hidden_size), 0, 1)
+        h0 = jnp.tanh(self.latent_to_hidden(z))  # [B, Ld*Hd]
+        return jnp.swapaxes(h0.reshape(z.shape[0], self.decoder_layers, self.decoder_hidden_size), 0, 1)
 
-    def _decoder(self, z: Array):
+    def _decoder(self, z: Array, *, unknown: bool = False):
         """The decoder started from z [B, Z], as `run(feedback, xs, *, readout, feed, remat=True,
         hoisted=False) -> ys`: `feedback_scan` whose layer-0 input is `project(a) = embed(a) + (z @ W_z +
-        b_ih)` of the fed value a (hoisted: of the token ids `xs` [T, B], all steps before the loop)."""
+        b_ih)` of the fed value a (hoisted: of the token ids `xs` [T, B], all steps before the loop).
+
+        `unknown`: the id V is fed as no token at all (word dropout's all-zero one-hot, as
+        `jax.nn.one_hot(V, V)` is): its row of the gathered weights is zeros, so `project(V) = z @ W_z + b_ih`.
+        """
         decoder = self.gru_decoder
         first = decoder.layers[0]
         dt = z.dtype
-        w_ih = first.w_ih[...]  # [V (+ Z), 3H]
+        w_ih = first.w_ih[...]  # [V (+ Z), 3Hd]
         w_tok = w_ih[: self.vocab_size]
         base = first.b_ih[...].astype(dt)
         if self.concat_z:
-            base = first.matmul(z, w_ih[self.vocab_size :]) + base  # [B, 3H], hoisted out of the loop
+            base = first.matmul(z, w_ih[self.vocab_size :]) + base  # [B, 3Hd], hoisted out of the loop
         rows = w_tok.astype(first.compute_dtype or dt).astype(dt)  # what a one-hot matmul would read
+        if unknown:  # only then: the default path's gather stays exactly as it was
+            rows = jnp.concatenate([rows, jnp.zeros((1, rows.shape[1]), dt)])  # [V + 1, 3Hd]
 
         def project(fb: Array) -> Array:
             # A token id selects its row (= one_hot(fb) @ w_tok, bit for bit); a vector [B, V]
@@ -310,6 +339,7 @@ class SeqVAE(nnx.Module):
         tokens: Array,
         *,
         replace_mask: Array | None = None,
+        word_mask: Array | None = None,
         mode: str = "argmax",
         gumbel: Array | None = None,
         temperature: float | Array = 1.0,
@@ -319,7 +349,9 @@ class SeqVAE(nnx.Module):
 
         Step t is fed a_0 = <sos>, then:
         - `replace_mask=None`, teacher forcing: a_t = tokens[:, t-1]; the input projection of all steps is
-          one gather before the scan.
+          one gather before the scan. `word_mask` bool [B, T] (word dropout, Bowman et al. 2016; column 0
+          is ignored: <sos> is always read): where word_mask[:, t], step t reads no token, e(a_t) = 0 (the
+          decoder still reads z when concat_z, and its state). Draw it with `replace_mask(key, shape, p)`.
         - `replace_mask` bool [B, T], scheduled sampling (one coin per token; column 0 is ignored):
           a_t = pred_{t-1} where replace_mask[:, t], else tokens[:, t-1]. pred_{t-1} from logits_{t-1}:
             "argmax"          argmax(logits_{t-1}) (ties: lowest index);
@@ -332,35 +364,42 @@ class SeqVAE(nnx.Module):
         None and the mode needs it. Under teacher forcing `mode`, `gumbel`, `temperature`, `tau` are
         checked but unused; `temperature` is used by "sample" only, `tau` by "gumbel_softmax" only.
 
+        `word_mask` with `replace_mask` raises ValueError: word dropout is defined on teacher forcing.
+
         Checks: the module docstring's "Checked inputs"; under `jit`, ids outside [0, V) give meaningless logits.
         """
         tokens = self._check_tokens(tokens)
         batch, steps = tokens.shape
         z = self._check_z(z, batch)
+        if word_mask is not None:
+            if replace_mask is not None:
+                raise ValueError("word_mask: expected None with a replace_mask (word dropout is defined on teacher "
+                                 "forcing, not on scheduled sampling), got a mask")
+            word_mask = _check_mask("word_mask", word_mask, batch, steps)
         validate.choice("mode", mode, DECODE_MODES)
         _check_scalar("temperature", temperature, lo=0, lo_open=True)
         _check_scalar("tau", tau, lo=0, lo_open=True)
         dt = self.dtype
         if gumbel is not None:
             gumbel = _as_float("gumbel", gumbel, (batch, steps, self.vocab_size), "[B, T, V]", dt)
-        run_decoder = self._decoder(z)
-        truth = jnp.swapaxes(tokens, 0, 1)  # [T, B]; truth[t] is fed to step t+1
+        run_decoder = self._decoder(z, unknown=word_mask is not None)
+        truth = jnp.swapaxes(tokens, 0, 1).astype(TOKEN_DTYPE)  # [T, B]; truth[t] is fed to step t+1
 
         if replace_mask is None:  # teacher forcing: every input known up front, h2o after the loop
+            if word_mask is not None:  # truth[t] is dropped where word_mask[:, t+1]: fed as the id V (no token)
+                dropped = jnp.concatenate([word_mask[:, 1:], jnp.zeros((batch, 1), bool)], axis=1).T  # [T, B]
+                truth = jnp.where(dropped, jnp.asarray(self.vocab_size, TOKEN_DTYPE), truth)
             if resolve_hoist(self.gru_decoder.hoist_inputs):  # all steps' layer-0 projections, one gather
                 inputs = jnp.concatenate([jnp.full((1, batch), SOS, TOKEN_DTYPE), truth[:-1]])  # [T, B]
-                hs = run_decoder(None, inputs.astype(TOKEN_DTYPE), readout=lambda h, _: h,
-                                 feed=lambda _y, _x: None, hoisted=True)  # [T, B, 3H] before the loop
+                hs = run_decoder(None, inputs, readout=lambda h, _: h,
+                                 feed=lambda _y, _x: None, hoisted=True)  # [T, B, 3Hd] before the loop
             else:  # the true token is "fed back": step t reads a_t = truth[t-1] from the carry, faster
                 # on CPU than scanning the tokens (docs/measurements.md#vae-teacher-forcing-feed)
-                hs = run_decoder(jnp.full((batch,), SOS, TOKEN_DTYPE), truth.astype(TOKEN_DTYPE),
+                hs = run_decoder(jnp.full((batch,), SOS, TOKEN_DTYPE), truth,
                                  readout=lambda h, _: h, feed=lambda _y, truth_t: truth_t)
             return self.h2o(jnp.swapaxes(hs, 0, 1))  # [B, T, V]: one matmul for all steps
 
-        replace_mask = jnp.asarray(replace_mask)
-        if replace_mask.dtype != jnp.bool_:
-            raise TypeError(f"replace_mask: expected a bool array or None, got dtype {replace_mask.dtype}")
-        _check_shape("replace_mask", replace_mask, (batch, steps), "[B, T]")
+        replace_mask = _check_mask("replace_mask", replace_mask, batch, steps)
         if gumbel is None and mode != "argmax":
             gumbel = jax.random.gumbel(self.sample_rngs(), (batch, steps, self.vocab_size), dt)
         # Step t's feed decides a_{t+1}: it reads truth[t], the coin replace_mask[:, t+1] and gumbel[:, t].
@@ -386,7 +425,7 @@ class SeqVAE(nnx.Module):
                 scores = logits if mode == "argmax" else logits / temperature + g_t
                 return jnp.where(coin_t, jnp.argmax(scores, axis=-1).astype(TOKEN_DTYPE), truth_t)
 
-        xs = (truth.astype(TOKEN_DTYPE), coins, noise)
+        xs = (truth, coins, noise)
         logits = run_decoder(first, xs, readout=lambda h, _: self.h2o(h), feed=feed)
         return jnp.swapaxes(logits, 0, 1)  # [B, T, V]
 
@@ -400,6 +439,7 @@ class SeqVAE(nnx.Module):
         eps: Array | None = None,
         z: Array | None = None,
         replace_mask: Array | None = None,
+        word_mask: Array | None = None,
         mode: str = "argmax",
         gumbel: Array | None = None,
         temperature: float | Array = 1.0,
@@ -431,9 +471,8 @@ class SeqVAE(nnx.Module):
         else:
             z = self._check_z(z, tokens.shape[0])
             mu = logvar = jnp.zeros_like(z)  # no posterior: KL(N(0, 1) || N(0, 1)) = 0 in every dimension
-        logits = self.decode(
-            z, tokens, replace_mask=replace_mask, mode=mode, gumbel=gumbel, temperature=temperature, tau=tau
-        )
+        logits = self.decode(z, tokens, replace_mask=replace_mask, word_mask=word_mask, mode=mode, gumbel=gumbel,
+                             temperature=temperature, tau=tau)
         log_probs = jax.nn.log_softmax(logits, axis=-1)  # [B, T, V]
         target = jnp.take_along_axis(log_probs, tokens[..., None].astype(TOKEN_DTYPE), axis=-1)[..., 0]
         recon = -jnp.sum(jnp.where(tokens != PAD, target, 0.0)) / tokens.shape[0]

@@ -1,10 +1,11 @@
 """jsr.SeqVAE against torch_ref.SeqVAE (docs/vae_spec.md) with the same weights and the same draws.
 
 Weights move only through `jsr.load_torch_state_dict` / `jsr.torch_state_dict`; the noise (`eps`,
-`gumbel`) and the scheduled-sampling coins (`replace_mask`) are drawn once in numpy and given to both.
+`gumbel`) and the coins (`replace_mask`, `word_mask`) are drawn once in numpy and given to both.
 Covered: the encoder (uni- and bidirectional, with lengths), teacher-forced logits and loss, scheduled
-sampling (argmax, sample, gumbel-softmax) logits and loss, greedy and sampled generation token for
-token, the ELBO's gradient for every parameter, and 20 Adam steps; float32 and float64.
+sampling (argmax, sample, gumbel-softmax) logits and loss, word dropout (`word_mask`), greedy and sampled
+generation token for token, the ELBO's gradient for every parameter, a decoder of its own size
+(`decoder_hidden_size`, `decoder_layers`), and 20 Adam steps; float32 and float64.
 
 Scheduled sampling and generation feed back argmax decisions: one flipped decision would change every
 later step, so token-identical agreement over the whole sequence is a strong check (the weights are
@@ -39,6 +40,8 @@ TRAJECTORY_ATOL = {"float32": 1e-4, "float64": 1e-10}
 HOIST = (True, False)
 
 V, H, Z, L = 12, 16, 4, 2  # vocabulary (specials included), hidden, latent, layers
+# A decoder of its own size: H_enc=8, L_enc=1 against H_dec=12, L_dec=2 (every size differs from the others).
+MIXED = dict(hidden_size=8, num_layers=1, decoder_hidden_size=12, decoder_layers=2)
 B, T = 6, 10
 LENGTHS = [10, 1, 4, 7, 2, 9]  # the full T, a lone <eos>, and everything in between
 
@@ -52,11 +55,14 @@ def full_precision_matmuls():
         yield
 
 
-def make_pair(dtype: str, *, bidirectional=False, concat_z=False, seed=0, hoist_inputs="auto"):
-    """torch_ref.SeqVAE with wide random weights and non-zero biases, and jsr.SeqVAE loaded from it."""
+def make_pair(dtype: str, *, bidirectional=False, concat_z=False, seed=0, hoist_inputs="auto", **sizes):
+    """torch_ref.SeqVAE with wide random weights and non-zero biases, and jsr.SeqVAE loaded from it.
+
+    `sizes`: the constructors' size arguments (hidden_size, num_layers, decoder_*), by default H and L."""
     jdt, tdt = DTYPES[dtype]
+    sizes = dict(hidden_size=H, num_layers=L) | sizes
     torch.manual_seed(seed)
-    ref = TorchSeqVAE(V, H, Z, L, bidirectional=bidirectional, concat_z=concat_z).to(tdt)
+    ref = TorchSeqVAE(V, latent_size=Z, bidirectional=bidirectional, concat_z=concat_z, **sizes).to(tdt)
     with torch.no_grad():
         for p in ref.parameters():
             p.uniform_(-0.5, 0.5)
@@ -65,8 +71,8 @@ def make_pair(dtype: str, *, bidirectional=False, concat_z=False, seed=0, hoist_
     # loaded through convert, as in the real use.
     ours = nnx.eval_shape(
         lambda: jsr.SeqVAE(
-            V, H, Z, L, bidirectional=bidirectional, concat_z=concat_z, param_dtype=jdt,
-            hoist_inputs=hoist_inputs, rngs=nnx.Rngs(0),
+            V, latent_size=Z, bidirectional=bidirectional, concat_z=concat_z, param_dtype=jdt,
+            hoist_inputs=hoist_inputs, rngs=nnx.Rngs(0), **sizes,
         )
     )
     for _, variable in nnx.iter_graph(ours):
@@ -165,13 +171,17 @@ def assert_losses_close(context: str, got: dict, want: dict, dtype: str) -> None
 # ----------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("bidirectional, concat_z", [(False, False), (True, True)])
-def test_state_dict_keys_match_and_round_trip(bidirectional, concat_z):
-    ref, ours = make_pair("float64", bidirectional=bidirectional, concat_z=concat_z)
+@pytest.mark.parametrize("bidirectional, concat_z, sizes", [(False, False, {}), (True, True, {}), (True, True, MIXED)])
+def test_state_dict_keys_match_and_round_trip(bidirectional, concat_z, sizes):
+    ref, ours = make_pair("float64", bidirectional=bidirectional, concat_z=concat_z, **sizes)
     ours_sd = jsr.torch_state_dict(ours)
     differ = sorted(set(ours_sd) ^ set(ref.state_dict()))
     assert not differ, f"state_dict keys differ: {differ}"
-    back = TorchSeqVAE(V, H, Z, L, bidirectional=bidirectional, concat_z=concat_z).double()
+    wrong = {k: (v.shape, tuple(ref.state_dict()[k].shape)) for k, v in ours_sd.items()
+             if v.shape != tuple(ref.state_dict()[k].shape)}
+    assert not wrong, f"state_dict shapes differ (jax, torch): {wrong}"
+    sizes = dict(hidden_size=H, num_layers=L) | sizes
+    back = TorchSeqVAE(V, latent_size=Z, bidirectional=bidirectional, concat_z=concat_z, **sizes).double()
     back.load_state_dict({k: torch.from_numpy(v) for k, v in ours_sd.items()}, strict=True)
     for key, value in ref.state_dict().items():
         assert torch.equal(back.state_dict()[key], value), f"round trip changed {key}"
@@ -198,9 +208,9 @@ def test_encoder_mu_and_logvar_with_lengths(bidirectional, dtype, hoist):
 
 
 @functools.partial(nnx.jit, static_argnames=("mode",))
-def jax_decode(model, z, tokens, replace_mask, gumbel, *, mode, temperature, tau):
+def jax_decode(model, z, tokens, replace_mask, gumbel, word_mask=None, *, mode, temperature, tau):
     kw = dict(replace_mask=replace_mask, mode=mode, gumbel=gumbel, temperature=temperature, tau=tau)
-    return model.decode(z, tokens, **kw)
+    return model.decode(z, tokens, word_mask=word_mask, **kw)
 
 
 CASES = ["teacher", "ss_argmax", "ss_sample", "ss_gumbel_softmax"]
@@ -258,6 +268,49 @@ def test_elbo_gradients_for_every_parameter(dtype, case, bidirectional, concat_z
     context = f"ELBO {case} (bidirectional={bidirectional}, concat_z={concat_z}, hoist_inputs={hoist}, {dtype}): "
     assert_losses_close(context, j_out, t_out, dtype)
     assert_grads_close(j_grads, t_grads, grad_rtol_for(DTYPES[dtype][0]), context=context)
+
+
+@pytest.mark.parametrize("dtype, concat_z, hoist", [("float64", True, True), ("float32", False, False)])
+def test_word_dropout_logits_every_step(dtype, concat_z, hoist):
+    """word_mask [B, T]: the dropped steps read an all-zero one-hot (torch builds it, jax gathers a zero row),
+    with z still read (concat_z) or nothing at all; both ways of projecting the inputs (hoist_inputs)."""
+    ref, ours = make_pair(dtype, concat_z=concat_z, hoist_inputs=hoist)
+    tokens, _ = make_batch()
+    mask = draws(dtype)[2]  # coins at p = 0.5; column 0 holds some True: ignored (<sos> is always read)
+    assert mask[:, 0].any() and mask[:, 1:].any()
+    z = np.random.default_rng(5).standard_normal((B, Z)).astype(dtype)
+    with torch.no_grad():
+        t_logits = ref.decode(torch.from_numpy(z), torch.from_numpy(tokens), word_mask=torch.from_numpy(mask))
+        kept = ref.decode(torch.from_numpy(z), torch.from_numpy(tokens))
+    assert (t_logits - kept).abs().max() > 1e-3, "the word mask changed nothing: a vacuous check"
+    j_logits = jax_decode(ours, jnp.asarray(z), jnp.asarray(tokens), None, None, jnp.asarray(mask),
+                          mode="argmax", temperature=1.0, tau=1.0)
+    label = f"word dropout logits (concat_z={concat_z}, hoist_inputs={hoist}, {dtype})"
+    assert_steps_close(label, j_logits, t_logits, atol_for(DTYPES[dtype][0]))
+
+
+@pytest.mark.parametrize("dtype, hoist", [("float32", True), ("float64", False)])
+def test_separate_decoder_size_elbo_gradients_and_generation(dtype, hoist):
+    """decoder_hidden_size / decoder_layers (MIXED): latent_to_hidden [Z -> L_dec*H_dec], fc_mu reading D*H_enc
+    (bidirectional), h2o reading H_dec: the ELBO, every gradient, then greedy generation token for token."""
+    ref, ours = make_pair(dtype, bidirectional=True, concat_z=True, hoist_inputs=hoist, **MIXED)
+    tokens, lengths = make_batch()
+    t_kw, j_kw = loss_kwargs(dtype, "teacher", torch_side=True), loss_kwargs(dtype, "teacher", torch_side=False)
+    t_out, t_grads = torch_elbo(ref, *to_torch(tokens, lengths), t_kw)
+    j_out, j_grads = jax_elbo(ours, *to_jax(tokens, lengths), j_kw)
+    context = f"ELBO with a decoder of its own size ({MIXED}, hoist_inputs={hoist}, {dtype}): "
+    assert_losses_close(context, j_out, t_out, dtype)
+    assert_grads_close(j_grads, t_grads, grad_rtol_for(DTYPES[dtype][0]), context=context)
+
+    z = np.random.default_rng(7).standard_normal((20, Z)).astype(dtype)
+    with torch.no_grad():
+        want = ref.generate(torch.from_numpy(z), 12).numpy()
+    got = np.asarray(jax_generate(ours, jnp.asarray(z), None, max_len=12, mode="greedy", top_k=0, temperature=1.0))
+    differ = np.flatnonzero((got != want).any(axis=1))
+    assert differ.size == 0, (
+        f"generate(greedy) with {MIXED} ({dtype}): {differ.size} of 20 latents differ; latent {differ[0]}: "
+        f"jax {got[differ[0]].tolist()} vs torch {want[differ[0]].tolist()}"
+    )
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -186,3 +186,25 @@ def test_probes_through_the_installed_cli_as_a_user_runs_it(tmp_path):
     assert a_file.read_text() == "keep me\n"
     assert not (tmp_path / "vae").exists()
     assert not list((tmp_path / "lr" / "checkpoints").glob("step_*"))
+
+
+def test_every_command_shows_a_line_at_once_on_a_terminal():
+    """At a terminal the first line comes before JAX is imported (seconds on a loaded 2-core machine); piped
+    output stays clean (an error is still one line)."""
+    import os
+    import pty
+    import time
+
+    leader, follower = pty.openpty()
+    start = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "jax_scan_rnn.cli", "info"], stdout=subprocess.DEVNULL,
+                            stderr=follower)
+    os.close(follower)
+    try:
+        first = os.read(leader, 200).decode()
+        seconds = time.perf_counter() - start
+    finally:
+        proc.wait(timeout=120)
+        os.close(leader)
+    assert first.startswith("jax-scan-rnn info: starting"), first
+    assert seconds < STARTUP_BUDGET_S + 1.0  # interpreter start + argparse; JAX not yet imported

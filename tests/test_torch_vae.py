@@ -18,10 +18,10 @@ TOL_F32 = 1e-5
 V, H, Z, L = 9, 6, 3, 2  # vocabulary (specials included), hidden, latent, layers
 
 
-def make_model(*, bidirectional=False, concat_z=False, dtype=torch.float64, seed=0, num_layers=L) -> SeqVAE:
+def make_model(*, bidirectional=False, concat_z=False, dtype=torch.float64, seed=0, num_layers=L, **kw) -> SeqVAE:
     """A SeqVAE with random weights and clearly non-zero biases (a zero bias hides a mapping bug)."""
     torch.manual_seed(seed)
-    model = SeqVAE(V, H, Z, num_layers, bidirectional=bidirectional, concat_z=concat_z).to(dtype)
+    model = SeqVAE(V, H, Z, num_layers, bidirectional=bidirectional, concat_z=concat_z, **kw).to(dtype)
     with torch.no_grad():
         for p in model.parameters():
             p.uniform_(-0.6, 0.6)
@@ -100,6 +100,33 @@ def test_concat_z_changes_decoder_input_size():
     a = model.decode(randn(2, Z, seed=10), tokens)
     b = model.decode(randn(2, Z, seed=11), tokens)
     assert (a - b).abs().max() > 1e-3
+
+
+def test_decoder_of_its_own_size():
+    """decoder_hidden_size Hd, decoder_layers Ld: latent_to_hidden [Z -> Ld*Hd], h2o [Hd -> V]; the encoder keeps
+    H and L."""
+    hd, ld = 5, 3
+    model = make_model(bidirectional=True, concat_z=True, decoder_hidden_size=hd, decoder_layers=ld)
+    sd = model.state_dict()
+    assert sd["gru_encoder.weight_hh_l1"].shape == (3 * H, H) and "gru_encoder.weight_hh_l2" not in sd
+    assert sd["fc_mu.weight"].shape == (Z, 2 * H)
+    assert sd["latent_to_hidden.weight"].shape == (ld * hd, Z)
+    assert sd["gru_decoder.weight_ih_l0"].shape == (3 * hd, V + Z)
+    assert sd["gru_decoder.weight_hh_l2"].shape == (3 * hd, hd)
+    assert sd["h2o.weight"].shape == (V, hd)
+    z = randn(4, Z)
+    flat, h0 = torch.tanh(model.latent_to_hidden(z)), model.initial_hidden(z)
+    assert h0.shape == (ld, 4, hd)
+    for layer in range(ld):
+        assert_close(h0[layer], flat[:, layer * hd : (layer + 1) * hd], 0.0, f"h0 layer {layer}")
+    tokens, lengths = make_batch([5, 2, 7, 1], 7)
+    assert model.decode(z, tokens).shape == (4, 7, V) and model.generate(z, 6).shape == (4, 6)
+    assert model.loss(tokens, lengths, eps=z)["total"].shape == ()
+    # None is the encoder's size: the same modules as before the option existed.
+    same = make_model(decoder_hidden_size=None, decoder_layers=None)
+    assert (same.decoder_hidden_size, same.decoder_layers) == (H, L)
+    shapes = lambda model: {k: v.shape for k, v in model.state_dict().items()}  # noqa: E731
+    assert shapes(same) == shapes(make_model())
 
 
 def test_reparameterize_and_initial_hidden_follow_the_spec():
@@ -183,6 +210,31 @@ def test_loop_with_nothing_replaced_equals_fused_teacher_forcing(concat_z, mode,
     fused = model.decode(z, tokens)
     looped = model.decode(z, tokens, replace_mask=torch.zeros(3, 8, dtype=torch.bool), mode=mode)
     assert_close(looped, fused, tol, f"logits, loop ({mode}) vs fused")
+
+
+@pytest.mark.parametrize("concat_z", [False, True])
+def test_word_dropout_feeds_an_all_zero_one_hot(concat_z):
+    """Where word_mask[:, t] (t >= 1), step t reads no token: its one-hot input is all zeros (z still read)."""
+    model = make_model(concat_z=concat_z)
+    tokens, lengths = make_batch([6, 3, 8], 8)
+    z = randn(3, Z)
+    mask = replace_mask_like(tokens, 0.5, generator=torch.Generator().manual_seed(4))
+    mask[:, 0] = True  # ignored: <sos> is always read
+    sos = torch.full((3, 1), SOS)
+    x = torch.nn.functional.one_hot(torch.cat([sos, tokens[:, :-1]], dim=1), V).double()
+    x[:, 1:][mask[:, 1:]] = 0.0
+    if concat_z:
+        x = torch.cat([x, z[:, None].expand(3, 8, Z)], dim=-1)
+    out, _ = model.gru_decoder(x, model.initial_hidden(z))
+    got = model.decode(z, tokens, word_mask=mask)
+    assert_close(got, model.h2o(out), TOL_F64, "logits with word dropout vs the written-out zero inputs")
+    assert_close(model.decode(z, tokens, word_mask=torch.zeros(3, 8, dtype=torch.bool)), model.decode(z, tokens), 0.0,
+                 "logits with nothing dropped vs no word_mask")
+    # The loss passes word_mask to decode (eps = 0: z = mu).
+    logits = model.decode(model.encode(tokens, lengths)[0], tokens, word_mask=mask)
+    recon = torch.nn.functional.cross_entropy(logits.transpose(1, 2), tokens, ignore_index=PAD, reduction="sum") / 3
+    eps = torch.zeros(3, Z, dtype=torch.float64)
+    assert_close(model.loss(tokens, lengths, eps=eps, word_mask=mask)["recon"], recon, TOL_F64, "recon")
 
 
 def test_all_replaced_with_argmax_reproduces_generate_greedy():
@@ -454,6 +506,10 @@ def test_errors_name_the_argument():
         (ValueError, "z", lambda: model.generate(randn(2, Z + 1), 5)),
         (TypeError, "replace_mask", lambda: model.decode(z, tokens, replace_mask=torch.ones(2, 4))),
         (ValueError, "replace_mask", lambda: model.decode(z, tokens, replace_mask=torch.ones(2, 5, dtype=torch.bool))),
+        (TypeError, "word_mask", lambda: model.decode(z, tokens, word_mask=torch.ones(2, 4))),
+        (ValueError, "word_mask", lambda: model.decode(z, tokens, word_mask=torch.ones(2, 5, dtype=torch.bool))),
+        (ValueError, "word_mask", lambda: model.decode(z, tokens, word_mask=torch.ones(2, 4, dtype=torch.bool),
+                                                       replace_mask=torch.ones(2, 4, dtype=torch.bool))),
         (ValueError, "mode", lambda: model.decode(z, tokens, mode="greedy")),
         (ValueError, "mode", lambda: model.generate(z, 5, mode="argmax")),
         (ValueError, "gumbel", lambda: model.decode(z, tokens, replace_mask=torch.ones(2, 4, dtype=torch.bool),
@@ -466,6 +522,8 @@ def test_errors_name_the_argument():
         (ValueError, "free_bits", lambda: model.loss(tokens, lengths, free_bits=-0.1)),
         (ValueError, "vocab_size", lambda: SeqVAE(2, H, Z, L)),
         (ValueError, "hidden_size", lambda: SeqVAE(V, True, Z, L)),  # a bool is not a size
+        (ValueError, "decoder_hidden_size", lambda: SeqVAE(V, H, Z, L, decoder_hidden_size=0)),
+        (ValueError, "decoder_layers", lambda: SeqVAE(V, H, Z, L, decoder_layers=1.5)),
         (ValueError, "beta", lambda: model.loss(tokens, lengths, beta=float("nan"))),
     ]
     for error, name, call in cases:

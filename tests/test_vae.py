@@ -147,6 +147,27 @@ def test_shapes_and_state_dict_layout(bidirectional, concat_z):
     assert losses["kl_per_dim"].shape == (Z,) and all(losses[k].shape == () for k in ("total", "recon", "kl"))
 
 
+def test_decoder_of_its_own_size_layout_and_initial_hidden():
+    """decoder_hidden_size Hd, decoder_layers Ld: latent_to_hidden [Z -> Ld*Hd], h2o [Hd -> V]; the encoder keeps
+    H and L."""
+    hd, ld = 5, 3
+    model = make_model(bidirectional=True, decoder_hidden_size=hd, decoder_layers=ld)
+    sd = jsr.torch_state_dict(model)
+    assert sd["gru_encoder.weight_hh_l1"].shape == (3 * H, H) and "gru_encoder.weight_hh_l2" not in sd
+    assert sd["fc_mu.weight"].shape == (Z, 2 * H)
+    assert sd["latent_to_hidden.weight"].shape == (ld * hd, Z)
+    assert sd["gru_decoder.weight_ih_l0"].shape == (3 * hd, V + Z)
+    assert sd["gru_decoder.weight_hh_l2"].shape == (3 * hd, hd)
+    assert sd["h2o.weight"].shape == (V, hd)
+    z = randn(4, Z)
+    flat, h0 = jnp.tanh(model.latent_to_hidden(z)), model.initial_hidden(z)
+    assert h0.shape == (ld, 4, hd)
+    for layer in range(ld):
+        assert_close(h0[layer], flat[:, layer * hd : (layer + 1) * hd], 0.0, f"h0 layer {layer}")
+    same = make_model(decoder_hidden_size=None, decoder_layers=None)  # None: the encoder's sizes, as before
+    assert (same.decoder_hidden_size, same.decoder_layers) == (H, L)
+
+
 def test_param_dtype_is_the_compute_dtype():
     model = make_model(dtype=jnp.float32)
     z = model.reparameterize(randn(3, Z), randn(3, Z), randn(3, Z))  # float64 arguments are cast to float32
@@ -617,6 +638,21 @@ Z2 = randn(2, Z)
             r"replace_mask: expected shape \[B, T\] = \[2, 4\], got \[2, 3\]",
         ),
         (
+            lambda m: m.decode(Z2, TOKENS, word_mask=jnp.ones((2, 4))),
+            TypeError,
+            "word_mask: expected a bool array or None, got dtype float",
+        ),
+        (
+            lambda m: m.decode(Z2, TOKENS, word_mask=jnp.ones((2, 3), bool)),
+            ValueError,
+            r"word_mask: expected shape \[B, T\] = \[2, 4\], got \[2, 3\]",
+        ),
+        (
+            lambda m: m.decode(Z2, TOKENS, word_mask=jnp.ones((2, 4), bool), replace_mask=jnp.ones((2, 4), bool)),
+            ValueError,
+            r"word_mask: expected None with a replace_mask \(word dropout is defined on teacher forcing",
+        ),
+        (
             lambda m: m.decode(
                 Z2, TOKENS, replace_mask=jnp.ones((2, 4), bool), mode="sample", gumbel=jnp.zeros((2, 4, 3))
             ),
@@ -648,6 +684,8 @@ def test_bad_arguments(call, error, message):
         (dict(vocab_size=2), "vocab_size: expected an int >= 3, got 2"),
         (dict(latent_size=0), "latent_size: expected an int >= 1, got 0"),
         (dict(num_layers=1.5), "num_layers: expected an int >= 1, got 1.5"),
+        (dict(decoder_hidden_size=0), "decoder_hidden_size: expected None or an int >= 1, got 0"),
+        (dict(decoder_layers=1.5), "decoder_layers: expected None or an int >= 1, got 1.5"),
     ],
 )
 def test_bad_constructor_arguments(kwargs, message):

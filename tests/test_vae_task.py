@@ -58,7 +58,8 @@ def test_cli_train_sample_evaluate(corpus, tmp_path, capsys):
     out = tmp_path / "run"
     args = ["train", "vae", "--data", str(corpus), "--hidden-size", "16", "--latent-size", "4", "--batch-size", "8",
             "--decoding", "scheduled", "--ss-midpoint", "5", "--steps", "12", "--log-every", "4", "--eval-every", "0",
-            "--checkpoint-every", "6", "--eval-samples", "20", "--out", str(out)]
+            "--checkpoint-every", "6", "--eval-samples", "20", "--decoder-hidden-size", "12", "--decoder-layers", "2",
+            "--recon-reduction", "token", "--out", str(out)]
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "skipped: empty 1, too_long 1, unparsable 2" in printed
@@ -72,6 +73,9 @@ def test_cli_train_sample_evaluate(corpus, tmp_path, capsys):
     assert 0.0 <= report["samples"]["validity"] <= 1.0
     assert 0.0 <= report["samples_greedy"]["validity"] <= 1.0 and report["samples_greedy"]["n"] == 20
 
+    model, _, saved = task_lib.load(out)  # the saved task rebuilds the model: the decoder's own size included
+    assert (saved.decoder_hidden_size, saved.decoder_layers, saved.recon_reduction) == (12, 2, "token")
+    assert (model.hidden_size, model.decoder_hidden_size, model.decoder_layers) == (16, 12, 2)
     assert main(["sample", "vae", "--checkpoint", str(out), "-n", "7", "--output", str(tmp_path / "s.txt")]) == 0
     assert len((tmp_path / "s.txt").read_text().splitlines()) == 7
     assert main(["evaluate", "vae", "--checkpoint", str(out), "-n", "10"]) == 0
@@ -100,6 +104,63 @@ def test_cli_resume_continues_the_run(corpus, tmp_path):
     assert main([*args, "--steps", "8", "--resume", "--override"]) == 0  # more steps: a changed option
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["split"] == "train"] == [2, 4, 6, 8]
+
+
+def test_word_dropout_and_per_token_reconstruction_in_the_training_loss(corpus):
+    """--word-dropout p feeds no token where a per-token coin < p (the scheduled-sampling coin stream, free under
+    teacher decoding; eps unchanged); --recon-reduction token is MOSES's loss: recon / (scored tokens per sequence)
+    + beta * kl, with the logged recon still per sequence."""
+    from dataclasses import replace
+
+    from jax_scan_rnn.data.smiles import PAD
+
+    task = tiny(corpus, kl_schedule="constant", max_beta=0.3)
+    dataset = task_lib.load_dataset(task)
+    batch = task_lib.make_batch_fn(task, dataset)(0)
+    model = task_lib.build_model(task, dataset.vocab.size)
+    _, plain = task_lib.make_loss_fn(task)(model, batch)
+    total, dropped = task_lib.make_loss_fn(replace(task, word_dropout=0.5, recon_reduction="token"))(model, batch)
+    assert float(dropped["kl"]) == float(plain["kl"])  # the same eps
+    assert abs(float(dropped["recon"]) - float(plain["recon"])) > 1e-3  # inputs were dropped
+    scored = (batch["tokens"] != PAD).sum() / len(batch["tokens"])
+    assert float(total) == pytest.approx(float(dropped["recon"]) / scored + 0.3 * float(dropped["kl"]), rel=1e-6)
+    with pytest.raises(ValueError, match=r"^word_dropout, decoding: expected word_dropout=0 with "
+                                         r"decoding='scheduled' \(word dropout is for teacher forcing\), got "
+                                         r"word_dropout=0.1$"):
+        task_lib.VAETask(word_dropout=0.1, decoding="scheduled")
+
+
+def test_preset_moses_is_its_values_and_explicit_flags_win(capsys):
+    """`train vae --preset moses` parses to the preset's VAETask and TrainConfig exactly (`Preset.configs`), with
+    MOSES's numbers (moses/vae/config.py); a flag given explicitly, before or after --preset, overrides it."""
+    from jax_scan_rnn import options
+    from jax_scan_rnn.cli import build_parser, train_config
+
+    def parsed(*flags):
+        argv = ["train", "vae", *flags]
+        args = build_parser(argv).parse_args(argv)
+        return options.from_args(task_lib.VAETask, args), train_config(args)
+
+    preset = task_lib.PRESETS["moses"]
+    task, cfg = parsed("--preset", "moses")
+    assert (task, cfg) == preset.configs()
+    assert (task.data, task.hidden_size, task.num_layers, task.bidirectional, task.latent_size) == ("moses", 256, 1,
+                                                                                                   False, 128)
+    assert (task.decoder_hidden_size, task.decoder_layers, task.concat_z, task.batch_size) == (512, 3, True, 512)
+    assert (task.decoding, task.recon_reduction, task.kl_schedule, task.max_beta) == ("teacher", "token", "linear",
+                                                                                      0.05)
+    assert task.kl_warmup == cfg.steps == 100 * 3096  # MOSES's 100 epochs of ceil(1,584,663 / 512) batches
+    assert (cfg.learning_rate, cfg.lr_schedule, cfg.warmup_steps, cfg.clip_norm) == (3e-4, "constant", 0, 50.0)
+
+    explicit = parsed("--hidden-size", "8", "--preset=moses", "--steps", "10", "--warmup-steps", "2", "--lr", "1e-3")
+    assert explicit == preset.configs(hidden_size=8, steps=10, warmup_steps=2, learning_rate=1e-3)
+    task, cfg = parsed()  # no preset: the command's own defaults
+    assert task == task_lib.VAETask() and (cfg.steps, cfg.learning_rate) == (1200, task_lib.LEARNING_RATE)
+    with pytest.raises(SystemExit):
+        parsed("--preset", "chembl")
+    assert "argument --preset: invalid choice: 'chembl'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"^overrides: expected VAETask or TrainConfig fields, got \['hidden'\]$"):
+        preset.configs(hidden=8)
 
 
 def test_sample_missing_checkpoint_exits_2(tmp_path, capsys):

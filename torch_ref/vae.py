@@ -11,14 +11,17 @@ non-pad tokens, the `<eos>` included. `<sos>` is never stored in `tokens`: the d
 
 Equations (e(a) = one_hot(a, V); all GRUs are `torch.nn.GRU`, gates r, z, n)::
 
-    s            = last layer's final hidden state of gru_encoder over e(tokens[b, :lengths[b]])
+    s            = last layer's final hidden state of gru_encoder over e(tokens[b, :lengths[b]])  # [B, D*H]
                    (bidirectional: [forward final (step lengths-1); backward final (started at lengths-1)])
     mu, logvar   = fc_mu(s), fc_logvar(s)                                   # [B, Z] each
     z            = mu + exp(logvar / 2) * eps,   eps ~ N(0, I)              # [B, Z]
-    h_{-1}       = tanh(latent_to_hidden(z)) as [B, L, H] -> [L, B, H]      # layer l: columns l*H:(l+1)*H
+    h_{-1}       = tanh(latent_to_hidden(z)) as [B, Ld, Hd] -> [Ld, B, Hd]  # layer l: columns l*Hd:(l+1)*Hd
     x_t          = e(a_t)                (concat_z: [e(a_t); z])            # [B, V (+ Z)]
     h_t          = gru_decoder(x_t, h_{t-1});   logits_t = h2o(h_t)         # [B, V]
     a_0 = <sos>;  a_t = tokens[:, t-1] (teacher forcing), or the model's own prediction from logits_{t-1}
+    word dropout (`word_mask`, teacher forcing): e(a_t) = 0 (no token at all) where word_mask[:, t], t >= 1
+
+H, L are the encoder's sizes; Hd, Ld the decoder's (`decoder_hidden_size`, `decoder_layers`; by default H, L).
 
 Losses: recon = sum over non-pad positions of cross-entropy(logits_t, tokens_t), averaged over the batch;
 kl_per_dim = batch mean of -0.5 (1 + logvar - mu^2 - exp(logvar)); kl = sum(kl_per_dim), or with free
@@ -32,11 +35,12 @@ How the decoder runs:
   time, carrying the hidden state. Both use the one loop `SeqVAE._feedback_loop`; they differ only in the
   function that chooses what is fed back.
 
-Randomness is explicit: `eps` (latent noise), `gumbel` (sampling noise) and `replace_mask` (scheduled
-sampling coins, one per token as in Bengio et al. 2015, not one per step) can all be passed in, so the JAX
-twin can be fed the same draws. When `eps`/`gumbel` are not given they are drawn from torch's global RNG
-(`torch.randn`; Gumbel as `-log(Exponential(1))`, as `torch.nn.functional.gumbel_softmax` draws it); the
-caller draws `replace_mask`, e.g. `torch.rand(B, T) < p` (see `replace_mask_like`).
+Randomness is explicit: `eps` (latent noise), `gumbel` (sampling noise), `replace_mask` (scheduled
+sampling coins, one per token as in Bengio et al. 2015, not one per step) and `word_mask` (word dropout
+coins, one per token) can all be passed in, so the JAX twin can be fed the same draws. When `eps`/`gumbel`
+are not given they are drawn from torch's global RNG (`torch.randn`; Gumbel as `-log(Exponential(1))`, as
+`torch.nn.functional.gumbel_softmax` draws it); the caller draws `replace_mask` and `word_mask`, e.g.
+`torch.rand(B, T) < p` (see `replace_mask_like`).
 """
 from __future__ import annotations
 
@@ -67,7 +71,8 @@ def sample_gumbel(
 
 
 def replace_mask_like(tokens: Tensor, p: float, *, generator: torch.Generator | None = None) -> Tensor:
-    """Scheduled-sampling coins, one per token: bool [B, T], True (feed the prediction) with probability p."""
+    """Coins, one per token: bool [B, T], True with probability p: scheduled sampling's `replace_mask` (True:
+    feed the prediction) or word dropout's `word_mask` (True: feed no token)."""
     _check_number("p", p, 0, 1)
     return torch.rand(tuple(tokens.shape), generator=generator, device=tokens.device) < p
 
@@ -108,18 +113,21 @@ class SeqVAE(nn.Module):
 
     Args:
         vocab_size: V, number of token ids, the specials PAD, SOS, EOS = 0, 1, 2 included.
-        hidden_size: H of every GRU layer (encoder and decoder).
+        hidden_size: H of every encoder GRU layer (and of the decoder's unless `decoder_hidden_size`).
         latent_size: Z.
-        num_layers: L, stacked GRU layers, in the encoder and in the decoder.
+        num_layers: L, stacked GRU layers in the encoder (and in the decoder unless `decoder_layers`).
+        decoder_hidden_size: Hd of every decoder GRU layer; None: H.
+        decoder_layers: Ld, stacked GRU layers in the decoder; None: L.
         bidirectional: bidirectional encoder (the decoder is always forward).
         concat_z: append z to the decoder's input at every step, besides initialising its state from z.
 
     Attributes (the `state_dict()` prefixes, shared with `jsr.SeqVAE`); D = 2 if bidirectional else 1:
         gru_encoder: `nn.GRU(V, H, L, batch_first=True, bidirectional=bidirectional)`, reads one-hot [B, T, V].
         fc_mu, fc_logvar: `nn.Linear(D*H, Z)`.
-        latent_to_hidden: `nn.Linear(Z, L*H)`; layer l of the decoder's h0 is `tanh` of columns l*H:(l+1)*H.
-        gru_decoder: `nn.GRU(V + (Z if concat_z else 0), H, L, batch_first=True)`.
-        h2o: `nn.Linear(H, V)`, hidden state to vocabulary logits.
+        latent_to_hidden: `nn.Linear(Z, Ld*Hd)`; layer l of the decoder's h0 is `tanh` of columns l*Hd:(l+1)*Hd.
+        gru_decoder: `nn.GRU(V + (Z if concat_z else 0), Hd, Ld, batch_first=True)`.
+        h2o: `nn.Linear(Hd, V)`, hidden state to vocabulary logits.
+        hidden_size, num_layers, decoder_hidden_size, decoder_layers: H, L, Hd, Ld (the last two resolved).
 
     `forward(tokens, lengths, ...)` is `loss(tokens, lengths, ...)`, so `model(tokens, lengths)["total"]`
     is what a training step backpropagates.
@@ -132,6 +140,8 @@ class SeqVAE(nn.Module):
         latent_size: int,
         num_layers: int,
         *,
+        decoder_hidden_size: int | None = None,
+        decoder_layers: int | None = None,
         bidirectional: bool = False,
         concat_z: bool = False,
     ):
@@ -140,10 +150,15 @@ class SeqVAE(nn.Module):
         _check_number("hidden_size", hidden_size, 1, integer=True)
         _check_number("latent_size", latent_size, 1, integer=True)
         _check_number("num_layers", num_layers, 1, integer=True)
+        for name, value in (("decoder_hidden_size", decoder_hidden_size), ("decoder_layers", decoder_layers)):
+            if value is not None:
+                _check_number(name, value, 1, integer=True)
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.latent_size = latent_size
         self.num_layers = num_layers
+        self.decoder_hidden_size = hidden_size if decoder_hidden_size is None else decoder_hidden_size
+        self.decoder_layers = num_layers if decoder_layers is None else decoder_layers
         self.bidirectional = bool(bidirectional)
         self.concat_z = bool(concat_z)
         directions = 2 if bidirectional else 1
@@ -151,10 +166,10 @@ class SeqVAE(nn.Module):
         self.gru_encoder = nn.GRU(vocab_size, hidden_size, num_layers, batch_first=True, bidirectional=bidirectional)
         self.fc_mu = nn.Linear(directions * hidden_size, latent_size)
         self.fc_logvar = nn.Linear(directions * hidden_size, latent_size)
-        self.latent_to_hidden = nn.Linear(latent_size, num_layers * hidden_size)
+        self.latent_to_hidden = nn.Linear(latent_size, self.decoder_layers * self.decoder_hidden_size)
         decoder_input = vocab_size + (latent_size if concat_z else 0)
-        self.gru_decoder = nn.GRU(decoder_input, hidden_size, num_layers, batch_first=True)
-        self.h2o = nn.Linear(hidden_size, vocab_size)
+        self.gru_decoder = nn.GRU(decoder_input, self.decoder_hidden_size, self.decoder_layers, batch_first=True)
+        self.h2o = nn.Linear(self.decoder_hidden_size, vocab_size)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -196,10 +211,10 @@ class SeqVAE(nn.Module):
         return mu + torch.exp(0.5 * logvar) * eps
 
     def initial_hidden(self, z: Tensor) -> Tensor:
-        """The decoder's initial state from z [B, Z]: tanh(latent_to_hidden(z)) [B, L*H] -> [L, B, H]."""
+        """The decoder's initial state from z [B, Z]: tanh(latent_to_hidden(z)) [B, Ld*Hd] -> [Ld, B, Hd]."""
         self._check_z(z)
-        h0 = torch.tanh(self.latent_to_hidden(z))  # [B, L*H]
-        return h0.view(z.shape[0], self.num_layers, self.hidden_size).transpose(0, 1).contiguous()
+        h0 = torch.tanh(self.latent_to_hidden(z))  # [B, Ld*Hd]
+        return h0.view(z.shape[0], self.decoder_layers, self.decoder_hidden_size).transpose(0, 1).contiguous()
 
     # ---- Decoder ----
 
@@ -214,7 +229,7 @@ class SeqVAE(nn.Module):
         logits = []
         for t in range(steps):
             x_t = torch.cat([x, z], dim=-1) if self.concat_z else x
-            out, h = self.gru_decoder(x_t.unsqueeze(1), h)  # [B, 1, H]
+            out, h = self.gru_decoder(x_t.unsqueeze(1), h)  # [B, 1, Hd]
             logits.append(self.h2o(out[:, 0]))
             if t + 1 < steps:
                 x = feed(t, logits[-1])
@@ -226,6 +241,7 @@ class SeqVAE(nn.Module):
         tokens: Tensor,
         *,
         replace_mask: Tensor | None = None,
+        word_mask: Tensor | None = None,
         mode: str = "argmax",
         gumbel: Tensor | None = None,
         temperature: float = 1.0,
@@ -235,6 +251,8 @@ class SeqVAE(nn.Module):
 
         Step t is fed a_0 = <sos>, then:
         - `replace_mask=None`, teacher forcing: a_t = tokens[:, t-1]; one fused `gru_decoder` call.
+          `word_mask` bool [B, T] (word dropout, Bowman et al. 2016; column 0 is ignored: <sos> is always
+          read): where word_mask[:, t], step t reads no token, e(a_t) = 0 (still z when concat_z).
         - `replace_mask` bool [B, T], scheduled sampling (one coin per token; column 0 is ignored):
           a_t = pred_{t-1} where replace_mask[:, t], else tokens[:, t-1]; a Python loop over time. The
           prediction pred_{t-1} comes from logits_{t-1} by `mode`:
@@ -247,7 +265,8 @@ class SeqVAE(nn.Module):
         `gumbel` [B, T, V] is standard Gumbel noise (its last step is unused), drawn with torch's RNG when
         not given and the mode needs it; `mode`, `gumbel`, `temperature`, `tau` are ignored under teacher
         forcing, `gumbel` under "argmax" (but checked when given). `temperature` is used by "sample" only,
-        `tau` by "gumbel_softmax" only.
+        `tau` by "gumbel_softmax" only. `word_mask` with `replace_mask` raises ValueError: word dropout is
+        defined on teacher forcing.
         """
         self._check_tokens(tokens)
         self._check_z(z, batch=tokens.shape[0])
@@ -256,23 +275,24 @@ class SeqVAE(nn.Module):
         _check_number("temperature", temperature, 0, above=True)
         _check_number("tau", tau, 0, above=True)
         batch, seq_len = tokens.shape
+        if word_mask is not None:
+            if replace_mask is not None:
+                raise ValueError("word_mask: expected None with a replace_mask (word dropout is defined on teacher "
+                                 "forcing, not on scheduled sampling), got a mask")
+            self._check_mask("word_mask", word_mask, batch, seq_len)
 
         if replace_mask is None:  # teacher forcing: all inputs known, one fused call over the sequence
             sos = tokens.new_full((batch, 1), SOS)
             x = self._one_hot(torch.cat([sos, tokens[:, :-1]], dim=1))  # [B, T, V]
+            if word_mask is not None:  # no token where dropped; <sos> (column 0) always read
+                dropped = torch.cat([word_mask.new_zeros(batch, 1), word_mask[:, 1:]], dim=1)  # [B, T]
+                x = x.masked_fill(dropped[:, :, None], 0.0)
             if self.concat_z:
                 x = torch.cat([x, z.unsqueeze(1).expand(batch, seq_len, self.latent_size)], dim=-1)
             out, _ = self.gru_decoder(x, self.initial_hidden(z))  # [B, T, H]
             return self.h2o(out)
 
-        if not isinstance(replace_mask, Tensor):
-            raise TypeError(f"replace_mask: expected a torch.Tensor or None, got {type(replace_mask).__name__}")
-        if replace_mask.dtype != torch.bool:
-            raise TypeError(f"replace_mask: expected dtype torch.bool, got {replace_mask.dtype}")
-        if tuple(replace_mask.shape) != (batch, seq_len):
-            raise ValueError(
-                f"replace_mask: expected shape [B, T] = {[batch, seq_len]}, got {list(replace_mask.shape)}"
-            )
+        self._check_mask("replace_mask", replace_mask, batch, seq_len)
         gumbel = self._gumbel_for(
             gumbel, (batch, seq_len), needed=mode != "argmax", device=z.device, what="[B, T, V]"
         )
@@ -303,6 +323,7 @@ class SeqVAE(nn.Module):
         free_bits: float = 0.0,
         eps: Tensor | None = None,
         replace_mask: Tensor | None = None,
+        word_mask: Tensor | None = None,
         mode: str = "argmax",
         gumbel: Tensor | None = None,
         temperature: float = 1.0,
@@ -322,9 +343,8 @@ class SeqVAE(nn.Module):
         _check_number("free_bits", free_bits, 0)
         mu, logvar = self.encode(tokens, lengths)
         z = self.reparameterize(mu, logvar, eps)
-        logits = self.decode(
-            z, tokens, replace_mask=replace_mask, mode=mode, gumbel=gumbel, temperature=temperature, tau=tau
-        )
+        logits = self.decode(z, tokens, replace_mask=replace_mask, word_mask=word_mask, mode=mode, gumbel=gumbel,
+                             temperature=temperature, tau=tau)
         # cross_entropy wants the classes in dim 1: [B, V, T] against [B, T]; <pad> targets add nothing.
         recon = F.cross_entropy(logits.transpose(1, 2), tokens.long(), ignore_index=PAD, reduction="sum")
         recon = recon / tokens.shape[0]
@@ -414,6 +434,16 @@ class SeqVAE(nn.Module):
         if low < 1 or high > seq_len:
             raise ValueError(f"lengths: expected values in [1, T={seq_len}], got values in [{low}, {high}]")
         return lengths
+
+    @staticmethod
+    def _check_mask(name: str, mask: Tensor, batch: int, seq_len: int) -> None:
+        """`replace_mask` / `word_mask`: a bool tensor [B, T]."""
+        if not isinstance(mask, Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor or None, got {type(mask).__name__}")
+        if mask.dtype != torch.bool:
+            raise TypeError(f"{name}: expected dtype torch.bool, got {mask.dtype}")
+        if tuple(mask.shape) != (batch, seq_len):
+            raise ValueError(f"{name}: expected shape [B, T] = {[batch, seq_len]}, got {list(mask.shape)}")
 
     def _check_z(self, z: Tensor, batch: int | None = None) -> None:
         """z must be [B, Z] in the parameters' dtype (B = `batch` when given, i.e. the tokens' B)."""

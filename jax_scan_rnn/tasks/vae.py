@@ -3,6 +3,7 @@
     task = VAETask(decoding="scheduled")            # default "teacher": teacher forcing alone
     model, vocab, history = train(task, TrainConfig(steps=1200, learning_rate=LEARNING_RATE), out_dir="runs/vae")
     report = evaluate(model, vocab, task)             # reconstruction, prior samples, KL, interpolation
+    task, cfg = PRESETS["moses"].configs(steps=3000)  # MOSES's VAE and data (`train vae --preset moses`)
 
 Every random choice of a training step (the reparameterisation noise, the scheduled-sampling coins,
 Gumbel noise) is drawn inside the jitted step from per-sequence keys that are a function of the step
@@ -11,9 +12,11 @@ devices like any other array.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +32,7 @@ from jax_scan_rnn.train import TrainConfig, fit, restore_model
 from jax_scan_rnn.vae import SeqVAE, check_tokens
 
 DECODINGS = ("teacher", "scheduled")
+RECON_REDUCTIONS = ("sequence", "token")
 # Peak Adam learning rate of `jax-scan-rnn train vae` (and examples/03): the balance of reconstruction and
 # prior-sample validity in a sweep, docs/measurements.md#vae-learning-rate.
 LEARNING_RATE = 1e-2
@@ -54,9 +58,11 @@ class VAETask:
     limit: int | None = option(None, "use at most this many sequences", lo=1)
     augment: int = option(0, "randomized SMILES per training molecule (Arus-Pous et al. 2019): each time a molecule "
                              "is drawn, it is written one of these ways or canonically; 0: off", lo=0)
-    hidden_size: int = option(256, "H of the encoder and decoder GRUs", lo=1)
+    hidden_size: int = option(256, "H of the encoder GRU (and of the decoder's, unless --decoder-hidden-size)", lo=1)
     latent_size: int = option(64, "Z, the latent size", lo=1)
-    num_layers: int = option(1, "GRU layers in the encoder and in the decoder", lo=1)
+    num_layers: int = option(1, "GRU layers in the encoder (and in the decoder, unless --decoder-layers)", lo=1)
+    decoder_hidden_size: int | None = option(None, "H of the decoder GRU", lo=1, none="--hidden-size")
+    decoder_layers: int | None = option(None, "GRU layers in the decoder", lo=1, none="--num-layers")
     bidirectional: bool = option(False, "bidirectional encoder")
     concat_z: bool = option(False, "append z to every decoder input (as MOSES does)")
     decoder_only: bool = option(False, "a CharRNN baseline from the same code: the decoder alone, from a fixed zero "
@@ -70,10 +76,17 @@ class VAETask:
                               choices=schedules.TEACHER_FORCING_SCHEDULES)
     ss_midpoint: int = option(1000, "step at which the teacher-forcing probability has decayed to 0.5", lo=3)
     ss_max: float = option(0.5, "cap on the replacement probability", lo=0, hi=1)
+    word_dropout: float = option(0.0, "word dropout (Bowman et al. 2016): probability that a teacher-forced decoder "
+                                      "input is replaced by no token (an all-zero one-hot) in training; teacher "
+                                      "decoding only", lo=0, hi=1)
+    recon_reduction: str = option("sequence", "the training loss's reconstruction term: cross-entropy summed over each "
+                                              "sequence (mean over the batch), or averaged over the batch's tokens "
+                                              "(MOSES's; it scales --max-beta and --clip-norm against it). The logged "
+                                              "recon is always per sequence", choices=RECON_REDUCTIONS)
     kl_schedule: str = option("linear", "KL weight annealing", choices=KL_SCHEDULES)
     kl_warmup: int = option(500, "steps for the KL weight to reach max_beta (sigmoid's midpoint is half of it)", lo=0)
-    max_beta: float = option(0.05, "final KL weight (MOSES: 0.05; 1.0 is the ELBO proper, but collapses the latent)",
-                             lo=0)
+    max_beta: float = option(0.05, "final KL weight (MOSES: 0.05, against its per-token loss, --recon-reduction token; "
+                                    "1.0 is the ELBO proper, but collapses the latent)", lo=0)
     free_bits: float = option(0.0, "KL free bits per latent dimension (0: off)", lo=0)
     split_seed: int = option(0, "seed of the train/validation/test split", lo=0)
     data_seed: int = option(0, "seed of the batch order and of the per-step noise (added to --seed)", lo=0)
@@ -91,6 +104,11 @@ class VAETask:
                 f"smiles_check: expected True for the built-in source {self.data!r} (always SMILES; False is "
                 "for a data file that is not chemistry), got False"
             )
+        if self.word_dropout and self.decoding != "teacher":
+            # Word dropout thins the teacher's tokens; scheduled sampling already replaces them with the model's
+            # own, and the two would share the per-token coin stream (make_loss_fn).
+            raise ValueError(f"word_dropout, decoding: expected word_dropout=0 with decoding={self.decoding!r} (word "
+                             f"dropout is for teacher forcing), got word_dropout={self.word_dropout}")
 
     def _schedule_params(self) -> dict[str, float]:
         """The Bengio et al. schedule's parameter for which eps_{ss_midpoint} = 0.5."""
@@ -118,6 +136,103 @@ class VAETask:
             return float(schedules.kl_linear(step, warmup=self.kl_warmup, max_beta=self.max_beta))
         return float(schedules.kl_sigmoid(step, midpoint=self.kl_warmup / 2, steepness=10.0 / self.kl_warmup,
                                           max_beta=self.max_beta))
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named set of `VAETask` (`task`) and `TrainConfig` (`train`) field values; explicit values override
+    them (`configs(**overrides)`; on the command line, `train vae --preset NAME` and any explicit flag)."""
+
+    name: str
+    summary: str  # one line, the --preset help
+    task: Mapping[str, Any]
+    train: Mapping[str, Any]
+
+    def __post_init__(self):
+        for cls, values in ((VAETask, self.task), (TrainConfig, self.train)):
+            unknown = sorted(set(values) - {f.name for f in fields(cls)})
+            if unknown:
+                raise ValueError(f"{self.name}: expected {cls.__name__} fields, got {unknown}")
+
+    def configs(self, **overrides: Any) -> tuple[VAETask, TrainConfig]:
+        """(VAETask, TrainConfig) of the preset, with `overrides` (fields of either) replacing its values.
+        Fields neither sets keep their defaults (TrainConfig's, not the CLI's: pass log_every etc. yourself)."""
+        task_fields = {f.name for f in fields(VAETask)}
+        train_fields = {f.name for f in fields(TrainConfig)}
+        unknown = sorted(set(overrides) - task_fields - train_fields)
+        if unknown:
+            raise ValueError(f"overrides: expected VAETask or TrainConfig fields, got {unknown}")
+        task = {**self.task, **{k: v for k, v in overrides.items() if k in task_fields}}
+        train = {**self.train, **{k: v for k, v in overrides.items() if k in train_fields}}
+        return VAETask(**task), TrainConfig(**train)
+
+
+# MOSES's VAE (molsets 0.3.1, `moses/vae/config.py`, `model.py`, `trainer.py`, `misc.py`): 100 epochs
+# (trainer.py `_n_epoch`: lr_n_period 10 * lr_n_mult 1 ** i over lr_n_restarts 10) of
+# ceil(1,584,663 / n_batch 512) = 3,096 batches (a DataLoader that keeps the last, short batch).
+MOSES_EPOCH_UPDATES = 3_096
+MOSES_UPDATES = 100 * MOSES_EPOCH_UPDATES
+
+PRESETS: dict[str, Preset] = {
+    "moses": Preset(
+        name="moses",
+        summary=f"MOSES's VAE on MOSES's data, {MOSES_UPDATES:,} updates of 512 for one GPU (run time not measured "
+                "yet; the differences from MOSES are listed in jax_scan_rnn/tasks/vae.py)",
+        task=dict(
+            data="moses",               # moses/dataset/data/train.csv.gz, 1,584,663 SMILES (our split: 90/5/5)
+            hidden_size=256,            # config.py q_d_h 256
+            num_layers=1,               # config.py q_n_layers 1
+            bidirectional=False,        # config.py q_bidir False
+            latent_size=128,            # config.py d_z 128
+            decoder_hidden_size=512,    # config.py d_d_h 512
+            decoder_layers=3,           # config.py d_n_layers 3 (d_dropout 0)
+            concat_z=True,              # model.py forward_decoder: torch.cat([x_emb, z_0], dim=-1) at every step
+            batch_size=512,             # config.py n_batch 512
+            decoding="teacher",         # model.py forward_decoder: teacher forcing only
+            recon_reduction="token",    # model.py: F.cross_entropy(..., ignore_index=pad), a mean over tokens
+            kl_schedule="linear",       # misc.py KLAnnealer: kl_w_start 0 + epoch * (kl_w_end - 0) / n_epoch
+            kl_warmup=MOSES_UPDATES,    # ... over the whole run (kl_start 0)
+            max_beta=0.05,              # config.py kl_w_end 0.05
+        ),
+        train=dict(
+            steps=MOSES_UPDATES,
+            learning_rate=3e-4,         # config.py lr_start 3e-4
+            lr_schedule="constant",     # misc.py CosineAnnealingLRWithRestart from lr_start to lr_end, both 3e-4
+            warmup_steps=0,             # none in trainer.py
+            clip_norm=50.0,             # config.py clip_grad 50 (trainer.py clip_grad_norm_)
+            log_every=100,
+            eval_every=MOSES_EPOCH_UPDATES,        # one MOSES epoch (trainer.py validates once per epoch)
+            checkpoint_every=MOSES_EPOCH_UPDATES,
+        ),
+    ),
+}
+"""The presets of `train vae --preset NAME`.
+
+`moses`: MOSES's VAE, with its hyper-parameters read from molsets 0.3.1's installed source (the comments above
+name each value's source), trained for MOSES's 100 epochs of updates on MOSES's training set, in float32 on one
+GPU. Its run time is not measured yet. What differs from MOSES, and why:
+- Schedules. MOSES's learning rate "SGDR" (`CosineAnnealingLRWithRestart`) anneals from lr_start to lr_end, both
+  3e-4, so it is constant: the same here. Its KL weight steps once per epoch (epoch i: 0.05 * i / 100, ending at
+  0.0495); ours rises linearly per update and reaches 0.05 at the last one. A shorter `--steps` runs the start
+  of MOSES's schedule (the KL weight stays near 0): pass `--kl-warmup` with it to compress the annealing.
+- Objective. MOSES averages the cross-entropy over the batch's target tokens and adds the KL weight times the
+  KL per molecule (batch mean): `--recon-reduction token` is that loss (so its clip norm of 50 and KL weight
+  mean the same here); the logged `recon` stays per molecule.
+- Embedding. MOSES feeds both GRUs a trainable V x V embedding initialised to the identity (`OneHotVocab`,
+  shared by encoder and decoder); ours feed the one-hot straight into each GRU's input weights: the same
+  functions, not the same parameters (or Adam steps).
+- Decoder start. MOSES: `h0 = decoder_lat(z)`, one Linear(d_z, d_d_h) repeated for all 3 layers, no tanh; ours:
+  `tanh(latent_to_hidden(z))`, one slice of Linear(Z, 3 * 512) per layer.
+- Encoder input. MOSES's encoder reads <bos> before the tokens; ours reads the tokens and <eos> only.
+- Dropout. MOSES's q_dropout 0.5 acts only between encoder layers (model.py: `if config.q_n_layers > 1`), so with
+  one layer it is off, as here; d_dropout is 0.
+- Data. MOSES trains on all 1,584,663 training SMILES; ours on 90 % of them (5 % validation, 5 % test), so
+  MOSES's 309,600 updates are about 111 of our epochs; the batches are padded to T = 64 (`--max-length 63`),
+  not to the batch's longest (57 at most: the same loss, more work).
+- Sampling. MOSES samples with `torch.multinomial` up to 100 tokens; ours with the Gumbel-max trick (the same
+  distribution) up to max_length + 1 = 64, beyond the longest MOSES molecule.
+MOSES's metrics of a run: `jax-scan-rnn evaluate vae --checkpoint RUN --metrics moses -n 30000`.
+"""
 
 
 @dataclass(frozen=True)
@@ -196,8 +311,9 @@ def load_dataset(task: VAETask) -> Dataset:
 
 
 def build_model(task: VAETask, vocab_size: int, seed: int = 0) -> SeqVAE:
-    return SeqVAE(vocab_size, task.hidden_size, task.latent_size, task.num_layers, bidirectional=task.bidirectional,
-                  concat_z=task.concat_z, rngs=nnx.Rngs(seed))
+    return SeqVAE(vocab_size, task.hidden_size, task.latent_size, task.num_layers,
+                  decoder_hidden_size=task.decoder_hidden_size, decoder_layers=task.decoder_layers,
+                  bidirectional=task.bidirectional, concat_z=task.concat_z, rngs=nnx.Rngs(seed))
 
 
 def encode(vocab: smiles.Vocabulary, sequences: list[str], max_length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -237,7 +353,14 @@ def make_batch_fn(task: VAETask, dataset: Dataset, seed: int = 0):
 
 
 def make_loss_fn(task: VAETask):
-    """`(model, batch) -> (total, metrics)`: the ELBO with the task's decoding, noise from the batch keys."""
+    """`(model, batch) -> (total, metrics)`: the ELBO with the task's decoding, noise from the batch keys.
+
+    Per sequence b, key_b splits into three streams: eps [Z]; one uniform coin per token [T], the scheduled-
+    sampling coins (replaced where coin < p_replace) or, under teacher decoding, the word-dropout coins (no
+    token where coin < word_dropout); Gumbel noise [T, V]. The loss is `model.loss`'s total = recon + beta * kl,
+    or with `recon_reduction="token"` recon / n + beta * kl, n = the batch's mean count of scored (non-pad)
+    tokens per sequence: MOSES's per-token mean cross-entropy.
+    """
 
     def loss_fn(model: SeqVAE, batch: dict):
         tokens = batch["tokens"]
@@ -245,18 +368,24 @@ def make_loss_fn(task: VAETask):
         keys = jax.vmap(jax.random.wrap_key_data)(batch["keys"])
         split = jax.vmap(partial(jax.random.split, num=3))(keys)  # [B, 3]
         eps = jax.vmap(lambda k: jax.random.normal(k, (model.latent_size,)))(split[:, 0])
+        coins = jax.vmap(lambda k: jax.random.uniform(k, (steps,)))(split[:, 1])  # [B, T]; unused: compiled away
         kwargs = {}
         if task.decoding == "scheduled":
-            coins = jax.vmap(lambda k: jax.random.uniform(k, (steps,)))(split[:, 1])
             kwargs["replace_mask"] = coins < batch["p_replace"][:, None]
             kwargs["mode"] = task.ss_mode
             if task.ss_mode != "argmax":
                 kwargs["gumbel"] = jax.vmap(lambda k: jax.random.gumbel(k, (steps, model.vocab_size)))(split[:, 2])
+        elif task.word_dropout:  # VAETask allows it with teacher decoding only
+            kwargs["word_mask"] = coins < task.word_dropout
         if task.decoder_only:
             kwargs["z"] = jnp.zeros_like(eps)
-        out = model.loss(tokens, batch["lengths"], beta=batch["beta"][0], free_bits=task.free_bits, eps=eps, **kwargs)
-        return out["total"], {"recon": out["recon"], "kl": out["kl"], "beta": batch["beta"][0],
-                              "p_replace": batch["p_replace"][0]}
+        beta = batch["beta"][0]
+        out = model.loss(tokens, batch["lengths"], beta=beta, free_bits=task.free_bits, eps=eps, **kwargs)
+        total = out["total"]
+        if task.recon_reduction == "token":
+            scored_per_sequence = jnp.sum(tokens != smiles.PAD) / tokens.shape[0]
+            total = out["recon"] / scored_per_sequence + beta * out["kl"]
+        return total, {"recon": out["recon"], "kl": out["kl"], "beta": beta, "p_replace": batch["p_replace"][0]}
 
     return loss_fn
 
