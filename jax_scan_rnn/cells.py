@@ -41,6 +41,9 @@ def _torch_uniform(key: Array, shape: tuple[int, ...], bound: float, dtype) -> A
 # broadcast-multiply-add, which XLA fuses into the neighbouring gate arithmetic, than as a matmul call of
 # its own. Measured: docs/measurements.md#thin-matmuls-as-fused-arithmetic.
 THIN_MATMUL_DIM = 4
+# A thin N with a wide K (the readout h [B, H] @ [H, A]) only for a single row: with more rows its gradient
+# becomes a batch reduction in every backward step, slower than a dot. Same measurement page.
+THIN_OUTPUT_MAX_ROWS = 1
 
 
 def matmul(x: Array, w: Array, compute_dtype=None) -> Array:
@@ -48,13 +51,14 @@ def matmul(x: Array, w: Array, compute_dtype=None) -> Array:
     and accumulation in `x`'s dtype.
 
     With `compute_dtype=jnp.bfloat16` the matmuls read bf16 operands (half the memory traffic, the fast
-    tensor-core path on GPUs) while the state, the gates and every sum stay in float32. When K or N is at
-    most `THIN_MATMUL_DIM` the product is written as a sum of K broadcast products (same value, summed in
-    another order), which XLA fuses with its neighbours.
+    tensor-core path on GPUs) while the state, the gates and every sum stay in float32. When K is at most
+    `THIN_MATMUL_DIM`, or N is and `x` has at most `THIN_OUTPUT_MAX_ROWS` rows, the product is written as
+    a sum of K broadcast products (same value, summed in another order), which XLA fuses with its neighbours.
     """
     dtype = compute_dtype or x.dtype
     a, b = x.astype(dtype), w.astype(dtype)
-    if min(w.shape) <= THIN_MATMUL_DIM:
+    k, n = w.shape
+    if k <= THIN_MATMUL_DIM or (n <= THIN_MATMUL_DIM and math.prod(x.shape[:-1]) <= THIN_OUTPUT_MAX_ROWS):
         return jnp.sum(a[..., :, None].astype(x.dtype) * b.astype(x.dtype), axis=-2)
     return jnp.matmul(a, b, preferred_element_type=x.dtype)
 

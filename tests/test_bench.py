@@ -253,8 +253,8 @@ def test_default_output_is_not_the_committed_results():
 def test_modules_import_only_earlier_ones_by_public_names():
     """No import cycle in bench/: each module imports only modules listed before it here (the package
     docstring's order), and only their public names."""
-    order = ["config", "machine", "context", "torch_methods", "jax_methods", "vae_methods", "methods", "engine",
-             "report", "cli"]
+    order = ["config", "machine", "context", "torch_methods", "jax_methods", "vae_methods", "peer_methods", "methods",
+             "engine", "report", "cli"]
     root = Path(bench.__file__).parent
     assert {p.stem for p in root.glob("*.py")} == {*order, "__init__", "__main__"}
     for i, name in enumerate(order):

@@ -16,6 +16,11 @@ One process times, side by side, on one set of weights (a `torch_ref.Traveller` 
           loop under `jax.jit` (unrolled: short T only), and eager op-by-op JAX (short T only).
   limit   the same FLOPs with the time dependency removed: every step's matmuls and gate math as a few
           batched ops over [B*T] rows, in XLA and in torch; the faster one is the "limit".
+  peer    what a JAX user would write without this library, jitted, on the same weights: Flax NNX's
+          `nnx.RNN` over its LSTM/GRU cells (whole sequence, no feedback) and the Traveller as a custom NNX
+          cell carrying its last positions; Equinox cells in `lax.scan`; torchax running the seed's torch
+          loop under `jax.jit` (short T only). Each against its jsr row (`vs_jsr`); equinox and torchax
+          come with the `bench` extra, and a missing one makes its rows "n/a" with the install hint.
 
 For each (batch B, length T, forward or train step) case: the first call (compile/trace/capture
 included) is timed on its own; then the cases of one (B, T, mode) cell are timed round-robin, each
@@ -32,7 +37,7 @@ the same method's previous cell), when their compiled memory would not fit, or w
 The package, one idea per module, each importing only those listed before it: `config` (BenchConfig,
 its presets, the row keys), `machine` (what the results record of this machine), `context` (what every
 row shares: the weights in both frameworks, the data, `Case`, `Skip`), the rows by subject:
-`torch_methods`, `jax_methods` (each including its limit row) and `vae_methods`; `methods` (the METHODS
+`torch_methods`, `jax_methods` (each including its limit row), `vae_methods` and `peer_methods`; `methods` (the METHODS
 table of every row), `engine` (warm-up, round-robin sampling, ratios: `run_suite`), `report` (headline,
 criteria, Markdown, plots, JSON: `write_results`) and `cli` (`jax-scan-rnn bench`; `python -m
 jax_scan_rnn.bench` runs its `main`).
@@ -54,13 +59,13 @@ from jax_scan_rnn.bench.engine import run_suite
 from jax_scan_rnn.bench.machine import host_kind
 from jax_scan_rnn.bench.context import Skip
 from jax_scan_rnn.bench.methods import METHODS, Method
-from jax_scan_rnn.bench.report import criteria, headline, markdown, results_stem, write_results
+from jax_scan_rnn.bench.report import criteria, headline, markdown, peer_groups, results_stem, write_results
 
 __all__ = [
     # running and writing
     "BenchConfig", "run_suite", "write_results", "results_stem", "host_kind",
     # reading results
-    "headline", "criteria", "markdown",
+    "headline", "criteria", "markdown", "peer_groups",
     # the rows
     "METHODS", "Method", "Skip", "AUTO_KEY", "SEED_KEY", "SEEDS", "LIMIT_KEYS", "LIMIT_CHUNK_ROWS",
     "QUICK_METHODS", "SCAN_UNROLLS", "MODES", "SCHEMA_VERSION",

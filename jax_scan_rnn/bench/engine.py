@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_scan_rnn import xla_flags
-from jax_scan_rnn.bench import vae_methods
+from jax_scan_rnn.bench import peer_methods, vae_methods
 from jax_scan_rnn.bench.config import AUTO_KEY, LIMIT_KEYS, SCHEMA_VERSION, SEED_KEY, SEEDS, BenchConfig
 from jax_scan_rnn.bench.context import Case, Context, Skip, TooCostly
 from jax_scan_rnn.bench.machine import available_memory, cpu_model, host_kind, load_average
@@ -78,6 +78,7 @@ def _base_row(method: Method, model: str, mode: str, batch: int, steps: int, sec
         "status": "pending", "reason": None, "per_step_us": None, "call_s": None, "call_s_min": None,
         "samples": [], "calls_per_sample": None, "first_call_s": None, "compile_s": None, "memory": None,
         "max_abs_diff": None, "speedup_vs_seed": None, "x_limit": None,
+        "versus": list(method.versus), "vs_jsr": None,
     }
 
 
@@ -164,6 +165,8 @@ class _Engine:
     def static_skip(self, method: Method, batch: int, steps: int, mode: str, section: str) -> tuple[str, str] | None:
         if method.gpu_only and not self.ctx.on_gpu:
             return "n/a", "GPU only: no CUDA device on this machine"
+        if method.requires and peer_methods.missing(method.requires):
+            return "n/a", peer_methods.missing(method.requires)
         if mode not in method.modes:
             return "n/a", method.modes_note or f"no {mode} row"
         if mode == "train" and self.cfg.train_batch_sizes is not None and batch not in self.cfg.train_batch_sizes:
@@ -173,7 +176,8 @@ class _Engine:
         if section == "grid" and method.where == "sweep":
             return "n/a", f"short T only: see the compile sweep (T in {list(self.cfg.sweep_seq_lens)})"
         if section == "grid" and method.max_t is not None and steps > min(method.max_t, self.cfg.short_max_t):
-            return "n/a", f"short T only (T <= {min(method.max_t, self.cfg.short_max_t)})"
+            note = f": {method.max_t_note}" if method.max_t_note else ""
+            return "n/a", f"short T only (T <= {min(method.max_t, self.cfg.short_max_t)}){note}"
         return None
 
     def build_and_warm(self, method: Method, row: dict, batch: int, steps: int, mode: str, cap: float) -> Case:
@@ -230,18 +234,23 @@ class _Engine:
         return memory
 
     def agreement(self, rows: list[dict]) -> None:
-        """Max |positions - reference| per forward row; reference: the seed loop, else lax.scan unroll=1."""
+        """Max |positions - reference| per forward row; reference: the seed loop, else lax.scan unroll=1; for a
+        peer, the first of its `versus` jsr rows measured (a peer without feedback computes another function)."""
         outputs = {r["method"]: r.pop("_output") for r in rows if "_output" in r}
         model = rows[0]["model"] if rows else "traveller"
         seed = SEEDS.get(model, SEED_KEY)
-        ref_key = seed if seed in outputs else ("jax-scan-u1" if "jax-scan-u1" in outputs else None)
-        if ref_key is None:
-            return
-        ref = outputs[ref_key]
+        default_key = seed if seed in outputs else ("jax-scan-u1" if "jax-scan-u1" in outputs else None)
         for row in rows:
             out = outputs.get(row["method"])
             if out is None or row["role"] in ("limit", "bound"):
                 continue
+            if row["role"] == "peer":
+                ref_key = next((k for k in row["versus"] if k in outputs), None)
+            else:
+                ref_key = default_key
+            if ref_key is None:
+                continue
+            ref = outputs[ref_key]
             if out.shape != ref.shape:
                 row["max_abs_diff"] = {"vs": ref_key, "value": None, "note": f"shape {out.shape} != {ref.shape}"}
             elif np.issubdtype(out.dtype, np.integer):  # generated tokens: the share that differ
@@ -293,7 +302,7 @@ def _fmt_s(seconds: float) -> str:
 
 
 def _derive(rows: list[dict]) -> list[dict]:
-    """The ratios of every row (vs its cell's seed loop and limit)."""
+    """The ratios of every row (vs its cell's seed loop and limit; a peer's also vs its jsr row)."""
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         groups.setdefault((row["model"], row["section"], row["mode"], row["B"], row["T"]), []).append(row)
@@ -309,7 +318,25 @@ def _derive(rows: list[dict]) -> list[dict]:
             if limit is not None:
                 row["x_limit"] = row["call_s"] / limit["call_s"]
                 row["limit_method"] = limit["method"]
+            if row["role"] == "peer":
+                row["vs_jsr"] = _vs_jsr(row, group)
     return [row for group in groups.values() for row in group]  # cells in measuring order
+
+
+def _vs_jsr(peer: dict, group: list[dict]) -> dict | None:
+    """A measured peer against the first of its `versus` jsr rows measured in its cell: jsr's time over the
+    peer's, warm call and compile (<= 1: jsr at least as fast); None when no such row was measured."""
+    ok = {r["method"]: r for r in group if r["status"] == "ok"}
+    jsr_row = next((ok[k] for k in peer["versus"] if k in ok), None)
+    if jsr_row is None:
+        return None
+
+    def ratio(name: str) -> float | None:
+        a, b = jsr_row.get(name), peer.get(name)
+        return a / b if a is not None and b else None
+
+    return {"vs": jsr_row["method"], "call": ratio("call_s"), "compile": ratio("compile_s"),
+            "first_call": ratio("first_call_s")}
 
 
 def _versions(ctx: Context, threads: dict, vae_threads: dict | None = None) -> dict:
@@ -387,6 +414,7 @@ def _run(cfg: BenchConfig, ctx: Context, progress, started: float, load_start) -
         # The seed loop, the limits and the library's own choice (the headline row) always run.
         wanted = set(cfg.methods) | {SEED_KEY, AUTO_KEY, *LIMIT_KEYS}
         wanted |= {SEEDS[METHODS[k].model] for k in wanted}  # each model's ratios need its torch loop
+        wanted |= {v for k in set(wanted) for v in METHODS[k].versus}  # and each peer's, its jsr rows
     methods = [m for k, m in METHODS.items() if k in wanted]
     grid_methods = [m for m in methods if m.where in ("grid", "both") and m.model == "traveller"]
     sweep_methods = [m for m in methods if m.where in ("sweep", "both") and m.model == "traveller"]

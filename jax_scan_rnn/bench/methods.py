@@ -2,14 +2,18 @@
 
 `METHODS` is the one table of rows. A `Method` names a row and how to build it: `build(ctx, B, T, mode)`
 returns a `Case` whose `call()` runs once (see `context`); the builders live with their subject in
-`torch_methods`, `jax_methods` and `vae_methods`.
+`torch_methods`, `jax_methods`, `vae_methods` and `peer_methods`.
+
+Peer rows (role "peer") are what a JAX user would write without this library (Flax NNX, Equinox,
+torchax); each names in `versus` the jsr rows it is measured against, and in `requires` the optional
+package it needs (missing: the row is "n/a" with the install hint, never an error).
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from jax_scan_rnn.bench import jax_methods, torch_methods, vae_methods
+from jax_scan_rnn.bench import jax_methods, peer_methods, torch_methods, vae_methods
 from jax_scan_rnn.bench.config import AUTO_KEY, LIMIT_CHUNK_ROWS, MODES, SCAN_UNROLLS, SEED_KEY, BenchConfig
 from jax_scan_rnn.bench.context import Case, Context
 
@@ -23,9 +27,13 @@ class Method:
     framework: str  # "torch" | "jax"
     kind: str  # "eager" | "compiled"
     build: Callable[[Context, int, int, str], Case]
-    role: str = "method"  # "seed", "limit", "bound" (no feedback: a lower bound), or "method"
+    # "seed", "limit", "bound" (no feedback: a lower bound), "peer" (another library's way), or "method"
+    role: str = "method"
     where: str = "grid"  # "grid": the main grid; "sweep": only the short-T sweep; "both"
     max_t: int | None = None  # grid cells with larger T are skipped ("short T only")
+    max_t_note: str = ""  # why, added to that reason
+    versus: tuple[str, ...] = ()  # peers: the jsr rows compared with (ratio, agreement): the first one measured
+    requires: str | None = None  # peers: the optional package the row needs (import name)
     modes: tuple[str, ...] = MODES  # the modes it has rows for
     modes_note: str = ""  # why a mode is missing
     gpu_only: bool = False
@@ -34,6 +42,12 @@ class Method:
 
 
 UNROLLED_NOTE = "forward only (its compile of the unrolled backward grows with T as well)"
+FEEDBACK_JSR = (AUTO_KEY, "jax-scan-u1")  # the feedback peers' jsr rows: the library's default, in the sweep unroll 1
+# torchax traces the seed's Python loop: T copies of nn.LSTM's step in one program, so its compile grows with T.
+# First call measured (forward, B=1, 2-core CPU, load average ~4): 1.9 s at T=10, 5.1 s at T=100, 19 s at
+# T=300, 289 s at T=1000; hence short T only.
+TORCHAX_NOTE = ("torchax unrolls the seed's Python loop into T steps: its first call took 19 s at T=300 and "
+                "289 s at T=1000 (forward, B=1, 2-core CPU)")
 NO_GRADIENT = "generation has no gradient"
 
 def _by_key(rows: list[Method]) -> dict[str, Method]:
@@ -87,6 +101,41 @@ METHODS: dict[str, Method] = _by_key([
            note="jsr.Traveller(remat_chunk=round(sqrt(T))), unroll=1: training memory ~sqrt(T) instead of ~T"),
     Method("jax-lstm-seq", "jax: jsr.LSTM whole sequence, no feedback", "jax", "compiled", jax_methods.lstm_seq,
            role="bound", note="jsr.LSTM over all T (a lax.scan per layer), positions given, not fed back"),
+    # -- peers: what a JAX user would write without jsr, on the same weights -----------------------
+    Method("jax-gru-seq", "jax: jsr.GRU whole sequence, no feedback", "jax", "compiled", peer_methods.jsr_gru_seq,
+           role="bound", note="the GRU peers' jsr row: jsr.GRU (the Traveller's sizes, its own weights with "
+                              "b_hn = 0) over all T and the Traveller's readout, positions given, not fed back"),
+    Method("peer-flax-lstm-seq", "peer: Flax nnx.RNN(LSTMCell) whole sequence", "jax", "compiled",
+           peer_methods.flax_seq("lstm"), role="peer", versus=("jax-lstm-seq",),
+           note="nnx.RNN(nnx.LSTMCell) per layer over all T (one Linear per gate), positions given: vs jax-lstm-seq"),
+    Method("peer-flax-optlstm-seq", "peer: Flax nnx.RNN(OptimizedLSTMCell) whole sequence", "jax", "compiled",
+           peer_methods.flax_seq("optimized-lstm"), role="peer", versus=("jax-lstm-seq",),
+           note="nnx.RNN(nnx.OptimizedLSTMCell) per layer over all T (fused gate matmuls), positions given: "
+                "vs jax-lstm-seq"),
+    Method("peer-flax-gru-seq", "peer: Flax nnx.RNN(GRUCell) whole sequence", "jax", "compiled",
+           peer_methods.flax_seq("gru"), role="peer", versus=("jax-gru-seq",),
+           note="nnx.RNN(nnx.GRUCell) per layer over all T on jax-gru-seq's weights (b_hn = 0: nnx.GRUCell has "
+                "none), positions given: vs jax-gru-seq"),
+    Method("peer-flax-fb", "peer: Flax feedback cell in nnx.RNN (LSTMCell)", "jax", "compiled",
+           peer_methods.flax_feedback("lstm"), role="peer", versus=FEEDBACK_JSR,
+           note="the Traveller the Flax docs' way: a custom NNX cell (nnx.LSTMCell layers + nnx.Linear) whose "
+                "carry holds the last positions, run by nnx.RNN: vs jax-scan-auto"),
+    Method("peer-flax-fb-opt", "peer: Flax feedback cell in nnx.RNN (OptimizedLSTMCell)", "jax", "compiled",
+           peer_methods.flax_feedback("optimized-lstm"), role="peer", versus=FEEDBACK_JSR,
+           note="the same feedback cell with nnx.OptimizedLSTMCell layers: vs jax-scan-auto"),
+    Method("peer-eqx-lstm", "peer: Equinox LSTMCell feedback in lax.scan", "jax", "compiled",
+           peer_methods.eqx_traveller, role="peer", versus=FEEDBACK_JSR, requires="equinox",
+           note="the Traveller with eqx.nn.LSTMCell layers and eqx.nn.Linear: lax.scan over one sequence, "
+                "jax.vmap over the batch: vs jax-scan-auto"),
+    Method("peer-eqx-gru-seq", "peer: Equinox GRUCell whole sequence", "jax", "compiled", peer_methods.eqx_gru_seq,
+           role="peer", versus=("jax-gru-seq",), requires="equinox",
+           note="eqx.nn.GRUCell layers (a lax.scan each, vmapped over the batch) on jax-gru-seq's weights, "
+                "positions given: vs jax-gru-seq"),
+    Method("peer-torchax-loop", "peer: torchax, the seed's torch loop under jax.jit", "jax", "compiled",
+           peer_methods.torchax_loop, role="peer", versus=FEEDBACK_JSR, requires="torchax", where="both",
+           max_t=100, max_t_note=TORCHAX_NOTE,
+           note="the torch-loop row's model and code (nn.LSTM per step) as a JAX function (torchax.extract_jax) "
+                "under jax.jit: unrolled into T steps, short T only (forward T <= 100, train T <= 10)"),
     # -- the limit: the same FLOPs without the time dependency -----------------------------------
     Method("limit-xla", "limit: batched matmuls (XLA)", "jax", "compiled", jax_methods.limit,
            role="limit", note="the same FLOPs with the time dependency removed, jitted JAX, in chunks of "

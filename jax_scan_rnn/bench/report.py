@@ -99,6 +99,30 @@ def headline(results: dict, batch: int = 1, steps: int = 1000, mode: str = "forw
     }
 
 
+def peer_groups(results: dict) -> list[dict]:
+    """Per cell (section, mode, B, T) and jsr row that peers were measured against: the fastest peer
+    (warm call) and the fastest-compiling one, and jsr's time over theirs (<= 1: jsr at least as fast)."""
+    rows = results["rows"]
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["role"] == "peer" and r["status"] == "ok" and r.get("vs_jsr"):
+            groups.setdefault((r["section"], r["mode"], r["B"], r["T"], r["vs_jsr"]["vs"]), []).append(r)
+    out = []
+    for (section, mode, batch, steps, vs), peers in groups.items():
+        jsr_row = _find(rows, model="traveller", section=section, mode=mode, B=batch, T=steps, method=vs, status="ok")
+        fastest = min(peers, key=lambda r: r["call_s"])
+        compiled = [r for r in peers if r["compile_s"]]
+        quickest = min(compiled, key=lambda r: r["compile_s"]) if compiled else None
+        out.append({
+            "section": section, "mode": mode, "B": batch, "T": steps, "jsr": vs,
+            "fastest_peer": fastest["method"], "call_ratio": jsr_row["call_s"] / fastest["call_s"],
+            "quickest_compile_peer": quickest and quickest["method"],
+            "compile_ratio": (jsr_row["compile_s"] / quickest["compile_s"]
+                              if quickest and jsr_row["compile_s"] is not None else None),
+        })
+    return out
+
+
 def criteria(results: dict) -> list[dict]:
     """The issues' speed targets, evaluated on these results (None where the rows are missing)."""
     fwd1 = headline(results, 1, 1000, "forward")
@@ -113,6 +137,9 @@ def criteria(results: dict) -> list[dict]:
             and r["mode"] == "train" and r["B"] == 1 and r["T"] == 10000 and r["status"] == "ok" and r["memory"]}
     if "jax-scan-remat" in rows and "jax-scan-u1" in rows:
         remat_ratio = rows["jax-scan-remat"]["memory"]["temp_bytes"] / rows["jax-scan-u1"]["memory"]["temp_bytes"]
+    peers = peer_groups(results)
+    worst_call = max((g["call_ratio"] for g in peers), default=None)
+    worst_compile = max((g["compile_ratio"] for g in peers if g["compile_ratio"] is not None), default=None)
     return [
         check("forward B=1 T=1000: lax.scan >= 30x the seed loop (issues 3, 5)", fwd1["scan_speedup_vs_seed"],
               lambda v: v >= 30),
@@ -123,6 +150,10 @@ def criteria(results: dict) -> list[dict]:
         check("forward B=64 T=1000: within 2x of the limit row (issue 6)", fwd64["scan_x_limit"], lambda v: v <= 2),
         check("train B=1 T=10000: temp memory with remat <= 1/3 of without (issue 6)", remat_ratio,
               lambda v: v <= 1 / 3),
+        check("peers: jsr's warm call <= the fastest JAX peer's in every peer cell (jsr ÷ peer, worst; issue 16)",
+              worst_call, lambda v: v <= 1),
+        check("peers: jsr's compile <= the fastest-compiling peer's in every peer cell (jsr ÷ peer, worst; "
+              "issue 16)", worst_compile, lambda v: v <= 1),
     ]
 
 
@@ -204,6 +235,8 @@ def markdown(results: dict, plots: dict[str, str] | None = None) -> str:
                 lines.append(f"| {_label(methods, key)} | " + " | ".join(cells) + " |")
             lines.append("")
             lines += [f"{tag} {text}  " for tag, text in _notes(notes)] + [""]
+
+    lines += _peer_section(results, methods)
 
     vae = [r for r in rows if r["model"] != "traveller" and not r.get("mode_na")]
     if vae:
@@ -306,6 +339,57 @@ def markdown(results: dict, plots: dict[str, str] | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _peer_section(results: dict, methods: dict) -> list[str]:
+    """The peer rows against their jsr rows, cell by cell, and the fastest peer of each cell."""
+    peers = [r for r in results["rows"] if r["role"] == "peer" and not r.get("mode_na")]
+    if not peers:
+        return []
+    lines = ["## Peers: what a JAX user would write, vs jsr", "",
+             "Flax NNX, Equinox and torchax written the way their users would, jitted as the jsr rows are (a "
+             "`jax.jit` of a function of the parameters, compiled ahead of time), on the jsr rows' weights; each "
+             "against the jsr row named (feedback peers: jsr.Traveller; peers without feedback: jsr.LSTM / "
+             "jsr.GRU over the whole sequence). `jsr ÷ peer`: jsr's median time over the peer's (<= 1: jsr at "
+             "least as fast), for the warm call and for the compile (trace + XLA compile, timed apart); "
+             "agreement: max |positions - jsr's|.", "",
+             "| mode | B | T | peer | per step | jsr row | jsr per step | jsr ÷ peer | compile, peer | compile, jsr | "
+             "jsr ÷ peer | agreement |",
+             "|---|---:|---|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+    notes: list[str] = []
+    rows = results["rows"]
+    for r in peers:
+        steps = f"{r['T']}" + (" (sweep)" if r["section"] == "sweep" else "")
+        head = f"| {r['mode']} | {r['B']} | {steps} | {_label(methods, r['method'])} |"
+        if r["status"] != "ok":
+            lines.append(f"{head} {r['status']} {_note_tag(notes, r['status'], r['reason'])} | | | | | | | |")
+            continue
+        vs = r.get("vs_jsr") or {}
+        jsr_row = _find(rows, section=r["section"], mode=r["mode"], B=r["B"], T=r["T"], method=vs.get("vs"))
+        agree = (r.get("max_abs_diff") or {}).get("value")
+        lines.append(
+            f"{head} {format_us(r['per_step_us'])} | {vs.get('vs', '—')} | "
+            f"{format_us(jsr_row and jsr_row['per_step_us'])} | {format_ratio(vs.get('call'))} | "
+            f"{_seconds(r['compile_s'])} | {_seconds(jsr_row and jsr_row['compile_s'])} | "
+            f"{format_ratio(vs.get('compile'))} | {'—' if agree is None else f'{agree:.1e}'} |")
+    lines += [""] + [f"{tag} {text}  " for tag, text in _notes(notes)] + [""]
+    groups = peer_groups(results)
+    if groups:
+        lines += ["Fastest peer of each cell against its jsr row:", "",
+                  "| mode | B | T | jsr row | fastest peer | jsr ÷ it | fastest-compiling peer | jsr ÷ it |",
+                  "|---|---:|---|---|---|---:|---|---:|"]
+        for g in groups:
+            steps = f"{g['T']}" + (" (sweep)" if g["section"] == "sweep" else "")
+            lines.append(f"| {g['mode']} | {g['B']} | {steps} | {g['jsr']} | {_label(methods, g['fastest_peer'])} | "
+                         f"{format_ratio(g['call_ratio'])} | "
+                         f"{_label(methods, g['quickest_compile_peer']) if g['quickest_compile_peer'] else '—'} | "
+                         f"{format_ratio(g['compile_ratio'])} |")
+        lines.append("")
+    return lines
+
+
+def _seconds(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3g} s"
+
+
 def _label(methods: dict, key: str) -> str:
     return methods.get(key, {}).get("label", key)
 
@@ -401,7 +485,9 @@ def _styles(keys: list[str]) -> dict[str, dict]:
             style.update(color="tab:red", linewidth=2.2)
         elif key == AUTO_KEY:
             style.update(color="tab:blue", linewidth=2.2)
-        elif key.endswith("lstm-seq"):
+        elif key.startswith("peer-"):
+            style.update(linestyle="-.")
+        elif key.endswith(("lstm-seq", "gru-seq")):
             style.update(linestyle=":")
         styles[key] = style
     return styles
