@@ -89,6 +89,33 @@ def _bench_headline() -> str:
     return "\n".join(lines)
 
 
+PEERS = "cpu-2core-peers.json"
+
+
+@figure("bench.peers")
+def _bench_peers() -> str:
+    """Each peer's time over jsr's in one run (> 1: jsr is faster), T=1000 (torchax: the longest T it ran)."""
+    rows = [r for r in load(PEERS)["rows"] if r["role"] == "peer" and r["status"] == "ok" and r.get("vs_jsr")]
+    cells = [("forward", 1), ("forward", 64), ("train", 1), ("train", 64)]
+    lines = ["| peer (jitted, the same weights) | jsr row | " + " | ".join(f"{m} B={b}" for m, b in cells)
+             + " | first call B=1 (forward / train) |", "|---|---|" + "---:|" * (len(cells) + 1)]
+    for method, meta in load(PEERS)["methods"].items():
+        mine = [r for r in rows if r["method"] == method]
+        if meta.get("role") != "peer" or not mine:
+            continue
+        steps = max(r["T"] for r in mine if r["section"] == "grid")
+
+        def ratio(mode, batch, what="call"):
+            hit = [r for r in mine if (r["mode"], r["B"], r["T"], r["section"]) == (mode, batch, steps, "grid")]
+            return f"{1 / hit[0]['vs_jsr'][what]:.2f}x" if hit and hit[0]["vs_jsr"][what] else "n/a"
+
+        label = meta["label"].removeprefix("peer: ")
+        lines.append(f"| {label} (T={steps}) | `{mine[0]['vs_jsr']['vs']}` | "
+                     + " | ".join(ratio(m, b) for m, b in cells)
+                     + f" | {ratio('forward', 1, 'compile')} / {ratio('train', 1, 'compile')} |")
+    return "\n".join(lines)
+
+
 @figure("bench.user_call")
 def _bench_user_call() -> str:
     row = bench_row(MAIN, "jax-user-call", "forward", 1, 1000)
@@ -215,6 +242,37 @@ def _vae_flags(command: str) -> str:
             continue
         shown.append(word)
     return " ".join(shown) or "(defaults)"
+
+
+def _sample_row(run: dict) -> str:
+    s = run["report"]["samples"]
+    return f"{s['validity']:.3f} valid, {s['uniqueness']:.3f} unique, {s['novelty']:.3f} novel"
+
+
+@figure("vae.charrnn_curve")
+def _vae_charrnn_curve() -> str:
+    """The decoder alone (CharRNN) by number of updates: validity rises slowly, then it memorises."""
+    by_steps = {}
+    for run in runs(VAE_RUNS):
+        words = run["command"].split()
+        if "--decoder-only" in words and len(_vae_flags(run["command"]).split()) in (1, 3):
+            steps = int(words[words.index("--steps") + 1]) if "--steps" in words else 1200
+            by_steps[steps] = run
+    ordered = sorted(by_steps)
+    valid = ", ".join(f"{by_steps[n]['report']['samples']['validity']:.3f}" for n in ordered)
+    last = by_steps[ordered[-1]]["report"]["samples"]
+    return (f"{valid} valid at {', '.join(f'{n:,}' for n in ordered)} updates; at {ordered[-1]:,}, uniqueness "
+            f"{last['uniqueness']:.3f} and novelty {last['novelty']:.3f}")
+
+
+@figure("vae.best_compliant")
+def _vae_best_compliant() -> str:
+    """The most valid run that keeps issue 15's uniqueness (>= 0.99) and novelty (>= 0.9) line."""
+    ok = [r for r in runs(VAE_RUNS) if r["report"]["samples"]["uniqueness"] >= 0.99
+          and r["report"]["samples"]["novelty"] >= 0.9]
+    best = max(ok, key=lambda r: r["report"]["samples"]["validity"])
+    return (f"`{_vae_flags(best['command'])}`: {_sample_row(best)}, {best['wall_s'] / 60:.1f} min at load "
+            f"{best['load_average']['start']:.1f}")
 
 
 @figure("vae.experiments")
