@@ -106,7 +106,8 @@ else
 fi
 
 # 3. parity on the GPU (each layer and VAE test runs with the input projections hoisted and inside the loop).
-run 120 $PY -m pytest parity_tests -q -p no:cacheprovider  # 114 s on the 2-core CPU
+# (-o addopts="": the device's Python may lack pytest-xdist, which the repository's default -n 2 needs)
+run 120 $PY -m pytest parity_tests -q -p no:cacheprovider -o addopts=""  # 114 s on the 2-core CPU
 
 # 4. unroll on this GPU (time per step vs unroll 1..16, forward and train step): printed to the log.
 NVIDIA_TF32_OVERRIDE=0 run 45 $PY benchmarks/tune_scan.py unroll 1x64 64x64 512x64
