@@ -205,9 +205,11 @@ def _vae_default_valid() -> str:
 @figure("pytest.run")
 def _pytest_run() -> str:
     run = runs("pytest-cpu-2core.json")[-1]
-    memory = run.get("peak_total_rss_mib", run["peak_rss_mib"])  # all of pytest's processes together, when sampled
-    return (f"{run['wall_s'] / 60:.1f} min wall and {memory / 1024:.1f} GiB peak memory (load average "
-            f"{run['load_average']['start']:.1f} at the start)")
+    if "peak_total_rss_mib" in run:  # sampled over the process tree: pytest's workers together
+        memory = f"{run['peak_total_rss_mib'] / 1024:.1f} GiB peak memory, its processes together"
+    else:
+        memory = f"{run['peak_rss_mib'] / 1024:.1f} GiB peak memory"
+    return f"{run['wall_s'] / 60:.1f} min wall and {memory} (load average {run['load_average']['start']:.1f} at the start)"
 
 
 @figure("traveller.wall")
