@@ -110,7 +110,8 @@ def _bench_peers() -> str:
             return f"{1 / hit[0]['vs_jsr'][what]:.2f}x" if hit and hit[0]["vs_jsr"][what] else "n/a"
 
         label = meta["label"].removeprefix("peer: ")
-        lines.append(f"| {label} (T={steps}) | `{mine[0]['vs_jsr']['vs']}` | "
+        versus = next(r["vs_jsr"]["vs"] for r in mine if (r["section"], r["T"]) == ("grid", steps))
+        lines.append(f"| {label} (T={steps}) | `{versus}` | "
                      + " | ".join(ratio(m, b) for m, b in cells)
                      + f" | {ratio('forward', 1, 'compile')} / {ratio('train', 1, 'compile')} |")
     return "\n".join(lines)
