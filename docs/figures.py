@@ -205,12 +205,18 @@ def _vae_default_valid() -> str:
 
 @figure("pytest.run")
 def _pytest_run() -> str:
-    run = runs("pytest-cpu-2core.json")[-1]
-    if "peak_total_rss_mib" in run:  # sampled over the process tree: pytest's workers together
-        memory = f"{run['peak_total_rss_mib'] / 1024:.1f} GiB peak memory, its processes together"
-    else:
-        memory = f"{run['peak_rss_mib'] / 1024:.1f} GiB peak memory"
-    return f"{run['wall_s'] / 60:.1f} min wall and {memory} (load average {run['load_average']['start']:.1f} at the start)"
+    """The runs recorded since pytest runs in two workers (those sampled over the process tree), as a range."""
+    recent = [r for r in runs("pytest-cpu-2core.json") if "peak_total_rss_mib" in r]
+    walls = [r["wall_s"] / 60 for r in recent]
+    memory = [r["peak_total_rss_mib"] / 1024 for r in recent]
+    loads = [r["load_average"]["start"] for r in recent]
+
+    def span(values: list[float], unit: str) -> str:
+        low, high = min(values), max(values)
+        return f"{low:.1f} {unit}" if f"{low:.1f}" == f"{high:.1f}" else f"{low:.1f}-{high:.1f} {unit}"
+
+    return (f"{span(walls, 'min')} wall and {span(memory, 'GiB')} peak memory, its processes together "
+            f"({len(recent)} runs, load average {span(loads, '').strip()} at the start)")
 
 
 @figure("traveller.wall")
