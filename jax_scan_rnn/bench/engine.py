@@ -25,6 +25,7 @@ from jax_scan_rnn.bench.context import Case, Context, Skip, TooCostly
 from jax_scan_rnn.bench.machine import available_memory, cpu_model, host_kind, load_average
 from jax_scan_rnn.bench.methods import METHODS, Method, check_method_keys
 
+CALIBRATION_CALLS = 3  # warm calls timed to choose calls per sample (the quickest counts)
 
 # ----------------------------------------------------------------------------------------------------
 # The measuring engine
@@ -260,13 +261,17 @@ class _Engine:
 
     def sample(self, live: list[tuple[dict, Case]]) -> None:
         """Round-robin: each pass takes one sample of every unfinished case, so load drifts hit all alike."""
-        for row, case in live:  # calls per sample from one more warm call (itself a sample if slow enough)
-            t0 = time.perf_counter()
-            case.call()
-            one = max(time.perf_counter() - t0, 1e-7)
-            row["calls_per_sample"] = max(1, min(10_000, math.ceil(self.cfg.min_sample_s / one)))
-            if row["calls_per_sample"] == 1:
-                row["samples"].append(one)
+        for row, case in live:
+            # Calls per sample from the quickest of up to CALIBRATION_CALLS warm calls: one call slowed by the
+            # scheduler once made a 0.1 ms call look like 3 ms, so its samples held 6 calls and were noise.
+            times = []
+            while len(times) < CALIBRATION_CALLS and sum(times) < self.cfg.min_sample_s:
+                t0 = time.perf_counter()
+                case.call()
+                times.append(max(time.perf_counter() - t0, 1e-7))
+            row["calls_per_sample"] = max(1, min(10_000, math.ceil(self.cfg.min_sample_s / min(times))))
+            if row["calls_per_sample"] == 1:  # each call lasts a sample: the calibration calls are samples
+                row["samples"].extend(times)
         active = [(row, case) for row, case in live if not self.done(row)]
         while active:
             for row, case in active:
