@@ -192,14 +192,15 @@ TRAVELLER = "train-traveller-cpu-2core.json"
 
 @figure("vae.default_wall")
 def _vae_default_wall() -> str:
-    walls = [r["wall_s"] for r in runs(VAE_RUNS) if _vae_flags(r["command"]) == "(defaults)"]
-    loads = [r["load_average"]["start"] for r in runs(VAE_RUNS) if _vae_flags(r["command"]) == "(defaults)"]
-    return f"{minutes_range(walls)}, load average {min(loads):.1f}-{max(loads):.1f} at the start"
+    walls = [r["wall_s"] for r in runs(VAE_RUNS) if _vae_flags(r) == "(defaults)"]
+    loads = [r["load_average"]["start"] for r in runs(VAE_RUNS) if _vae_flags(r) == "(defaults)"]
+    span = f"{min(loads):.1f}" if f"{min(loads):.1f}" == f"{max(loads):.1f}" else f"{min(loads):.1f}-{max(loads):.1f}"
+    return f"{minutes_range(walls)}, load average {span} at the start"
 
 
 @figure("vae.default_valid")
 def _vae_default_valid() -> str:
-    valid = [r["report"]["samples"]["validity"] for r in runs(VAE_RUNS) if _vae_flags(r["command"]) == "(defaults)"]
+    valid = [r["report"]["samples"]["validity"] for r in runs(VAE_RUNS) if _vae_flags(r) == "(defaults)"]
     return f"{valid[-1]:.0%} of its prior samples (temperature 1) are valid SMILES"
 
 
@@ -237,19 +238,32 @@ def _traveller_table() -> str:
 VAE_RUNS = "vae-experiments-cpu-2core.json"
 
 
-def _vae_flags(command: str) -> str:
-    """The options that made a run differ from the default, from its recorded command."""
-    words = command.split()
+# `train vae`'s defaults until 12:35 UTC on 2026-12-01: one decoder layer (the encoder's count) and KL weight
+# 0.05. A run started before then shows the flags that repeat it today; a flag equal to today's default is not.
+OLD_DEFAULTS_UNTIL = "2026-12-01T12:35:00+00:00"
+OLD_DEFAULTS = (("--decoder-layers", "1"), ("--max-beta", "0.05"))
+
+
+def _vae_flags(run: dict) -> str:
+    """The options that make a run differ from today's defaults, from its recorded command and start."""
+    from datetime import datetime
+
+    from jax_scan_rnn.tasks.vae import VAETask
+
+    words = run["command"].split()
     words = words[words.index("vae") + 1:]
-    shown, skip = [], False
-    for i, word in enumerate(words):
-        if skip:
-            skip = False
-            continue
-        if word in ("--out", "--eval-samples"):  # where it wrote, and the evaluation size every run shares
-            skip = True
-            continue
-        shown.append(word)
+    pairs = []  # (flag, its value or None for a switch)
+    while words:
+        value = words[1] if len(words) > 1 and not words[1].startswith("--") else None
+        pairs.append((words[0], value))
+        words = words[2 if value is not None else 1:]
+    # Where it wrote, and the evaluation size every run shares, are not options of the run.
+    pairs = [(f, v) for f, v in pairs if f not in ("--out", "--eval-samples")]
+    if datetime.fromisoformat(run["started"]) < datetime.fromisoformat(OLD_DEFAULTS_UNTIL):
+        given = {f for f, _ in pairs}
+        pairs = [(f, v) for f, v in OLD_DEFAULTS if f not in given] + pairs
+    today = {"--decoder-layers": str(VAETask().decoder_layers), "--max-beta": str(VAETask().max_beta)}
+    shown = [f if v is None else f"{f} {v}" for f, v in pairs if today.get(f, object()) != v]
     return " ".join(shown) or "(defaults)"
 
 
@@ -261,10 +275,14 @@ def _sample_row(run: dict) -> str:
 @figure("vae.charrnn_curve")
 def _vae_charrnn_curve() -> str:
     """The decoder alone (CharRNN) by number of updates: validity rises slowly, then it memorises."""
+    def options(run: dict) -> str:  # the run's options but its number of updates
+        return re.sub(r"--steps \d+ ?", "", _vae_flags(run)).strip()
+
+    first = next(r for r in runs(VAE_RUNS) if "--decoder-only" in r["command"].split() and "--steps" not in r["command"])
     by_steps = {}
     for run in runs(VAE_RUNS):
-        words = run["command"].split()
-        if "--decoder-only" in words and len(_vae_flags(run["command"]).split()) in (1, 3):
+        if options(run) == options(first):
+            words = run["command"].split()
             steps = int(words[words.index("--steps") + 1]) if "--steps" in words else 1200
             by_steps[steps] = run
     ordered = sorted(by_steps)
@@ -280,7 +298,9 @@ def _vae_best_compliant() -> str:
     ok = [r for r in runs(VAE_RUNS) if r["report"]["samples"]["uniqueness"] >= 0.99
           and r["report"]["samples"]["novelty"] >= 0.9]
     best = max(ok, key=lambda r: r["report"]["samples"]["validity"])
-    return (f"`{_vae_flags(best['command'])}`: {_sample_row(best)}, {best['wall_s'] / 60:.1f} min at load "
+    flags = _vae_flags(best)
+    name = "the default run" if flags == "(defaults)" else f"`{flags}`"
+    return (f"{name}: {_sample_row(best)}, {best['wall_s'] / 60:.1f} min at load "
             f"{best['load_average']['start']:.1f}")
 
 
@@ -293,7 +313,7 @@ def _vae_experiments() -> str:
         rep = run["report"]
         sampled, greedy = rep["samples"], rep["samples_greedy"]
         rec, latent = rep.get("reconstruction"), rep.get("latent")
-        cells = [f"`{_vae_flags(run['command'])}`", f"{run['wall_s'] / 60:.1f} min",
+        cells = [f"`{_vae_flags(run)}`", f"{run['wall_s'] / 60:.1f} min",
                  f"{run['load_average']['start']:.1f}", f"{sampled['validity']:.3f}", f"{greedy['validity']:.3f}",
                  f"{sampled['uniqueness']:.3f}", f"{sampled['novelty']:.3f}",
                  *((f"{rec[k]:.3f}" if rec else "n/a") for k in ("tf_token_acc", "free_token_acc", "free_sequence_acc")),
@@ -311,7 +331,7 @@ def _vae_run_flags(out_dir: str) -> str:
     for run in runs(VAE_RUNS):
         words = run["command"].split()
         if "--out" in words and words[words.index("--out") + 1] == out_dir:
-            return _vae_flags(run["command"])
+            return _vae_flags(run)
     raise KeyError(f"{VAE_RUNS}: no training run wrote {out_dir}")
 
 
@@ -320,10 +340,14 @@ def _vae_moses() -> str:
     from jax_scan_rnn.metrics import MOSES_PUBLISHED  # the published rows, as the library prints them
 
     lines = ["| model | " + " | ".join(MOSES_SHOWN) + " |", "|---|" + "---:|" * len(MOSES_SHOWN)]
-    for run in runs(VAE_MOSES):
+    def flags(run: dict) -> str:  # the options of the training run it evaluated
+        words = run["command"].split()
+        return _vae_run_flags(words[words.index("--checkpoint") + 1])
+
+    for run in sorted(runs(VAE_MOSES), key=lambda run: flags(run) != "(defaults)"):  # today's default first
         words = run["command"].split()
         row = run["report"]["moses"]
-        name = f"`train vae {_vae_run_flags(words[words.index('--checkpoint') + 1])}`".replace(" (defaults)`", "` (default)")
+        name = f"`train vae {flags(run)}`".replace(" (defaults)`", "` (default)")
         lines.append(f"| {name}, {row['n_generated']:,} samples | "
                      + " | ".join(f"{row[c]:.3f}" for c in MOSES_SHOWN) + " |")
     for name in ("MOSES VAE", "MOSES CharRNN"):

@@ -10,11 +10,12 @@ What it teaches:
      "what is fed back" rule differs.
   3. It is not free: the target stays the true next token after a prefix the model corrupted, which
      rewards continuing the original string where it no longer parses. Prior samples decoded at
-     temperature 1 are far less often valid SMILES than teacher forcing's (the README's table: 2.8 % vs
-     50 % at 1200 steps). Which to use depends on the job: reconstruction from a latent, or generation.
+     temperature 1 are far less often valid SMILES than teacher forcing's (the README's VAE table, the
+     `--decoding scheduled` rows). Which to use depends on the job: reconstruction from a latent, or
+     generation.
   4. Both runs use the same data, initialisation, steps and noise; only the decoding differs.
 
-Run:   python examples/03_smiles_vae.py           (about 5 minutes on a 2-core CPU; STEPS below sets it)
+Run:   python examples/03_smiles_vae.py           (two trainings of 600 steps with `train vae`'s model; STEPS sets it)
        python examples/03_smiles_vae.py --quick   (12 steps, small model, 600 molecules: ~30-60 s, mostly compiling)
 Output: a table of free-running reconstruction and prior-sample validity, and a PNG of the curves, in
 examples/out/03_smiles_vae (or --out).

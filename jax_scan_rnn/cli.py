@@ -244,9 +244,10 @@ def _flat(settings: dict, prefix: str = "") -> dict:
     return out
 
 
-def check_resume(out: Path, args: argparse.Namespace, task: dict, cfg) -> None:
+def check_resume(out: Path, args: argparse.Namespace, task, cfg) -> None:
     """--resume: the settings saved with the run against this command's. A difference is refused, naming each
-    changed option, unless --override is given; then the changes are printed and training continues."""
+    changed option, unless --override is given; then the changes are printed and training continues. The saved
+    task is read back by `type(task).from_json`, so a field the run predates counts with the value it ran with."""
     from jax_scan_rnn import checkpoint
     from jax_scan_rnn.train import CHECKPOINT_DIR
 
@@ -261,9 +262,14 @@ def check_resume(out: Path, args: argparse.Namespace, task: dict, cfg) -> None:
             continue
     if saved is None:
         return  # nothing to resume: a fresh start
-    # JSON round trip: the saved settings are JSON (tuples became lists), the new ones must compare alike.
-    before = {flag_for(k): v for k, v in _flat({**saved.get("task", {}), **saved.get("train_config", {})}).items()}
-    now = {flag_for(k): v for k, v in _flat(json.loads(json.dumps({**task, **dataclasses.asdict(cfg)}))).items()}
+    saved_task = type(task).from_json(saved["task"]).to_json() if "task" in saved else {}
+
+    def flags(settings: dict) -> dict:
+        # JSON round trip: the saved settings are JSON (tuples became lists), the new ones must compare alike.
+        return {flag_for(k): v for k, v in _flat(json.loads(json.dumps(settings))).items()}
+
+    before = flags({**saved_task, **saved.get("train_config", {})})
+    now = flags({**task.to_json(), **dataclasses.asdict(cfg)})
     changed = [f"{name} {before[name]!r} -> {now[name]!r}" for name in now if name in before and before[name] != now[name]]
     if not changed:
         return
@@ -329,7 +335,7 @@ def cmd_train_traveller(args: argparse.Namespace) -> int:
     out = Path(args.out)
     dp = data_parallel(args, task.batch_size)
     with output_directory(out, args.resume):
-        check_resume(out, args, task.to_json(), cfg)
+        check_resume(out, args, task, cfg)
         market = "your data" if data is not None else f"the simulated market, {task.market.num_assets} assets"
         print(f"training the Traveller ({task.objective} objective, {market}) for {args.steps} steps on {dp.size} "
               f"device(s) -> {out}")
@@ -579,7 +585,7 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
     print(f"data {task.data}: {len(dataset.train)} train / {len(dataset.valid)} valid / {len(dataset.test)} test "
           f"sequences, vocabulary {dataset.vocab.size}; skipped: {skipped}")
     with output_directory(out, args.resume):
-        check_resume(out, args, dataclasses.asdict(task), cfg)
+        check_resume(out, args, task, cfg)
         print(f"training the VAE ({task.decoding} decoding) for {args.steps} steps on {dp.size} device(s) -> {out}")
         accuracy = ("" if task.decoder_only else f", free-running (greedy, from mu) accuracy on "
                                                     f"{min(task_lib.EVAL_RECONSTRUCT, len(dataset.valid))}")

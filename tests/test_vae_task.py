@@ -344,3 +344,30 @@ def test_augment_writes_each_training_molecule_several_ways(corpus):
     assert plain(0)["tokens"].shape == batch_fn(0)["tokens"].shape
     with pytest.raises(ValueError, match="^augment: expected 0 with smiles_check=False"):
         tiny(corpus, augment=2, smiles_check=False)
+
+
+def test_a_run_saved_before_decoder_layers_existed_keeps_one_decoder_layer(corpus, tmp_path, monkeypatch, capsys):
+    """`train vae` now defaults to two decoder layers; a run saved before `decoder_layers` existed had the
+    encoder's layer count. Loading it rebuilds that decoder, and --resume compares against what it ran with."""
+    from jax_scan_rnn import checkpoint
+
+    assert task_lib.VAETask().decoder_layers == 2
+    out = tmp_path / "old"
+    argv = ["train", "vae", "--data", str(corpus), "--hidden-size", "8", "--latent-size", "2", "--batch-size", "8",
+            "--steps", "2", "--log-every", "1", "--eval-every", "0", "--checkpoint-every", "2", "--eval-samples", "4",
+            "--eval-sequences", "2", "--out", str(out)]
+    assert main([*argv, "--decoder-layers", "none"]) == 0  # the old behaviour: the encoder's one layer
+    read = checkpoint.read_metadata
+
+    def as_saved_before(*args, **kwargs):  # the metadata an old run wrote: no decoder_layers in its task
+        meta = read(*args, **kwargs)
+        return {**meta, "task": {k: v for k, v in meta["task"].items() if k != "decoder_layers"}}
+
+    monkeypatch.setattr(checkpoint, "read_metadata", as_saved_before)
+    model, _, task = task_lib.load(out)
+    assert task.decoder_layers is None and model.decoder_layers == 1
+    capsys.readouterr()
+    assert main([*argv, "--resume"]) == 2  # today's default, 2 layers: not what the run had
+    assert "(--decoder-layers None -> 2)" in capsys.readouterr().err
+    assert main([*argv, "--steps", "4", "--resume", "--override", "--decoder-layers", "none"]) == 0
+    assert "changed settings (--override): --steps 2 -> 4\n" in capsys.readouterr().out

@@ -60,9 +60,10 @@ class VAETask:
                              "is drawn, it is written one of these ways or canonically; 0: off", lo=0)
     hidden_size: int = option(256, "H of the encoder GRU (and of the decoder's, unless --decoder-hidden-size)", lo=1)
     latent_size: int = option(64, "Z, the latent size", lo=1)
-    num_layers: int = option(1, "GRU layers in the encoder (and in the decoder, unless --decoder-layers)", lo=1)
+    num_layers: int = option(1, "GRU layers in the encoder", lo=1)
     decoder_hidden_size: int | None = option(None, "H of the decoder GRU", lo=1, none="--hidden-size")
-    decoder_layers: int | None = option(None, "GRU layers in the decoder", lo=1, none="--num-layers")
+    decoder_layers: int | None = option(2, "GRU layers in the decoder (none: --num-layers); two for more valid "
+                                           "samples, docs/vae_experiments.md", lo=1, none="--num-layers")
     bidirectional: bool = option(False, "bidirectional encoder")
     concat_z: bool = option(False, "append z to every decoder input (as MOSES does)")
     decoder_only: bool = option(False, "a CharRNN baseline from the same code: the decoder alone, from a fixed zero "
@@ -85,8 +86,9 @@ class VAETask:
                                               "recon is always per sequence", choices=RECON_REDUCTIONS)
     kl_schedule: str = option("linear", "KL weight annealing", choices=KL_SCHEDULES)
     kl_warmup: int = option(500, "steps for the KL weight to reach max_beta (sigmoid's midpoint is half of it)", lo=0)
-    max_beta: float = option(0.05, "final KL weight (MOSES: 0.05, against its per-token loss, --recon-reduction token; "
-                                    "1.0 is the ELBO proper, but collapses the latent)", lo=0)
+    max_beta: float = option(0.2, "final KL weight (MOSES: 0.05, against its per-token loss, --recon-reduction token; "
+                                   "1.0 is the ELBO proper, but collapses the latent; 0.2 for more valid samples, "
+                                   "docs/vae_experiments.md)", lo=0)
     free_bits: float = option(0.0, "KL free bits per latent dimension (0: off)", lo=0)
     split_seed: int = option(0, "seed of the train/validation/test split", lo=0)
     data_seed: int = option(0, "seed of the batch order and of the per-step noise (added to --seed)", lo=0)
@@ -109,6 +111,14 @@ class VAETask:
             # own, and the two would share the per-token coin stream (make_loss_fn).
             raise ValueError(f"word_dropout, decoding: expected word_dropout=0 with decoding={self.decoding!r} (word "
                              f"dropout is for teacher forcing), got word_dropout={self.word_dropout}")
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> VAETask:
+        """The task saved with a run; a field the run predates takes the value it ran with (`SAVED_BEFORE`)."""
+        return cls(**{**SAVED_BEFORE, **data})
 
     def _schedule_params(self) -> dict[str, float]:
         """The Bengio et al. schedule's parameter for which eps_{ss_midpoint} = 0.5."""
@@ -136,6 +146,10 @@ class VAETask:
             return float(schedules.kl_linear(step, warmup=self.kl_warmup, max_beta=self.max_beta))
         return float(schedules.kl_sigmoid(step, midpoint=self.kl_warmup / 2, steepness=10.0 / self.kl_warmup,
                                           max_beta=self.max_beta))
+
+
+# Fields added with a default other than the behaviour before them: a run saved without the field ran so.
+SAVED_BEFORE = {"decoder_layers": None}  # the decoder had the encoder's layer count until decoder_layers existed
 
 
 @dataclass(frozen=True)
@@ -493,7 +507,7 @@ def train(task: VAETask, cfg: TrainConfig, out_dir: str | Path | None = None, *,
         eval_fn=eval_fn,
         resume=resume,
         callback=callback,
-        metadata={"model": "vae", "task": asdict(task), "vocab": dataset.vocab.to_json(), "seed": seed},
+        metadata={"model": "vae", "task": task.to_json(), "vocab": dataset.vocab.to_json(), "seed": seed},
         **fit_kwargs,
     )
     return model, dataset, history
@@ -506,7 +520,7 @@ def load(out_dir: str | Path, step: int | None = None) -> tuple[SeqVAE, smiles.V
     meta = checkpoint.read_metadata(Path(out_dir) / "checkpoints", step)
     if meta.get("model") != "vae":
         raise ValueError(f"checkpoint: expected a VAE run, got model {meta.get('model')!r} in {out_dir}")
-    task = VAETask(**meta["task"])
+    task = VAETask.from_json(meta["task"])
     vocab = smiles.Vocabulary.from_json(meta["vocab"])
     model = build_model(task, vocab.size, meta.get("seed", 0))
     restore_model(out_dir, model, step)
