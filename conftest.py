@@ -14,20 +14,48 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # the other worker's (set before any test imports torch).
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import jax  # noqa: E402
 
-jax.config.update("jax_enable_x64", True)
+def pytest_configure(config):
+    # Only where tests run: pytest-xdist's controller (-n 2) runs none, and without JAX it holds ~0.1 GiB
+    # less of the run's memory (tests/test_readme.py quotes the run's peak).
+    if config.getoption("numprocesses", None) and not hasattr(config, "workerinput"):
+        return
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+
+
+# A worker past this resident size drops its compiled programs after the test: parity_tests/test_layers_parity.py
+# alone grew to 1.96 GiB in 125 s; with this bound, 1.44 GiB in 116 s (at 1.1 GiB: 1.28 GiB, but 158 s of
+# recompiling the programs its tests share).
+RESIDENT_BOUND = 1.4 * 2**30
+
 
 @pytest.fixture(autouse=True, scope="module")
 def _free_compiled_programs():
     """JAX caches every compiled program per function for the life of the process: kept over the whole
-    default run, one process reached 5.4 GiB (measured). Each module's programs are dropped after it.
-    (Dropping them after every test once a worker passed 1.2 GiB was measured too: 8.1 min instead of 7.1,
-    and no lower peak for the two workers together, 3.49 against 3.53 GiB.)"""
+    default run, one process reached 5.4 GiB (measured). Each module's programs are dropped after it."""
     yield
+    import jax
+
     jax.clear_caches()
     gc.collect()
     try:  # glibc keeps freed pages in its arenas; hand them back
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
+
+
+@pytest.fixture(autouse=True)
+def _bound_resident_size():
+    """Within a module that compiles many programs, drop them once the worker passes RESIDENT_BOUND."""
+    yield
+    try:
+        with open("/proc/self/statm") as f:
+            resident = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:  # not Linux: the module-scoped clearing alone
+        return
+    if resident > RESIDENT_BOUND:
+        import jax
+
+        jax.clear_caches()

@@ -9,7 +9,9 @@ command's, start-up included, as a user waits for it. Memory, the figure that de
 run it: `peak_rss_mib` is the largest resident set of the command or any one process it started
 (`getrusage(RUSAGE_CHILDREN)`); `peak_total_rss_mib` is the largest sum over the whole process tree at one
 moment (sampled from /proc every 0.2 s), which is what counts when the command runs processes side by side
-(pytest's workers).
+(pytest's workers). That sum counts the pages the processes share (the same jaxlib, torch and Python
+libraries mapped in each) once per process; `peak_total_pss_mib` sums their proportional set sizes
+(/proc/PID/smaps_rollup: a shared page split among its sharers), the memory the tree takes from the machine.
 The results file is only written when named: nothing here overwrites committed results by default.
 """
 from __future__ import annotations
@@ -39,8 +41,9 @@ def machine() -> dict:
     return {"cpu": cpu, "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
 
 
-def tree_rss_mib(root: int) -> float:
-    """Resident set of process `root` and all its descendants, now, in MiB (Linux /proc; 0 elsewhere)."""
+def tree_memory_mib(root: int) -> tuple[float, float]:
+    """(resident set, proportional set) of process `root` and all its descendants, now, in MiB (Linux /proc;
+    0 elsewhere, and PSS 0 where smaps_rollup is missing)."""
     children: dict[int, list[int]] = {}
     rss: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
@@ -52,12 +55,23 @@ def tree_rss_mib(root: int) -> float:
             children.setdefault(int(fields[1]), []).append(int(entry.name))  # field 4: ppid
         except (OSError, IndexError, ValueError):
             continue  # the process ended while being read
-    total, todo = 0, [root]
+    total, pss, todo = 0, 0, [root]
     while todo:
         pid = todo.pop()
         total += rss.get(pid, 0)
+        pss += _pss_bytes(pid)
         todo.extend(children.get(pid, []))
-    return total / 2**20
+    return total / 2**20, pss / 2**20
+
+
+def _pss_bytes(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024  # kB
+    except (OSError, IndexError, ValueError):
+        pass  # ended while being read, or no smaps_rollup (kernel < 4.14)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,11 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()[0]
     t0 = time.perf_counter()
     proc = subprocess.Popen(command)
-    peak_total = [0.0]
+    peak_total = [0.0, 0.0]  # RSS, PSS
 
     def sample() -> None:
         while proc.poll() is None:
-            peak_total[0] = max(peak_total[0], tree_rss_mib(proc.pid))
+            now = tree_memory_mib(proc.pid)
+            peak_total[:] = [max(a, b) for a, b in zip(peak_total, now)]
             time.sleep(0.2)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -96,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             "wall_s": round(wall, 1),
            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1),
            "peak_total_rss_mib": round(peak_total[0], 1),
+           "peak_total_pss_mib": round(peak_total[1], 1),
            "load_average": {"start": round(load_before, 2), "end": round(os.getloadavg()[0], 2)},
            "started": started}
     if args.report:
@@ -106,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp.write_text(json.dumps(data, indent=1) + "\n")
     os.replace(tmp, results)  # never half a file: the docs test reads it
     print(f"timed_run: {wall:.1f} s wall, peak RSS {run['peak_rss_mib']:.0f} MiB (all processes together "
-          f"{run['peak_total_rss_mib']:.0f} MiB) -> {results} "
+          f"{run['peak_total_rss_mib']:.0f} MiB, PSS {run['peak_total_pss_mib']:.0f} MiB) -> {results} "
           f"({len(data['runs'])} run(s))")
     return 0
 
