@@ -221,6 +221,15 @@ def test_config_from_args_presets_and_errors():
     default = bench.config_from_args(parser.parse_args([]))
     assert default == bench.BenchConfig.default()
     assert default.seq_lens == (100, 1000, 10000) and default.batch_sizes == (1, 64, 1024)
+    # The peers have a run of their own: in the default one they made it spend its time budget, cutting rows.
+    assert not [m.key for m in bench.selected_methods(default) if m.role == "peer"]
+    peers = bench.config_from_args(parser.parse_args(["--peers", "--no-plots"]))
+    assert peers == bench.BenchConfig.peers() and peers.label == "peers"
+    chosen = {m.key for m in bench.selected_methods(peers)}
+    assert {m.key for m in bench.METHODS.values() if m.role == "peer"} <= chosen
+    assert {bench.SEED_KEY, bench.AUTO_KEY, "jax-lstm-seq", "jax-gru-seq"} <= chosen
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--quick", "--peers"])  # one preset at a time
     with pytest.raises(ValueError, match="methods: unknown"):
         bench.config_from_args(parser.parse_args(["--methods", "torch-nope"]))
     with pytest.raises(ValueError, match="modes"):

@@ -1,6 +1,6 @@
 """Scan vs loop, measured: the same Traveller, the same weights, every way of running its feedback loop.
 
-    jax-scan-rnn bench [--quick] [--out DIR]          # the CLI (wired through `add_arguments` / `run`)
+    jax-scan-rnn bench [--quick | --peers] [--out DIR]  # the CLI (wired through `add_arguments` / `run`)
     results = run_suite(BenchConfig.quick())          # the library: returns data, prints nothing
     paths = write_results(results, "benchmarks/results")
 
@@ -20,7 +20,8 @@ One process times, side by side, on one set of weights (a `torch_ref.Traveller` 
           `nnx.RNN` over its LSTM/GRU cells (whole sequence, no feedback) and the Traveller as a custom NNX
           cell carrying its last positions; Equinox cells in `lax.scan`; torchax running the seed's torch
           loop under `jax.jit` (short T only). Each against its jsr row (`vs_jsr`); equinox and torchax
-          come with the `bench` extra, and a missing one makes its rows "n/a" with the install hint.
+          come with the `bench` extra, and a missing one makes its rows "n/a" with the install hint. The
+          peers run in a preset of their own (`--peers`, `BenchConfig.peers`), not in the default one.
 
 For each (batch B, length T, forward or train step) case: the first call (compile/trace/capture
 included) is timed on its own; then the cases of one (B, T, mode) cell are timed round-robin, each
@@ -48,6 +49,7 @@ from jax_scan_rnn.bench.config import (
     LIMIT_CHUNK_ROWS,
     LIMIT_KEYS,
     MODES,
+    PEER_METHODS,
     QUICK_METHODS,
     SCAN_UNROLLS,
     SCHEMA_VERSION,
@@ -55,7 +57,7 @@ from jax_scan_rnn.bench.config import (
     SEEDS,
     BenchConfig,
 )
-from jax_scan_rnn.bench.engine import run_suite
+from jax_scan_rnn.bench.engine import run_suite, selected_methods
 from jax_scan_rnn.bench.machine import host_kind
 from jax_scan_rnn.bench.context import Skip
 from jax_scan_rnn.bench.methods import METHODS, Method
@@ -63,12 +65,12 @@ from jax_scan_rnn.bench.report import criteria, headline, markdown, peer_groups,
 
 __all__ = [
     # running and writing
-    "BenchConfig", "run_suite", "write_results", "results_stem", "host_kind",
+    "BenchConfig", "run_suite", "selected_methods", "write_results", "results_stem", "host_kind",
     # reading results
     "headline", "criteria", "markdown", "peer_groups",
     # the rows
     "METHODS", "Method", "Skip", "AUTO_KEY", "SEED_KEY", "SEEDS", "LIMIT_KEYS", "LIMIT_CHUNK_ROWS",
-    "QUICK_METHODS", "SCAN_UNROLLS", "MODES", "SCHEMA_VERSION",
+    "QUICK_METHODS", "PEER_METHODS", "SCAN_UNROLLS", "MODES", "SCHEMA_VERSION",
     # the CLI
     "add_arguments", "config_from_args", "run", "main",
 ]

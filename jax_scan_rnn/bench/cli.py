@@ -32,8 +32,12 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `jax-scan-rnn bench`."""
-    parser.add_argument("--quick", action="store_true",
+    preset = parser.add_mutually_exclusive_group()
+    preset.add_argument("--quick", action="store_true",
                         help="short run (< 2 min on a 2-core CPU): T=1000, B in {1,64} (train: B=1), fewer samples")
+    preset.add_argument("--peers", action="store_true",
+                        help="Flax, Equinox and torchax against the jsr rows (~3 min on a 2-core CPU; needs "
+                             "pip install -e '.[bench]'); the default run leaves them out")
     # Not benchmarks/results by default: a user's run must not overwrite the project's committed results
     # (the maintainers regenerate those with --out benchmarks/results).
     parser.add_argument("--out", default="runs/bench", metavar="DIR",
@@ -68,7 +72,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         value = getattr(args, name, None)
         if value is not None:
             overrides[name] = value
-    preset = BenchConfig.quick if args.quick else BenchConfig.default
+    preset = BenchConfig.quick if args.quick else BenchConfig.peers if args.peers else BenchConfig.default
     if getattr(args, "repeats", None) is not None:  # fewer repeats than the preset's minimum lower it too
         overrides["min_repeats"] = min(args.repeats, preset().min_repeats)
     if args.methods:

@@ -1,4 +1,4 @@
-"""What the suite measures and how long it tries: `BenchConfig`, its two presets, and the row keys
+"""What the suite measures and how long it tries: `BenchConfig`, its three presets, and the row keys
 that the rest of the suite (and its results) refer to.
 """
 from __future__ import annotations
@@ -18,6 +18,10 @@ QUICK_METHODS = (  # the rows of the quick preset
     "limit-torch",
     "vae-ss-torch", "vae-ss-jax", "vae-greedy-torch", "vae-greedy-jax",
 )
+PEER_METHODS = (  # the rows of the peers preset: what a JAX user would write, and the jsr rows they compare with
+    "peer-flax-lstm-seq", "peer-flax-optlstm-seq", "peer-flax-gru-seq", "peer-flax-fb", "peer-flax-fb-opt",
+    "peer-eqx-lstm", "peer-eqx-gru-seq", "peer-torchax-loop", "jax-lstm-seq", "jax-gru-seq",
+)
 LIMIT_KEYS = ("limit-xla", "limit-torch")  # the "limit" of a cell is the faster of these two
 SCAN_UNROLLS = (1, 4, 16)
 AUTO_KEY = "jax-scan-auto"  # the library's own choice: the headline row
@@ -31,7 +35,7 @@ MODES = ("forward", "train")
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """What to measure and how long to try. `quick()` and `default()` are the two presets."""
+    """What to measure and how long to try. `default()`, `quick()` and `peers()` are the presets."""
 
     seq_lens: tuple[int, ...] = (100, 1000, 10000)  # T of the main grid
     batch_sizes: tuple[int, ...] = (1, 64, 1024)  # B of the main grid
@@ -39,7 +43,8 @@ class BenchConfig:
     num_layers: int = 2  # stacked LSTM layers
     num_inputs: int = 8  # F, features per step
     modes: tuple[str, ...] = MODES  # "forward" and/or "train"
-    methods: tuple[str, ...] | None = None  # keys of METHODS to run (None: all); the seed and limits always run
+    methods: tuple[str, ...] | None = None  # keys of METHODS to run (None: all but the peers); the seed and
+    # limits always run
     train_methods: tuple[str, ...] | None = None  # of those, the ones with a train-step row (None: all)
     train_batch_sizes: tuple[int, ...] | None = None  # B with train-step rows (None: all of batch_sizes)
     sweep_seq_lens: tuple[int, ...] = (10, 25, 50)  # short T at which the compile-bound loops are measured
@@ -73,6 +78,15 @@ class BenchConfig:
     def default(cls, **overrides) -> BenchConfig:
         """The full suite: T in {100, 1000, 10000}, B in {1, 64, 1024}; ~15 minutes on a 2-core CPU."""
         return dataclasses.replace(cls(), **overrides)
+
+    @classmethod
+    def peers(cls, **overrides) -> BenchConfig:
+        """The peers against the jsr rows (PEER_METHODS), T in {100, 1000}, B in {1, 64}, and T=10 for torchax's
+        unrolled loop: ~3 minutes on a 2-core CPU. Apart from the default so that neither cuts the other's
+        rows at its time budget."""
+        peers = cls(methods=PEER_METHODS, seq_lens=(100, 1000), batch_sizes=(1, 64), sweep_seq_lens=(10,),
+                    label="peers")
+        return dataclasses.replace(peers, **overrides)
 
     @classmethod
     def quick(cls, **overrides) -> BenchConfig:

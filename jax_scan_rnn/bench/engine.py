@@ -408,19 +408,25 @@ def _warm_up_compilers(ctx: Context) -> None:
     torch._dynamo.reset()
 
 
-def _run(cfg: BenchConfig, ctx: Context, progress, started: float, load_start) -> dict:
-    default_threads = ctx.torch.get_num_threads()
-    threads = _calibrate_torch_threads(ctx, default_threads)
-    _warm_up_compilers(ctx)
-    engine = _Engine(cfg, ctx, progress)
+def selected_methods(cfg: BenchConfig) -> list[Method]:
+    """The rows `cfg` runs, in METHODS' order: `cfg.methods` with what their ratios need, or (None) every row
+    but the peers (`BenchConfig.peers` measures them in a run of their own)."""
     if cfg.methods is None:
-        wanted = set(METHODS)
+        wanted = {k for k, m in METHODS.items() if m.role != "peer"}
     else:
         # The seed loop, the limits and the library's own choice (the headline row) always run.
         wanted = set(cfg.methods) | {SEED_KEY, AUTO_KEY, *LIMIT_KEYS}
         wanted |= {SEEDS[METHODS[k].model] for k in wanted}  # each model's ratios need its torch loop
         wanted |= {v for k in set(wanted) for v in METHODS[k].versus}  # and each peer's, its jsr rows
-    methods = [m for k, m in METHODS.items() if k in wanted]
+    return [m for k, m in METHODS.items() if k in wanted]
+
+
+def _run(cfg: BenchConfig, ctx: Context, progress, started: float, load_start) -> dict:
+    default_threads = ctx.torch.get_num_threads()
+    threads = _calibrate_torch_threads(ctx, default_threads)
+    _warm_up_compilers(ctx)
+    engine = _Engine(cfg, ctx, progress)
+    methods = selected_methods(cfg)
     grid_methods = [m for m in methods if m.where in ("grid", "both") and m.model == "traveller"]
     sweep_methods = [m for m in methods if m.where in ("sweep", "both") and m.model == "traveller"]
     vae_rows = {model: [m for m in methods if m.model == model] for model in ("vae-ss", "vae-greedy")}
