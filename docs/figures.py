@@ -209,15 +209,29 @@ def _pytest_run() -> str:
     """The runs recorded since pytest runs in two workers (those sampled over the process tree), as a range."""
     recent = [r for r in runs("pytest-cpu-2core.json") if "peak_total_rss_mib" in r]
     walls = [r["wall_s"] / 60 for r in recent]
-    memory = [r["peak_total_rss_mib"] / 1024 for r in recent]
     loads = [r["load_average"]["start"] for r in recent]
+    # Memory from the runs that measured what the processes take from the machine (their PSS summed); the sum
+    # of their resident sets counts the libraries they share once per process.
+    measured = [r for r in recent if "peak_total_pss_mib" in r] or recent
+    key = "peak_total_pss_mib" if "peak_total_pss_mib" in measured[0] else "peak_total_rss_mib"
 
     def span(values: list[float], unit: str) -> str:
         low, high = min(values), max(values)
         return f"{low:.1f} {unit}" if f"{low:.1f}" == f"{high:.1f}" else f"{low:.1f}-{high:.1f} {unit}"
 
-    return (f"{span(walls, 'min')} wall and {span(memory, 'GiB')} peak memory, its processes together "
-            f"({len(recent)} runs, load average {span(loads, '').strip()} at the start)")
+    def runs_text(items: list) -> str:
+        return f"{len(items)} run{'s' if len(items) > 1 else ''}"
+
+    memory = span([r[key] / 1024 for r in measured], "GiB")
+    if key == "peak_total_pss_mib":
+        rss = span([r["peak_total_rss_mib"] / 1024 for r in measured], "GiB")
+        memory = (f"{memory} peak memory taken from the machine ({runs_text(measured)}: its processes' "
+                  f"proportional set sizes summed; {rss} summing their resident sets, which counts the libraries "
+                  "they share once per process)")
+    else:
+        memory = f"{memory} peak memory, its processes' resident sets summed"
+    load = span(loads, "").strip()
+    return f"{span(walls, 'min')} wall ({runs_text(recent)}, load average {load} at the start), {memory}"
 
 
 @figure("traveller.wall")
