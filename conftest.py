@@ -17,7 +17,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 def pytest_configure(config):
     # Only where tests run: pytest-xdist's controller (-n 2) runs none, and without JAX it holds ~0.1 GiB
-    # less of the run's memory (tests/test_readme.py quotes the run's peak).
+    # less of the run's memory (the README quotes the run's peak).
     if config.getoption("numprocesses", None) and not hasattr(config, "workerinput"):
         return
     import jax

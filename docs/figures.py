@@ -45,10 +45,21 @@ def us(value: float) -> str:
     return f"{value:.3g} µs" if value < 1000 else f"{value:,.0f} µs"
 
 
+def runs_count(n: int) -> str:
+    return f"{n} run{'s' if n > 1 else ''}"
+
+
+def span(values: list[float], unit: str = "") -> str:
+    """Their range to one decimal (one figure when both ends round alike), with `unit` after it if given."""
+    low, high = f"{min(values):.1f}", f"{max(values):.1f}"
+    text = low if low == high else f"{low}-{high}"
+    return f"{text} {unit}" if unit else text
+
+
 def seconds_range(walls: list[float]) -> str:
     low, high = min(walls), max(walls)
-    span = f"{low:.0f} s" if round(low) == round(high) else f"{low:.0f}-{high:.0f} s"
-    return f"{span} ({len(walls)} run{'s' if len(walls) > 1 else ''})"
+    text = f"{low:.0f} s" if round(low) == round(high) else f"{low:.0f}-{high:.0f} s"
+    return f"{text} ({runs_count(len(walls))})"
 
 
 def minutes_range(walls: list[float]) -> str:
@@ -56,8 +67,8 @@ def minutes_range(walls: list[float]) -> str:
         return f"{int(s // 60)} min {round(s % 60):02d} s"
 
     low, high = min(walls), max(walls)
-    span = mmss(low) if round(low) == round(high) else f"{mmss(low)} to {mmss(high)}"
-    return f"{span} ({len(walls)} run{'s' if len(walls) > 1 else ''})"
+    text = mmss(low) if round(low) == round(high) else f"{mmss(low)} to {mmss(high)}"
+    return f"{text} ({runs_count(len(walls))})"
 
 
 # ------------------------------------------------------------------------------ jax-scan-rnn bench
@@ -194,8 +205,7 @@ TRAVELLER = "train-traveller-cpu-2core.json"
 def _vae_default_wall() -> str:
     walls = [r["wall_s"] for r in runs(VAE_RUNS) if _vae_flags(r) == "(defaults)"]
     loads = [r["load_average"]["start"] for r in runs(VAE_RUNS) if _vae_flags(r) == "(defaults)"]
-    span = f"{min(loads):.1f}" if f"{min(loads):.1f}" == f"{max(loads):.1f}" else f"{min(loads):.1f}-{max(loads):.1f}"
-    return f"{minutes_range(walls)}, load average {span} at the start"
+    return f"{minutes_range(walls)}, load average {span(loads)} at the start"
 
 
 @figure("vae.default_valid")
@@ -215,23 +225,15 @@ def _pytest_run() -> str:
     measured = [r for r in recent if "peak_total_pss_mib" in r] or recent
     key = "peak_total_pss_mib" if "peak_total_pss_mib" in measured[0] else "peak_total_rss_mib"
 
-    def span(values: list[float], unit: str) -> str:
-        low, high = min(values), max(values)
-        return f"{low:.1f} {unit}" if f"{low:.1f}" == f"{high:.1f}" else f"{low:.1f}-{high:.1f} {unit}"
-
-    def runs_text(items: list) -> str:
-        return f"{len(items)} run{'s' if len(items) > 1 else ''}"
-
     memory = span([r[key] / 1024 for r in measured], "GiB")
     if key == "peak_total_pss_mib":
         rss = span([r["peak_total_rss_mib"] / 1024 for r in measured], "GiB")
-        memory = (f"{memory} peak memory taken from the machine ({runs_text(measured)}: its processes' "
+        memory = (f"{memory} peak memory taken from the machine ({runs_count(len(measured))}: its processes' "
                   f"proportional set sizes summed; {rss} summing their resident sets, which counts the libraries "
                   "they share once per process)")
     else:
         memory = f"{memory} peak memory, its processes' resident sets summed"
-    load = span(loads, "").strip()
-    return f"{span(walls, 'min')} wall ({runs_text(recent)}, load average {load} at the start), {memory}"
+    return f"{span(walls, 'min')} wall ({runs_count(len(recent))}, load average {span(loads)} at the start), {memory}"
 
 
 @figure("traveller.wall")
@@ -276,7 +278,8 @@ def _vae_flags(run: dict) -> str:
     if datetime.fromisoformat(run["started"]) < datetime.fromisoformat(OLD_DEFAULTS_UNTIL):
         given = {f for f, _ in pairs}
         pairs = [(f, v) for f, v in OLD_DEFAULTS if f not in given] + pairs
-    today = {"--decoder-layers": str(VAETask().decoder_layers), "--max-beta": str(VAETask().max_beta)}
+    defaults = VAETask()
+    today = {"--decoder-layers": str(defaults.decoder_layers), "--max-beta": str(defaults.max_beta)}
     shown = [f if v is None else f"{f} {v}" for f, v in pairs if today.get(f, object()) != v]
     return " ".join(shown) or "(defaults)"
 
@@ -292,7 +295,8 @@ def _vae_charrnn_curve() -> str:
     def options(run: dict) -> str:  # the run's options but its number of updates
         return re.sub(r"--steps \d+ ?", "", _vae_flags(run)).strip()
 
-    first = next(r for r in runs(VAE_RUNS) if "--decoder-only" in r["command"].split() and "--steps" not in r["command"])
+    first = next(r for r in runs(VAE_RUNS)
+                 if "--decoder-only" in r["command"].split() and "--steps" not in r["command"].split())
     by_steps = {}
     for run in runs(VAE_RUNS):
         if options(run) == options(first):
@@ -359,7 +363,6 @@ def _vae_moses() -> str:
         return _vae_run_flags(words[words.index("--checkpoint") + 1])
 
     for run in sorted(runs(VAE_MOSES), key=lambda run: flags(run) != "(defaults)"):  # today's default first
-        words = run["command"].split()
         row = run["report"]["moses"]
         name = f"`train vae {flags(run)}`".replace(" (defaults)`", "` (default)")
         lines.append(f"| {name}, {row['n_generated']:,} samples | "

@@ -27,6 +27,7 @@ from jax_scan_rnn.bench.methods import METHODS, Method, check_method_keys
 
 CALIBRATION_CALLS = 3  # warm calls timed to choose calls per sample (the quickest counts)
 
+
 # ----------------------------------------------------------------------------------------------------
 # The measuring engine
 # ----------------------------------------------------------------------------------------------------
