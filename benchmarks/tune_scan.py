@@ -7,6 +7,7 @@
     python benchmarks/tune_scan.py hoist    # features projected before the loop vs inside each step
     python benchmarks/tune_scan.py hoist-layers   # the same for jsr.LSTM/GRU over whole sequences, the VAE
     python benchmarks/tune_scan.py remat-dropout  # training memory with dropout on: masks per step vs [T] array
+    python benchmarks/tune_scan.py opt-level      # compile and run time: XLA's LLVM -O3 (default) vs -O1
 
 `flag` backs the figures quoted in `jax_scan_rnn/xla_flags.py`; `unroll` the table behind
 `unroll="auto"` (`jax_scan_rnn/scan.py`, `AUTO_UNROLL`); `hoist` and `hoist-layers` the rule behind
@@ -16,6 +17,8 @@ pass or a value-and-grad train step of a linear loss; `hoist-layers` times `jsr.
 `remat-dropout` compiles (does not run) a Traveller train step with dropout on and reads XLA's temporary
 memory: without remat, with remat chunks of ~sqrt(T) and each step's masks drawn in the loop (the library),
 and with remat but the `[L-1, T, B, H]` mask array passed in (how dropout worked before).
+`opt-level` backs `xla_flags.CPU_COMPILER_OPTIONS`: each of `OPT_LEVEL_CASES` compiled at each level,
+compile time (every round), warm time per step (arms interleaved), and the outputs' largest difference.
 Each figure: the minimum over 3 rounds (`hoist-layers`: 5 rounds, the two arms interleaved) of the median
 of n calls after warm-up calls, divided by T (us per time step). Runs on whatever JAX backend is present;
 takes ~2-5 minutes per subcommand on a 2-core CPU.
@@ -251,6 +254,85 @@ def _hoist_vae_decoder(batch: int = 128, steps: int = 60) -> list[dict]:
             for i, h in enumerate((True, False))]
 
 
+OPT_LEVELS = (3, 1, 0)  # XLA's default (3), the library's choice, and the bottom for scale
+# (case, B, T): the Traveller (H=64, 2 layers) as the benchmark's cells, and the VAE's train step and greedy
+# generation at its benchmark size (V=40, H=256, Z=64, one layer, B=128, T=60).
+OPT_LEVEL_CASES = [("traveller", 1, 100), ("traveller", 1, 1000), ("traveller", 64, 100), ("traveller", 64, 1000),
+                   ("vae", 128, 60)]
+
+
+def _opt_level_functions(case: str, batch: int, steps: int) -> dict:
+    """{mode: (fn, args)} of one case: forward and Adam train step (Traveller), or train and greedy (VAE)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    from flax import nnx
+
+    import jax_scan_rnn as jsr
+
+    rng = np.random.default_rng(0)
+    tx = optax.adam(1e-4)
+    if case == "traveller":
+        graphdef, params, rest, x, r = _model(f"{batch}x64", steps)
+        positions = lambda p, x: nnx.merge(graphdef, p, rest)(x)[0]  # noqa: E731 - unroll "auto", as users get
+        loss = lambda p, x, r: -jnp.mean(jnp.sum(positions(p, x) * r, -1))  # noqa: E731
+        forward, train_args = (positions, (params, x)), (x, r)
+    else:
+        model = jsr.SeqVAE(40, 256, 64, 1, rngs=nnx.Rngs(0))
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        tokens = jnp.asarray(rng.integers(4, 40, (batch, steps)), jnp.int32)
+        eps = jnp.asarray(rng.standard_normal((batch, 64)), jnp.float32)
+        lengths = jnp.full((batch,), steps)
+
+        def loss(p, tokens, eps):
+            return nnx.merge(graphdef, p, rest).loss(tokens, lengths, eps=eps)["total"]
+
+        generate = lambda p, z: nnx.merge(graphdef, p, rest).generate(z, steps)  # noqa: E731
+        forward, train_args = (generate, (params, eps)), (tokens, eps)
+
+    def step(p, opt_state, *args):
+        value, grads = jax.value_and_grad(loss)(p, *args)
+        updates, opt_state = tx.update(grads, opt_state, p)
+        return optax.apply_updates(p, updates), opt_state, value
+
+    return {"forward" if case == "traveller" else "greedy": forward,
+            "train": (step, (params, tx.init(params), *train_args))}
+
+
+def run_opt_level(rounds: int = 3) -> list[dict]:
+    """Per case and mode: each level's compile times (one per round) and interleaved warm us/step."""
+    import jax
+    import numpy as np
+
+    rows = []
+    for case, batch, steps in OPT_LEVEL_CASES:
+        for mode, (fn, args) in _opt_level_functions(case, batch, steps).items():
+            compile_s = {level: [] for level in OPT_LEVELS}
+            compiled = {}
+            for _ in range(rounds):
+                for level in OPT_LEVELS:
+                    jax.clear_caches()
+                    start = time.perf_counter()
+                    compiled[level] = jax.jit(fn, compiler_options={"xla_backend_optimization_level": level}) \
+                        .lower(*args).compile()
+                    compile_s[level].append(time.perf_counter() - start)
+            warm = _time_interleaved([(compiled[level], args) for level in OPT_LEVELS], steps)
+            outs = {level: jax.tree.leaves(jax.device_get(compiled[level](*args))) for level in OPT_LEVELS}
+            for i, level in enumerate(OPT_LEVELS):
+                # Largest |output - XLA's default level's output| over every output leaf (the positions, or
+                # the updated parameters, optimiser state and loss): float rounding, or a real change.
+                diff = max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)), initial=0))
+                           for a, b in zip(outs[OPT_LEVELS[0]], outs[level]))
+                rows.append({"case": case, "B": batch, "T": steps, "mode": mode, "level": level,
+                             "compile_s": compile_s[level], "us_per_step": warm[i], "max_abs_diff": diff,
+                             "backend": jax.default_backend()})
+                print(f"{case:9s} B={batch:4d} T={steps:5d} {mode:7s} -O{level}  compile "
+                      f"{' '.join(f'{c:5.2f}' for c in compile_s[level])} s  warm {warm[i]:9.2f} us/step  "
+                      f"max |out - O{OPT_LEVELS[0]}'s| {diff:.1e}", flush=True)
+    return rows
+
+
 REMAT_DROPOUT_STEPS = (1000, 4000, 16000)
 
 
@@ -290,7 +372,8 @@ def run_remat_dropout(batch: int = 64, hidden: int = 64, layers: int = 3, rate: 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["flag", "unroll", "hoist", "hoist-layers", "remat-dropout", "_flag_worker"])
+    parser.add_argument("what", choices=["flag", "unroll", "hoist", "hoist-layers", "remat-dropout", "opt-level",
+                                         "_flag_worker"])
     parser.add_argument("configs", nargs="*", help="BxH or BxH:f64 (default: the module's lists)")
     parser.add_argument("--out", help="also write the rows as JSON here")
     parser.add_argument("--threshold", type=int, help="flag: this small-loop threshold instead of the library's")
@@ -312,6 +395,8 @@ def main(argv=None) -> None:
         rows = run_hoist_layers()
     elif args.what == "remat-dropout":
         rows = run_remat_dropout()
+    elif args.what == "opt-level":
+        rows = run_opt_level()
     else:
         rows = run_unroll(args.configs or UNROLL_CONFIGS)
     if args.out:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import sys
 from collections.abc import Callable
 from functools import cache
@@ -532,6 +533,10 @@ TUNING_LOGS = {
     "hoist": ("hoist-cpu-2core.txt",
               r"(?P<config>\S+)\s+T=\s*\d+\s+forward\s+(?P<fwd0>[\d.]+) ->\s+(?P<fwd1>[\d.]+) us/step\s+"
               r"train\s+(?P<train0>[\d.]+) ->\s+(?P<train1>[\d.]+)"),
+    "opt-level": ("opt-level-cpu-2core.txt",
+                  r"(?P<config>\w+\s+B=\s*\d+\s+T=\s*\d+\s+\w+)\s+-O(?P<level>\d)\s+"
+                  r"compile\s+(?P<compile>[\d. ]+?) s\s+"
+                  r"warm\s+(?P<warm>[\d.]+) us/step\s+max \|out - O3's\| (?P<diff>\S+)"),
     "hoist-layers": ("hoist-layers-cpu-2core.txt",
                      r"(?P<config>.+?)\s+T=\s*\d+.*?forward\s+(?P<fwd0>[\d.]+) ->\s+(?P<fwd1>[\d.]+) us/step"),
 }
@@ -582,6 +587,27 @@ def _tuning_hoist_layers() -> str:
         ("LSTM I=64 H=64 L=1 B=64", "an LSTM at B=64"),
         ("GRU I=256 H=256 L=2 B=128", "a 2-layer GRU with 256 inputs per row, where the hoisted matmul does "
                                       "real arithmetic")))
+
+
+@figure("tuning.opt_level")
+def _tuning_opt_level() -> str:
+    rows = {(r["config"], int(r["level"])): r for r in tuning_log("opt-level")}
+
+    def compile_s(config: str, level: int) -> float:  # the median of the log's rounds
+        return statistics.median(float(v) for v in rows[config, level]["compile"].split())
+
+    def pair(config: str, label: str) -> str:
+        return f"{label} {compile_s(config, 3):.2f} -> {compile_s(config, 1):.2f} s"
+
+    warm = [float(rows[c, 1]["warm"]) / float(rows[c, 3]["warm"]) for c, level in rows if level == 3]
+    slow = [float(rows[c, 0]["warm"]) / float(rows[c, 3]["warm"]) for c, level in rows if level == 3]
+    diff = max(float(rows[c, 1]["diff"]) for c, level in rows if level == 1)
+    return (f"compile (median of 3) {pair('traveller B= 1 T= 1000 forward', 'Traveller B=1 forward')}, "
+            f"{pair('traveller B= 1 T= 1000 train', 'train step')}, "
+            f"{pair('traveller B= 64 T= 1000 train', 'B=64 train step')}, "
+            f"{pair('vae B= 128 T= 60 train', 'VAE train step')}; the warm calls at -O1 take {min(warm):.2f}-"
+            f"{max(warm):.2f}x -O3's time over the log's {len(warm)} cases, with outputs within {diff:.0e} of -O3's "
+            f"(float rounding); -O0 would run {min(slow):.1f}-{max(slow):.1f}x slower")
 
 
 @figure("remat.dropout")

@@ -62,6 +62,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         ("backend", jax.default_backend()),
         ("devices", ", ".join(f"{d.platform}:{d.id} ({d.device_kind})" for d in jax.devices())),
         ("xla small-loop setting", f"{jax_scan_rnn.xla_flags.status()} (jax_scan_rnn/xla_flags.py)"),
+        ("library compile options", f"{jax_scan_rnn.xla_flags.compiler_options()} (jax_scan_rnn/xla_flags.py)"),
     ]
     try:
         import torch

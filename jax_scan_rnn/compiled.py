@@ -71,7 +71,13 @@ import jax
 import numpy as np
 from flax import nnx
 
-from jax_scan_rnn import validate
+from jax_scan_rnn import validate, xla_flags
+
+try:  # whether a call happens inside another transformation (jax.jit, vmap, grad): JAX has no public test
+    from jax._src.core import trace_state_clean as _trace_state_clean
+except ImportError:  # pragma: no cover - moved in a later jax: every call compiles as a nested one
+    def _trace_state_clean() -> bool:
+        return False
 
 Array = jax.Array
 
@@ -317,13 +323,13 @@ class CompiledMethod:
                 # The type too: 1, 1.0 and True are equal and hash alike, but a model may tell them apart.
                 static.append((type(leaf), leaf))
         mode = tuple([getattr(m, a) for m, a in owner._mode_refs]) if owner._mode_refs else ()
-        key = (mode, treedef, tuple(static))
+        key = (mode, treedef, tuple(static), not _trace_state_clean())
         try:
             fn = self._fns.get(key)
         except TypeError:
             raise TypeError(self._unhashable_message(args, kwargs)) from None
         if fn is None:
-            fn = self._fns[key] = self._compile(mode, treedef, leaves)
+            fn = self._fns[key] = self._compile(mode, treedef, leaves, nested=key[-1])
         out, changed = fn([read() for read in owner._readers], arrays)
         if changed:
             owner._write_back(changed)
@@ -344,8 +350,9 @@ class CompiledMethod:
             "the compile key), got an unhashable non-array"
         )
 
-    def _compile(self, mode: tuple, treedef, leaves: list) -> Callable:
-        """A `jax.jit` of merge -> method -> changed state leaves, for one compile key."""
+    def _compile(self, mode: tuple, treedef, leaves: list, nested: bool) -> Callable:
+        """A `jax.jit` of merge -> method -> changed state leaves, for one compile key. `nested`: called inside
+        another transformation, whose own compile then applies (JAX refuses compiler options on a nested jit)."""
         owner = self._owner
         name = self._name
         static_leaves = [_TRACED if isinstance(leaf, ARRAY_TYPES) else leaf for leaf in leaves]
@@ -370,7 +377,7 @@ class CompiledMethod:
             return out, {i: new for i, (new, old) in enumerate(zip(after, values)) if new is not old}
 
         run.__name__ = f"{module_name}.{name}".replace(".", "_")
-        return jax.jit(run)
+        return jax.jit(run, compiler_options=None if nested else xla_flags.compiler_options())  # xla_flags.py
 
 
 def _hashable(x: Any) -> bool:

@@ -40,7 +40,7 @@ import optax
 from flax import nnx
 
 from jax_scan_rnn import checkpoint as ckpt
-from jax_scan_rnn import validate
+from jax_scan_rnn import validate, xla_flags
 from jax_scan_rnn.distributed import put_batch
 from jax_scan_rnn.lock import run_lock
 from jax_scan_rnn.optional import available
@@ -168,7 +168,7 @@ class TrainStep:
             return _check_loss_output(loss_fn(self._merge(raw)["model"], batch))
 
         self.metric_names = sorted(jax.eval_shape(probe, self._raw(leaves), batch)[1])
-        self._step = jax.jit(self._update, donate_argnums=0)
+        self._step = jax.jit(self._update, donate_argnums=0, compiler_options=xla_flags.compiler_options())
 
     def _raw(self, leaves) -> list:
         return [jax.random.key_data(x) if k else x for x, k in zip(leaves, self.key_impls)]
@@ -262,7 +262,7 @@ def make_eval_fn(loss_fn: LossFn, batches: list[Batch]) -> Callable[[nnx.Module]
         raise ValueError("batches: expected at least one evaluation batch, got none")
     validate.function("loss_fn", loss_fn)
 
-    @jax.jit
+    @functools.partial(jax.jit, compiler_options=xla_flags.compiler_options())
     def one(model, batch):  # the model is an argument (a pytree): state changes made inside are dropped
         loss, metrics = _check_loss_output(loss_fn(model, batch))
         return {"loss": loss, **metrics}

@@ -1,4 +1,5 @@
-"""One XLA setting that makes small scans fast on CPU, applied when `jax_scan_rnn` is imported.
+"""Two XLA settings for CPUs: small scans run as one kernel (set when `jax_scan_rnn` is imported), and the
+library's own compiled calls compile at LLVM -O1 (`compiler_options`).
 
 XLA:CPU runs a compiled program as a sequence of "thunks" (one per fused kernel or library matmul), and a
 `while` loop (what `lax.scan` becomes) re-dispatches its body's thunks on every iteration. For a small
@@ -21,6 +22,12 @@ XLA reads its flags once, when JAX creates its first backend, so this must run b
 computation; `import jax_scan_rnn` does that. It never overrides a user: if `XLA_FLAGS` already sets
 the threshold, or `JAX_SCAN_RNN_XLA_FLAGS=0` is set, or a backend already exists, nothing changes, and
 `status()` says which. Options prefixed `xla_` are not passed on to LLVM, so GPU backends ignore it.
+
+`compiler_options()` is what the library's `jax.jit`s pass (`jsr.jit`, `TrainStep`): on a CPU, XLA's LLVM
+backend at optimisation level 1 instead of its default 3. The kernels XLA emits for a recurrent step are
+small fusions around library matmuls, and -O3's extra passes buy them nothing measurable, while they take
+20-40% of a batch-1 Traveller's compile (docs/measurements.md#llvm-optimisation-level); -O0 runs slower. It is a per-compile option, so the user's own `jax.jit`s keep XLA's default; the same
+`JAX_SCAN_RNN_XLA_FLAGS=0` turns it off.
 """
 from __future__ import annotations
 
@@ -30,7 +37,8 @@ import sys
 
 SMALL_LOOP_OPTION = "xla_cpu_small_while_loop_byte_threshold"
 SMALL_LOOP_BYTES = 2_000_000  # per-iteration bytes (XLA cost analysis): admits the loops measured faster
-OPT_OUT_ENV = "JAX_SCAN_RNN_XLA_FLAGS"  # "0": leave XLA_FLAGS alone
+OPT_OUT_ENV = "JAX_SCAN_RNN_XLA_FLAGS"  # "0": leave XLA_FLAGS and the compile options alone
+CPU_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}  # LLVM -O1: measured as fast to run, quicker to compile
 
 _status = "not configured"
 
@@ -69,7 +77,7 @@ def configure(environ=None) -> str:
     global _status
     env = os.environ if environ is None else environ
     flags = env.get("XLA_FLAGS", "")
-    if env.get(OPT_OUT_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+    if _opted_out(env):
         _status = "opted out"
     elif SMALL_LOOP_OPTION in flags:
         _status = "user"
@@ -79,6 +87,20 @@ def configure(environ=None) -> str:
         env["XLA_FLAGS"] = with_small_loop_option(flags)
         _status = "set"
     return _status
+
+
+def _opted_out(env) -> bool:
+    return env.get(OPT_OUT_ENV, "1").strip().lower() in ("0", "false", "no", "off")
+
+
+def compiler_options(environ=None) -> dict | None:
+    """`compiler_options` for the library's `jax.jit`s: `CPU_COMPILER_OPTIONS` when JAX's default backend is
+    the CPU, None (XLA's defaults) on other backends or with `JAX_SCAN_RNN_XLA_FLAGS=0`."""
+    import jax
+
+    if _opted_out(os.environ if environ is None else environ) or jax.default_backend() != "cpu":
+        return None
+    return dict(CPU_COMPILER_OPTIONS)
 
 
 def status() -> str:

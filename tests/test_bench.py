@@ -10,6 +10,7 @@ import argparse
 import ast
 import json
 import math
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +38,7 @@ TINY = dict(
     min_sample_s=0.001,
     probe_t=2,
     torch_threads=1,  # no thread calibration
+    compile_rounds=2,
     budget_s=600.0,  # the quick preset's 75 s is for its own sizes: on a loaded machine no tiny cell may be skipped
     label="tiny",
 )
@@ -105,6 +107,9 @@ def test_measured_rows_are_consistent(tiny):
         assert cfg.min_repeats <= len(r["samples"]) <= cfg.repeats
         assert r["first_call_s"] is not None and r["first_call_s"] > 0
         assert r["reason"] is None or r["role"] == "derived"
+        if r["method"].startswith(("jax-scan", "vae-ss-jax", "limit-xla")):  # compiled ahead of time: timed twice
+            assert len(r["compile_rounds_s"]) == cfg.compile_rounds == 2
+            assert r["compile_s"] == pytest.approx(statistics.median(r["compile_rounds_s"])) and r["compile_s"] > 0
     not_ok = [r for r in results["rows"] if r["status"] != "ok"]
     for r in not_ok:
         assert r["status"] in ("skipped", "n/a", "error")

@@ -87,3 +87,30 @@ def test_importing_the_package_makes_xla_compile_a_batch1_scan_as_one_kernel():
     # The attribute XLA puts on a loop it compiled whole; without the setting the loop stays thunk by thunk.
     assert _run(SMALL_CALL_PROBE) == "set True"
     assert _run(SMALL_CALL_PROBE, **{xla_flags.OPT_OUT_ENV: "0"}) == "opted out False"
+
+
+def test_the_library_compiles_at_llvm_o1_on_a_cpu_unless_opted_out():
+    import jax
+
+    assert jax.default_backend() == "cpu"
+    assert xla_flags.compiler_options({}) == {"xla_backend_optimization_level": 1}
+    assert xla_flags.compiler_options({xla_flags.OPT_OUT_ENV: "0"}) is None
+
+
+def test_jsr_jit_and_the_train_step_compile_with_the_librarys_options(monkeypatch):
+    # The option changes XLA's LLVM level, which nothing in a compiled program's text shows: check the wiring.
+    import jax.numpy as jnp
+    import optax
+    from flax import nnx
+
+    import jax_scan_rnn as jsr
+    from jax_scan_rnn.train import TrainStep
+
+    asked = []
+    real = xla_flags.compiler_options
+    monkeypatch.setattr(xla_flags, "compiler_options", lambda *a: asked.append(1) or real(*a))
+    model = jsr.Traveller(3, 8, 1, rngs=nnx.Rngs(0))
+    jsr.jit(model)(jnp.ones((1, 5, 3)))
+    assert len(asked) == 1
+    TrainStep(model, lambda m, x: (jnp.mean(m(x)[0]), {}), optax.sgd(0.1), jnp.ones((1, 5, 3)))
+    assert len(asked) == 2

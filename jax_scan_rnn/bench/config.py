@@ -60,6 +60,7 @@ class BenchConfig:
     min_repeats: int = 3  # timed samples per case (at least, unless the case is skipped)
     case_budget_s: float = 1.0  # stop sampling a case at min_repeats once its samples took this long
     min_sample_s: float = 0.02  # one sample averages enough calls to last this long
+    compile_rounds: int = 1  # compiles timed per JAX case (median; the rounds after the first interleaved)
     max_call_s: float = 2.0  # skip a case whose predicted single call is longer
     # (B, T) cells whose ratios matter most (the issues' targets, and the seed's whole curve at B=1): there the
     # seed and limit rows, which every ratio needs, may take headline_cap_factor times max_call_s per call.
@@ -82,10 +83,10 @@ class BenchConfig:
     @classmethod
     def peers(cls, **overrides) -> BenchConfig:
         """The peers against the jsr rows (PEER_METHODS), T in {100, 1000}, B in {1, 64}, and T=10 for torchax's
-        unrolled loop: ~3 minutes on a 2-core CPU. Apart from the default so that neither cuts the other's
-        rows at its time budget."""
+        unrolled loop, each compile timed 3 times (one compile varies by +-30% here): 5-7 minutes on a 2-core
+        CPU. Apart from the default so that neither cuts the other's rows at its time budget."""
         peers = cls(methods=PEER_METHODS, seq_lens=(100, 1000), batch_sizes=(1, 64), sweep_seq_lens=(10,),
-                    label="peers")
+                    compile_rounds=3, label="peers")
         return dataclasses.replace(peers, **overrides)
 
     @classmethod
@@ -123,7 +124,8 @@ class BenchConfig:
                 raise ValueError(f"{name}: expected a non-empty list of positive ints, got {values!r}")
             for value in values:
                 integer(name, value, lo=1)
-        for name in ("hidden_size", "num_layers", "num_inputs", "sweep_batch", "repeats", "min_repeats", "probe_t"):
+        for name in ("hidden_size", "num_layers", "num_inputs", "sweep_batch", "repeats", "min_repeats", "probe_t",
+                     "compile_rounds"):
             integer(name, getattr(self, name), lo=1)
         if self.min_repeats > self.repeats:
             raise ValueError(f"min_repeats: expected at most repeats ({self.repeats}), got {self.min_repeats}")

@@ -36,6 +36,7 @@ class Case:
     call: Callable[[], Any]
     output: Callable[[Any], np.ndarray] | None = None  # first call's result -> numpy [B, T, 2] (or tokens)
     compile_s: float | None = None  # ahead-of-time compile (JAX) or capture (CUDA graph), if measured apart
+    compile_again: Callable[[], float] | None = None  # JAX: one more compile from scratch, its seconds
     memory: dict | None = None  # static memory figures known once built
     info: dict = field(default_factory=dict)  # extra fields for the row (e.g. the unroll used)
 

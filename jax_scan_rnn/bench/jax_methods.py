@@ -17,7 +17,7 @@ import optax
 from flax import nnx
 
 import jax_scan_rnn as jsr
-from jax_scan_rnn import cells
+from jax_scan_rnn import cells, xla_flags
 from jax_scan_rnn.bench.config import LIMIT_CHUNK_ROWS
 from jax_scan_rnn.bench.context import Case, Context, Skip, TooCostly
 from jax_scan_rnn.bench.machine import available_memory
@@ -55,9 +55,11 @@ def _train_call(step: Callable, params, opt_state, *args) -> Callable[[], None]:
     return call
 
 
-def compiled_case(ctx: Context, mode: str, fn: Callable, params, *args) -> Case:
+def compiled_case(ctx: Context, mode: str, fn: Callable, params, *args, library: bool = False) -> Case:
     """`fn(params, *args)` compiled ahead of time (timed apart) and called. Forward: the call returns its
-    result. Train: `fn` is a scalar loss and the call takes one Adam step on it (`adam_step`).
+    result. Train: `fn` is a scalar loss and the call takes one Adam step on it (`adam_step`). `library`:
+    compiled as the library compiles its own calls (`xla_flags.compiler_options()`, as `jsr.jit` and
+    `TrainStep` do); otherwise with `jax.jit`'s defaults, as a user's own code (peers, loops, limits).
 
     Skipped on a CPU when the compiled buffers would take more than `memory_fraction` of the free RAM.
     """
@@ -65,8 +67,16 @@ def compiled_case(ctx: Context, mode: str, fn: Callable, params, *args) -> Case:
         fn, tx = adam_step(fn)
         args = (tx.init(params), *args)
     t0 = time.perf_counter()
-    compiled = jax.jit(fn).lower(params, *args).compile()
+    options = xla_flags.compiler_options() if library else None
+    compiled = jax.jit(fn, compiler_options=options).lower(params, *args).compile()
     compile_s = time.perf_counter() - t0
+
+    def compile_again() -> float:
+        jax.clear_caches()  # or the trace and the executable come from jit's caches (the cases hold their own)
+        start = time.perf_counter()
+        jax.jit(fn, compiler_options=options).lower(params, *args).compile()
+        return time.perf_counter() - start
+
     memory = _xla_memory(compiled)
     need = (memory or {}).get("temp_bytes", 0) + (memory or {}).get("argument_bytes", 0)
     avail = available_memory()
@@ -74,9 +84,10 @@ def compiled_case(ctx: Context, mode: str, fn: Callable, params, *args) -> Case:
         raise TooCostly(f"compiled buffers need {need / 2**30:.1f} GiB > {ctx.cfg.memory_fraction:.0%} of the "
                    f"{avail / 2**30:.1f} GiB available")
     if mode == "train":
-        return Case(_train_call(compiled, params, *args), compile_s=compile_s, memory=memory)
+        return Case(_train_call(compiled, params, *args), compile_s=compile_s, compile_again=compile_again,
+                    memory=memory)
     return Case(lambda: jax.block_until_ready(compiled(params, *args)), output=to_numpy, compile_s=compile_s,
-                memory=memory)
+                compile_again=compile_again, memory=memory)
 
 
 def _xla_memory(compiled) -> dict | None:
@@ -104,14 +115,15 @@ def _trading_loss(ctx: Context, positions: Callable) -> Callable:
 
 
 def _traveller_case(ctx: Context, batch: int, steps: int, mode: str, positions: Callable, params=None,
-                    extra: tuple = ()) -> Case:
+                    extra: tuple = (), library: bool = False) -> Case:
     """A compiled case from `positions(params, x [B, T, F], *extra) -> [B, T, 2]` (params: the shared ones)."""
     d = ctx.data(batch, steps)
     x = jnp.asarray(d["x"])
     params = ctx.params if params is None else params
     if mode == "forward":
-        return compiled_case(ctx, mode, positions, params, x, *extra)
-    return compiled_case(ctx, mode, _trading_loss(ctx, positions), params, x, jnp.asarray(d["r"]), *extra)
+        return compiled_case(ctx, mode, positions, params, x, *extra, library=library)
+    return compiled_case(ctx, mode, _trading_loss(ctx, positions), params, x, jnp.asarray(d["r"]), *extra,
+                         library=library)
 
 
 def _scan_positions(graphdef, rest, unroll) -> Callable:
@@ -123,7 +135,7 @@ def scan(unroll: int | str) -> Callable[[Context, int, int, str], Case]:
     """jsr.Traveller at `unroll` ("auto": the library's measured choice, recorded in the row)."""
 
     def build(ctx: Context, batch: int, steps: int, mode: str) -> Case:
-        case = _traveller_case(ctx, batch, steps, mode, _scan_positions(ctx.graphdef, ctx.rest, unroll))
+        case = _traveller_case(ctx, batch, steps, mode, _scan_positions(ctx.graphdef, ctx.rest, unroll), library=True)
         case.info["unroll"] = f"auto ({auto_unroll(batch)})" if unroll == "auto" else unroll
         return case
 
@@ -134,7 +146,7 @@ def remat(ctx: Context, batch: int, steps: int, mode: str) -> Case:
     """lax.scan with chunked rematerialisation (the library's `remat_chunk`), chunk ~ sqrt(T), unroll 1."""
     chunk = max(1, round(math.sqrt(steps)))
     graphdef, params, rest = ctx.jax_traveller(remat_chunk=chunk)
-    case = _traveller_case(ctx, batch, steps, mode, _scan_positions(graphdef, rest, 1), params=params)
+    case = _traveller_case(ctx, batch, steps, mode, _scan_positions(graphdef, rest, 1), params=params, library=True)
     case.info.update(unroll=1, remat_chunk=chunk)
     return case
 
@@ -200,7 +212,7 @@ def lstm_seq(ctx: Context, batch: int, steps: int, mode: str) -> Case:
         return jnp.tanh(model.output_layer(out))
 
     fb = jnp.asarray(ctx.limit_inputs(batch, steps)["fb"])
-    return _traveller_case(ctx, batch, steps, mode, positions, extra=(fb,))
+    return _traveller_case(ctx, batch, steps, mode, positions, extra=(fb,), library=True)
 
 
 def _limit_chunk(batch: int, steps: int, rows: int = LIMIT_CHUNK_ROWS) -> int:

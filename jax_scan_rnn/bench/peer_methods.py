@@ -11,7 +11,8 @@
              row) turned into a JAX function by `torchax.extract_jax` and run under `jax.jit`.
 
 Every peer is compiled as the jsr rows are (`jax_methods.compiled_case`: `jax.jit` of a function of the
-parameters, lowered and compiled ahead of time with the compile timed apart), and its train step is
+parameters, lowered and compiled ahead of time with the compile timed apart), with `jax.jit`'s default
+compiler options where the jsr rows get the library's (`xla_flags.compiler_options`), and its train step is
 the same value + grad + Adam update of the trading loss. Weights: the Traveller's (`Context.np_weights`)
 copied into each peer's own parameter layout, so every feedback peer computes the jsr Traveller's
 positions up to float rounding; the GRU rows share one `jsr.GRU`'s weights with its `b_hn` set to 0,
@@ -70,9 +71,11 @@ def _float32_only(ctx: Context) -> None:
         raise Skip(f"peers run float32 only (the jsr rows' bf16 is the library's compute_dtype), got {ctx.cfg.dtype}")
 
 
-def _case(ctx: Context, batch: int, steps: int, mode: str, positions: Callable, params, extra: tuple = ()) -> Case:
+def _case(ctx: Context, batch: int, steps: int, mode: str, positions: Callable, params, extra: tuple = (),
+          library: bool = False) -> Case:
     """A compiled case of `positions(params, x [B, T, F], *extra) -> [B, T, A]`: forward, or one Adam step
-    on `-mean(net_utility(positions, r))` (the jsr rows' train step)."""
+    on `-mean(net_utility(positions, r))` (the jsr rows' train step). `library`: jsr's own row, compiled
+    with the library's options (`compiled_case`); peers get `jax.jit`'s defaults, as their users would."""
     d = ctx.data(batch, steps)
     x = jnp.asarray(d["x"])
     # A new function per build: jax.jit caches traces and executables by function identity, so a
@@ -80,12 +83,12 @@ def _case(ctx: Context, batch: int, steps: int, mode: str, positions: Callable, 
     # later build's compile time would read ~0. Every row's compile is timed from scratch, as the jsr rows'.
     positions = _fresh(positions)
     if mode == "forward":
-        return compiled_case(ctx, mode, positions, params, x, *extra)
+        return compiled_case(ctx, mode, positions, params, x, *extra, library=library)
 
     def loss(params, x, r, *extra):
         return -net_utility(positions(params, x, *extra), r, ctx.market).mean()
 
-    return compiled_case(ctx, mode, loss, params, x, jnp.asarray(d["r"]), *extra)
+    return compiled_case(ctx, mode, loss, params, x, jnp.asarray(d["r"]), *extra, library=library)
 
 
 def _fresh(function: Callable) -> Callable:
@@ -161,7 +164,7 @@ def jsr_gru_seq(ctx: Context, batch: int, steps: int, mode: str) -> Case:
     def positions(params, x, fb):
         return nnx.merge(graphdef, params, rest)(x, fb)
 
-    return _case(ctx, batch, steps, mode, positions, params, _given_feedback(ctx, batch, steps))
+    return _case(ctx, batch, steps, mode, positions, params, _given_feedback(ctx, batch, steps), library=True)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -346,10 +346,13 @@ def _peer_section(results: dict, methods: dict) -> list[str]:
         return []
     lines = ["## Peers: what a JAX user would write, vs jsr", "",
              "Flax NNX, Equinox and torchax written the way their users would, jitted as the jsr rows are (a "
-             "`jax.jit` of a function of the parameters, compiled ahead of time), on the jsr rows' weights; each "
+             "`jax.jit` of a function of the parameters, compiled ahead of time; the jsr rows with the library's "
+             "compiler options, `jax_scan_rnn.xla_flags.compiler_options()`, the peers with jax.jit's defaults), "
+             "on the jsr rows' weights; each "
              "against the jsr row named (feedback peers: jsr.Traveller; peers without feedback: jsr.LSTM / "
              "jsr.GRU over the whole sequence). `jsr ÷ peer`: jsr's median time over the peer's (<= 1: jsr at "
-             "least as fast), for the warm call and for the compile (trace + XLA compile, timed apart); "
+             "least as fast), for the warm call and for the compile (trace + XLA compile, timed apart; the median of "
+             f"{results['config'].get('compile_rounds', 1)} compile(s) per row, interleaved across the cell); "
              "agreement: max |positions - jsr's|.", "",
              "| mode | B | T | peer | per step | jsr row | jsr per step | jsr ÷ peer | compile, peer | compile, jsr | "
              "jsr ÷ peer | agreement |",

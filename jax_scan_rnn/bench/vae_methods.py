@@ -112,13 +112,14 @@ def jax_row(task: str) -> Callable[[Context, int, int, str], Case]:
             def loss(p, tokens, lengths, eps, mask):
                 return nnx.merge(graphdef, p, rest).loss(tokens, lengths, eps=eps, replace_mask=mask)["total"]
 
-            return compiled_case(ctx, mode, loss, vae.params, tokens, lengths, eps, mask)
+            return compiled_case(ctx, mode, loss, vae.params, tokens, lengths, eps, mask, library=True)
         if task == "greedy":
-            return compiled_case(ctx, mode, lambda p, z: nnx.merge(graphdef, p, rest).generate(z, steps), vae.params, z)
+            return compiled_case(ctx, mode, lambda p, z: nnx.merge(graphdef, p, rest).generate(z, steps), vae.params, z,
+                                 library=True)
 
         def decode(p, z, tokens, mask):
             return nnx.merge(graphdef, p, rest).decode(z, tokens, replace_mask=mask)
 
-        return compiled_case(ctx, mode, decode, vae.params, z, tokens, mask)
+        return compiled_case(ctx, mode, decode, vae.params, z, tokens, mask, library=True)
 
     return build
