@@ -263,16 +263,14 @@ OPT_LEVEL_CASES = [("traveller", 1, 100), ("traveller", 1, 1000), ("traveller", 
 
 def _opt_level_functions(case: str, batch: int, steps: int) -> dict:
     """{mode: (fn, args)} of one case: forward and Adam train step (Traveller), or train and greedy (VAE)."""
-    import jax
     import jax.numpy as jnp
     import numpy as np
-    import optax
     from flax import nnx
 
     import jax_scan_rnn as jsr
+    from jax_scan_rnn.bench.jax_methods import adam_step
 
     rng = np.random.default_rng(0)
-    tx = optax.adam(1e-4)
     if case == "traveller":
         graphdef, params, rest, x, r = _model(f"{batch}x64", steps)
         positions = lambda p, x: nnx.merge(graphdef, p, rest)(x)[0]  # noqa: E731 - unroll "auto", as users get
@@ -291,11 +289,7 @@ def _opt_level_functions(case: str, batch: int, steps: int) -> dict:
         generate = lambda p, z: nnx.merge(graphdef, p, rest).generate(z, steps)  # noqa: E731
         forward, train_args = (generate, (params, eps)), (tokens, eps)
 
-    def step(p, opt_state, *args):
-        value, grads = jax.value_and_grad(loss)(p, *args)
-        updates, opt_state = tx.update(grads, opt_state, p)
-        return optax.apply_updates(p, updates), opt_state, value
-
+    step, tx = adam_step(loss)  # the benchmark's train step: value, grad and one Adam update
     return {"forward" if case == "traveller" else "greedy": forward,
             "train": (step, (params, tx.init(params), *train_args))}
 

@@ -323,13 +323,14 @@ class CompiledMethod:
                 # The type too: 1, 1.0 and True are equal and hash alike, but a model may tell them apart.
                 static.append((type(leaf), leaf))
         mode = tuple([getattr(m, a) for m, a in owner._mode_refs]) if owner._mode_refs else ()
-        key = (mode, treedef, tuple(static), not _trace_state_clean())
+        nested = not _trace_state_clean()  # inside jax.jit/vmap/grad: a jit without compiler options (_compile)
+        key = (mode, treedef, tuple(static), nested)
         try:
             fn = self._fns.get(key)
         except TypeError:
             raise TypeError(self._unhashable_message(args, kwargs)) from None
         if fn is None:
-            fn = self._fns[key] = self._compile(mode, treedef, leaves, nested=key[-1])
+            fn = self._fns[key] = self._compile(mode, treedef, leaves, nested)
         out, changed = fn([read() for read in owner._readers], arrays)
         if changed:
             owner._write_back(changed)

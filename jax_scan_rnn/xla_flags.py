@@ -23,11 +23,12 @@ computation; `import jax_scan_rnn` does that. It never overrides a user: if `XLA
 the threshold, or `JAX_SCAN_RNN_XLA_FLAGS=0` is set, or a backend already exists, nothing changes, and
 `status()` says which. Options prefixed `xla_` are not passed on to LLVM, so GPU backends ignore it.
 
-`compiler_options()` is what the library's `jax.jit`s pass (`jsr.jit`, `TrainStep`): on a CPU, XLA's LLVM
-backend at optimisation level 1 instead of its default 3. The kernels XLA emits for a recurrent step are
-small fusions around library matmuls, and -O3's extra passes buy them nothing measurable, while they take
-20-40% of a batch-1 Traveller's compile (docs/measurements.md#llvm-optimisation-level); -O0 runs slower. It is a per-compile option, so the user's own `jax.jit`s keep XLA's default; the same
-`JAX_SCAN_RNN_XLA_FLAGS=0` turns it off.
+`compiler_options()` is what the library's `jax.jit`s pass (`jsr.jit`, `TrainStep`, `make_eval_fn`): on a
+CPU, XLA's LLVM backend at optimisation level 1 instead of its default 3. The kernels XLA emits for a
+recurrent step are small fusions around library matmuls, and -O3's extra passes buy them nothing
+measurable, while they take 20-40% of a batch-1 Traveller's compile; -O0 runs slower
+(docs/measurements.md#llvm-optimisation-level). It is a per-compile option, so the user's own `jax.jit`s
+keep XLA's default; the same `JAX_SCAN_RNN_XLA_FLAGS=0` turns it off.
 """
 from __future__ import annotations
 
