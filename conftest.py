@@ -16,7 +16,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 
 # glibc's malloc gives each thread that allocates its own arena, up to 8 per core, and XLA's compile and
-# run threads leave freed memory spread over all of them: four arenas per worker took 3-9% less of the run's
+# run threads leave freed memory spread over all of them: four arenas per worker took 3-13% less of the run's
 # memory for 3-7% more time (docs/measurements.md#pytest-workers-malloc-arenas).
 WORKER_MALLOC_ARENAS = "4"
 
