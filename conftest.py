@@ -6,6 +6,8 @@ library never relies on default dtypes), so float32 tests keep their meaning.
 import ctypes
 import gc
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -20,8 +22,13 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # memory for 3-7% more time (docs/measurements.md#pytest-workers-malloc-arenas).
 WORKER_MALLOC_ARENAS = "4"
 
+# Programs that compile faster than this are not worth a file in the run's compilation cache (JAX's default: 1 s).
+CACHE_MIN_COMPILE_S = 0.0
+
 
 def pytest_configure(config):
+    if not hasattr(config, "workerinput"):  # the run's first process: xdist's controller, or the only one
+        _share_compiled_programs(config)
     # Only where tests run: pytest-xdist's controller (-n 2) runs none, and without JAX it holds ~0.1 GiB
     # less of the run's memory (the README quotes the run's peak). Its workers start after this hook and
     # inherit its environment; glibc reads MALLOC_ARENA_MAX when a process starts (a user's value is kept).
@@ -31,6 +38,19 @@ def pytest_configure(config):
     import jax
 
     jax.config.update("jax_enable_x64", True)
+
+
+def _share_compiled_programs(config) -> None:
+    """One JAX compilation cache for the whole run, in a fresh temporary folder removed at its end: the
+    workers, the CLI's subprocesses and each module after `jax.clear_caches()` compile many of the same
+    programs. It starts empty, so a run never reads another run's programs. A user's own
+    JAX_COMPILATION_CACHE_DIR is kept."""
+    if "JAX_COMPILATION_CACHE_DIR" in os.environ:
+        return
+    folder = tempfile.mkdtemp(prefix="jax-scan-rnn-pytest-xla-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = folder
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = str(CACHE_MIN_COMPILE_S)
+    config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
 
 
 # Within a module, a worker whose resident size grew by this much since the module began (or since the last
