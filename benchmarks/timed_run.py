@@ -3,9 +3,9 @@
     python benchmarks/timed_run.py --results benchmarks/results/train-traveller-cpu-2core.json \
         --report runs/t/evaluation.json -- jax-scan-rnn train traveller --out runs/t
 
-Each run appends {command, wall_s, peak_rss_mib, peak_total_rss_mib, load average before/after, started,
-report} to the file's "runs", so the docs can quote a range over runs (`docs/figures.py`). Wall time is the
-command's, start-up included, as a user waits for it. Memory, the figure that decides whether a machine can
+Each run appends {command, wall_s, peak_rss_mib, peak_total_rss_mib, peak_total_pss_mib, load average
+before/after, started, compilation_cache, report} to the file's "runs", so the docs can quote a range over
+runs (`docs/figures.py`). Wall time is the command's, start-up included, as a user waits for it. Memory, the figure that decides whether a machine can
 run it: `peak_rss_mib` is the largest resident set of the command or any one process it started
 (`getrusage(RUSAGE_CHILDREN)`); `peak_total_rss_mib` is the largest sum over the whole process tree at one
 moment (sampled from /proc every 0.2 s), which is what counts when the command runs processes side by side
@@ -15,6 +15,9 @@ libraries mapped in each) once per process; `peak_total_pss_mib` sums their prop
 Reading smaps_rollup walks each process's page tables (~0.18 s for pytest's two workers, measured): done
 every 0.2 s it took half a core from the command it measured, so the PSS is read only while the resident
 sum is within PSS_NEAR_PEAK of its peak so far, at most every PSS_EVERY_S.
+The command starts with an empty compilation cache of the CLI's (`JAX_SCAN_RNN_COMPILATION_CACHE` set to a
+new temporary folder, removed after it, unless already set), so the time is a first run's, as a newcomer
+waits for it; the run records which (`compilation_cache`).
 The results file is only written when named: nothing here overwrites committed results by default.
 """
 from __future__ import annotations
@@ -27,9 +30,12 @@ import platform
 import resource
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
+
+CACHE_ENV = "JAX_SCAN_RNN_COMPILATION_CACHE"  # jax_scan_rnn.xla_flags.CACHE_ENV (this script imports no JAX)
 
 
 def machine() -> dict:
@@ -86,23 +92,10 @@ def _pss_bytes(pid: int) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--results", required=True, help="the JSON file to append this run to (created if missing)")
-    parser.add_argument("--report", default=None, help="a JSON file the command writes (evaluation.json), kept with "
-                                                       "the run")
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to time")
-    args = parser.parse_args(argv)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
-        parser.error("expected a command after --")
-    results = Path(args.results)
-    if not results.parent.is_dir():
-        parser.error(f"--results: the directory {results.parent} does not exist")
-    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    load_before = os.getloadavg()[0]
+def _run(command: list[str], env: dict) -> tuple[int, float, list[float]]:
+    """Run `command`; returns (exit code, wall seconds, [peak RSS, peak PSS] of its process tree in MiB)."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(command)
+    proc = subprocess.Popen(command, env=env)
     peak_total = [0.0, 0.0]  # RSS, PSS
 
     def sample() -> None:
@@ -120,6 +113,28 @@ def main(argv: list[str] | None = None) -> int:
     code = proc.wait()
     wall = time.perf_counter() - t0
     sampler.join()
+    return code, wall, peak_total
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results", required=True, help="the JSON file to append this run to (created if missing)")
+    parser.add_argument("--report", default=None, help="a JSON file the command writes (evaluation.json), kept with "
+                                                       "the run")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to time")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("expected a command after --")
+    results = Path(args.results)
+    if not results.parent.is_dir():
+        parser.error(f"--results: the directory {results.parent} does not exist")
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    load_before = os.getloadavg()[0]
+    cache = "as set by the caller" if CACHE_ENV in os.environ else "empty at start"
+    with tempfile.TemporaryDirectory(prefix="timed-run-xla-cache-") as folder:
+        env = {CACHE_ENV: folder, **os.environ}
+        code, wall, peak_total = _run(command, env)
     if code != 0:
         print(f"timed_run: the command exited with {code}; nothing recorded", file=sys.stderr)
         return code
@@ -129,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
            "peak_total_rss_mib": round(peak_total[0], 1),
            "peak_total_pss_mib": round(peak_total[1], 1),
            "load_average": {"start": round(load_before, 2), "end": round(os.getloadavg()[0], 2)},
-           "started": started}
+           "started": started,
+           "compilation_cache": cache}
     if args.report:
         run["report"] = json.loads(Path(args.report).read_text())
     data = json.loads(results.read_text()) if results.exists() else {"machine": machine(), "runs": []}

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 DOCUMENTS = [ROOT / "README.md", ROOT / "docs" / "scan_vs_loop.md", ROOT / "docs" / "tuning_cpu.md",
-             ROOT / "docs" / "vae_experiments.md"]
+             ROOT / "docs" / "vae_experiments.md", ROOT / "docs" / "measurements.md"]
 MARKER = re.compile(r"<!--fig:([\w.-]+)-->(.*?)<!--/fig-->", re.S)
 FIGURES: dict[str, Callable[[], str]] = {}
 
@@ -235,6 +235,14 @@ def _pytest_run() -> str:
     else:
         memory = f"{memory} peak memory, its processes' resident sets summed"
     return f"{span(walls, 'min')} wall ({runs_count(len(recent))}, load average {span(loads)} at the start), {memory}"
+
+
+@figure("cli.cache")
+def _cli_cache() -> str:
+    """Each command's median wall time with an empty cache and with the one it filled."""
+    commands = load("cli-cache-cpu-2core.json")["commands"]
+    return ", ".join(f"`{name}` {statistics.median(r['empty_s']):.1f} -> {statistics.median(r['filled_s']):.1f} s"
+                     for name, r in commands.items()) + f" (median of {len(next(iter(commands.values()))['empty_s'])})"
 
 
 @figure("traveller.wall")

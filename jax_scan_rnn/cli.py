@@ -63,6 +63,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         ("devices", ", ".join(f"{d.platform}:{d.id} ({d.device_kind})" for d in jax.devices())),
         ("xla small-loop setting", f"{jax_scan_rnn.xla_flags.status()} (jax_scan_rnn/xla_flags.py)"),
         ("library compile options", f"{jax_scan_rnn.xla_flags.compiler_options()} (jax_scan_rnn/xla_flags.py)"),
+        ("compilation cache", compilation_cache_status()),
     ]
     try:
         import torch
@@ -74,6 +75,21 @@ def cmd_info(args: argparse.Namespace) -> int:
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
     return 0
+
+
+def compilation_cache_status() -> str:
+    """Where this command's compiled programs are kept across runs, and who chose it."""
+    import jax
+
+    from jax_scan_rnn import xla_flags
+
+    folder = jax.config.jax_compilation_cache_dir
+    if folder is None:
+        off = xla_flags.cli_compilation_cache() is None
+        return f"off ({xla_flags.CACHE_ENV}=0)" if off else "off (filelock, which bounds its size, is not installed)"
+    if folder == xla_flags.cli_compilation_cache():
+        return f"{folder} (the CLI's; {xla_flags.CACHE_ENV}=0 turns it off)"
+    return f"{folder} (JAX_COMPILATION_CACHE_DIR)"
 
 
 @command("check")
@@ -841,6 +857,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     name = f"{args.command} {args.model}" if getattr(args, "model", None) else args.command
     if sys.stderr.isatty():  # importing JAX (and torch) takes seconds: a person at a terminal sees at once that it runs
         print(f"jax-scan-rnn {name}: starting (loading JAX)...", file=sys.stderr, flush=True)
+    if name != "bench":  # the benchmark times compiles: they must not come from the cache
+        from jax_scan_rnn import xla_flags
+
+        xla_flags.use_cli_compilation_cache()
     try:
         return COMMANDS[name](args)
     except KeyboardInterrupt:

@@ -1,5 +1,6 @@
 """Two XLA settings for CPUs: small scans run as one kernel (set when `jax_scan_rnn` is imported), and the
-library's own compiled calls compile at LLVM -O1 (`compiler_options`).
+library's own compiled calls compile at LLVM -O1 (`compiler_options`). And the CLI's compilation cache
+(`use_cli_compilation_cache`).
 
 XLA:CPU runs a compiled program as a sequence of "thunks" (one per fused kernel or library matmul), and a
 `while` loop (what `lax.scan` becomes) re-dispatches its body's thunks on every iteration. For a small
@@ -29,6 +30,13 @@ recurrent step are small fusions around library matmuls, and -O3's extra passes 
 measurable, while they take 20-40% of a batch-1 Traveller's compile; -O0 runs slower
 (docs/measurements.md#llvm-optimisation-level). It is a per-compile option, so the user's own `jax.jit`s
 keep XLA's default; the same `JAX_SCAN_RNN_XLA_FLAGS=0` turns it off.
+
+`jax-scan-rnn`'s commands (not the library, and not `bench`, which times compiles) keep the programs they
+compile in JAX's persistent compilation cache, in `~/.cache/jax-scan-rnn/xla` (`$XDG_CACHE_HOME`), at most
+`CLI_CACHE_MAX_BYTES` (least recently used programs go first): `evaluate` after `train`, or a second run
+of the same model, loads them instead of compiling again (docs/measurements.md#the-clis-compilation-cache).
+`JAX_SCAN_RNN_COMPILATION_CACHE` names another folder, or `0` turns it off; a user's own
+`JAX_COMPILATION_CACHE_DIR` is used as it is.
 """
 from __future__ import annotations
 
@@ -40,6 +48,10 @@ SMALL_LOOP_OPTION = "xla_cpu_small_while_loop_byte_threshold"
 SMALL_LOOP_BYTES = 2_000_000  # per-iteration bytes (XLA cost analysis): admits the loops measured faster
 OPT_OUT_ENV = "JAX_SCAN_RNN_XLA_FLAGS"  # "0": leave XLA_FLAGS and the compile options alone
 CPU_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}  # LLVM -O1: measured as fast to run, quicker to compile
+
+CACHE_ENV = "JAX_SCAN_RNN_COMPILATION_CACHE"  # the CLI's cache folder, or "0": none
+CLI_CACHE_MAX_BYTES = 2**30
+CLI_CACHE_MIN_COMPILE_S = 0.1  # every model program the CLI compiles takes longer; JAX's default is 1 s
 
 _status = "not configured"
 
@@ -107,3 +119,34 @@ def compiler_options(environ=None) -> dict | None:
 def status() -> str:
     """What `configure` did in this process (see its docstring), for `jax-scan-rnn info` and the benchmark."""
     return _status
+
+
+def cli_compilation_cache(environ=None) -> str | None:
+    """The folder `use_cli_compilation_cache` would keep compiled programs in, or None: turned off
+    (`JAX_SCAN_RNN_COMPILATION_CACHE=0`), or the user's own `JAX_COMPILATION_CACHE_DIR` applies."""
+    env = os.environ if environ is None else environ
+    if env.get("JAX_COMPILATION_CACHE_DIR") or env.get(CACHE_ENV, "").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    if env.get(CACHE_ENV):
+        return env[CACHE_ENV]
+    home = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(home, "jax-scan-rnn", "xla")
+
+
+def use_cli_compilation_cache() -> str | None:
+    """Point JAX's persistent compilation cache at `cli_compilation_cache()`, bounded to `CLI_CACHE_MAX_BYTES`
+    (before the process's first compile: JAX decides once). Returns the folder, or None where nothing was
+    set: turned off, the user's own cache, or `filelock` (which JAX needs to bound it) missing."""
+    folder = cli_compilation_cache()
+    if folder is None:
+        return None
+    try:
+        import filelock  # noqa: F401
+    except ImportError:
+        return None
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", folder)
+    jax.config.update("jax_compilation_cache_max_size", CLI_CACHE_MAX_BYTES)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", CLI_CACHE_MIN_COMPILE_S)
+    return folder

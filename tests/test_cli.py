@@ -208,3 +208,61 @@ def test_every_command_shows_a_line_at_once_on_a_terminal():
         os.close(leader)
     assert first.startswith("jax-scan-rnn info: starting"), first
     assert seconds < STARTUP_BUDGET_S + 1.0  # interpreter start + argparse; JAX not yet imported
+
+
+def test_the_cli_cache_folder_and_how_to_turn_it_off():
+    from jax_scan_rnn.xla_flags import CACHE_ENV, cli_compilation_cache
+
+    assert cli_compilation_cache({"XDG_CACHE_HOME": "/c"}) == "/c/jax-scan-rnn/xla"
+    assert cli_compilation_cache({CACHE_ENV: "/mine", "XDG_CACHE_HOME": "/c"}) == "/mine"
+    for off in ("0", "off", "false"):
+        assert cli_compilation_cache({CACHE_ENV: off}) is None
+    assert cli_compilation_cache({"JAX_COMPILATION_CACHE_DIR": "/theirs"}) is None  # JAX uses the user's own
+
+
+def test_every_command_but_bench_uses_the_compilation_cache(monkeypatch):
+    from jax_scan_rnn import cli, xla_flags
+
+    used = []
+    monkeypatch.setattr(xla_flags, "use_cli_compilation_cache", lambda: used.append(True))
+    for name in ("bench", "info"):
+        monkeypatch.setitem(cli.COMMANDS, name, lambda args: 0)
+        used.clear()
+        assert main([name]) == 0
+        assert used == ([] if name == "bench" else [True]), name  # the benchmark times compiles
+
+
+CACHED_RUNS = """
+import os, sys
+import jax
+from jax_scan_rnn.cli import main
+
+hits = []
+jax.monitoring.register_event_listener(lambda event, **kw: hits.append(event) if event.endswith("cache_hits") else None)
+folder, out = sys.argv[1], sys.argv[2]
+argv = ["train", "traveller", "--steps", "2", "--hidden-size", "4", "--num-layers", "1", "--batch-size", "4",
+        "--seq-len", "8", "--eval-every", "0"]
+assert main([*argv, "--out", out + "/a"]) == 0
+kept = len([f for f in os.listdir(folder) if f.endswith("-cache")])
+jax.clear_caches()  # as a new process starts: nothing compiled in memory
+hits.clear()
+assert main([*argv, "--out", out + "/b"]) == 0
+print("CACHE", kept, len(hits))
+"""
+
+
+def test_a_second_run_loads_its_programs_from_the_cli_cache(tmp_path):
+    """The CLI's default cache (no JAX_COMPILATION_CACHE_DIR, as pytest sets for itself): a second training
+    of the same model loads every program the first one kept (those that took over CLI_CACHE_MIN_COMPILE_S
+    to compile: the train step, the evaluation) instead of compiling it again."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "xdg")
+    env.pop("JAX_SCAN_RNN_COMPILATION_CACHE", None)
+    folder = tmp_path / "xdg" / "jax-scan-rnn" / "xla"
+    result = subprocess.run([sys.executable, "-c", CACHED_RUNS, str(folder), str(tmp_path)], env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    kept, hits = map(int, result.stdout.split("CACHE")[1].split())
+    assert kept >= 2 and hits >= kept, result.stdout[-500:]

@@ -8,6 +8,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import jax
+
 from jax_scan_rnn.bench.config import BenchConfig
 from jax_scan_rnn.bench.engine import run_suite
 from jax_scan_rnn.bench.machine import host_kind
@@ -94,6 +96,9 @@ def run(args: argparse.Namespace) -> int:
 
     print(f"jax-scan-rnn bench: preset {cfg.label}, {cfg.dtype}, host {host_kind()}; progress on stderr",
           flush=True)
+    if jax.config.jax_compilation_cache_dir:
+        progress(f"note: JAX_COMPILATION_CACHE_DIR is set ({jax.config.jax_compilation_cache_dir}): compile times may "
+                 "be loads from that cache, not compiles; unset it to time compiles")
     results = run_suite(cfg, progress=progress)
     paths = write_results(results, args.out, plots=not args.no_plots)
     print()

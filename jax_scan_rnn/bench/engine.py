@@ -378,6 +378,8 @@ def _versions(ctx: Context, threads: dict, vae_threads: dict | None = None) -> d
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "xla_small_loop_setting": xla_flags.status(),
         "library_compiler_options": xla_flags.compiler_options(),  # the jsr rows' (jax_methods.compiled_case)
+        # Set (JAX_COMPILATION_CACHE_DIR), compile times may be loads from it: `bench` itself never sets it.
+        "compilation_cache": jax.config.jax_compilation_cache_dir,
     }
 
 

@@ -1,0 +1,69 @@
+"""What the CLI's compilation cache saves: each command timed with an empty cache and again with the one it
+filled, alternating, as a user runs them (`jax_scan_rnn/xla_flags.py`, `use_cli_compilation_cache`).
+
+    python benchmarks/cli_cache.py --out benchmarks/results/cli-cache-cpu-2core.json
+
+Per round and command: `JAX_SCAN_RNN_COMPILATION_CACHE` set to a new empty folder ("empty"), then the same
+command again with that folder ("filled"). Wall time of the whole command, start-up included. The VAE
+commands read a short training run made first. ~4 minutes on a 2-core CPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from timed_run import CACHE_ENV, machine  # noqa: E402
+
+CLI = [sys.executable, "-m", "jax_scan_rnn.cli"]
+
+
+def commands(work: Path) -> dict[str, list[str]]:
+    vae = str(work / "vae")
+    return {
+        "train traveller --steps 20": ["train", "traveller", "--steps", "20", "--out", str(work / "t")],
+        "train vae --steps 30 --eval-every 0": ["train", "vae", "--steps", "30", "--eval-every", "0", "--out",
+                                                str(work / "v")],
+        "sample vae -n 1000": ["sample", "vae", "--checkpoint", vae, "-n", "1000", "--output", str(work / "s.txt")],
+    }
+
+
+def timed(argv: list[str], cache: str) -> float:
+    t0 = time.perf_counter()
+    subprocess.run([*CLI, *argv], env={**os.environ, CACHE_ENV: cache}, check=True, capture_output=True)
+    return time.perf_counter() - t0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", default=None, help="write the results here as JSON (default: print only)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        subprocess.run([*CLI, "train", "vae", "--steps", "30", "--eval-every", "0", "--eval-samples", "100",
+                        "--out", str(work / "vae")], env={**os.environ, CACHE_ENV: "0"}, check=True, capture_output=True)
+        rows = {name: {"empty_s": [], "filled_s": []} for name in commands(work)}
+        for _ in range(args.rounds):
+            for name, argv in commands(work).items():
+                cache = tempfile.mkdtemp(dir=work)
+                for kind in ("empty_s", "filled_s"):
+                    for out in (work / "t", work / "v"):
+                        shutil.rmtree(out, ignore_errors=True)  # a new run each time, as a user starts one
+                    rows[name][kind].append(round(timed(argv, cache), 2))
+                print(name, rows[name], flush=True)
+    results = {"machine": machine(), "load_average_end": os.getloadavg()[0], "commands": rows}
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
