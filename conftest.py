@@ -23,8 +23,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 WORKER_MALLOC_ARENAS = "4"
 
 # Every program goes in the run's compilation cache: JAX's default keeps only those that compile in over 1 s,
-# and most of the tests' programs take less. The default run: 512 s without the cache, 450 s with it keeping
-# every program (docs/measurements.md#pytests-compilation-cache).
+# and most of the tests' programs take less. Measured: about a fifth off the compile-heavy modules
+# (docs/measurements.md#pytests-compilation-cache).
 CACHE_MIN_COMPILE_S = 0.0
 
 

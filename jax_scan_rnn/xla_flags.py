@@ -136,15 +136,20 @@ def cli_compilation_cache(environ=None) -> str | None:
 def use_cli_compilation_cache() -> str | None:
     """Point JAX's persistent compilation cache at `cli_compilation_cache()`, bounded to `CLI_CACHE_MAX_BYTES`
     (before the process's first compile: JAX decides once). Returns the folder, or None where nothing was
-    set: turned off, the user's own cache, or `filelock` (which JAX needs to bound it) missing."""
+    set: turned off, or the user's own cache. Raises OSError naming the folder if it cannot be written (JAX
+    would fail at the first compile), ImportError if `filelock`, which JAX needs to bound it, is missing."""
     folder = cli_compilation_cache()
     if folder is None:
         return None
-    try:
-        import filelock  # noqa: F401
-    except ImportError:
-        return None
+    import filelock  # noqa: F401
     import jax
+
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as err:
+        raise OSError(f"cannot create {folder} ({err.strerror or err})") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OSError(f"cannot write {folder} (permission denied)")
 
     jax.config.update("jax_compilation_cache_dir", folder)
     jax.config.update("jax_compilation_cache_max_size", CLI_CACHE_MAX_BYTES)

@@ -232,6 +232,18 @@ def test_every_command_but_bench_uses_the_compilation_cache(monkeypatch):
         assert used == ([] if name == "bench" else [True]), name  # the benchmark times compiles
 
 
+def test_a_cache_folder_that_cannot_be_made_is_one_note_and_the_command_runs(monkeypatch, tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)  # pytest's own cache (conftest.py)
+    monkeypatch.delenv("JAX_SCAN_RNN_COMPILATION_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))  # the folder would be inside a file
+    assert main(["info"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"jax-scan-rnn info: note: compilation cache off: cannot create "
+                                               f"{blocker}/jax-scan-rnn/xla"), err
+
+
 CACHED_RUNS = """
 import os, sys
 import jax
