@@ -85,7 +85,8 @@ def compilation_cache_status() -> str:
 
     folder = jax.config.jax_compilation_cache_dir
     if folder is None:
-        return f"off ({xla_flags.CACHE_ENV}=0)" if xla_flags.cli_compilation_cache() is None else "off (see the note above)"
+        turned_off = xla_flags.cli_compilation_cache() is None
+        return f"off ({xla_flags.CACHE_ENV}=0)" if turned_off else "off (see the note above)"
     if folder == xla_flags.cli_compilation_cache():
         return f"{folder} (the CLI's; {xla_flags.CACHE_ENV}=0 turns it off)"
     return f"{folder} (JAX_COMPILATION_CACHE_DIR)"

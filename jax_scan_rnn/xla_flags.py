@@ -1,6 +1,6 @@
-"""Two XLA settings for CPUs: small scans run as one kernel (set when `jax_scan_rnn` is imported), and the
-library's own compiled calls compile at LLVM -O1 (`compiler_options`). And the CLI's compilation cache
-(`use_cli_compilation_cache`).
+"""XLA settings. Two for CPUs: small scans run as one kernel (set when `jax_scan_rnn` is imported), and the
+library's own compiled calls compile at LLVM -O1 (`compiler_options`). One for the CLI: a persistent
+compilation cache (`use_cli_compilation_cache`).
 
 XLA:CPU runs a compiled program as a sequence of "thunks" (one per fused kernel or library matmul), and a
 `while` loop (what `lax.scan` becomes) re-dispatches its body's thunks on every iteration. For a small
@@ -33,8 +33,8 @@ keep XLA's default; the same `JAX_SCAN_RNN_XLA_FLAGS=0` turns it off.
 
 `jax-scan-rnn`'s commands (not the library, and not `bench`, which times compiles) keep the programs they
 compile in JAX's persistent compilation cache, in `~/.cache/jax-scan-rnn/xla` (`$XDG_CACHE_HOME`), at most
-`CLI_CACHE_MAX_BYTES` (least recently used programs go first): `evaluate` after `train`, or a second run
-of the same model, loads them instead of compiling again (docs/measurements.md#the-clis-compilation-cache).
+`CLI_CACHE_MAX_BYTES` (least recently used programs go first): a second run of the same model, or `sample`
+after `train`, loads them instead of compiling again (docs/measurements.md#the-clis-compilation-cache).
 `JAX_SCAN_RNN_COMPILATION_CACHE` names another folder, or `0` turns it off; a user's own
 `JAX_COMPILATION_CACHE_DIR` is used as it is.
 """
