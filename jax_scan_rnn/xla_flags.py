@@ -102,8 +102,9 @@ def configure(environ=None) -> str:
     return _status
 
 
-def _opted_out(env) -> bool:
-    return env.get(OPT_OUT_ENV, "1").strip().lower() in ("0", "false", "no", "off")
+def _opted_out(env, name: str = OPT_OUT_ENV) -> bool:
+    """Whether the variable `name` of `env` says off ("0", "false", "no", "off")."""
+    return env.get(name, "1").strip().lower() in ("0", "false", "no", "off")
 
 
 def compiler_options(environ=None) -> dict | None:
@@ -125,7 +126,7 @@ def cli_compilation_cache(environ=None) -> str | None:
     """The folder `use_cli_compilation_cache` would keep compiled programs in, or None: turned off
     (`JAX_SCAN_RNN_COMPILATION_CACHE=0`), or the user's own `JAX_COMPILATION_CACHE_DIR` applies."""
     env = os.environ if environ is None else environ
-    if env.get("JAX_COMPILATION_CACHE_DIR") or env.get(CACHE_ENV, "").strip().lower() in ("0", "false", "no", "off"):
+    if env.get("JAX_COMPILATION_CACHE_DIR") or _opted_out(env, CACHE_ENV):
         return None
     if env.get(CACHE_ENV):
         return env[CACHE_ENV]
