@@ -258,3 +258,38 @@ def test_batch_at_is_a_pure_function_of_the_step():
         batch_at(tokens, lengths, batch, -1)
     with pytest.raises(ValueError, match="lengths"):
         batch_at(tokens, lengths[:-1], batch, 0)
+
+
+def test_bucketed_batches_hold_similar_lengths_and_visit_every_row_once_per_epoch():
+    """pool > 0: each pool of batches is sorted by length before it is cut, so a batch's lengths span a
+    small range; every row is still visited once per epoch, the batches' order is shuffled, and the batch
+    is a pure function of the step. `trim` then cuts the padding columns, rounding up to `multiple`."""
+    n, t, batch, pool = 1000, 64, 20, 10  # 50 batches per epoch: five pools of ten
+    lengths = np.random.default_rng(0).integers(1, t + 1, n).astype(np.int32)
+    tokens = np.where(np.arange(t) < lengths[:, None], np.arange(n)[:, None] + 1, 0).astype(np.int32)  # id + 1, then 0
+    run = [batch_at(tokens, lengths, batch, step, seed=3, pool=pool) for step in range(100)]
+    for step in (0, 37, 50, 99):  # "resuming" at any step gives the same batch
+        np.testing.assert_array_equal(batch_at(tokens, lengths, batch, step, seed=3, pool=pool)[0], run[step][0])
+    for b_tokens, b_lengths in run:
+        np.testing.assert_array_equal(b_tokens[:, 0] - 1 >= 0, True)
+        np.testing.assert_array_equal(lengths[b_tokens[:, 0] - 1], b_lengths)  # rows stay paired
+    for epoch in (0, 1):
+        ids = np.concatenate([b[0][:, 0] - 1 for b in run[50 * epoch : 50 * (epoch + 1)]])
+        assert len(set(ids)) == n  # 50 * 20 = every row, once
+    spread = np.mean([b_lengths.max() - b_lengths.min() for _, b_lengths in run])
+    random_spread = np.mean([b[1].max() - b[1].min() for b in (batch_at(tokens, lengths, batch, s) for s in range(100))])
+    assert spread < 0.2 * random_spread, (spread, random_spread)  # ~6 of 64 against ~60
+    firsts = [b[1].min() for b in run[:10]]
+    assert firsts != sorted(firsts)  # the batches' order is shuffled, not short to long
+    assert not np.array_equal(run[0][0], batch_at(tokens, lengths, batch, 0, seed=4, pool=pool)[0])
+    with pytest.raises(ValueError, match="pool: expected an int >= 0"):
+        batch_at(tokens, lengths, batch, 0, pool=-1)
+
+    b_tokens, b_lengths = run[0]
+    cut = sm.trim(b_tokens, b_lengths)
+    assert cut.shape[1] == min(t, -(-int(b_lengths.max()) // 8) * 8) and cut.shape[1] % 8 == 0
+    np.testing.assert_array_equal(b_tokens[:, cut.shape[1]:], 0)  # only padding was cut
+    assert sm.trim(b_tokens, np.full(batch, 61), multiple=8).shape == (batch, t)  # at most T
+    assert sm.trim(b_tokens, b_lengths, multiple=1).shape == (batch, int(b_lengths.max()))
+    with pytest.raises(ValueError, match="lengths: expected at most T=64"):
+        sm.trim(b_tokens, np.full(batch, 65))

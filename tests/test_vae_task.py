@@ -44,7 +44,34 @@ def test_batches_are_a_pure_function_of_the_step(corpus):
     a, b = batch_fn(7), batch_fn(7)
     for key in a:
         np.testing.assert_array_equal(a[key], b[key])
-    assert a["tokens"].shape == (8, 21) and a["keys"].shape == (8, 2)
+    assert a["tokens"].shape[0] == 8 and a["keys"].shape == (8, 2)
+    assert task_lib.make_batch_fn(tiny(corpus, bucket_pool=0), task_lib.load_dataset(task))(7)["tokens"].shape == (8, 21)
+
+
+def test_bucketed_batches_are_cut_to_their_longest_with_the_same_loss(corpus):
+    """--bucket-pool (default 100): a batch holds molecules of similar lengths and is cut to its longest row
+    rounded up to 8 columns (at most max_length + 1); the loss is the one of the same rows padded to full width."""
+    from dataclasses import replace
+
+    task = tiny(corpus, kl_schedule="constant", max_beta=0.3)
+    assert task_lib.VAETask().bucket_pool == 100
+    dataset = task_lib.load_dataset(task)
+    batch_fn = task_lib.make_batch_fn(task, dataset)
+    widths = {batch_fn(step)["tokens"].shape[1] for step in range(40)}
+    assert widths <= {8, 16, 21} and len(widths) > 1, widths
+    assert task_lib.smiles.PAD == 0  # the padding added back below
+    model, loss_fn = task_lib.build_model(task, dataset.vocab.size), task_lib.make_loss_fn(task)
+    for step in [s for s in range(40) if batch_fn(s)["tokens"].shape[1] < 21][:2]:  # batches that were cut
+        batch = batch_fn(step)
+        w = batch["tokens"].shape[1]
+        assert int(batch["lengths"].max()) <= w and (w == 21 or w % 8 == 0)
+        padded = np.pad(batch["tokens"], ((0, 0), (0, 21 - w)))  # <pad> is id 0
+        cut, full = loss_fn(model, batch)[1], loss_fn(model, {**batch, "tokens": padded})[1]
+        for name in ("recon", "kl"):
+            assert float(cut[name]) == pytest.approx(float(full[name]), rel=1e-5), (step, name)
+    spread = np.mean([np.ptp(batch_fn(s)["lengths"]) for s in range(11)])  # 100 molecules, 11 batches an epoch
+    plain = task_lib.make_batch_fn(replace(task, bucket_pool=0), dataset)
+    assert spread < 0.5 * np.mean([np.ptp(plain(s)["lengths"]) for s in range(11)])
 
 
 def test_bad_task_arguments():

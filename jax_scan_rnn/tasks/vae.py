@@ -69,6 +69,10 @@ class VAETask:
     decoder_only: bool = option(False, "a CharRNN baseline from the same code: the decoder alone, from a fixed zero "
                                        "latent, trained on reconstruction alone (no encoder, no KL)")
     batch_size: int = option(128, "sequences per step", lo=1)
+    bucket_pool: int = option(100, "length bucketing: the molecules of this many batches are drawn together and sorted "
+                                   "by length, so that each batch holds similar lengths and is padded only to its "
+                                   "longest (rounded up to 8), about 1.5x less work per step; 0: uniformly random "
+                                   "batches, padded to --max-length + 1", lo=0)
     decoding: str = option("teacher", "teacher forcing only, or scheduled sampling per token (the README says what "
                                       "each does to reconstruction and to sampled molecules)", choices=DECODINGS)
     ss_mode: str = option("argmax", "what replaces a token: the model's argmax, a sample, or straight-through Gumbel",
@@ -149,7 +153,9 @@ class VAETask:
 
 
 # Fields added with a default other than the behaviour before them: a run saved without the field ran so.
-SAVED_BEFORE = {"decoder_layers": None}  # the decoder had the encoder's layer count until decoder_layers existed
+# The values of fields a saved run predates: the decoder had the encoder's layer count until decoder_layers
+# existed, and batches were uniformly random before bucket_pool.
+SAVED_BEFORE = {"decoder_layers": None, "bucket_pool": 0}
 
 
 @dataclass(frozen=True)
@@ -350,9 +356,13 @@ def make_batch_fn(task: VAETask, dataset: Dataset, seed: int = 0):
 
     def batch_fn(step: int) -> dict:
         # Epochs over molecules (not over their written forms); then one way of writing each, drawn per step.
-        rows = smiles.batch_at(molecules, counts, task.batch_size, step, seed=data_seed)[0][:, 0]
+        # Bucketing sorts molecules by their canonical length; the batch is then cut to its rows' own longest.
+        rows = smiles.batch_at(molecules, lengths[first], task.batch_size, step, seed=data_seed,
+                               pool=task.bucket_pool)[0][:, 0]
         picked = first[rows] + np.random.default_rng((data_seed, step, 1)).integers(counts[rows])
         tok, length = tokens[picked], lengths[picked]
+        if task.bucket_pool:
+            tok = smiles.trim(tok, length)
         b = task.batch_size
         return {
             "tokens": tok,

@@ -2,6 +2,8 @@
 
     train, valid, test = split(sequences, (0.8, 0.1, 0.1), seed=0)    # sizes: split_sizes(n, fractions)
     batch_tokens, batch_lengths = batch_at(tokens, lengths, batch_size=128, step=step, seed=0)
+    batch_tokens, batch_lengths = batch_at(tokens, lengths, 128, step, pool=100)  # rows of similar lengths,
+    batch_tokens = trim(batch_tokens, batch_lengths)                            # padded to their longest
 
 Both are pure functions of their arguments, so a resumed run sees exactly the data an uninterrupted one
 would.
@@ -85,13 +87,26 @@ def _epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
     return perm
 
 
-def batch_at(tokens, lengths, batch_size: int, step: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Batch number `step` of shuffled epochs: a pure function of (data, batch_size, step, seed).
+@functools.lru_cache(maxsize=4)
+def _batch_order(num_batches: int, seed: int, epoch: int) -> np.ndarray:
+    order = np.random.default_rng([seed, epoch, 1]).permutation(num_batches)
+    order.setflags(write=False)
+    return order
+
+
+def batch_at(tokens, lengths, batch_size: int, step: int, seed: int = 0, pool: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Batch number `step` of shuffled epochs: a pure function of (data, batch_size, step, seed, pool).
 
     Epoch e = step // (N // batch_size) visits the rows in the order of a permutation seeded by
     (seed, e); batch i of it is rows perm[i * batch_size : (i + 1) * batch_size]. The last
     N % batch_size rows of each permutation are left out (a different few each epoch), so every batch
     has the same shape. Resuming at step s gives exactly the batches an uninterrupted run would.
+
+    pool > 0 groups rows of similar lengths (bucketing, as torchtext's BucketIterator does): the epoch's
+    permutation is cut into pools of `pool` batches, each pool's rows are sorted by length (stable) and
+    cut into batches, and the epoch visits its batches in the order of a second permutation seeded by
+    (seed, e, 1). Every row is still visited once per epoch; `trim` then pads each batch only to its
+    longest row.
 
     Args:
         tokens: [N, T] token ids; lengths: [N].
@@ -105,7 +120,29 @@ def batch_at(tokens, lengths, batch_size: int, step: int, seed: int = 0) -> tupl
         raise ValueError(f"lengths: expected shape ({tokens.shape[0]},) to match tokens, got {lengths.shape}")
     n = tokens.shape[0]
     batch_size = integer("batch_size", batch_size, lo=1, hi=n)
-    step, seed = integer("step", step, lo=0), integer("seed", seed, lo=0)
-    epoch, index = divmod(step, n // batch_size)
-    rows = _epoch_permutation(n, seed, epoch)[index * batch_size : (index + 1) * batch_size]
+    step, seed, pool = integer("step", step, lo=0), integer("seed", seed, lo=0), integer("pool", pool, lo=0)
+    num_batches = n // batch_size
+    epoch, index = divmod(step, num_batches)
+    perm = _epoch_permutation(n, seed, epoch)
+    if pool:
+        index = int(_batch_order(num_batches, seed, epoch)[index])
+        first = index // pool * pool  # the pool's first batch
+        rows = perm[first * batch_size : min(first + pool, num_batches) * batch_size]
+        rows, index = rows[np.argsort(lengths[rows], kind="stable")], index - first
+    else:
+        rows = perm
+    rows = rows[index * batch_size : (index + 1) * batch_size]
     return tokens[rows], lengths[rows]
+
+
+def trim(tokens, lengths, multiple: int = 8) -> np.ndarray:
+    """[B, T] tokens cut to [B, W]: W = the longest of `lengths` rounded up to `multiple`, at most T.
+
+    The columns cut hold only padding; rounding bounds the shapes a compiled step sees to T / multiple.
+    """
+    tokens, lengths = np.asarray(tokens), np.asarray(lengths)
+    multiple = integer("multiple", multiple, lo=1)
+    longest = int(lengths.max(initial=0))
+    if longest > tokens.shape[1]:
+        raise ValueError(f"lengths: expected at most T={tokens.shape[1]} (the tokens' columns), got {longest}")
+    return tokens[:, : min(tokens.shape[1], -(-longest // multiple) * multiple)]
