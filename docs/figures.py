@@ -263,10 +263,11 @@ def _traveller_table() -> str:
 VAE_RUNS = "vae-experiments-cpu-2core.json"
 
 
-# `train vae`'s defaults until 12:35 UTC on 2026-12-01: one decoder layer (the encoder's count) and KL weight
-# 0.05. A run started before then shows the flags that repeat it today; a flag equal to today's default is not.
-OLD_DEFAULTS_UNTIL = "2026-12-01T12:35:00+00:00"
-OLD_DEFAULTS = (("--decoder-layers", "1"), ("--max-beta", "0.05"))
+# `train vae`'s defaults as they changed on 2026-12-01: until 12:35 UTC one decoder layer (the encoder's count)
+# and KL weight 0.05; until 20:48 UTC uniformly random batches (no length bucketing). A run started before a
+# change shows the flags that repeat it today; a flag equal to today's default is not shown.
+OLD_DEFAULTS = (("2026-12-01T12:35:00+00:00", (("--decoder-layers", "1"), ("--max-beta", "0.05"))),
+                ("2026-12-01T20:48:09+00:00", (("--bucket-pool", "0"),)))
 
 
 def _vae_flags(run: dict) -> str:
@@ -284,11 +285,13 @@ def _vae_flags(run: dict) -> str:
         words = words[2 if value is not None else 1:]
     # Where it wrote, and the evaluation size every run shares, are not options of the run.
     pairs = [(f, v) for f, v in pairs if f not in ("--out", "--eval-samples")]
-    if datetime.fromisoformat(run["started"]) < datetime.fromisoformat(OLD_DEFAULTS_UNTIL):
-        given = {f for f, _ in pairs}
-        pairs = [(f, v) for f, v in OLD_DEFAULTS if f not in given] + pairs
+    started = datetime.fromisoformat(run["started"])
+    for until, old in OLD_DEFAULTS[::-1]:  # the latest change first: its flags end up last
+        if started < datetime.fromisoformat(until):
+            given = {f for f, _ in pairs}
+            pairs = [(f, v) for f, v in old if f not in given] + pairs
     defaults = VAETask()
-    today = {"--decoder-layers": str(defaults.decoder_layers), "--max-beta": str(defaults.max_beta)}
+    today = {f: str(getattr(defaults, f[2:].replace("-", "_"))) for _, old in OLD_DEFAULTS for f, _ in old}
     shown = [f if v is None else f"{f} {v}" for f, v in pairs if today.get(f, object()) != v]
     return " ".join(shown) or "(defaults)"
 

@@ -247,8 +247,10 @@ GPU. Its run time is not measured yet. What differs from MOSES, and why:
 - Dropout. MOSES's q_dropout 0.5 acts only between encoder layers (model.py: `if config.q_n_layers > 1`), so with
   one layer it is off, as here; d_dropout is 0.
 - Data. MOSES trains on all 1,584,663 training SMILES; ours on 90 % of them (5 % validation, 5 % test), so
-  MOSES's 309,600 updates are about 111 of our epochs; the batches are padded to T = 64 (`--max-length 63`),
-  not to the batch's longest (57 at most: the same loss, more work).
+  MOSES's 309,600 updates are about 111 of our epochs. MOSES's batches are uniformly random, padded to their
+  longest; ours are bucketed by length (`--bucket-pool 100`: similar lengths in a batch, padded to its longest
+  rounded up to 8), the same loss per batch for about 0.6 of the work; `--bucket-pool 0` draws MOSES's way
+  (padded to T = 64, `--max-length 63`).
 - Sampling. MOSES samples with `torch.multinomial` up to 100 tokens; ours with the Gumbel-max trick (the same
   distribution) up to max_length + 1 = 64, beyond the longest MOSES molecule.
 MOSES's metrics of a run: `jax-scan-rnn evaluate vae --checkpoint RUN --metrics moses -n 30000`.
