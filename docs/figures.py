@@ -274,6 +274,9 @@ def _vae_flags(run: dict) -> str:
     """The options that make a run differ from today's defaults, from its recorded command and start."""
     from datetime import datetime
 
+    from dataclasses import fields
+
+    from jax_scan_rnn.options import flag
     from jax_scan_rnn.tasks.vae import VAETask
 
     words = run["command"].split()
@@ -291,7 +294,7 @@ def _vae_flags(run: dict) -> str:
             given = {f for f, _ in pairs}
             pairs = [(f, v) for f, v in old if f not in given] + pairs
     defaults = VAETask()
-    today = {f: str(getattr(defaults, f[2:].replace("-", "_"))) for _, old in OLD_DEFAULTS for f, _ in old}
+    today = {flag(VAETask, f.name): str(getattr(defaults, f.name)) for f in fields(VAETask)}
     shown = [f if v is None else f"{f} {v}" for f, v in pairs if today.get(f, object()) != v]
     return " ".join(shown) or "(defaults)"
 

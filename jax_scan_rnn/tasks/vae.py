@@ -354,16 +354,15 @@ def make_batch_fn(task: VAETask, dataset: Dataset, seed: int = 0):
     counts = np.array([len(vs) for vs in variants])
     first = np.concatenate([[0], np.cumsum(counts)[:-1]])  # row of each molecule's first way in `tokens`
     tokens, lengths = encode(dataset.vocab, [v for vs in variants for v in vs], task.max_length)  # checked once
-    molecules = np.arange(len(variants))[:, None]
+    molecules, canonical_lengths = np.arange(len(variants))[:, None], lengths[first]  # bucketing sorts by these
 
     def batch_fn(step: int) -> dict:
         # Epochs over molecules (not over their written forms); then one way of writing each, drawn per step.
-        # Bucketing sorts molecules by their canonical length; the batch is then cut to its rows' own longest.
-        rows = smiles.batch_at(molecules, lengths[first], task.batch_size, step, seed=data_seed,
+        rows = smiles.batch_at(molecules, canonical_lengths, task.batch_size, step, seed=data_seed,
                                pool=task.bucket_pool)[0][:, 0]
         picked = first[rows] + np.random.default_rng((data_seed, step, 1)).integers(counts[rows])
         tok, length = tokens[picked], lengths[picked]
-        if task.bucket_pool:
+        if task.bucket_pool:  # cut to the rows' own longest (the written forms drawn may differ in length)
             tok = smiles.trim(tok, length)
         b = task.batch_size
         return {
