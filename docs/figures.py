@@ -337,6 +337,33 @@ def _vae_best_compliant() -> str:
             f"{best['load_average']['start']:.1f}")
 
 
+def _vae_run(flags: str) -> dict:
+    """The first run whose options (`_vae_flags`) are `flags`."""
+    return next(r for r in runs(VAE_RUNS) if _vae_flags(r) == flags)
+
+
+# The same options with seeds 0 and 1, bucketed (today's default) and with random batches.
+SEED_PAIRS = (("(defaults)", "--seed 1"), ("--bucket-pool 0", "--bucket-pool 0 --seed 1"))
+
+
+@figure("vae.seed_spread")
+def _vae_seed_spread() -> str:
+    """The largest validity difference between two seeds of the same options, in points."""
+    valid = [[_vae_run(f)["report"]["samples"]["validity"] for f in pair] for pair in SEED_PAIRS]
+    return f"{max(abs(a - b) for a, b in valid) * 100:.1f} points"
+
+
+@figure("vae.bucketing")
+def _vae_bucketing() -> str:
+    """Validity and wall time of the seed pairs, bucketed against random batches."""
+    def pair(flags: tuple[str, str]) -> str:
+        got = [_vae_run(f) for f in flags]
+        return (" and ".join(f"{r['report']['samples']['validity']:.3f}" for r in got) + " in "
+                + " and ".join(f"{r['wall_s'] / 60:.1f}" for r in got) + " min")
+
+    return f"bucketed, {pair(SEED_PAIRS[0])} (seeds 0 and 1); random batches, {pair(SEED_PAIRS[1])}"
+
+
 @figure("vae.experiments")
 def _vae_experiments() -> str:
     lines = ["| options (`jax-scan-rnn train vae ...`) | wall | load | valid (T=1) | valid (greedy) | unique | novel | "
