@@ -407,7 +407,7 @@ def run_suite(cfg: BenchConfig | None = None, *, progress: Callable[[str], None]
         for config, name in caches:
             if hasattr(config, name):
                 _set(restore, config, name, False)
-        return _run(cfg, ctx, progress, started, load_start)
+        return _run(cfg, ctx, progress, started, load_start, restore)
 
 
 def _set(restore: contextlib.ExitStack, obj, name: str, value) -> None:
@@ -438,10 +438,17 @@ def selected_methods(cfg: BenchConfig) -> list[Method]:
     return [m for k, m in METHODS.items() if k in wanted]
 
 
-def _run(cfg: BenchConfig, ctx: Context, progress, started: float, load_start) -> dict:
+def _run(cfg: BenchConfig, ctx: Context, progress, started: float, load_start,
+         restore: contextlib.ExitStack) -> dict:
     default_threads = ctx.torch.get_num_threads()
     threads = _calibrate_torch_threads(ctx, default_threads)
     _warm_up_compilers(ctx)
+    if not gc.get_freeze_count():  # a caller's own freeze is left as it is
+        # What is alive now (JAX, torch and their compilers' modules) is never the suite's garbage: frozen, it
+        # is skipped by the collections between cases, which then cost milliseconds instead of ~0.3 s each
+        # (docs/measurements.md, "The benchmark's collections").
+        gc.freeze()
+        restore.callback(gc.unfreeze)
     engine = _Engine(cfg, ctx, progress)
     methods = selected_methods(cfg)
     grid_methods = [m for m in methods if m.where in ("grid", "both") and m.model == "traveller"]
