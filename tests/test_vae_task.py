@@ -174,6 +174,7 @@ def test_preset_moses_is_its_values_and_explicit_flags_win(capsys):
     assert (task.data, task.hidden_size, task.num_layers, task.bidirectional, task.latent_size) == ("moses", 256, 1,
                                                                                                    False, 128)
     assert (task.decoder_hidden_size, task.decoder_layers, task.concat_z, task.batch_size) == (512, 3, True, 512)
+    assert task.bucket_pool == 0  # MOSES's shuffled DataLoader: uniformly random batches
     assert (task.decoding, task.recon_reduction, task.kl_schedule, task.max_beta) == ("teacher", "token", "linear",
                                                                                       0.05)
     assert task.kl_warmup == cfg.steps == 100 * 3096  # MOSES's 100 epochs of ceil(1,584,663 / 512) batches

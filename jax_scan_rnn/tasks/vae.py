@@ -208,6 +208,7 @@ PRESETS: dict[str, Preset] = {
             decoder_layers=3,           # config.py d_n_layers 3 (d_dropout 0)
             concat_z=True,              # model.py forward_decoder: torch.cat([x_emb, z_0], dim=-1) at every step
             batch_size=512,             # config.py n_batch 512
+            bucket_pool=0,              # trainer.py: a shuffled DataLoader, uniformly random batches
             decoding="teacher",         # model.py forward_decoder: teacher forcing only
             recon_reduction="token",    # model.py: F.cross_entropy(..., ignore_index=pad), a mean over tokens
             kl_schedule="linear",       # misc.py KLAnnealer: kl_w_start 0 + epoch * (kl_w_end - 0) / n_epoch
@@ -248,9 +249,8 @@ GPU. Its run time is not measured yet. What differs from MOSES, and why:
   one layer it is off, as here; d_dropout is 0.
 - Data. MOSES trains on all 1,584,663 training SMILES; ours on 90 % of them (5 % validation, 5 % test), so
   MOSES's 309,600 updates are about 111 of our epochs. MOSES's batches are uniformly random, padded to their
-  longest; ours are bucketed by length (`--bucket-pool 100`: similar lengths in a batch, padded to its longest
-  rounded up to 8), the same loss per batch for about 0.6 of the work; `--bucket-pool 0` draws MOSES's way
-  (padded to T = 64, `--max-length 63`).
+  longest; the preset's are uniformly random too (`--bucket-pool 0`), padded to T = 64 (`--max-length 63`).
+  Length bucketing (`train vae`'s default) costs validity on MOSES's data (docs/vae_experiments.md).
 - Sampling. MOSES samples with `torch.multinomial` up to 100 tokens; ours with the Gumbel-max trick (the same
   distribution) up to max_length + 1 = 64, beyond the longest MOSES molecule.
 MOSES's metrics of a run: `jax-scan-rnn evaluate vae --checkpoint RUN --metrics moses -n 30000`.
