@@ -17,6 +17,8 @@ import re
 import statistics
 import sys
 from collections.abc import Callable
+from dataclasses import fields
+from datetime import datetime
 from functools import cache
 from pathlib import Path
 
@@ -223,8 +225,6 @@ PYTEST_NOW = "2026-12-02T00:00:00+00:00"
 @figure("pytest.run")
 def _pytest_run() -> str:
     """The runs recorded since PYTEST_NOW (wall, load, memory) as ranges, and the earlier two-worker runs' wall."""
-    from datetime import datetime
-
     sampled = [r for r in runs("pytest-cpu-2core.json") if "peak_total_rss_mib" in r]  # two workers, process tree
     now = datetime.fromisoformat(PYTEST_NOW)
     recent = [r for r in sampled if datetime.fromisoformat(r["started"]) >= now]
@@ -281,24 +281,24 @@ OLD_DEFAULTS = (("2026-12-01T12:35:00+00:00", (("--decoder-layers", "1"), ("--ma
                 ("2026-12-01T20:48:09+00:00", (("--bucket-pool", "0"),)))
 
 
-def _vae_flags(run: dict) -> str:
-    """The options that make a run differ from today's defaults, from its recorded command and start."""
-    from datetime import datetime
-
-    from dataclasses import fields
-
-    from jax_scan_rnn.options import flag
-    from jax_scan_rnn.tasks.vae import VAETask
-
-    words = run["command"].split()
-    words = words[words.index("vae") + 1:]
-    pairs = []  # (flag, its value or None for a switch)
+def _option_pairs(words: list[str]) -> list[tuple[str, str | None]]:
+    """Command-line words as (flag, its value or None for a switch) pairs."""
+    pairs = []
     while words:
         value = words[1] if len(words) > 1 and not words[1].startswith("--") else None
         pairs.append((words[0], value))
         words = words[2 if value is not None else 1:]
+    return pairs
+
+
+def _vae_options(run: dict) -> list[tuple[str, str | None]]:
+    """The options that make a run differ from today's defaults, from its recorded command and start."""
+    from jax_scan_rnn.options import flag
+    from jax_scan_rnn.tasks.vae import VAETask
+
+    words = run["command"].split()
     # Where it wrote, and the evaluation size every run shares, are not options of the run.
-    pairs = [(f, v) for f, v in pairs if f not in ("--out", "--eval-samples")]
+    pairs = [(f, v) for f, v in _option_pairs(words[words.index("vae") + 1:]) if f not in ("--out", "--eval-samples")]
     started = datetime.fromisoformat(run["started"])
     for until, old in OLD_DEFAULTS[::-1]:  # the latest change first: its flags end up last
         if started < datetime.fromisoformat(until):
@@ -306,8 +306,12 @@ def _vae_flags(run: dict) -> str:
             pairs = [(f, v) for f, v in old if f not in given] + pairs
     defaults = VAETask()
     today = {flag(VAETask, f.name): str(getattr(defaults, f.name)) for f in fields(VAETask)}
-    shown = [f if v is None else f"{f} {v}" for f, v in pairs if today.get(f, object()) != v]
-    return " ".join(shown) or "(defaults)"
+    return [(f, v) for f, v in pairs if today.get(f, object()) != v]
+
+
+def _vae_flags(run: dict) -> str:
+    """`_vae_options` as the command line writes them, or "(defaults)"."""
+    return " ".join(f if v is None else f"{f} {v}" for f, v in _vae_options(run)) or "(defaults)"
 
 
 def _sample_row(run: dict) -> str:
@@ -349,14 +353,15 @@ def _vae_best_compliant() -> str:
 
 
 def _vae_run(flags: str) -> dict:
-    """The first run whose options (`_vae_flags`) are `flags`."""
-    return next(r for r in runs(VAE_RUNS) if _vae_flags(r) == flags)
+    """The first run whose options (`_vae_options`) are `flags`, in any order ("(defaults)": none)."""
+    wanted = set(_option_pairs(flags.split())) if flags != "(defaults)" else set()
+    return next(r for r in runs(VAE_RUNS) if set(_vae_options(r)) == wanted)
 
 
 # The same options with seeds 0 and 1, bucketed (today's default) and with random batches: rdkit's data, MOSES's.
 SEED_PAIRS = (("(defaults)", "--seed 1"), ("--bucket-pool 0", "--bucket-pool 0 --seed 1"))
 MOSES_SEED_PAIRS = (("--data moses --limit 300000", "--data moses --limit 300000 --seed 1"),
-                    ("--bucket-pool 0 --data moses --limit 300000", "--data moses --limit 300000 --bucket-pool 0 --seed 1"))
+                    ("--data moses --limit 300000 --bucket-pool 0", "--data moses --limit 300000 --bucket-pool 0 --seed 1"))
 
 
 @figure("vae.seed_spread")
