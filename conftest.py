@@ -7,6 +7,7 @@ import ctypes
 import gc
 import os
 import shutil
+import sys
 import tempfile
 
 import pytest
@@ -81,11 +82,22 @@ def _free_compiled_programs():
     import jax
 
     jax.clear_caches()
+    _clear_package_caches()
     gc.collect()
     try:  # glibc keeps freed pages in its arenas; hand them back
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
+
+
+def _clear_package_caches() -> None:
+    """Empty the package's `functools` caches (MOSES's test statistics, ChemNet, the filters' SMARTS: 45 MiB
+    after tests/test_metrics.py, measured): a later module that needs them builds them again."""
+    for name, module in list(sys.modules.items()):
+        if name.split(".")[0] in ("jax_scan_rnn", "torch_ref"):
+            for obj in list(vars(module).values()):
+                if callable(getattr(obj, "cache_clear", None)) and getattr(obj, "__module__", None) == name:
+                    obj.cache_clear()
 
 
 @pytest.fixture(autouse=True)
