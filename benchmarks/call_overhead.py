@@ -3,7 +3,7 @@ next to the seed's eager PyTorch loop on the same weights.
 
     python benchmarks/call_overhead.py                       # T = 4 and 1000, ~1 minute on a 2-core CPU
     python benchmarks/call_overhead.py --seq-lens 4 --rounds 5
-    python benchmarks/call_overhead.py --out benchmarks/results/call-overhead-cpu-2core.txt  # + .json next to it
+    python benchmarks/call_overhead.py --out benchmarks/results/call-overhead-cpu-2core.txt  # + the run appended to .json
 
 The model is `jsr.Traveller(8, 64, 2, rngs=nnx.Rngs(0))` in eval mode, called as `model(x)` on
 x [1, T, 8] float32; its output is treated as any pytree. The arms:
@@ -205,8 +205,9 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=20, help="rounds of interleaved calls (each: one eager call)")
     parser.add_argument("--calls", type=int, default=0,
                         help="calls of each compiled arm per round (0: 200 for T <= 100, else 40)")
-    parser.add_argument("--out", help="write the table here and the rows as JSON next to it (.json)")
+    parser.add_argument("--out", help="write the table here, and append the run to the JSON next to it (.json)")
     args = parser.parse_args(argv)
+    load_before = os.getloadavg()[0]
     rows = []
     for steps in [int(t) for t in args.seq_lens.split(",")]:
         calls = args.calls or (200 if steps <= 100 else 40)
@@ -220,8 +221,20 @@ def main(argv=None) -> None:
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)
-        with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
-            json.dump({"machine": info, "command": command.strip(), "rows": rows, "pieces": parts}, f, indent=1)
+        append_run(os.path.splitext(args.out)[0] + ".json", {
+            "machine": info, "command": command.strip(), "rows": rows, "pieces": parts,
+            "load_average": {"start": round(load_before, 2), "end": round(os.getloadavg()[0], 2)}})
+
+
+def append_run(path: str, run: dict) -> None:
+    """Add `run` to the results file's `runs`: the torch loop's time moves with the machine's state far more
+    than jsr's, so one run's ratio is not the figure (docs/figures.py quotes the runs' range)."""
+    runs = []
+    if os.path.exists(path):
+        with open(path) as f:
+            runs = json.load(f)["runs"]
+    with open(path, "w") as f:
+        f.write(json.dumps({"runs": [*runs, run]}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

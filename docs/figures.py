@@ -52,9 +52,9 @@ def runs_count(n: int) -> str:
     return f"{n} run{'s' if n > 1 else ''}"
 
 
-def span(values: list[float], unit: str = "") -> str:
-    """Their range to one decimal (one figure when both ends round alike), with `unit` after it if given."""
-    low, high = f"{min(values):.1f}", f"{max(values):.1f}"
+def span(values: list[float], unit: str = "", digits: int = 1) -> str:
+    """Their range to `digits` decimals (one figure when both ends round alike), with `unit` after it if given."""
+    low, high = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
     text = low if low == high else f"{low}-{high}"
     return f"{text} {unit}" if unit else text
 
@@ -549,21 +549,30 @@ def _loop_torch_scan_train() -> str:
 CALLS = "call-overhead-cpu-2core.json"
 
 
+def call_runs() -> list[dict]:
+    """Each run of benchmarks/call_overhead.py as {(arm, T): row}, oldest first."""
+    return [{(r["arm"], r["T"]): r for r in run["rows"]} for run in runs(CALLS)]
+
+
 @figure("calls.readme")
 def _calls_readme() -> str:
-    rows = {(r["arm"], r["T"]): r["median_us"] for r in load(CALLS)["rows"]}
-    jsr_1000, seed_1000 = rows[("jsr.jit", 1000)] / 1000, rows[("torch seed loop", 1000)] / 1000
+    every = call_runs()
+    rows = {key: r["median_us"] for key, r in every[-1].items()}
+    jsr = [run[("jsr.jit", 1000)]["median_us"] / 1000 for run in every]
+    seed = [run[("torch seed loop", 1000)]["median_us"] / 1000 for run in every]
+    ratios = [s / j for s, j in zip(seed, jsr)]
     return (f"{rows[('eager', 4)] / 1e6:.2f} s per call for a T=4 Traveller on a 2-core CPU, where `jsr.jit` takes "
             f"{us(rows[('jsr.jit', 4)])}. The idiomatic `nnx.jit(lambda m, x: m(x))` walks the module graph on every "
             f"call ({us(rows[('nnx.jit', 4)])}), a bare `jax.jit` over `nnx.split` state takes "
             f"{us(rows[('bare jax.jit', 4)])}; `jsr.jit` flattens the model once and reads the current weights each "
-            f"call. Over T=1000 steps it runs at {us(jsr_1000)} per step, {seed_1000 / jsr_1000:.1f}x the seed's "
-            f"eager PyTorch loop ({us(seed_1000)})")
+            f"call (the newest of {runs_count(len(every))}). Over T=1000 steps it runs at {span(jsr, 'µs', 2)} per step, "
+            f"{span(ratios, digits=0)}x the seed's eager PyTorch loop ({span(seed, 'µs', 0)} per step; the loop's time "
+            f"moves with the machine's state far more than the scan's)")
 
 
 @figure("loop.calls")
 def _loop_calls() -> str:
-    rows = {(r["arm"], r["T"]): r for r in load(CALLS)["rows"]}
+    rows = call_runs()[-1]
     steps = sorted({t for _, t in rows})
 
     def per_call(value: float) -> str:
