@@ -210,6 +210,12 @@ class TrainStep:
     def __call__(self, carry: dict, batch: Batch) -> dict:
         return self._step(carry, batch)
 
+    def lower(self, carry: dict, batch: Batch) -> jax.stages.Lowered:
+        """The step traced and lowered for this carry's and batch's shapes (arrays or `jax.ShapeDtypeStruct`s):
+        `.compile()` gives `carry = compiled(carry, batch)`, the same update compiled ahead of time (the
+        benchmark times its compilation apart from its steps)."""
+        return self._step.lower(carry, batch)
+
     def write(self, carry: dict) -> None:
         """Point the model's and optimiser's Variables at the carry's arrays (no copy)."""
         if not any(x.is_deleted() for x in carry["state"]):  # donated to a step that failed: keep the old ones

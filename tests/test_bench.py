@@ -130,6 +130,44 @@ def test_compile_rounds_time_each_compiled_case_again_and_keep_the_median():
     assert "compile_rounds_s" not in rows[2] and rows[2]["compile_s"] is None
 
 
+def test_a_jsr_train_row_is_the_update_fit_takes():
+    """A jsr train row runs `TrainStep` (what `fit` runs) at the rows' Adam: after three calls its carry holds
+    the parameters of three of TrainStep's own updates, bit for bit; the shared model is left as it was; and
+    its compilation can be timed again after its carry was donated (the peers preset's compile rounds)."""
+    from types import SimpleNamespace
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    from flax import nnx
+
+    from jax_scan_rnn.bench.jax_methods import LEARNING_RATE, library_case
+    from jax_scan_rnn.train import TrainStep
+
+    ctx = SimpleNamespace(on_gpu=False, cfg=SimpleNamespace(memory_fraction=0.5))
+    model = jsr.Traveller(3, 8, 1, rngs=nnx.Rngs(0))
+    before = [np.asarray(p) for p in jax.tree.leaves(nnx.state(model, nnx.Param))]
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 5, 3)), jnp.float32)
+
+    def loss(m, x):
+        return (m(x)[0] ** 2).mean()
+
+    case = library_case(ctx, "train", loss, model, x)
+    for _ in range(3):
+        carry = case.call()
+    step = TrainStep(model, lambda m, batch: (loss(m, *batch), {}), optax.adam(LEARNING_RATE), (x,))
+    expected = step.init()
+    for _ in range(3):
+        expected = step(expected, (x,))
+    assert int(carry["window"]["count"]) == 3
+    for ours, theirs in zip(carry["state"], expected["state"]):
+        np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+    for ours, untouched in zip(jax.tree.leaves(nnx.state(model, nnx.Param)), before):
+        np.testing.assert_array_equal(np.asarray(ours), untouched)
+    assert case.compile_again() > 0
+
+
 def test_ratios_are_against_seed_and_limit_of_the_same_cell(tiny):
     _, results, _, _ = tiny
     for r in results["rows"]:

@@ -28,7 +28,8 @@ included) is timed on its own; then the cases of one (B, T, mode) cell are timed
 sample averaging enough calls to last `min_sample_s`, until `repeats` samples (or `min_repeats` once
 `case_budget_s` is spent). A figure is the median sample divided by T ("time per step"); ratios are
 between medians of the same cell of the same run. The train step is value + grad + Adam update of
-`-mean(net_utility(positions, returns))` (the trading task's loss) in both frameworks.
+`-mean(net_utility(positions, returns))` (the trading task's loss) in both frameworks; the jsr rows take it
+through `TrainStep`, as `fit` does (`jax_methods.library_case`).
 
 Slow cases are skipped, and the reason recorded, when their predicted call time exceeds
 `max_call_s` (eager methods are probed on a short sequence first; compiled ones are predicted from

@@ -1,6 +1,7 @@
 """The JAX rows of the Traveller: `lax.scan` at a fixed unroll and at the library's choice, the user's
 `jsr.jit(model)` call, chunked rematerialisation, the seed's Python loop jitted and eager, `jsr.LSTM`
-over the whole sequence (the bound) and the limit in XLA. `compiled_case` also serves the VAE rows.
+over the whole sequence (the bound) and the limit in XLA. `compiled_case` (a user's own code) and
+`library_case` (jsr's calls and train step) also serve the VAE and peer rows.
 
 Each builder has the signature `build(ctx, B, T, mode) -> Case`.
 """
@@ -23,6 +24,7 @@ from jax_scan_rnn.bench.context import Case, Context, Skip, TooCostly
 from jax_scan_rnn.bench.machine import available_memory
 from jax_scan_rnn.data.trading import net_utility
 from jax_scan_rnn.scan import auto_unroll
+from jax_scan_rnn.train import TrainStep
 
 
 def to_numpy(out) -> np.ndarray:
@@ -31,10 +33,13 @@ def to_numpy(out) -> np.ndarray:
     return out if np.issubdtype(out.dtype, np.integer) else out.astype(np.float32)
 
 
+LEARNING_RATE = 1e-4  # every train row's Adam, torch's included
+
+
 def adam_step(loss: Callable) -> tuple[Callable, optax.GradientTransformation]:
     """`step(params, opt_state, *args) -> (params, opt_state, value)`: value and gradient of the scalar
-    `loss(params, *args)`, then one Adam update (lr 1e-4, as the torch rows); and the optimiser."""
-    tx = optax.adam(1e-4)
+    `loss(params, *args)`, then one Adam update (`LEARNING_RATE`, as the torch rows); and the optimiser."""
+    tx = optax.adam(LEARNING_RATE)
 
     def step(params, opt_state, *args):
         value, grads = jax.value_and_grad(loss)(params, *args)
@@ -55,41 +60,74 @@ def _train_call(step: Callable, params, opt_state, *args) -> Callable[[], None]:
     return call
 
 
-def compiled_case(ctx: Context, mode: str, fn: Callable, params, *args, library: bool = False) -> Case:
-    """`fn(params, *args)` compiled ahead of time (timed apart) and called. Forward: the call returns its
-    result. Train: `fn` is a scalar loss and the call takes one Adam step on it (`adam_step`). `library`:
-    compiled as the library compiles its own calls (`xla_flags.compiler_options()`, as `jsr.jit` and
-    `TrainStep` do); otherwise with `jax.jit`'s defaults, as a user's own code (peers, loops, limits).
-
-    Skipped on a CPU when the compiled buffers would take more than `memory_fraction` of the free RAM.
-    """
-    if mode == "train":
-        fn, tx = adam_step(fn)
-        args = (tx.init(params), *args)
-    options = xla_flags.compiler_options() if library else None
+def _timed(lower: Callable[[], jax.stages.Lowered]) -> Callable[[], tuple]:
+    """`timed_compile() -> (compiled, seconds)`: trace, lower and compile from scratch."""
 
     def timed_compile():
         start = time.perf_counter()
-        compiled = jax.jit(fn, compiler_options=options).lower(params, *args).compile()
+        compiled = lower().compile()
         return compiled, time.perf_counter() - start
+
+    return timed_compile
+
+
+def _compiled(ctx: Context, timed_compile: Callable[[], tuple]) -> tuple:
+    """`(compiled, compile_s, compile_again, memory)`, after the check that the compiled buffers fit: on a CPU,
+    a case whose buffers would take more than `memory_fraction` of the free RAM is skipped (TooCostly)."""
 
     def compile_again() -> float:
         jax.clear_caches()  # or the trace and the executable come from jit's caches (the cases hold their own)
         return timed_compile()[1]
 
     compiled, compile_s = timed_compile()
-
     memory = _xla_memory(compiled)
     need = (memory or {}).get("temp_bytes", 0) + (memory or {}).get("argument_bytes", 0)
     avail = available_memory()
     if not ctx.on_gpu and avail is not None and need > ctx.cfg.memory_fraction * avail:
         raise TooCostly(f"compiled buffers need {need / 2**30:.1f} GiB > {ctx.cfg.memory_fraction:.0%} of the "
                    f"{avail / 2**30:.1f} GiB available")
+    return compiled, compile_s, compile_again, memory
+
+
+def compiled_case(ctx: Context, mode: str, fn: Callable, params, *args, library: bool = False) -> Case:
+    """`fn(params, *args)` compiled ahead of time (timed apart) and called: a user's own code (peers, loops,
+    limits). Forward: the call returns its result. Train: `fn` is a scalar loss and the call takes one Adam
+    step on it (`adam_step`). `library`: compiled as the library compiles its own calls
+    (`xla_flags.compiler_options()`, as `jsr.jit` does; `library_case`'s forward rows); otherwise with
+    `jax.jit`'s defaults, as a user's own code.
+    """
     if mode == "train":
-        return Case(_train_call(compiled, params, *args), compile_s=compile_s, compile_again=compile_again,
-                    memory=memory)
+        fn, tx = adam_step(fn)
+        args = (tx.init(params), *args)
+    options = xla_flags.compiler_options() if library else None
+    compiled, compile_s, again, memory = _compiled(ctx, _timed(
+        lambda: jax.jit(fn, compiler_options=options).lower(params, *args)))
+    if mode == "train":
+        return Case(_train_call(compiled, params, *args), compile_s=compile_s, compile_again=again, memory=memory)
     return Case(lambda: jax.block_until_ready(compiled(params, *args)), output=to_numpy, compile_s=compile_s,
-                compile_again=compile_again, memory=memory)
+                compile_again=again, memory=memory)
+
+
+def library_case(ctx: Context, mode: str, fn: Callable, model: nnx.Module, *args) -> Case:
+    """A jsr row: `fn(model, *args)` as the library runs it. Forward: compiled as `jsr.jit` compiles it
+    (`compiled_case(library=True)` over the model's parameters). Train: `fn` is a scalar loss and the call is
+    one update of `jsr.train.TrainStep`, the step `fit` runs (its NaN guard and metric sums included), with
+    Adam at `LEARNING_RATE` as every row; its compilation is timed apart (`TrainStep.lower`)."""
+    if mode == "forward":
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        return compiled_case(ctx, mode, lambda p, *a: fn(nnx.merge(graphdef, p, rest), *a), params, *args,
+                             library=True)
+    step = TrainStep(model, lambda m, batch: (fn(m, *batch), {}), optax.adam(LEARNING_RATE), args)
+    carry = step.init()
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), carry)
+    compiled, compile_s, again, memory = _compiled(ctx, _timed(lambda: step.lower(shapes, args)))
+    state = [carry]
+
+    def call() -> dict:  # the carry is donated: keep the returned one (and return it, for the tests)
+        state[0] = jax.block_until_ready(compiled(state[0], args))
+        return state[0]
+
+    return Case(call, compile_s=compile_s, compile_again=again, memory=memory)
 
 
 def _xla_memory(compiled) -> dict | None:
@@ -116,28 +154,30 @@ def _trading_loss(ctx: Context, positions: Callable) -> Callable:
     return loss
 
 
-def _traveller_case(ctx: Context, batch: int, steps: int, mode: str, positions: Callable, params=None,
-                    extra: tuple = (), library: bool = False) -> Case:
-    """A compiled case from `positions(params, x [B, T, F], *extra) -> [B, T, 2]` (params: the shared ones)."""
+def traveller_case(ctx: Context, batch: int, steps: int, mode: str, positions: Callable, params=None,
+                   extra: tuple = (), library: bool = False) -> Case:
+    """A compiled case from `positions(params, x [B, T, F], *extra) -> [B, T, A]` (params: the shared ones):
+    forward, or the train step on `-mean(net_utility(positions, r))`. `library`: a jsr row, `params` is the
+    jsr model and `positions` takes it (`library_case`); otherwise a user's own code (`compiled_case`)."""
     d = ctx.data(batch, steps)
     x = jnp.asarray(d["x"])
     params = ctx.params if params is None else params
+    build = library_case if library else compiled_case
     if mode == "forward":
-        return compiled_case(ctx, mode, positions, params, x, *extra, library=library)
-    return compiled_case(ctx, mode, _trading_loss(ctx, positions), params, x, jnp.asarray(d["r"]), *extra,
-                         library=library)
+        return build(ctx, mode, positions, params, x, *extra)
+    return build(ctx, mode, _trading_loss(ctx, positions), params, x, jnp.asarray(d["r"]), *extra)
 
 
-def _scan_positions(graphdef, rest, unroll) -> Callable:
-    """`positions(params, x)`: jsr.Traveller's own call (one lax.scan) at `unroll`."""
-    return lambda params, x: nnx.merge(graphdef, params, rest)(x, unroll=unroll)[0]
+def _model(ctx: Context) -> nnx.Module:
+    """The shared jsr.Traveller (eval mode, the torch rows' weights)."""
+    return nnx.merge(ctx.graphdef, ctx.params, ctx.rest)
 
 
 def scan(unroll: int | str) -> Callable[[Context, int, int, str], Case]:
     """jsr.Traveller at `unroll` ("auto": the library's measured choice, recorded in the row)."""
 
     def build(ctx: Context, batch: int, steps: int, mode: str) -> Case:
-        case = _traveller_case(ctx, batch, steps, mode, _scan_positions(ctx.graphdef, ctx.rest, unroll), library=True)
+        case = traveller_case(ctx, batch, steps, mode, lambda m, x: m(x, unroll=unroll)[0], _model(ctx), library=True)
         case.info["unroll"] = f"auto ({auto_unroll(batch)})" if unroll == "auto" else unroll
         return case
 
@@ -147,15 +187,15 @@ def scan(unroll: int | str) -> Callable[[Context, int, int, str], Case]:
 def remat(ctx: Context, batch: int, steps: int, mode: str) -> Case:
     """lax.scan with chunked rematerialisation (the library's `remat_chunk`), chunk ~ sqrt(T), unroll 1."""
     chunk = max(1, round(math.sqrt(steps)))
-    graphdef, params, rest = ctx.jax_traveller(remat_chunk=chunk)
-    case = _traveller_case(ctx, batch, steps, mode, _scan_positions(graphdef, rest, 1), params=params, library=True)
+    model = nnx.merge(*ctx.jax_traveller(remat_chunk=chunk))
+    case = traveller_case(ctx, batch, steps, mode, lambda m, x: m(x, unroll=1)[0], model, library=True)
     case.info.update(unroll=1, remat_chunk=chunk)
     return case
 
 
 def user_call(ctx: Context, batch: int, steps: int, mode: str) -> Case:
     """`fast(x)`, `fast = jsr.jit(model)` made once: the call a user makes, weights read at each call (forward only)."""
-    fast = jsr.jit(nnx.merge(ctx.graphdef, ctx.params, ctx.rest))
+    fast = jsr.jit(_model(ctx))
     x = jnp.asarray(ctx.data(batch, steps)["x"])
     t0 = time.perf_counter()
     jax.block_until_ready(fast(x))  # the first call traces and compiles
@@ -190,7 +230,7 @@ def _loop_positions(ctx: Context) -> Callable:
 
 def jit_loop(ctx: Context, batch: int, steps: int, mode: str) -> Case:
     """That Python loop traced by jax.jit: unrolled into T copies of the step."""
-    return _traveller_case(ctx, batch, steps, mode, _loop_positions(ctx))
+    return traveller_case(ctx, batch, steps, mode, _loop_positions(ctx))
 
 
 def eager(ctx: Context, batch: int, steps: int, mode: str) -> Case:
@@ -206,15 +246,12 @@ def eager(ctx: Context, batch: int, steps: int, mode: str) -> Case:
 
 def lstm_seq(ctx: Context, batch: int, steps: int, mode: str) -> Case:
     """jsr.LSTM over the whole sequence (one lax.scan per layer), fed-back positions given: no feedback."""
-    graphdef, rest = ctx.graphdef, ctx.rest
-
-    def positions(params, x, fb):
-        model = nnx.merge(graphdef, params, rest)
+    def positions(model, x, fb):
         out, _ = model.lstm_layers(jnp.concatenate([fb, x], axis=2))
         return jnp.tanh(model.output_layer(out))
 
     fb = jnp.asarray(ctx.limit_inputs(batch, steps)["fb"])
-    return _traveller_case(ctx, batch, steps, mode, positions, extra=(fb,), library=True)
+    return traveller_case(ctx, batch, steps, mode, positions, _model(ctx), extra=(fb,), library=True)
 
 
 def _limit_chunk(batch: int, steps: int, rows: int = LIMIT_CHUNK_ROWS) -> int:
@@ -262,6 +299,6 @@ def limit(ctx: Context, batch: int, steps: int, mode: str) -> Case:
         return np.ascontiguousarray(a.reshape(batch, n, chunk, a.shape[-1]).swapaxes(0, 1))
 
     extra = (jnp.asarray(d["fb"]), jnp.asarray(chunk_major(d["h_prev"])), jnp.asarray(chunk_major(d["c_prev"])))
-    case = _traveller_case(ctx, batch, steps, mode, positions, params=params, extra=extra)
+    case = traveller_case(ctx, batch, steps, mode, positions, params=params, extra=extra)
     case.info["limit_chunk_steps"] = chunk
     return case

@@ -10,10 +10,11 @@
   torchax    the seed's own PyTorch model and loop (`torch_ref.Traveller`, method "loop": the `torch-loop`
              row) turned into a JAX function by `torchax.extract_jax` and run under `jax.jit`.
 
-Every peer is compiled as the jsr rows are (`jax_methods.compiled_case`: `jax.jit` of a function of the
-parameters, lowered and compiled ahead of time with the compile timed apart), with `jax.jit`'s default
-compiler options where the jsr rows get the library's (`xla_flags.compiler_options`), and its train step is
-the same value + grad + Adam update of the trading loss. Weights: the Traveller's (`Context.np_weights`)
+Every peer is compiled as a user compiles their own code (`jax_methods.compiled_case`: `jax.jit` of a
+function of the parameters with `jax.jit`'s default options, lowered and compiled ahead of time with the
+compile timed apart), and its train step is value + grad + one Adam update of the trading loss. The jsr
+rows run as the library runs them (`jax_methods.library_case`): `jsr.jit`'s compiler options, and the train
+step `fit` runs (`TrainStep`: the same update, plus its NaN guard and metric sums). Weights: the Traveller's (`Context.np_weights`)
 copied into each peer's own parameter layout, so every feedback peer computes the jsr Traveller's
 positions up to float rounding; the GRU rows share one `jsr.GRU`'s weights with its `b_hn` set to 0,
 because `nnx.GRUCell` has no `b_hn` (torch's bias inside `r * (W_hn h + b_hn)`).
@@ -39,8 +40,7 @@ from flax import nnx
 
 import jax_scan_rnn as jsr
 from jax_scan_rnn.bench.context import Case, Context, Skip
-from jax_scan_rnn.bench.jax_methods import compiled_case
-from jax_scan_rnn.data.trading import net_utility
+from jax_scan_rnn.bench.jax_methods import traveller_case
 
 PEER_EXTRA = "bench"  # the extra of jax-scan-rnn that installs the peer packages
 # torch 2.13 removed the named-dimension ("Dimname") overloads of aten ops; torchax 0.0.13 still names
@@ -73,22 +73,14 @@ def _float32_only(ctx: Context) -> None:
 
 def _case(ctx: Context, batch: int, steps: int, mode: str, positions: Callable, params, extra: tuple = (),
           library: bool = False) -> Case:
-    """A compiled case of `positions(params, x [B, T, F], *extra) -> [B, T, A]`: forward, or one Adam step
-    on `-mean(net_utility(positions, r))` (the jsr rows' train step). `library`: jsr's own row, compiled
-    with the library's options (`compiled_case`); peers get `jax.jit`'s defaults, as their users would."""
-    d = ctx.data(batch, steps)
-    x = jnp.asarray(d["x"])
+    """`jax_methods.traveller_case` (forward, or the jsr rows' train step on `-mean(net_utility(positions, r))`)
+    of `positions(params, x [B, T, F], *extra) -> [B, T, A]`. `library`: jsr's own row (`params` is the jsr
+    model, run as the library runs it); peers get `jax.jit`'s defaults and a plain Adam step, as their users
+    would write them."""
     # A new function per build: jax.jit caches traces and executables by function identity, so a
     # module-level `positions` (the Equinox rows') would be compiled once per process and shape, and a
     # later build's compile time would read ~0. Every row's compile is timed from scratch, as the jsr rows'.
-    positions = _fresh(positions)
-    if mode == "forward":
-        return compiled_case(ctx, mode, positions, params, x, *extra, library=library)
-
-    def loss(params, x, r, *extra):
-        return -net_utility(positions(params, x, *extra), r, ctx.market).mean()
-
-    return compiled_case(ctx, mode, loss, params, x, jnp.asarray(d["r"]), *extra, library=library)
+    return traveller_case(ctx, batch, steps, mode, _fresh(positions), params, extra, library=library)
 
 
 def _fresh(function: Callable) -> Callable:
@@ -159,12 +151,8 @@ def jsr_gru_seq(ctx: Context, batch: int, steps: int, mode: str) -> Case:
     weight, bias = _readout(ctx)
     model = GRUReadout(_jsr_gru(ctx), weight.T, bias)
     model.eval()
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-
-    def positions(params, x, fb):
-        return nnx.merge(graphdef, params, rest)(x, fb)
-
-    return _case(ctx, batch, steps, mode, positions, params, _given_feedback(ctx, batch, steps), library=True)
+    return _case(ctx, batch, steps, mode, lambda m, x, fb: m(x, fb), model, _given_feedback(ctx, batch, steps),
+                 library=True)
 
 
 # ----------------------------------------------------------------------------------------------------

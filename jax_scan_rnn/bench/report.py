@@ -182,7 +182,7 @@ def markdown(results: dict, plots: dict[str, str] | None = None) -> str:
         "every ratio compares two medians of the same cell of this run. `vs seed`: how many times faster "
         "than the seed's loop (higher is better). `vs limit`: how many times slower than the limit row, the "
         "same FLOPs with the time dependency removed (1× is the floor). Train step: value + grad + Adam "
-        "update of the trading loss.",
+        "update of the trading loss; the jsr rows through `TrainStep`, as `fit` takes it.",
         "",
     ]
     if results.get("interrupted"):

@@ -13,7 +13,7 @@ from flax import nnx
 
 import jax_scan_rnn as jsr
 from jax_scan_rnn.bench.context import Case, Context, Skip
-from jax_scan_rnn.bench.jax_methods import compiled_case
+from jax_scan_rnn.bench.jax_methods import library_case
 from jax_scan_rnn.bench.torch_methods import torch_case
 from jax_scan_rnn.data.smiles import EOS, SPECIAL_TOKENS
 
@@ -34,7 +34,7 @@ class VAEContext:
         jmodel = jsr.SeqVAE(*sizes, rngs=nnx.Rngs(cfg.seed))
         jsr.load_torch_state_dict(jmodel, model.state_dict())
         jmodel.eval()
-        self.graphdef, self.params, self.rest = nnx.split(jmodel, nnx.Param, ...)
+        self.model = jmodel
         self.cfg = cfg
         self._data: dict[tuple, dict] = {}
 
@@ -99,27 +99,22 @@ def torch_row(task: str) -> Callable[[Context, int, int, str], Case]:
 
 
 def jax_row(task: str) -> Callable[[Context, int, int, str], Case]:
-    """jsr.SeqVAE for `task` ("ss", "tf" or "greedy"), compiled."""
+    """jsr.SeqVAE for `task` ("ss", "tf" or "greedy"), as the library runs it (`library_case`)."""
 
     def build(ctx: Context, batch: int, steps: int, mode: str) -> Case:
         vae = _vae(ctx)
         d = vae.data(batch, steps)
-        graphdef, rest = vae.graphdef, vae.rest
         tokens, lengths = jnp.asarray(d["tokens"], jnp.int32), jnp.asarray(d["lengths"], jnp.int32)
         mask = jnp.asarray(d["mask"]) if task == "ss" else None
         z, eps = jnp.asarray(d["z"]), jnp.asarray(d["eps"])
         if mode == "train":
-            def loss(p, tokens, lengths, eps, mask):
-                return nnx.merge(graphdef, p, rest).loss(tokens, lengths, eps=eps, replace_mask=mask)["total"]
+            def loss(m, tokens, lengths, eps, mask):
+                return m.loss(tokens, lengths, eps=eps, replace_mask=mask)["total"]
 
-            return compiled_case(ctx, mode, loss, vae.params, tokens, lengths, eps, mask, library=True)
+            return library_case(ctx, mode, loss, vae.model, tokens, lengths, eps, mask)
         if task == "greedy":
-            return compiled_case(ctx, mode, lambda p, z: nnx.merge(graphdef, p, rest).generate(z, steps), vae.params, z,
-                                 library=True)
-
-        def decode(p, z, tokens, mask):
-            return nnx.merge(graphdef, p, rest).decode(z, tokens, replace_mask=mask)
-
-        return compiled_case(ctx, mode, decode, vae.params, z, tokens, mask, library=True)
+            return library_case(ctx, mode, lambda m, z: m.generate(z, steps), vae.model, z)
+        return library_case(ctx, mode, lambda m, z, tokens, mask: m.decode(z, tokens, replace_mask=mask), vae.model,
+                            z, tokens, mask)
 
     return build
