@@ -17,7 +17,7 @@ argument handling on its C++ fast path; `nnx.jit` or an `nnx.State` argument wal
 every call, which costs more than a small model's update (measurements: docs/measurements.md#train-step).
 
 Non-finite updates: the step checks the loss, the gradient norm and every updated floating state leaf on the
-device. The first bad update is recorded in the carry and the carry is frozen from then on (`jnp.where`
+device. The first bad update is recorded in the carry and the carry is frozen from then on (a `lax.cond`
 keeps the old state), so no NaN reaches the parameters, the optimiser or a checkpoint. The host reads the
 flag only when it syncs anyway (logging, evaluation, checkpointing), so dispatch stays asynchronous; then
 `NonFiniteLossError` names the first bad step, and the model holds the state from just before it.
@@ -247,9 +247,14 @@ class TrainStep:
                   "metrics": {k: w["metrics"][k] + jnp.float32(metrics[k]) for k in self.metric_names}}
         # The updated state too: a finite loss and gradient can still overflow in the update (lr 1e300).
         ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        # One check per dtype over all its leaves, not one per leaf: XLA kept each leaf's check as a fusion of
+        # its own (docs/measurements.md, "Train step").
+        flat: dict = {}
         for leaf in new:
             if jnp.issubdtype(leaf.dtype, jnp.inexact):
-                ok &= jnp.all(jnp.isfinite(leaf))
+                flat.setdefault(leaf.dtype, []).append(leaf.ravel())
+        for leaves in flat.values():
+            ok &= jnp.all(jnp.isfinite(jnp.concatenate(leaves)))
         bad = carry["bad"]
         live = bad["step"] < 0
         first_bad = live & ~ok
