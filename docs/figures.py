@@ -175,6 +175,11 @@ def _vae_speed() -> str:
             f"({gen[1] / gen[0]:.1f}x)")
 
 
+@figure("vae.torch_threads")
+def _vae_torch_threads() -> str:
+    return str(load(VAE_TRAIN)["host"]["torch_threads_vae"]["128"]["chosen"])
+
+
 @figure("vae.flops")
 def _vae_flops() -> str:
     ss_jax, ss_torch = (bench_row(VAE_TRAIN, f"vae-ss-{f}", "train", 128, 60)["per_step_us"] / 1e6 for f in ("jax", "torch"))
@@ -597,6 +602,23 @@ def _loop_shapes() -> str:
     return (f"the jitted scan's first call, compile included, takes {min(scan):.2f}-{max(scan):.2f} s at "
             f"T = 100, 1,000 and 10,000; a Python `for` loop under `jax.jit` takes {loop[0]:.2f} s at T=10, "
             f"{loop[1]:.2f} s at T=25 and {loop[2]:.2f} s at T=50")
+
+
+BANDWIDTH = "weight-bandwidth-cpu-2core.json"
+
+
+@figure("tuning.bandwidth")
+def _tuning_bandwidth() -> str:
+    rows = load(BANDWIDTH)["rows"]
+    return "; ".join(f"H={r['H']}: {us(r['us_per_step'])} per step for {r['weight_bytes'] / 1024:,.0f} KiB of "
+                     f"weights, {r['gb_per_s']:.0f} GB/s" for r in rows)
+
+
+@figure("tuning.bandwidth_rate")
+def _tuning_bandwidth_rate() -> str:
+    rows = [r for r in load(BANDWIDTH)["rows"] if r["weight_bytes"] < 2**20]
+    return (f"{span([r['gb_per_s'] for r in rows], 'GB/s', 0)} for H = {rows[0]['H']} to {rows[-1]['H']}, while "
+            f"the bytes grow {rows[-1]['weight_bytes'] / rows[0]['weight_bytes']:.0f}-fold")
 
 
 TUNING_LOGS = {

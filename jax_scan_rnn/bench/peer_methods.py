@@ -14,10 +14,12 @@ Every peer is compiled as a user compiles their own code (`jax_methods.compiled_
 function of the parameters with `jax.jit`'s default options, lowered and compiled ahead of time with the
 compile timed apart), and its train step is value + grad + one Adam update of the trading loss. The jsr
 rows run as the library runs them (`jax_methods.library_case`): `jsr.jit`'s compiler options, and the train
-step `fit` runs (`TrainStep`: the same update, plus its NaN guard and metric sums). Weights: the Traveller's (`Context.np_weights`)
-copied into each peer's own parameter layout, so every feedback peer computes the jsr Traveller's
-positions up to float rounding; the GRU rows share one `jsr.GRU`'s weights with its `b_hn` set to 0,
-because `nnx.GRUCell` has no `b_hn` (torch's bias inside `r * (W_hn h + b_hn)`).
+step `fit` runs (`TrainStep`: the same update, plus its NaN guard and metric sums).
+
+Weights: the Traveller's (`Context.np_weights`) copied into each peer's own parameter layout, so every
+feedback peer computes the jsr Traveller's positions up to float rounding; the GRU rows share one
+`jsr.GRU`'s weights with its `b_hn` set to 0, because `nnx.GRUCell` has no `b_hn` (torch's bias inside
+`r * (W_hn h + b_hn)`).
 
 `jsr_gru_seq` is jsr's own reference row for the GRU peers (the Traveller has no GRU). Equinox and
 torchax are optional (the `bench` extra): where one is not installed its rows are "n/a" with the
