@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import sys
 import time
+
+from timed_run import append_run  # this folder's script: the script's own directory is on sys.path
 
 ARMS = ("eager", "nnx.jit", "cached_partial", "bare jax.jit", "jsr.jit", "torch seed loop")
 
@@ -221,20 +222,11 @@ def main(argv=None) -> None:
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)
+        # Appended, not replaced: the torch loop's time moves with the machine's state far more than jsr's,
+        # so one run's ratio is not the figure (docs/figures.py quotes the runs' range).
         append_run(os.path.splitext(args.out)[0] + ".json", {
             "machine": info, "command": command.strip(), "rows": rows, "pieces": parts,
-            "load_average": {"start": round(load_before, 2), "end": round(os.getloadavg()[0], 2)}})
-
-
-def append_run(path: str, run: dict) -> None:
-    """Add `run` to the results file's `runs`: the torch loop's time moves with the machine's state far more
-    than jsr's, so one run's ratio is not the figure (docs/figures.py quotes the runs' range)."""
-    runs = []
-    if os.path.exists(path):
-        with open(path) as f:
-            runs = json.load(f)["runs"]
-    with open(path, "w") as f:
-        f.write(json.dumps({"runs": [*runs, run]}, indent=1) + "\n")
+            "load_average": {"start": round(load_before, 2), "end": round(os.getloadavg()[0], 2)}}, info)
 
 
 if __name__ == "__main__":

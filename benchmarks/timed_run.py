@@ -50,6 +50,19 @@ def machine() -> dict:
     return {"cpu": cpu, "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
 
 
+def append_run(results: Path, run: dict, machine_info: dict | None = None) -> int:
+    """Add `run` to the "runs" of the JSON file `results` (made, with `machine_info` or this `machine()`, if
+    missing), written whole then renamed: never half a file, which the docs test reads. Returns the run count.
+    Also the results writer of the other scripts here (call_overhead.py, weight_bandwidth.py)."""
+    results = Path(results)
+    data = json.loads(results.read_text()) if results.exists() else {"machine": machine_info or machine(), "runs": []}
+    data["runs"].append(run)
+    tmp = results.with_name(results.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, results)
+    return len(data["runs"])
+
+
 PSS_EVERY_S = 5.0
 PSS_NEAR_PEAK = 0.95
 
@@ -148,14 +161,10 @@ def main(argv: list[str] | None = None) -> int:
            "compilation_cache": cache}
     if args.report:
         run["report"] = json.loads(Path(args.report).read_text())
-    data = json.loads(results.read_text()) if results.exists() else {"machine": machine(), "runs": []}
-    data["runs"].append(run)
-    tmp = results.with_name(results.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, results)  # never half a file: the docs test reads it
+    count = append_run(results, run)
     print(f"timed_run: {wall:.1f} s wall, peak RSS {run['peak_rss_mib']:.0f} MiB (all processes together "
           f"{run['peak_total_rss_mib']:.0f} MiB, PSS {run['peak_total_pss_mib']:.0f} MiB) -> {results} "
-          f"({len(data['runs'])} run(s))")
+          f"({count} run(s))")
     return 0
 
 

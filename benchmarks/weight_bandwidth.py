@@ -1,7 +1,7 @@
 """What bounds a batch-1 scan: every step reads all of the model's weights once (a matrix-vector product per
 layer), so its time per step follows the weights' bytes, not the number of operations dispatched.
 
-    python benchmarks/weight_bandwidth.py --out benchmarks/results/weight-bandwidth-cpu-2core.json
+    python benchmarks/weight_bandwidth.py --out benchmarks/results/weight-bandwidth-cpu-2core.json  # appends the run
 
 For H in --hidden-sizes: `jsr.Traveller(8, H, 2)` in eval mode, `fast = jsr.jit(model)`, `fast(x)` on x [1, T, 8]
 float32 (T = --steps); us per step = median over --rounds rounds of --calls calls each, after a warm-up call.
@@ -11,10 +11,7 @@ while H (and so the bytes, ~H^2) grows, the step is bound by reading the weights
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import platform
 import sys
 import time
 
@@ -23,6 +20,8 @@ import numpy as np
 from flax import nnx
 
 import jax_scan_rnn as jsr
+from call_overhead import machine  # this folder's scripts: the script's own directory is on sys.path
+from timed_run import append_run
 
 
 def measure(hidden: int, steps: int, rounds: int, calls: int) -> dict:
@@ -44,31 +43,38 @@ def measure(hidden: int, steps: int, rounds: int, calls: int) -> dict:
             "weight_bytes": int(weights), "gb_per_s": weights / us / 1e3}
 
 
+def positive(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
+def positives(text: str) -> list[int]:
+    return [positive(word) for word in text.split(",")]
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hidden-sizes", default="32,64,128,256", help="comma-separated H values")
-    parser.add_argument("--steps", type=int, default=1000, help="T of each call")
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--calls", type=int, default=20, help="calls per round")
-    parser.add_argument("--out", help="write the rows here as JSON")
+    parser.add_argument("--hidden-sizes", type=positives, default="32,64,128,256", help="comma-separated H values")
+    parser.add_argument("--steps", type=positive, default=1000, help="T of each call")
+    parser.add_argument("--rounds", type=positive, default=7)
+    parser.add_argument("--calls", type=positive, default=20, help="calls per round")
+    parser.add_argument("--out", help="append the run to this JSON file (created if missing)")
     args = parser.parse_args(argv)
+    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+        parser.error(f"--out: the directory {os.path.dirname(os.path.abspath(args.out))} does not exist")
     load_before = os.getloadavg()[0]
-    rows = [measure(int(h), args.steps, args.rounds, args.calls) for h in args.hidden_sizes.split(",")]
+    rows = [measure(h, args.steps, args.rounds, args.calls) for h in args.hidden_sizes]
     for r in rows:
         print(f"H={r['H']:4d}  {r['us_per_step']:7.2f} us/step  weights {r['weight_bytes'] / 1024:7.0f} KiB  "
               f"{r['gb_per_s']:5.0f} GB/s")
-    if args.out:
-        from jax_scan_rnn.bench.machine import cpu_model
-
+    if args.out:  # appended: a later run never replaces an earlier one
         words = argv if argv is not None else sys.argv[1:]
-        run = {"command": " ".join(["python benchmarks/weight_bandwidth.py", *words]),
-               "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                           "jax": jax.__version__, "xla_small_loop_setting": jsr.xla_flags.status(),
-                           "date": datetime.date.today().isoformat()},
-               "load_average": {"start": round(load_before, 2), "end": round(os.getloadavg()[0], 2)},
-               "steps": args.steps, "rows": rows}
-        with open(args.out, "w") as f:
-            f.write(json.dumps(run, indent=1) + "\n")
+        info = machine()
+        append_run(args.out, {"command": " ".join(["python benchmarks/weight_bandwidth.py", *words]),
+                              "machine": info, "steps": args.steps, "rows": rows,
+                              "load_average": {"start": round(load_before, 2),
+                                               "end": round(os.getloadavg()[0], 2)}}, info)
 
 
 if __name__ == "__main__":
