@@ -10,6 +10,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 
 # 4-way data parallelism computes the same mean gradient, but the all-reduce sums the per-device
 # partial sums in another order than one device's single reduction: float32 rounding (~1e-7 relative per
@@ -39,6 +41,8 @@ def train_losses(out) -> list[float]:
     return [r["loss"] for r in rows if r["split"] == "train"]
 
 
+# 28-33 s (four CLI trainings); CI runs it in its slow step, beside tests/test_multihost.py's two-process runs.
+@pytest.mark.slow
 def test_four_devices_reproduce_one_device_and_share_checkpoints(tmp_path):
     one, four = tmp_path / "one", tmp_path / "four"
     for out, devices in ((one, 1), (four, 4)):

@@ -81,6 +81,9 @@ def test_bad_task_arguments():
         task_lib.VAETask(ss_max=1.5)
 
 
+# 27-35 s, and the default run's largest worker (+0.6 GiB within this one test): CI runs it in its slow step. The
+# default run keeps the VAE CLI's option and file checks (tests/test_cli.py) and its training (the saved-run test).
+@pytest.mark.slow
 def test_cli_train_sample_evaluate(corpus, tmp_path, capsys):
     out = tmp_path / "run"
     args = ["train", "vae", "--data", str(corpus), "--hidden-size", "16", "--latent-size", "4", "--batch-size", "8",
@@ -321,6 +324,7 @@ def test_batches_are_checked_before_they_reach_the_jitted_step(corpus, monkeypat
         task_lib.make_batch_fn(task, dataset)
 
 
+@pytest.mark.slow  # 25-30 s (two CLI trainings); CI runs it in its slow step
 def test_decoder_only_is_a_charrnn_baseline_from_the_same_code(corpus, tmp_path, capsys):
     """--decoder-only trains the decoder alone from z = 0 (no encoder, no KL): the CharRNN row of MOSES's
     table, like for like. Its encoder gets no gradient, its report has samples but no reconstruction."""
