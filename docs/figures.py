@@ -234,6 +234,9 @@ def _pytest_run() -> str:
     sampled = [r for r in runs("pytest-cpu-2core.json") if "peak_total_rss_mib" in r]  # two workers, process tree
     now = datetime.fromisoformat(PYTEST_NOW)
     recent = [r for r in sampled if datetime.fromisoformat(r["started"]) >= now]
+    if not recent:
+        raise SystemExit(f"pytest.run: no run in pytest-cpu-2core.json started since PYTEST_NOW={PYTEST_NOW}; "
+                         "append one recorded by .ci/run (CI_PYTEST_RESULTS) first")
     before = [r["wall_s"] / 60 for r in sampled if datetime.fromisoformat(r["started"]) < now]
     walls = [r["wall_s"] / 60 for r in recent]
     loads = [r["load_average"]["start"] for r in recent]
