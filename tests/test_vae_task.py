@@ -82,7 +82,8 @@ def test_bad_task_arguments():
 
 
 # 27-35 s, and the default run's largest worker (+0.6 GiB within this one test): CI runs it in its slow step. The
-# default run keeps the VAE CLI's option and file checks (tests/test_cli.py) and its training (the saved-run test).
+# default run keeps the VAE CLI's option and file checks (tests/test_cli.py) and the task's training, which the
+# CLI calls (`task_lib.train`, the saved-run test below).
 @pytest.mark.slow
 def test_cli_train_sample_evaluate(corpus, tmp_path, capsys):
     out = tmp_path / "run"
