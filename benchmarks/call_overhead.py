@@ -34,6 +34,8 @@ import time
 
 from timed_run import append_run  # this folder's script: the script's own directory is on sys.path
 
+from jax_scan_rnn.cli import positive_int, positive_int_list  # the CLI's option checks (no JAX import)
+
 ARMS = ("eager", "nnx.jit", "cached_partial", "bare jax.jit", "jsr.jit", "torch seed loop")
 
 
@@ -202,15 +204,18 @@ def table(rows: list[dict], info: dict, command: str, parts: dict) -> str:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seq-lens", default="4,1000", help="comma-separated T values")
-    parser.add_argument("--rounds", type=int, default=20, help="rounds of interleaved calls (each: one eager call)")
+    parser.add_argument("--seq-lens", type=positive_int_list, default="4,1000", help="comma-separated T values")
+    parser.add_argument("--rounds", type=positive_int, default=20,
+                        help="rounds of interleaved calls (each: one eager call)")
     parser.add_argument("--calls", type=int, default=0,
                         help="calls of each compiled arm per round (0: 200 for T <= 100, else 40)")
     parser.add_argument("--out", help="write the table here, and append the run to the JSON next to it (.json)")
     args = parser.parse_args(argv)
+    if args.calls < 0:
+        parser.error(f"argument --calls: expected an int >= 0, got {args.calls}")
     load_before = os.getloadavg()[0]
     rows = []
-    for steps in [int(t) for t in args.seq_lens.split(",")]:
+    for steps in args.seq_lens:
         calls = args.calls or (200 if steps <= 100 else 40)
         rows += measure(steps, args.rounds, calls)
         print(f"T={steps} done", flush=True)

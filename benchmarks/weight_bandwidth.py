@@ -20,6 +20,7 @@ import numpy as np
 from flax import nnx
 
 import jax_scan_rnn as jsr
+from jax_scan_rnn.cli import positive_int, positive_int_list
 from call_overhead import machine  # this folder's scripts: the script's own directory is on sys.path
 from timed_run import append_run
 
@@ -43,22 +44,12 @@ def measure(hidden: int, steps: int, rounds: int, calls: int) -> dict:
             "weight_bytes": int(weights), "gb_per_s": weights / us / 1e3}
 
 
-def positive(text: str) -> int:
-    if not text.strip().isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return int(text)
-
-
-def positives(text: str) -> list[int]:
-    return [positive(word) for word in text.split(",")]
-
-
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hidden-sizes", type=positives, default="32,64,128,256", help="comma-separated H values")
-    parser.add_argument("--steps", type=positive, default=1000, help="T of each call")
-    parser.add_argument("--rounds", type=positive, default=7)
-    parser.add_argument("--calls", type=positive, default=20, help="calls per round")
+    parser.add_argument("--hidden-sizes", type=positive_int_list, default="32,64,128,256", help="comma-separated H values")
+    parser.add_argument("--steps", type=positive_int, default=1000, help="T of each call")
+    parser.add_argument("--rounds", type=positive_int, default=7)
+    parser.add_argument("--calls", type=positive_int, default=20, help="calls per round")
     parser.add_argument("--out", help="append the run to this JSON file (created if missing)")
     args = parser.parse_args(argv)
     if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):

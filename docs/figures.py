@@ -354,20 +354,21 @@ def _vae_best_compliant() -> str:
     """The most valid run that keeps issue 15's line: uniqueness >= 0.99, novelty >= 0.9, in 10 minutes."""
     ok = [r for r in runs(VAE_RUNS) if r["report"]["samples"]["uniqueness"] >= 0.99
           and r["report"]["samples"]["novelty"] >= 0.9 and r["wall_s"] <= 600]
-    best = max(ok, key=lambda r: r["report"]["samples"]["validity"])
-    flags = _vae_flags(best)
+    return _run_line(max(ok, key=lambda r: r["report"]["samples"]["validity"]))
+
+
+def _run_line(run: dict) -> str:
+    """A run's options (or "the default run"), sample metrics, wall time and load at its start."""
+    flags = _vae_flags(run)
     name = "the default run" if flags == "(defaults)" else f"`{flags}`"
-    return (f"{name}: {_sample_row(best)}, {best['wall_s'] / 60:.1f} min at load "
-            f"{best['load_average']['start']:.1f}")
+    return f"{name}: {_sample_row(run)}, {run['wall_s'] / 60:.1f} min at load {run['load_average']['start']:.1f}"
 
 
 @figure("vae.most_valid")
 def _vae_most_valid() -> str:
     """The most valid run within issue 15's 10 minutes, whatever its uniqueness and novelty."""
     best = max((r for r in runs(VAE_RUNS) if r["wall_s"] <= 600), key=lambda r: r["report"]["samples"]["validity"])
-    flags = _vae_flags(best)
-    name = "the default run" if flags == "(defaults)" else f"`{flags}`"
-    text = f"{name}: {_sample_row(best)}, {best['wall_s'] / 60:.1f} min at load {best['load_average']['start']:.1f}"
+    text = _run_line(best)
     # Its other seed, when recorded: a difference smaller than the seeds' is not a finding.
     others = set(_vae_options(best)) ^ {("--seed", "1")}
     twin = next((r for r in runs(VAE_RUNS) if set(_vae_options(r)) == others), None)

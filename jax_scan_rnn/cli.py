@@ -703,6 +703,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_int_list(text: str) -> tuple[int, ...]:
+    """`"4,1000"` -> (4, 1000): comma-separated positive ints (the T or B values of a sweep)."""
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    return values
+
+
 def positive_float(text: str) -> float:
     value = float(text)
     if not 0 < value < math.inf:

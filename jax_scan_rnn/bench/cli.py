@@ -15,21 +15,12 @@ from jax_scan_rnn.bench.engine import run_suite
 from jax_scan_rnn.bench.machine import host_kind
 from jax_scan_rnn.bench.methods import METHODS, check_method_keys
 from jax_scan_rnn.bench.report import criteria, format_ratio, format_us, headline, write_results
+from jax_scan_rnn.cli import positive_int_list
 
 
 # ----------------------------------------------------------------------------------------------------
 # CLI hook: `jax-scan-rnn bench` = add_arguments(sub.add_parser("bench")) + run(args)
 # ----------------------------------------------------------------------------------------------------
-
-
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
-    return values
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,13 +36,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="runs/bench", metavar="DIR",
                         help="where to write <host-kind>.json/.md and the PNG plots (default: runs/bench; the "
                              "committed results: --out benchmarks/results)")
-    parser.add_argument("--seq-lens", type=_int_list, metavar="T,T,...", help="sequence lengths of the grid")
-    parser.add_argument("--batch-sizes", type=_int_list, metavar="B,B,...", help="batch sizes of the grid")
-    parser.add_argument("--sweep-seq-lens", type=_int_list, metavar="T,T,...",
+    parser.add_argument("--seq-lens", type=positive_int_list, metavar="T,T,...", help="sequence lengths of the grid")
+    parser.add_argument("--batch-sizes", type=positive_int_list, metavar="B,B,...", help="batch sizes of the grid")
+    parser.add_argument("--sweep-seq-lens", type=positive_int_list, metavar="T,T,...",
                         help="short sequence lengths for the compile-bound loops")
-    parser.add_argument("--vae-batch-sizes", type=_int_list, metavar="B,B,...",
+    parser.add_argument("--vae-batch-sizes", type=positive_int_list, metavar="B,B,...",
                         help="batch sizes of the VAE decoder rows (the VAE issue's point: 128)")
-    parser.add_argument("--vae-seq-lens", type=_int_list, metavar="T,T,...", help="sequence lengths of the VAE rows")
+    parser.add_argument("--vae-seq-lens", type=positive_int_list, metavar="T,T,...", help="sequence lengths of the VAE rows")
     parser.add_argument("--methods", metavar="KEY,KEY,...",
                         help=f"only these rows (the seed loop and limits always run); keys: {', '.join(METHODS)}")
     parser.add_argument("--modes", default=None, metavar="MODE,...", help="forward,train (default: both)")
