@@ -434,6 +434,58 @@ def _vae_experiments() -> str:
     return "\n".join(lines)
 
 
+# Narrower GRUs buy more updates in the same minutes (MOSES's data, random batches): wide and few, narrow and many.
+WIDTH_RUNS = ("--data moses --limit 300000 --bucket-pool 0 --steps 1800",
+              "--data moses --limit 300000 --bucket-pool 0 --hidden-size 192 --steps 2400",
+              "--data moses --limit 300000 --bucket-pool 0 --hidden-size 128 --steps 3600",
+              "--data moses --limit 300000 --bucket-pool 0 --hidden-size 128 --steps 4200")
+
+
+@figure("vae.width")
+def _vae_width() -> str:
+    """Each width's run: its hidden size and updates, sample metrics and wall time."""
+    parts = []
+    for flags in WIDTH_RUNS:
+        run, options = _vae_run(flags), dict(_option_pairs(flags.split()))
+        hidden = options.get("--hidden-size", "256")
+        parts.append(f"H={hidden}, {int(options['--steps']):,} updates: {_sample_row(run)}, {run['wall_s'] / 60:.1f} min")
+    return "; ".join(parts)
+
+
+@figure("vae.moses_novelty")
+def _vae_moses_novelty() -> str:
+    """MOSES's published SMILES models: valid, but under the novelty line."""
+    from jax_scan_rnn.metrics import MOSES_PUBLISHED
+
+    return "; ".join(f"{name}: {MOSES_PUBLISHED[name]['valid']:.3f} valid, novelty {MOSES_PUBLISHED[name]['Novelty']:.3f}"
+                     for name in ("MOSES CharRNN", "MOSES VAE"))
+
+
+VAE_INVALID = "vae-invalid-cpu-2core.json"
+INVALID_CLASSES = ("parentheses", "ring closure", "other syntax", "aromaticity", "valence", "other chemistry")
+
+
+@figure("vae.mask_gain")
+def _vae_mask_gain() -> str:
+    """Validity points the syntax mask adds to the same run's samples."""
+    run = runs(VAE_INVALID)[-1]
+    return f"{(run['masked']['validity'] - run['plain']['validity']) * 100:.1f} points"
+
+
+@figure("vae.invalid")
+def _vae_invalid() -> str:
+    """What rdkit rejects in one run's prior samples, with and without the syntax mask (benchmarks/vae_invalid.py)."""
+    run = runs(VAE_INVALID)[-1]
+    lines = [f"`{_vae_run_flags(run['run'])}`, {run['samples']:,} prior samples each (temperature 1, seed {run['seed']}):",
+             "", "| sampler | valid | " + " | ".join(INVALID_CLASSES) + " | at the length limit |",
+             "|---|" + "---:|" * (len(INVALID_CLASSES) + 2)]
+    for key, name in (("plain", "the model's own"), ("masked", "with the syntax mask")):
+        row = run[key]
+        lines.append(f"| {name} | {row['validity']:.3f} | " + " | ".join(f"{row['invalid'][c]:.3f}" for c in INVALID_CLASSES)
+                     + f" | {row['at_max_length']:.3f} |")
+    return "\n".join(lines)
+
+
 VAE_MOSES = "vae-moses-cpu-2core.json"
 MOSES_SHOWN = ("valid", "unique@10k", "FCD/Test", "SNN/Test", "Frag/Test", "Scaf/Test", "IntDiv", "Filters", "Novelty")
 
