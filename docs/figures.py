@@ -510,6 +510,12 @@ def _vae_schedules() -> str:
     return "; ".join(parts) + (" (seeds 0 and 1 where two are given)")
 
 
+@figure("vae.narrow_regularised")
+def _vae_narrow_regularised() -> str:
+    return _run_line(_vae_run("--data moses --limit 300000 --bucket-pool 0 --hidden-size 128 --steps 4200 "
+                              "--weight-decay 0.1 --lr-schedule linear"))
+
+
 @figure("vae.moses_random")
 def _vae_moses_random() -> str:
     return _run_line(_vae_run("--bucket-pool 0 --data moses --limit 300000"))
