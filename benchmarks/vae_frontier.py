@@ -29,13 +29,15 @@ def main(argv=None) -> int:
         runs = json.loads(args.results.read_text())["runs"]
     except (OSError, ValueError, KeyError) as err:
         parser.error(f"--results {args.results}: expected a timed_run.py results file ({err})")
-    import matplotlib
+    from jax_scan_rnn.metrics import MOSES_PUBLISHED
+    from jax_scan_rnn.optional import require
 
-    matplotlib.use("Agg")
+    try:
+        require("matplotlib", "the plot").use("Agg")
+    except ImportError as err:
+        parser.error(str(err))
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
-
-    from jax_scan_rnn.metrics import MOSES_PUBLISHED
 
     fig, ax = plt.subplots(figsize=(6.4, 4.8))
     ax.fill_between([LINE, 1.0], LINE, 1.0, color="tab:green", alpha=0.12)

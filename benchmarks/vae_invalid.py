@@ -30,6 +30,7 @@ from jax_scan_rnn import metrics
 from jax_scan_rnn.checkpoint import CheckpointError
 from jax_scan_rnn.cli import positive_int
 from jax_scan_rnn.data import smiles
+from jax_scan_rnn.optional import require
 from jax_scan_rnn.tasks import vae as vae_task
 from call_overhead import machine  # this folder's scripts: the script's own directory is on sys.path
 from timed_run import append_run
@@ -136,6 +137,10 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (both samplers)")
     parser.add_argument("--out", help="append the result to this JSON results file")
     args = parser.parse_args(argv)
+    try:
+        require("rdkit.Chem", "sorting invalid SMILES")
+    except ImportError as err:
+        parser.error(str(err))
     try:
         model, vocab, task = vae_task.load(args.run)
     except (CheckpointError, OSError, ValueError) as err:
