@@ -510,6 +510,11 @@ def _vae_schedules() -> str:
     return "; ".join(parts) + " (seeds 0 and 1 where two are given)"
 
 
+@figure("vae.steps1800")
+def _vae_steps1800() -> str:
+    return _with_other_seed(_vae_run("--data moses --limit 300000 --bucket-pool 0 --steps 1800"))
+
+
 @figure("vae.narrow_regularised")
 def _vae_narrow_regularised() -> str:
     return _run_line(_vae_run("--data moses --limit 300000 --bucket-pool 0 --hidden-size 128 --steps 4200 "
