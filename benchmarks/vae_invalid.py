@@ -123,7 +123,7 @@ def summary(samples: list[str], max_len: int) -> dict:
         classes = Counter(invalid_class(s) for s in samples)
     n = len(samples)
     return {
-        "validity": metrics.validity(samples),
+        "validity": classes[None] / n,  # invalid_class's None is metrics.validity's rule: counted once, not parsed twice
         "uniqueness": metrics.uniqueness(samples),
         "invalid": {c: classes[c] / n for c in CLASSES},
         "at_max_length": sum(len(s) >= max_len - 1 for s in samples) / n,  # strings that ran out of steps

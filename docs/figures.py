@@ -382,8 +382,7 @@ def _with_other_seed(best: dict) -> str:
     """`_run_line` of a run, and its other seed's sample metrics when recorded."""
     text = _run_line(best)
     # Its other seed, when recorded: a difference smaller than the seeds' is not a finding.
-    others = set(_vae_options(best)) ^ {("--seed", "1")}
-    twin = next((r for r in runs(VAE_RUNS) if set(_vae_options(r)) == others), None)
+    twin = _other_seed(best)
     if twin is not None:
         text += (f"; with {'seed 0' if ('--seed', '1') in _vae_options(best) else '`--seed 1`'}: "
                  f"{_sample_row(twin)}, {twin['wall_s'] / 60:.1f} min")
@@ -493,10 +492,16 @@ SCHEDULE_RUNS = (("cosine decay (the default)", ""), ("linear decay", " --lr-sch
                  ("linear with weight decay 0.1", " --weight-decay 0.1 --lr-schedule linear"))
 
 
+def _other_seed(run: dict) -> dict | None:
+    """The recorded run of the same options with the other seed (0 <-> 1), or None."""
+    others = set(_vae_options(run)) ^ {("--seed", "1")}
+    return next((r for r in runs(VAE_RUNS) if set(_vae_options(r)) == others), None)
+
+
 def _seeds(flags: str) -> list[dict]:
-    """The runs of `flags` with seed 0 and, when recorded, seed 1."""
-    wanted = set(_option_pairs(flags.split()))
-    return [r for seed in ((), (("--seed", "1"),)) for r in runs(VAE_RUNS) if set(_vae_options(r)) == wanted | set(seed)]
+    """The run of `flags` (seed 0) and, when recorded, its seed 1."""
+    first = _vae_run(flags)
+    return [r for r in (first, _other_seed(first)) if r is not None]
 
 
 @figure("vae.schedules")
