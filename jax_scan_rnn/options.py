@@ -102,7 +102,8 @@ def add_arguments(group: Any, cls: type, defaults: dict[str, Any] | None = None,
                 kwargs["choices"], kwargs["metavar"] = field.metadata["choices"], None
         text = shown.get(field.name, field.metadata.get("none", "off")) if default is None else default
         help_text = field.metadata.get("help", "")
-        kwargs["help"] = f"{help_text} (default: {text})" if kind is not bool else help_text
+        help_text = f"{help_text} (default: {text})" if kind is not bool else help_text
+        kwargs["help"] = help_text.replace("%", "%%")  # argparse formats help with %: a literal % would raise
         group.add_argument(flag(cls, field.name), **kwargs)
 
 

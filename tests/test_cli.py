@@ -54,6 +54,16 @@ def test_version_and_help_start_at_once_without_importing_jax(argv):
     assert float(seconds) < STARTUP_BUDGET_S
 
 
+@pytest.mark.parametrize("command", [["train", "traveller"], ["train", "vae"], ["bench"], ["sample", "vae"],
+                                     ["evaluate", "vae"], ["evaluate", "traveller"]])
+def test_every_command_help_renders(command, capsys):
+    """argparse formats help texts with %: a field's help with a literal % once crashed `train vae --help`."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command, "--help"])
+    assert exit_info.value.code == 0
+    assert "usage: jax-scan-rnn" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
 @pytest.mark.parametrize("argv, flag", [(["sample", "vae", "--checkpoint", "nowhere", "--temperature"], "--temperature"),
                                          (["train", "traveller", "--lr"], "--lr")])

@@ -80,27 +80,32 @@ def parse_smiles(smiles: str):
     return mol
 
 
-def canonical_smiles(smiles: str) -> str | None:
+def canonical_smiles(smiles: str, kekule: bool = False) -> str | None:
     """rdkit's canonical SMILES (`Chem.MolToSmiles`, stereo kept) of `smiles`, or None if invalid.
 
     This is MOSES's `canonic_smiles`. Canonical forms can differ between rdkit releases, so compare
-    strings canonicalised by the same rdkit.
+    strings canonicalised by the same rdkit. `kekule=True` writes the Kekulé form: aromatic rings as
+    alternating single and double bonds (`C1=CC=CC=C1`, not `c1ccccc1`), no lowercase atoms, no `[nH]`.
     """
+    kekule = boolean("kekule", kekule)
     with silence_rdkit():
         mol = parse_smiles(smiles)
-        return None if mol is None else _chem().MolToSmiles(mol)
+        return None if mol is None else _chem().MolToSmiles(mol, kekuleSmiles=kekule)
 
 
-def randomized_smiles(smiles: str, count: int, seed: int, max_length: int) -> list[str]:
+def randomized_smiles(smiles: str, count: int, seed: int, max_length: int, kekule: bool = False) -> list[str]:
     """`count` randomized SMILES of the molecule (Arús-Pous et al. 2019): the same graph written from random
     starting atoms and branch orders (`Chem.MolToRandomSmilesVect`, seeded, so the same arguments give the
-    same strings), those of at most `max_length` characters, duplicates dropped. [] if `smiles` is invalid."""
+    same strings), in Kekulé form if `kekule`, those of at most `max_length` characters, duplicates dropped.
+    [] if `smiles` is invalid."""
     integer("count", count, lo=0)
+    kekule = boolean("kekule", kekule)
     with silence_rdkit():
         mol = parse_smiles(smiles)
         if mol is None or count == 0:
             return []
-        variants = _chem().MolToRandomSmilesVect(mol, count, randomSeed=integer("seed", seed, lo=0))
+        variants = _chem().MolToRandomSmilesVect(mol, count, randomSeed=integer("seed", seed, lo=0),
+                                                 kekuleSmiles=kekule)
     return list(dict.fromkeys(v for v in variants if len(v) <= max_length))
 
 
