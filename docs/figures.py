@@ -65,6 +65,10 @@ def seconds_range(walls: list[float]) -> str:
     return f"{text} ({runs_count(len(walls))})"
 
 
+def percent_range(fractions: list[float]) -> str:
+    return f"{span([100 * f for f in fractions])}%"
+
+
 def minutes_range(walls: list[float]) -> str:
     def mmss(s: float) -> str:
         return f"{int(s // 60)} min {round(s % 60):02d} s"
@@ -209,17 +213,25 @@ def runs(file: str) -> list[dict]:
 TRAVELLER = "train-traveller-cpu-2core.json"
 
 
+def _default_runs() -> list[dict]:
+    """The runs of `train vae` as it is today: no option but `--seed 1`, started after the defaults last changed (a
+    run of the same options before then ran older code)."""
+    since = datetime.fromisoformat(OLD_DEFAULTS[-1][0])
+    return [r for r in runs(VAE_RUNS) if set(_vae_options(r)) <= {("--seed", "1")}
+            and datetime.fromisoformat(r["started"]) >= since]
+
+
 @figure("vae.default_wall")
 def _vae_default_wall() -> str:
-    walls = [r["wall_s"] for r in runs(VAE_RUNS) if _vae_flags(r) == "(defaults)"]
-    loads = [r["load_average"]["start"] for r in runs(VAE_RUNS) if _vae_flags(r) == "(defaults)"]
+    walls = [r["wall_s"] for r in _default_runs()]
+    loads = [r["load_average"]["start"] for r in _default_runs()]
     return f"{minutes_range(walls)}, load average {span(loads)} at the start"
 
 
 @figure("vae.default_valid")
 def _vae_default_valid() -> str:
-    valid = [r["report"]["samples"]["validity"] for r in runs(VAE_RUNS) if _vae_flags(r) == "(defaults)"]
-    return f"{valid[-1]:.0%} of its prior samples (temperature 1) are valid SMILES"
+    valid = [r["report"]["samples"]["validity"] for r in _default_runs()]
+    return f"{percent_range(valid)} of its prior samples (temperature 1) are valid SMILES"
 
 
 # The suite's runs from this start on run today's selection: the three heaviest end-to-end tests marked slow (CI
@@ -283,11 +295,18 @@ def _traveller_table() -> str:
 VAE_RUNS = "vae-experiments-cpu-2core.json"
 
 
-# `train vae`'s defaults as they changed on 2026-12-01: until 12:35 UTC one decoder layer (the encoder's count)
-# and KL weight 0.05; until 20:48 UTC uniformly random batches (no length bucketing). A run started before a
+# `train vae`'s defaults as they changed: on 2026-12-01 until 12:35 UTC one decoder layer (the encoder's count) and
+# KL weight 0.05; until 20:48 UTC uniformly random batches (no length bucketing); on 2026-12-02 until 11:15 UTC
+# rdkit's data, all of it, as written, in length-bucketed batches, 1,200 updates without weight decay (then MOSES's
+# first 300,000 molecules in Kekulé form, random batches, 1,800 updates, weight decay 0.1). A run started before a
 # change shows the flags that repeat it today; a flag equal to today's default is not shown.
 OLD_DEFAULTS = (("2026-12-01T12:35:00+00:00", (("--decoder-layers", "1"), ("--max-beta", "0.05"))),
-                ("2026-12-01T20:48:09+00:00", (("--bucket-pool", "0"),)))
+                ("2026-12-01T20:48:09+00:00", (("--bucket-pool", "0"),)),
+                ("2026-12-02T11:15:00+00:00", (("--data", "rdkit"), ("--limit", "none"), ("--no-kekule", None),
+                                               ("--bucket-pool", "100"), ("--steps", "1200"),
+                                               ("--weight-decay", "0.0"))))
+# The runs the figures below name by their options are named as the defaults before 2026-12-02 11:15 UTC named them.
+NAMED_AS_OF = "2026-12-02T11:14:00+00:00"
 
 
 def _option_pairs(words: list[str]) -> list[tuple[str, str | None]]:
@@ -300,22 +319,52 @@ def _option_pairs(words: list[str]) -> list[tuple[str, str | None]]:
     return pairs
 
 
-def _vae_options(run: dict) -> list[tuple[str, str | None]]:
-    """The options that make a run differ from today's defaults, from its recorded command and start."""
-    from jax_scan_rnn.options import flag
-    from jax_scan_rnn.tasks.vae import VAETask
+def _family(flag: str) -> str:
+    """A switch and its negation are one option: --kekule / --no-kekule -> --kekule."""
+    return flag.replace("--no-", "--", 1)
 
+
+def _older(pairs: list[tuple[str, str | None]], when: datetime) -> list[tuple[str, str | None]]:
+    """`pairs` with the old default of every option they do not set and that changed after `when`."""
+    given = {_family(f) for f, _ in pairs}
+    added = []
+    for until, old in OLD_DEFAULTS:  # the earliest change after `when` holds the value in force then
+        if when < datetime.fromisoformat(until):
+            added += [(f, v) for f, v in old if _family(f) not in given]
+            given |= {_family(f) for f, _ in old}
+    return pairs + added
+
+
+def _defaults(as_of: str | None) -> set[tuple[str, str | None]]:
+    """`train vae`'s defaults as (flag, value) pairs, today's or those in force at `as_of`."""
+    from jax_scan_rnn.options import flag
+    from jax_scan_rnn.tasks.vae import TRAIN_DEFAULTS, VAETask
+
+    today = []
+    for f in fields(VAETask):
+        value = getattr(VAETask(), f.name)
+        if f.name == "kekule":  # None: Kekulé for SMILES, which every run's data is
+            value = VAETask().writes_kekule
+        name = flag(VAETask, f.name)
+        if isinstance(value, bool):
+            today.append((name if value else name.replace("--", "--no-", 1), None))
+        else:
+            today.append((name, "none" if value is None else str(value)))
+    today += [("--steps", str(TRAIN_DEFAULTS["steps"])), ("--weight-decay", str(TRAIN_DEFAULTS["weight_decay"]))]
+    if as_of is None:
+        return set(today)
+    changed = _older([], datetime.fromisoformat(as_of))
+    return set(changed) | {(f, v) for f, v in today if _family(f) not in {_family(g) for g, _ in changed}}
+
+
+def _vae_options(run: dict, as_of: str | None = None) -> list[tuple[str, str | None]]:
+    """The options that make a run differ from today's defaults (or those at `as_of`), from its recorded command
+    and start."""
     words = run["command"].split()
     # Where it wrote, and the evaluation size every run shares, are not options of the run.
     pairs = [(f, v) for f, v in _option_pairs(words[words.index("vae") + 1:]) if f not in ("--out", "--eval-samples")]
-    started = datetime.fromisoformat(run["started"])
-    for until, old in OLD_DEFAULTS[::-1]:  # the latest change first: its flags end up last
-        if started < datetime.fromisoformat(until):
-            given = {f for f, _ in pairs}
-            pairs = [(f, v) for f, v in old if f not in given] + pairs
-    defaults = VAETask()
-    today = {flag(VAETask, f.name): str(getattr(defaults, f.name)) for f in fields(VAETask)}
-    return [(f, v) for f, v in pairs if today.get(f, object()) != v]
+    defaults = _defaults(as_of)
+    return [p for p in _older(pairs, datetime.fromisoformat(run["started"])) if p not in defaults]
 
 
 def _vae_flags(run: dict) -> str:
@@ -349,16 +398,22 @@ def _vae_charrnn_curve() -> str:
             f"{last['uniqueness']:.3f} and novelty {last['novelty']:.3f}")
 
 
+def _aromatic_runs() -> list[dict]:
+    """The runs that wrote molecules as their data writes them (aromatic), not in Kekulé form."""
+    return [r for r in runs(VAE_RUNS) if ("--no-kekule", None) in _vae_options(r)]
+
+
 def _best_compliant_run() -> dict:
-    """The most valid run that keeps issue 15's line: uniqueness >= 0.99, novelty >= 0.9, in 10 minutes."""
-    ok = [r for r in runs(VAE_RUNS) if r["report"]["samples"]["uniqueness"] >= 0.99
+    """The most valid aromatic run that keeps issue 15's line: uniqueness >= 0.99, novelty >= 0.9, in 10 minutes
+    (the Kekulé form's runs have figures of their own)."""
+    ok = [r for r in _aromatic_runs() if r["report"]["samples"]["uniqueness"] >= 0.99
           and r["report"]["samples"]["novelty"] >= 0.9 and r["wall_s"] <= 600]
     return max(ok, key=lambda r: r["report"]["samples"]["validity"])
 
 
 def _most_valid_run() -> dict:
-    """The most valid run within issue 15's 10 minutes, whatever its uniqueness and novelty."""
-    return max((r for r in runs(VAE_RUNS) if r["wall_s"] <= 600), key=lambda r: r["report"]["samples"]["validity"])
+    """The most valid aromatic run within issue 15's 10 minutes, whatever its uniqueness and novelty."""
+    return max((r for r in _aromatic_runs() if r["wall_s"] <= 600), key=lambda r: r["report"]["samples"]["validity"])
 
 
 @figure("vae.best_compliant")
@@ -389,10 +444,10 @@ def _with_other_seed(best: dict) -> str:
     return text
 
 
-def _vae_run(flags: str) -> dict:
-    """The first run whose options (`_vae_options`) are `flags`, in any order ("(defaults)": none)."""
+def _vae_run(flags: str, as_of: str | None = NAMED_AS_OF) -> dict:
+    """The first run whose options (`_vae_options` as of `as_of`) are `flags`, in any order ("(defaults)": none)."""
     wanted = set(_option_pairs(flags.split())) if flags != "(defaults)" else set()
-    return next(r for r in runs(VAE_RUNS) if set(_vae_options(r)) == wanted)
+    return next(r for r in runs(VAE_RUNS) if set(_vae_options(r, as_of)) == wanted)
 
 
 # The same options with seeds 0 and 1, bucketed (today's default) and with random batches: rdkit's data, MOSES's.
@@ -434,11 +489,46 @@ def _vae_experiments() -> str:
 
 @figure("vae.key_runs")
 def _vae_key_runs() -> str:
-    """The README's rows: today's default, the CharRNN on MOSES's data, the best within the uniqueness and
-    novelty line, the most valid within 10 minutes (each chosen from the results, not named by hand)."""
-    default = [r for r in runs(VAE_RUNS) if _vae_flags(r) == "(defaults)"][-1]
-    return _vae_table([default, _vae_run("--data moses --limit 300000 --decoder-only"), _best_compliant_run(),
-                       _most_valid_run()])
+    """The README's rows: today's default runs, the same options without the Kekulé form, the CharRNN on MOSES's
+    data, and of the aromatic runs the best within the uniqueness and novelty line and the most valid within 10
+    minutes (each chosen from the results, not named by hand; a run is shown once)."""
+    chosen = [*_default_runs(), _vae_run(AROMATIC_DEFAULT), _vae_run("--data moses --limit 300000 --decoder-only"),
+              _best_compliant_run(), _most_valid_run()]
+    return _vae_table([r for i, r in enumerate(chosen) if all(r is not c for c in chosen[:i])])
+
+
+def _metric_pairs(got: list[dict]) -> str:
+    """Valid, unique and novel of one run or of its two seeds ("a and b"), and the wall times."""
+    def both(key: str) -> str:
+        return " and ".join(f"{r['report']['samples'][key]:.3f}" for r in got)
+
+    return (f"{both('validity')} valid, {both('uniqueness')} unique, {both('novelty')} novel in "
+            + " and ".join(f"{r['wall_s'] / 60:.1f}" for r in got) + " min")
+
+
+@figure("vae.kekule")
+def _vae_kekule() -> str:
+    """The Kekulé runs against the same options with molecules as written (seeds 0 and 1 where recorded)."""
+    parts = []
+    for data, kekule, aromatic in (("MOSES's data, the best run's options", AROMATIC_DEFAULT + " --kekule",
+                                    AROMATIC_DEFAULT),
+                                   ("rdkit's data, the defaults before", "--kekule", "(defaults)")):
+        got, base = _seeds(kekule), _seeds(aromatic)
+        seeds = " (seeds 0 and 1)" if len(got) > 1 else ""
+        parts.append(f"on {data}, in Kekulé form {_metric_pairs(got)}{seeds}; as written {_metric_pairs(base)}")
+    return "; ".join(parts)
+
+
+@figure("vae.default_runs")
+def _vae_default_runs() -> str:
+    """Every run of today's `train vae` (seed 0, or `--seed 1`) in the order they ran."""
+    return "; ".join(f"{'`--seed 1`' if ('--seed', '1') in _vae_options(r) else 'seed 0'}: {_metric_pairs([r])} "
+                     f"at load {r['load_average']['start']:.1f}, peak memory {r['peak_total_rss_mib'] / 1024:.1f} GiB "
+                     f"(all processes)" for r in _default_runs())
+
+
+# Today's defaults but molecules as MOSES writes them (aromatic), as the defaults before 2026-12-02 named them.
+AROMATIC_DEFAULT = "--data moses --limit 300000 --bucket-pool 0 --steps 1800 --weight-decay 0.1"
 
 
 def _vae_table(chosen: list[dict]) -> str:

@@ -804,13 +804,13 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     vae = train.add_parser("vae", help="the SMILES sequence VAE (GRU encoder/decoder, teacher forcing or scheduled "
                                        "sampling)")
     if words == ["train", "vae"]:
-        from jax_scan_rnn.tasks.vae import LEARNING_RATE, PRESETS, VAETask
+        from jax_scan_rnn.tasks.vae import PRESETS, TRAIN_DEFAULTS, VAETask
 
         vae.add_argument("--preset", choices=tuple(PRESETS), default=None,
                          help="; ".join(f"{p.name}: {p.summary}" for p in PRESETS.values())
                          + ". Its values become the defaults below; an explicit flag overrides them")
         preset = preset_named(argv, PRESETS)
-        train_defaults = {"steps": 1200, "learning_rate": LEARNING_RATE, **(preset.train if preset else {})}
+        train_defaults = {**TRAIN_DEFAULTS, **(preset.train if preset else {})}
         add_train_arguments(vae, VAETask, train_defaults, out="runs/vae",
                             task_defaults=dict(preset.task) if preset else None)
 

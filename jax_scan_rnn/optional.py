@@ -5,7 +5,7 @@ conversion from numpy state dicts and training. The rest is imported only where 
 `require`, so a missing package gives one line that says which extra to install:
 
     torch       torch_ref, the parity check, the benchmark's PyTorch rows      pip install 'jax-scan-rnn[torch]'
-    rdkit       SMILES parsing, validity metrics, the default VAE data         pip install 'jax-scan-rnn[chem]'
+    rdkit       SMILES parsing and Kekulé form, validity metrics, --data rdkit  pip install 'jax-scan-rnn[chem]'
     matplotlib  plots (curves.png, positions.png, benchmark charts)            pip install 'jax-scan-rnn[plot]'
     pyarrow     reading --data FILE.parquet (market data for the Traveller)     pip install 'jax-scan-rnn[parquet]'
     fcd_torch   FCD/Test among MOSES's metrics (ChemNet's weights in its wheel)  pip install 'jax-scan-rnn[moses]'

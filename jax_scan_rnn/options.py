@@ -65,7 +65,7 @@ def _check_value(name: str, value: Any, kind: type, none: bool, meta: Any) -> An
     if meta.get("choices") is not None:
         return validate.choice(name, value, meta["choices"])
     if kind is bool:
-        return validate.boolean(name, value)
+        return value if none and value is None else validate.boolean(name, value)
     if kind is int:
         return validate.integer(name, value, **bounds, none=none)
     if kind is float:

@@ -122,6 +122,20 @@ def test_importing_the_module_does_not_import_rdkit():
 # ---------------------------------------------------------------- vocabulary
 
 
+def test_kekule_forms_are_canonical_kekule_and_canonical_smiles_in_workers_or_not(rdkit_set, monkeypatch):
+    """`kekule_forms`: each SMILES's Kekulé form and canonical SMILES, None for an invalid one, in order, the same
+    whether this process converts them or worker processes do (here from 100 molecules on, instead of 20,000)."""
+    from jax_scan_rnn.data.smiles.sources import _kekule_chunk
+
+    given = [*rdkit_set.sequences[:300], "C1CC", "c1cccc1", ""]  # an open ring, a ring with no Kekulé form, empty
+    expected = [None if sm.canonical_smiles(s) is None
+                else (sm.canonical_smiles(s, kekule=True), sm.canonical_smiles(s)) for s in given]
+    assert expected[-3:] == [None] * 3 and all(not set("cnops") & set(k) for k, _ in expected[:-3])
+    assert _kekule_chunk(given) == expected
+    monkeypatch.setattr(sm.sources, "KEKULE_PARALLEL_FROM", 100)
+    assert sm.kekule_forms(given) == expected
+
+
 def test_special_tokens_have_one_definition():
     from jax_scan_rnn import vae
 

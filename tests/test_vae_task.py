@@ -45,7 +45,12 @@ def test_batches_are_a_pure_function_of_the_step(corpus):
     for key in a:
         np.testing.assert_array_equal(a[key], b[key])
     assert a["tokens"].shape[0] == 8 and a["keys"].shape == (8, 2)
-    assert task_lib.make_batch_fn(tiny(corpus, bucket_pool=0), task_lib.load_dataset(task))(7)["tokens"].shape == (8, 21)
+    # Random batches (--bucket-pool 0) are all as wide as the longest training sequence with its <eos>.
+    random = tiny(corpus, bucket_pool=0, kekule=False)  # aromatic: the longest is 18 characters, under max_length
+    dataset = task_lib.load_dataset(random)
+    longest = max(len(s) for s in dataset.train) + 1
+    widths = {task_lib.make_batch_fn(random, dataset)(s)["tokens"].shape for s in range(5)}
+    assert longest < 21 and widths == {(8, longest)}
 
 
 def test_bucketed_batches_are_cut_to_their_longest_with_the_same_loss(corpus):
@@ -53,8 +58,7 @@ def test_bucketed_batches_are_cut_to_their_longest_with_the_same_loss(corpus):
     rounded up to 8 columns (at most max_length + 1); the loss is the one of the same rows padded to full width."""
     from dataclasses import replace
 
-    task = tiny(corpus, kl_schedule="constant", max_beta=0.3)
-    assert task_lib.VAETask().bucket_pool == 100
+    task = tiny(corpus, kl_schedule="constant", max_beta=0.3, bucket_pool=100)
     dataset = task_lib.load_dataset(task)
     batch_fn = task_lib.make_batch_fn(task, dataset)
     widths = {batch_fn(step)["tokens"].shape[1] for step in range(40)}
@@ -179,6 +183,7 @@ def test_preset_moses_is_its_values_and_explicit_flags_win(capsys):
                                                                                                    False, 128)
     assert (task.decoder_hidden_size, task.decoder_layers, task.concat_z, task.batch_size) == (512, 3, True, 512)
     assert task.bucket_pool == 0  # MOSES's shuffled DataLoader: uniformly random batches
+    assert (task.limit, task.kekule) == (None, False)  # all of MOSES's molecules, as MOSES writes them
     assert (task.decoding, task.recon_reduction, task.kl_schedule, task.max_beta) == ("teacher", "token", "linear",
                                                                                       0.05)
     assert task.kl_warmup == cfg.steps == 100 * 3096  # MOSES's 100 epochs of ceil(1,584,663 / 512) batches
@@ -187,7 +192,8 @@ def test_preset_moses_is_its_values_and_explicit_flags_win(capsys):
     explicit = parsed("--hidden-size", "8", "--preset=moses", "--steps", "10", "--warmup-steps", "2", "--lr", "1e-3")
     assert explicit == preset.configs(hidden_size=8, steps=10, warmup_steps=2, learning_rate=1e-3)
     task, cfg = parsed()  # no preset: the command's own defaults
-    assert task == task_lib.VAETask() and (cfg.steps, cfg.learning_rate) == (1200, task_lib.LEARNING_RATE)
+    assert task == task_lib.VAETask() and (cfg.steps, cfg.learning_rate, cfg.weight_decay) == (1800, 1e-2, 0.1)
+    assert (task.data, task.limit, task.writes_kekule, task.bucket_pool) == ("moses", 300_000, True, 0)
     with pytest.raises(SystemExit):
         parsed("--preset", "chembl")
     assert "argument --preset: invalid choice: 'chembl'" in capsys.readouterr().err
@@ -233,7 +239,7 @@ def write_lines(path, lines):
 
 
 def test_file_lines_are_parsed_as_smiles_unless_not_chemistry(corpus):
-    dataset = task_lib.load_dataset(tiny(corpus))
+    dataset = task_lib.load_dataset(tiny(corpus, kekule=False))  # (--kekule then rewrites them: its own test)
     kept = dataset.train + dataset.valid + dataset.test
     assert dataset.skipped == {"empty": 1, "too_long": 1, "unparsable": 2}
     assert "C1CC" not in kept and "Xyz" not in kept
@@ -242,7 +248,7 @@ def test_file_lines_are_parsed_as_smiles_unless_not_chemistry(corpus):
     assert text.skipped == {"empty": 1, "too_long": 1}  # only the length (and empty-line) checks
     assert sorted(text.train + text.valid + text.test) == sorted([*SMILES, "C1CC", "Xyz"])
     with pytest.raises(ValueError, match=r"smiles_check: expected True for the built-in source 'rdkit' .*got False"):
-        task_lib.VAETask(smiles_check=False)
+        task_lib.VAETask(data="rdkit", smiles_check=False)
 
 
 def test_minimum_is_derived_from_the_split_and_the_batch_size(tmp_path):
@@ -377,6 +383,30 @@ def test_augment_writes_each_training_molecule_several_ways(corpus):
     assert plain(0)["tokens"].shape == batch_fn(0)["tokens"].shape
     with pytest.raises(ValueError, match="^augment: expected 0 with smiles_check=False"):
         tiny(corpus, augment=2, smiles_check=False)
+
+
+def test_kekule_writes_every_part_in_kekule_form(corpus):
+    """--kekule: the same molecules, each written in Kekulé form (no aromatic atom) in training, validation and
+    test, and in every randomized way of --augment; a molecule that grows past --max-length in that form is
+    skipped and counted (here C10 + benzene: 18 characters aromatic, 21 in Kekulé form)."""
+    from jax_scan_rnn.data.smiles import canonical_smiles
+
+    aromatic = set("cnops")  # rdkit's aromatic atoms of MOSES's elements; "Cl" and "Br" end in other letters
+    plain = task_lib.load_dataset(tiny(corpus, kekule=False))
+    assert tiny(corpus).writes_kekule and not tiny(corpus, smiles_check=False).writes_kekule  # SMILES data: on
+    task = tiny(corpus, kekule=True, augment=3)
+    dataset = task_lib.load_dataset(task)
+    assert dataset.skipped["too_long_in_kekule_form"] == 1
+    parts = dataset.train + dataset.valid + dataset.test
+    assert {canonical_smiles(s) for s in parts} == {canonical_smiles(s) for s in plain.train + plain.valid
+                                                    + plain.test} - {canonical_smiles("C" * 10 + "c1ccccc1")}
+    assert all(s == canonical_smiles(s, kekule=True) for s in parts)
+    assert not aromatic & set(dataset.vocab.tokens) and "c" in plain.vocab.tokens
+    for variants in dataset.train_variants:
+        assert {canonical_smiles(v) for v in variants} == {canonical_smiles(variants[0])}
+        assert not any(aromatic & set(v) for v in variants)
+    with pytest.raises(ValueError, match="^kekule: expected False with smiles_check=False"):
+        tiny(corpus, kekule=True, smiles_check=False)
 
 
 def test_a_run_saved_before_decoder_layers_existed_keeps_one_decoder_layer(corpus, tmp_path, monkeypatch, capsys):

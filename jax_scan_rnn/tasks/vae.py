@@ -1,7 +1,7 @@
 """Train, sample and evaluate the SMILES sequence VAE (`jsr.SeqVAE`, docs/vae_spec.md).
 
     task = VAETask(decoding="scheduled")            # default "teacher": teacher forcing alone
-    model, vocab, history = train(task, TrainConfig(steps=1200, learning_rate=LEARNING_RATE), out_dir="runs/vae")
+    model, vocab, history = train(task, TrainConfig(**TRAIN_DEFAULTS), out_dir="runs/vae")  # `train vae`'s
     report = evaluate(model, vocab, task)             # reconstruction, prior samples, KL, interpolation
     task, cfg = PRESETS["moses"].configs(steps=3000)  # MOSES's VAE and data (`train vae --preset moses`)
 
@@ -36,6 +36,9 @@ RECON_REDUCTIONS = ("sequence", "token")
 # Peak Adam learning rate of `jax-scan-rnn train vae` (and examples/03): the balance of reconstruction and
 # prior-sample validity in a sweep, docs/measurements.md#vae-learning-rate.
 LEARNING_RATE = 1e-2
+# `jax-scan-rnn train vae`'s TrainConfig values (the rest are TrainConfig's): the run that writes 90% valid SMILES
+# in under 10 minutes of two CPU cores (docs/vae_experiments.md).
+TRAIN_DEFAULTS = {"steps": 1800, "learning_rate": LEARNING_RATE, "weight_decay": 0.1}
 SS_MODES = ("argmax", "sample", "gumbel_softmax")
 KL_SCHEDULES = ("constant", "linear", "sigmoid")
 SPLIT_FRACTIONS = (0.9, 0.05, 0.05)  # train / validation / test parts of the data (`smiles.split`)
@@ -50,17 +53,19 @@ EVAL_LOSS, EVAL_RECONSTRUCT = 512, 256
 class VAETask:
     """Data, model size and training objective of a VAE run (every field is a `train vae` flag)."""
 
-    data: str = option("rdkit", "rdkit (SMILES shipped with rdkit), moses (pip install --no-deps molsets) or a text "
-                                "file with one sequence per line")
+    data: str = option("moses", "moses (MOSES's 1.58M training molecules: pip install --no-deps molsets), rdkit (the "
+                                "14,734 drug-like SMILES shipped with rdkit) or a text file with one sequence per line")
     smiles_check: bool = option(True, "parse a --data file's lines as SMILES (rdkit) and skip invalid ones; "
                                       "--no-smiles-check: the file is not chemistry")
     max_length: int = option(smiles.DEFAULT_MAX_LENGTH, "longer sequences are skipped (counted)", lo=1)
-    limit: int | None = option(None, "use at most this many sequences", lo=1)
+    limit: int | None = option(300_000, "use at most this many sequences, the first ones (MOSES's first 300,000: more "
+                                        "than 1,800 updates of 128 draw); none: all", lo=1)
     augment: int = option(0, "randomized SMILES per training molecule (Arus-Pous et al. 2019): each time a molecule "
                              "is drawn, it is written one of these ways or canonically; 0: off", lo=0)
-    kekule: bool = option(False, "write every molecule in Kekulé form (C1=CC=CC=C1, not c1ccccc1): no aromatic atoms "
-                                 "whose ring the model must get right; ~15% longer strings "
-                                 "(docs/vae_experiments.md)")
+    kekule: bool | None = option(None, "write every molecule in Kekulé form (C1=CC=CC=C1, not c1ccccc1): no aromatic "
+                                       "atoms whose ring the model must get right: longer strings, more valid samples "
+                                       "(docs/vae_experiments.md); default: for SMILES data, not with "
+                                       "--no-smiles-check")
     hidden_size: int = option(256, "H of the encoder GRU (and of the decoder's, unless --decoder-hidden-size)", lo=1)
     latent_size: int = option(64, "Z, the latent size", lo=1)
     num_layers: int = option(1, "GRU layers in the encoder", lo=1)
@@ -72,10 +77,11 @@ class VAETask:
     decoder_only: bool = option(False, "a CharRNN baseline from the same code: the decoder alone, from a fixed zero "
                                        "latent, trained on reconstruction alone (no encoder, no KL)")
     batch_size: int = option(128, "sequences per step", lo=1)
-    bucket_pool: int = option(100, "length bucketing: the molecules of this many batches are drawn together and sorted "
+    bucket_pool: int = option(0, "length bucketing: the molecules of this many batches are drawn together and sorted "
                                    "by length, so that each batch holds similar lengths and is padded only to its "
-                                   "longest (rounded up to 8), about 1.5x less work per step; 0: uniformly random "
-                                   "batches, padded to --max-length + 1", lo=0)
+                                   "longest (rounded up to 8), about 1.5x less work per step, and on MOSES's data fewer "
+                                   "valid samples (docs/vae_experiments.md); 0: uniformly random batches, padded to "
+                                   "the longest training sequence", lo=0)
     decoding: str = option("teacher", "teacher forcing only, or scheduled sampling per token (the README says what "
                                       "each does to reconstruction and to sampled molecules)", choices=DECODINGS)
     ss_mode: str = option("argmax", "what replaces a token: the model's argmax, a sample, or straight-through Gumbel",
@@ -103,9 +109,14 @@ class VAETask:
     eval_sequences: int = option(500, "test sequences reconstructed by the final evaluation (it interpolates between "
                                       "two)", lo=MIN_TEST)
 
+    @property
+    def writes_kekule(self) -> bool:
+        """Whether the molecules are rewritten in Kekulé form: `kekule`, or by default whenever the data is SMILES."""
+        return self.smiles_check if self.kekule is None else self.kekule
+
     def __post_init__(self):
         check(self)  # every option, before any data is read or any directory written
-        if self.kekule and not self.smiles_check:
+        if self.kekule is True and not self.smiles_check:
             raise ValueError("kekule: expected False with smiles_check=False (the Kekulé form rewrites molecules; the "
                              "data is not chemistry), got True")
         if self.augment and not self.smiles_check:
@@ -160,8 +171,8 @@ class VAETask:
 
 # Fields added with a default other than the behaviour before them: a run saved without the field ran so.
 # The values of fields a saved run predates: the decoder had the encoder's layer count until decoder_layers
-# existed, and batches were uniformly random before bucket_pool.
-SAVED_BEFORE = {"decoder_layers": None, "bucket_pool": 0}
+# existed, batches were uniformly random before bucket_pool, and molecules were written as given before kekule.
+SAVED_BEFORE = {"decoder_layers": None, "bucket_pool": 0, "kekule": False}
 
 
 @dataclass(frozen=True)
@@ -206,6 +217,8 @@ PRESETS: dict[str, Preset] = {
                 "yet; the differences from MOSES are listed in jax_scan_rnn/tasks/vae.py)",
         task=dict(
             data="moses",               # moses/dataset/data/train.csv.gz, 1,584,663 SMILES (our split: 90/5/5)
+            limit=None,                 # all of them
+            kekule=False,               # MOSES's SMILES as they are (aromatic)
             hidden_size=256,            # config.py q_d_h 256
             num_layers=1,               # config.py q_n_layers 1
             bidirectional=False,        # config.py q_bidir False
@@ -227,6 +240,7 @@ PRESETS: dict[str, Preset] = {
             lr_schedule="constant",     # misc.py CosineAnnealingLRWithRestart from lr_start to lr_end, both 3e-4
             warmup_steps=0,             # none in trainer.py
             clip_norm=50.0,             # config.py clip_grad 50 (trainer.py clip_grad_norm_)
+            weight_decay=0.0,           # trainer.py: optim.Adam, no weight decay
             log_every=100,
             eval_every=MOSES_EPOCH_UPDATES,        # one MOSES epoch (trainer.py validates once per epoch)
             checkpoint_every=MOSES_EPOCH_UPDATES,
@@ -255,8 +269,9 @@ GPU. Its run time is not measured yet. What differs from MOSES, and why:
   one layer it is off, as here; d_dropout is 0.
 - Data. MOSES trains on all 1,584,663 training SMILES; ours on 90 % of them (5 % validation, 5 % test), so
   MOSES's 309,600 updates are about 111 of our epochs. MOSES's batches are uniformly random, padded to their
-  longest; the preset's are uniformly random too (`--bucket-pool 0`), padded to T = 64 (`--max-length 63`).
-  Length bucketing (`train vae`'s default) costs validity on MOSES's data (docs/vae_experiments.md).
+  longest; the preset's are uniformly random too (`--bucket-pool 0`, as `train vae`'s default: length
+  bucketing costs validity on MOSES's data, docs/vae_experiments.md), padded to the longest training molecule.
+  MOSES writes its molecules aromatic, as the preset does (`--no-kekule`; `train vae` writes Kekulé forms).
 - Sampling. MOSES samples with `torch.multinomial` up to 100 tokens; ours with the Gumbel-max trick (the same
   distribution) up to max_length + 1 = 64, beyond the longest MOSES molecule.
 MOSES's metrics of a run: `jax-scan-rnn evaluate vae --checkpoint RUN --metrics moses -n 30000`.
@@ -272,6 +287,8 @@ class Dataset:
     skipped: dict[str, int]
     # Every way each training molecule may be written ([canonical, randomized...], `VAETask.augment`), or None.
     train_variants: list[list[str]] | None = None
+    # The training molecules' canonical SMILES (novelty's reference) where loading computed them (`--kekule`).
+    train_canonical: frozenset[str] | None = None
 
 
 def _skipped_text(skipped: dict[str, int]) -> str:
@@ -289,20 +306,28 @@ def load_dataset(task: VAETask) -> Dataset:
 
     A data file is parsed as SMILES with rdkit (the "rdkit" source's code), its invalid lines skipped and
     counted as "unparsable", and kept as written (not canonicalised); with `task.smiles_check=False` only the
-    length and character checks apply. Raises ValueError, naming `--data`, when the data holds fewer usable
-    sequences than `min_sequences(task.batch_size)`, or when too few validation/test sequences remain once
-    those with characters unseen in the training part are dropped: nothing is trained on data that cannot
-    be evaluated.
+    length and character checks apply. With `task.writes_kekule`, every molecule is then rewritten as rdkit's
+    canonical SMILES in Kekulé form (those that grow past `max_length` skipped and counted). Raises ValueError,
+    naming `--data`, when the data holds fewer usable sequences than `min_sequences(task.batch_size)`, or when
+    too few validation/test sequences remain once those with characters unseen in the training part are
+    dropped: nothing is trained on data that cannot be evaluated.
     """
     file_smiles = None if smiles.is_builtin_source(task.data) else task.smiles_check
     loaded = smiles.load_sequences(task.data, max_length=task.max_length, limit=task.limit, smiles=file_smiles,
                                    canonicalize=False if file_smiles else None)
     sequences, skipped = loaded.sequences, dict(loaded.skipped)
-    if task.kekule:  # every part in one form: the test set is reconstructed as the model learnt to write
-        written = [smiles.canonical_smiles(s, kekule=True) for s in sequences]
-        sequences = [k for k in written if len(k) <= task.max_length]
-        if len(sequences) < len(written):
-            skipped["too_long_in_kekule_form"] = len(written) - len(sequences)
+    canonical_of = None  # Kekulé form -> canonical SMILES, for novelty (one parse gives both)
+    if task.writes_kekule:  # every part in one form: the test set is reconstructed as the model learnt to write
+        forms = smiles.kekule_forms(sequences)
+        valid = [f for f in forms if f is not None]
+        short = [(k, c) for k, c in valid if len(k) <= task.max_length]
+        canonical_of = dict(short)
+        sequences = list(canonical_of)  # dict order: the data's order, which the seeded split then shuffles
+        for reason, count in (("unparsable", len(forms) - len(valid)),
+                              ("too_long_in_kekule_form", len(valid) - len(short)),
+                              ("duplicate", len(short) - len(sequences))):
+            if count:
+                skipped[reason] = skipped.get(reason, 0) + count
     usable = len(sequences)
     skipped_text = _skipped_text(skipped)
     if file_smiles and loaded.skipped.get("unparsable"):
@@ -321,7 +346,7 @@ def load_dataset(task: VAETask) -> Dataset:
     train_seqs, valid_seqs, test_seqs = smiles.split(sequences, SPLIT_FRACTIONS, seed=task.split_seed)
     variants = None
     if task.augment:
-        variants = [[s, *(v for v in smiles.randomized_smiles(s, task.augment, i, task.max_length, task.kekule)
+        variants = [[s, *(v for v in smiles.randomized_smiles(s, task.augment, i, task.max_length, task.writes_kekule)
                           if v != s)] for i, s in enumerate(train_seqs)]
     vocab = smiles.Vocabulary.build([v for vs in variants for v in vs] if variants else train_seqs)
     # Validation/test sequences with characters unseen in training cannot be encoded: drop and count them.
@@ -340,7 +365,8 @@ def load_dataset(task: VAETask) -> Dataset:
             f"dropped (unseen_character {dropped_v + dropped_t}); needs at least {MIN_VALID} validation and "
             f"{MIN_TEST} test sequences (skipped: {skipped_text})"
         )
-    return Dataset(vocab, train_seqs, valid_seqs, test_seqs, skipped, variants)
+    train_canonical = None if canonical_of is None else frozenset(canonical_of[s] for s in train_seqs)
+    return Dataset(vocab, train_seqs, valid_seqs, test_seqs, skipped, variants, train_canonical)
 
 
 def build_model(task: VAETask, vocab_size: int, seed: int = 0) -> SeqVAE:
@@ -366,6 +392,7 @@ def make_batch_fn(task: VAETask, dataset: Dataset, seed: int = 0):
     first = np.concatenate([[0], np.cumsum(counts)[:-1]])  # row of each molecule's first way in `tokens`
     tokens, lengths = encode(dataset.vocab, [v for vs in variants for v in vs], task.max_length)  # checked once
     molecules, canonical_lengths = np.arange(len(variants))[:, None], lengths[first]  # bucketing sorts by these
+    width = int(lengths.max())
 
     def batch_fn(step: int) -> dict:
         # Epochs over molecules (not over their written forms); then one way of writing each, drawn per step.
@@ -375,6 +402,8 @@ def make_batch_fn(task: VAETask, dataset: Dataset, seed: int = 0):
         tok, length = tokens[picked], lengths[picked]
         if task.bucket_pool:  # cut to the rows' own longest (the written forms drawn may differ in length)
             tok = smiles.trim(tok, length)
+        else:  # one width for every step: the longest training sequence's (the columns cut hold only padding)
+            tok = tok[:, :width]
         b = task.batch_size
         return {
             "tokens": tok,
@@ -480,7 +509,9 @@ def evaluate(model: SeqVAE, dataset: Dataset, task: VAETask, *, seed: int = 0) -
     # The same latents decoded two ways: sampled at temperature 1 (what MOSES reports) and greedily.
     # A decoder that has not yet sharpened its next-token distributions writes far more valid SMILES
     # greedily, so the pair tells an undertrained language model from a latent space off the prior.
-    train_canonical = set(metrics.valid_canonical(dataset.train))  # once for both: 13k molecules, ~3.5 s of rdkit
+    train_canonical = dataset.train_canonical  # once for both: 13k molecules, ~3.5 s of rdkit (270k: ~45 s)
+    if train_canonical is None:
+        train_canonical = set(metrics.valid_canonical(dataset.train))
     for name, greedy in (("samples", False), ("samples_greedy", True)):
         generated = sample(model, dataset.vocab, task.eval_samples, max_len=task.max_length + 1, seed=seed,
                            greedy=greedy, decoder_only=task.decoder_only)

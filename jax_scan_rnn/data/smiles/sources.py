@@ -29,8 +29,11 @@ import gzip
 import importlib.util
 import itertools
 import os
+import subprocess
+import sys
+import tempfile
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from jax_scan_rnn.optional import require
@@ -91,6 +94,62 @@ def canonical_smiles(smiles: str, kekule: bool = False) -> str | None:
     with silence_rdkit():
         mol = parse_smiles(smiles)
         return None if mol is None else _chem().MolToSmiles(mol, kekuleSmiles=kekule)
+
+
+# Fewer molecules convert sooner in this process than worker processes start (about a second each).
+KEKULE_PARALLEL_FROM = 20_000
+
+
+def _kekule_pair(Chem, smiles: str) -> tuple[str, str] | None:
+    # MolFromSmiles sanitises: parse_smiles's second SanitizeMol (MOSES's get_mol) changes no canonical form of a
+    # molecule that parsed (checked on 300,000 MOSES molecules) and would cost a quarter of the time here.
+    mol = Chem.MolFromSmiles(smiles) if smiles else None
+    return None if mol is None else (Chem.MolToSmiles(mol, kekuleSmiles=True), Chem.MolToSmiles(mol))
+
+
+def _kekule_chunk(chunk: list[str]) -> list[tuple[str, str] | None]:
+    Chem = _chem()
+    with silence_rdkit():  # one molecule alive at a time: 150,000 rdkit Mols held together took 4.5 GB
+        return [_kekule_pair(Chem, s) for s in chunk]
+
+
+def _kekule_worker() -> None:
+    """A `kekule_forms` worker: SMILES on stdin, one per line; "KEKULE CANONICAL" or an empty line out."""
+    forms = _kekule_chunk(sys.stdin.read().split("\n"))  # not splitlines: a "\r" inside a line must not split it
+    sys.stdout.write("".join("\n" if f is None else f"{f[0]} {f[1]}\n" for f in forms))
+
+
+def kekule_forms(sequences: Sequence[str]) -> list[tuple[str, str] | None]:
+    """`(canonical_smiles(s, kekule=True), canonical_smiles(s))` of each SMILES from one parse, or None if invalid.
+
+    rdkit holds the GIL, so lists of `2 * KEKULE_PARALLEL_FROM` or more are split over worker processes, one per
+    CPU this process may use (a few hundred microseconds per molecule on one core: 300,000 MOSES molecules
+    took over a minute of a 10-minute run, docs/vae_experiments.md). The workers are fresh interpreters: a
+    fork would copy JAX's threads mid-lock, and multiprocessing's spawn would re-run the caller's script.
+    """
+    sequences = list(sequences)
+    workers = min(len(os.sched_getaffinity(0)), len(sequences) // KEKULE_PARALLEL_FROM)
+    if workers <= 1:
+        return _kekule_chunk(sequences)
+    size = -(-len(sequences) // workers)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # the modules this process sees
+    code = "from jax_scan_rnn.data.smiles.sources import _kekule_worker; _kekule_worker()"
+    with contextlib.ExitStack() as files:
+        running = []
+        for start in range(0, len(sequences), size):  # files, not pipes: every worker has its input at once
+            given, got = (files.enter_context(tempfile.TemporaryFile()) for _ in range(2))
+            given.write("\n".join(sequences[start:start + size]).encode())
+            given.seek(0)
+            running.append((subprocess.Popen([sys.executable, "-c", code], stdin=given, stdout=got, env=env), got))
+        forms: list[tuple[str, str] | None] = []
+        for worker, got in running:
+            if worker.wait() != 0:
+                raise RuntimeError(f"kekule_forms: a worker process failed with exit code {worker.returncode}")
+            got.seek(0)
+            forms += [tuple(line.split(" ")) if line else None for line in got.read().decode().split("\n")[:-1]]
+    if len(forms) != len(sequences):
+        raise RuntimeError(f"kekule_forms: expected {len(sequences)} forms from the workers, got {len(forms)}")
+    return forms
 
 
 def randomized_smiles(smiles: str, count: int, seed: int, max_length: int, kekule: bool = False) -> list[str]:
