@@ -290,7 +290,7 @@ def _moses_file(split_name: str) -> str:
     raise FileNotFoundError(
         f"source: the MOSES data file moses/dataset/data/{split_name}.csv.gz was not found; install it with "
         "`pip install --no-deps molsets` (--no-deps: only its data files are read, and its pinned dependencies "
-        "do not build)"
+        "do not build), or use the 'rdkit' source, which ships with rdkit"
     )
 
 
