@@ -183,9 +183,7 @@ def train_config(args: argparse.Namespace):
 def output_directory(out: Path, resume: bool):
     """Hold `--out` for this run (training, evaluation, plots): one writer per run directory (`lock.py`), and
     a finished or running run there is never overwritten without --resume."""
-    from jax_scan_rnn import checkpoint
     from jax_scan_rnn.lock import run_lock
-    from jax_scan_rnn.train import CHECKPOINT_DIR
 
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out: expected a directory, got the file {out}")
@@ -197,11 +195,20 @@ def output_directory(out: Path, resume: bool):
             held.enter_context(run_lock(out))
         except ValueError as err:  # RunDirectoryLocked / RunDirectoryUnwritable: name the flag
             raise ValueError(f"--out: {err}") from None
-        done = checkpoint.steps(out / CHECKPOINT_DIR)
-        if done and not resume:
-            raise ValueError(f"--out: {out} already holds a run (checkpoints at steps {done}); pass --resume to "
-                             "continue it, or choose another --out")
+        refuse_a_finished_run(out, resume)
         yield
+
+
+def refuse_a_finished_run(out: Path, resume: bool) -> None:
+    """ValueError naming --out when it holds checkpoints and --resume is not given. `output_directory` checks it
+    under the directory's lock; a command whose data takes long to load checks it before, too."""
+    from jax_scan_rnn import checkpoint
+    from jax_scan_rnn.train import CHECKPOINT_DIR
+
+    done = checkpoint.steps(out / CHECKPOINT_DIR)
+    if done and not resume:
+        raise ValueError(f"--out: {out} already holds a run (checkpoints at steps {done}); pass --resume to "
+                         "continue it, or choose another --out")
 
 
 def check_output_file(path: str | None, flag: str = "--output") -> None:
@@ -597,6 +604,7 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
     dp = data_parallel(args, task.batch_size)
     if args.preset:
         print(f"preset {args.preset}: {task_lib.PRESETS[args.preset].summary}; explicit flags override it")
+    refuse_a_finished_run(out, args.resume)  # before the data: MOSES's 300,000 molecules take half a minute
     dataset = task_lib.load_dataset(task)
     skipped = ", ".join(f"{k} {v}" for k, v in dataset.skipped.items()) or "none"
     print(f"data {task.data}: {len(dataset.train)} train / {len(dataset.valid)} valid / {len(dataset.test)} test "

@@ -131,11 +131,15 @@ def test_cli_train_sample_evaluate(corpus, tmp_path, capsys):
 
 
 @pytest.mark.slow  # exact resume is covered by tests/test_train.py; this checks the VAE's CLI wiring of it
-def test_cli_resume_continues_the_run(corpus, tmp_path):
+def test_cli_resume_continues_the_run(corpus, tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
     args = ["train", "vae", "--data", str(corpus), "--hidden-size", "8", "--latent-size", "2", "--batch-size", "8",
             "--log-every", "2", "--eval-every", "0", "--checkpoint-every", "4", "--eval-samples", "5", "--out", str(out)]
     assert main([*args, "--steps", "4"]) == 0
+    with monkeypatch.context() as patched:  # a second run there is refused before its data is loaded
+        patched.setattr(task_lib, "load_dataset", lambda task: pytest.fail("loaded the data of a refused run"))
+        assert main([*args, "--steps", "4"]) == 2
+    assert f"--out: {out} already holds a run (checkpoints at steps [4]); pass --resume" in capsys.readouterr().err
     assert main([*args, "--steps", "8", "--resume", "--override"]) == 0  # more steps: a changed option
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["split"] == "train"] == [2, 4, 6, 8]
