@@ -5,7 +5,8 @@ filled, alternating, as a user runs them (`jax_scan_rnn/xla_flags.py`, `use_cli_
 
 Per round and command: `JAX_SCAN_RNN_COMPILATION_CACHE` set to a new empty folder ("empty"), then the same
 command again with that folder ("filled"). Wall time of the whole command, start-up included. The VAE
-commands read a short training run made first. ~5 minutes on a 2-core CPU.
+commands read a short training run made first. About 8 minutes on a 2-core CPU (the VAE ones load MOSES's
+300,000 molecules, `train vae`'s default data, each time).
 """
 from __future__ import annotations
 
