@@ -608,7 +608,8 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
     dataset = task_lib.load_dataset(task)
     skipped = ", ".join(f"{k} {v}" for k, v in dataset.skipped.items()) or "none"
     print(f"data {task.data}: {len(dataset.train)} train / {len(dataset.valid)} valid / {len(dataset.test)} test "
-          f"sequences, vocabulary {dataset.vocab.size}; skipped: {skipped}")
+          f"sequences, vocabulary {dataset.vocab.size}; skipped: {skipped}"
+          + (f"; read up to --limit {task.limit}" if dataset.limit_reached else ""))
     with output_directory(out, args.resume):
         check_resume(out, args, task, cfg)
         print(f"training the VAE ({task.decoding} decoding) for {args.steps} steps on {dp.size} device(s) -> {out}")

@@ -255,6 +255,15 @@ def test_file_lines_are_parsed_as_smiles_unless_not_chemistry(corpus):
         task_lib.VAETask(data="rdkit", smiles_check=False)
 
 
+def test_a_limit_that_stops_reading_is_reported(corpus):
+    """--limit N keeps the first N usable sequences; the dataset says when reading stopped there (the CLI's data
+    line then says so), since the data may hold more."""
+    limited = task_lib.load_dataset(tiny(corpus, limit=50, kekule=False))
+    assert limited.limit_reached and len(limited.train + limited.valid + limited.test) == 50
+    assert not task_lib.load_dataset(tiny(corpus, limit=500, kekule=False)).limit_reached  # 100 usable: all read
+    assert not task_lib.load_dataset(tiny(corpus, limit=None, kekule=False)).limit_reached
+
+
 def test_minimum_is_derived_from_the_split_and_the_batch_size(tmp_path):
     from jax_scan_rnn.data import smiles
 

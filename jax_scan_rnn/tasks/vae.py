@@ -289,6 +289,7 @@ class Dataset:
     train_variants: list[list[str]] | None = None
     # The training molecules' canonical SMILES (novelty's reference) where loading computed them (`--kekule`).
     train_canonical: frozenset[str] | None = None
+    limit_reached: bool = False  # reading stopped at `VAETask.limit` usable sequences: the data may hold more
 
 
 def _skipped_text(skipped: dict[str, int]) -> str:
@@ -366,7 +367,8 @@ def load_dataset(task: VAETask) -> Dataset:
             f"{MIN_TEST} test sequences (skipped: {skipped_text})"
         )
     train_canonical = None if canonical_of is None else frozenset(canonical_of[s] for s in train_seqs)
-    return Dataset(vocab, train_seqs, valid_seqs, test_seqs, skipped, variants, train_canonical)
+    limit_reached = task.limit is not None and len(loaded.sequences) == task.limit
+    return Dataset(vocab, train_seqs, valid_seqs, test_seqs, skipped, variants, train_canonical, limit_reached)
 
 
 def build_model(task: VAETask, vocab_size: int, seed: int = 0) -> SeqVAE:
