@@ -134,6 +134,8 @@ def test_kekule_forms_are_canonical_kekule_and_canonical_smiles_in_workers_or_no
     assert _kekule_chunk(given) == expected
     monkeypatch.setattr(sm.sources, "KEKULE_PARALLEL_FROM", 100)
     assert sm.kekule_forms(given) == expected
+    monkeypatch.delattr(sm.sources.os, "sched_getaffinity")  # macOS has none: os.cpu_count() instead
+    assert sm.kekule_forms(given) == expected
 
 
 def test_special_tokens_have_one_definition():

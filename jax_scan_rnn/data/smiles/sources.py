@@ -128,7 +128,8 @@ def kekule_forms(sequences: Sequence[str]) -> list[tuple[str, str] | None]:
     fork would copy JAX's threads mid-lock, and multiprocessing's spawn would re-run the caller's script.
     """
     sequences = list(sequences)
-    workers = min(len(os.sched_getaffinity(0)), len(sequences) // KEKULE_PARALLEL_FROM)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # Linux; macOS
+    workers = min(cpus, len(sequences) // KEKULE_PARALLEL_FROM)
     if workers <= 1:
         return _kekule_chunk(sequences)
     size = -(-len(sequences) // workers)
