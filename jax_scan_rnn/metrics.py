@@ -650,7 +650,7 @@ def internal_diversity(generated, p: float = 1, *, n_jobs: int = 1) -> float:
 # -------------------------------------------------------------- the whole row
 
 
-def _training_set(train):
+def _training_set(train, train_is_canonical: bool = False):
     """(set of training SMILES to compare with, description); (None, "none") when `train` is None."""
     if train is None:
         return None, "none"
@@ -660,12 +660,12 @@ def _training_set(train):
         # MOSES compares with its training strings as stored (canonical for the rdkit MOSES used).
         return set(_moses_smiles("train")), f"MOSES train set (molsets {_molsets_version()})"
     train = _check_smiles_list(train, "train")
-    return set(valid_canonical(train)), f"given set, n={len(train)}"
+    return set(train) if train_is_canonical else set(valid_canonical(train)), f"given set, n={len(train)}"
 
 
 def moses_metrics(generated: Sequence[str], train: Sequence[str] | str | None = None,
                   reference: str | Sequence[str] | Reference = "moses", *, n_jobs: int = 1,
-                  device: str = "cpu") -> dict[str, float | int | str]:
+                  device: str = "cpu", train_is_canonical: bool = False) -> dict[str, float | int | str]:
     """MOSES's headline metrics of `generated`, computed as MOSES's `get_all_metrics` computes them.
 
     Args:
@@ -679,6 +679,7 @@ def moses_metrics(generated: Sequence[str], train: Sequence[str] | str | None = 
         n_jobs: CPU threads for the Tanimoto searches (SNN, IntDiv) and for torch's ChemNet (FCD); on 2
             cores shared with other work, 1 was the fastest.
         device: torch device for ChemNet (FCD), e.g. "cpu" or "cuda:0".
+        train_is_canonical: a list `train` is canonical SMILES already (as `novelty`'s): compared as given.
 
     Returns:
         {column: value} for each of `MOSES_COLUMNS` (nan where undefined, e.g. no valid molecule), then
@@ -693,7 +694,7 @@ def moses_metrics(generated: Sequence[str], train: Sequence[str] | str | None = 
     n_jobs = validate.integer("n_jobs", n_jobs, lo=1)
     validate.instance("device", device, str)
     reference = reference_set(reference)
-    train_set, train_description = _training_set(train)
+    train_set, train_description = _training_set(train, validate.boolean("train_is_canonical", train_is_canonical))
     Chem = _chem()
 
     canonical = valid_canonical(generated)  # MOSES: remove_invalid(gen, canonize=True)

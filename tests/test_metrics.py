@@ -241,6 +241,14 @@ def test_moses_metrics_of_a_set_against_itself():
     assert row["Novelty"] == pytest.approx(8 / 12)
     assert (row["n_generated"], row["n_valid"]) == (14, 12)
     assert row["reference"] == "held-out split, n=12" and row["train"] == "given set, n=4"
+    # Training SMILES known to be canonical are compared as given (train vae's Kekulé runs keep them): the same
+    # novelty; written otherwise, they would not match (a Kekulé form is not a canonical SMILES).
+    from jax_scan_rnn.data.smiles import canonical_smiles
+
+    canonical = [canonical_smiles(s) for s in SMALL_SET[:4]]
+    assert moses_metrics(generated, canonical, SMALL_SET, train_is_canonical=True)["Novelty"] == pytest.approx(8 / 12)
+    kekule = [canonical_smiles(s, kekule=True) for s in SMALL_SET[:4]]
+    assert moses_metrics(generated, kekule, SMALL_SET)["Novelty"] == pytest.approx(8 / 12)
     # Duplicates count in every metric after "valid", as in MOSES: unique@k drops, Frag is no longer 1.
     row = moses_metrics(SMALL_SET + SMALL_SET[:3], reference=reference_set(SMALL_SET, name="itself"))
     assert row["unique@1k"] == pytest.approx(12 / 15)
