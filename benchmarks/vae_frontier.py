@@ -11,6 +11,8 @@ trained on GPUs for many epochs of MOSES's 1.6M molecules.
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -18,19 +20,22 @@ from pathlib import Path
 RESULTS = Path(__file__).parent / "results" / "vae-experiments-cpu-2core.json"
 LINE = 0.9  # issue 15: validity and novelty both at least this
 MINUTES = 10  # issue 15: the default run's budget
-# `train vae`'s defaults became MOSES's data in Kekulé form then, rdkit's data as written before (docs/figures.py,
-# OLD_DEFAULTS).
-DEFAULTS_CHANGED = "2026-12-02T11:15:00+00:00"
+
+
+@functools.cache
+def _figures():
+    """docs/figures.py, which knows `train vae`'s defaults at every date (a script, not part of the package)."""
+    spec = importlib.util.spec_from_file_location("figures", Path(__file__).parents[1] / "docs" / "figures.py")
+    figures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(figures)
+    return figures
 
 
 def data_and_kekule(run: dict) -> tuple[str, bool]:
-    """(the run's training data, whether it wrote Kekulé forms), from its command and, where the command does not
-    say, the defaults when it started."""
-    words = run["command"].split()
-    new = run["started"] >= DEFAULTS_CHANGED  # ISO times in UTC order as strings
-    data = words[words.index("--data") + 1] if "--data" in words else ("moses" if new else "rdkit")
-    kekule = "--kekule" in words or (new and "--no-kekule" not in words)
-    return data, kekule
+    """(the run's training data, whether it wrote Kekulé forms): its options against today's defaults (MOSES's
+    data in Kekulé form), with the defaults in force when it started for the options it did not give."""
+    options = _figures().vae_run_options(run)
+    return options.get("--data", "moses"), "--no-kekule" not in options
 
 
 def main(argv=None) -> int:

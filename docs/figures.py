@@ -335,16 +335,17 @@ def _older(pairs: list[tuple[str, str | None]], when: datetime) -> list[tuple[st
     return pairs + added
 
 
-def _defaults(as_of: str | None) -> set[tuple[str, str | None]]:
+@cache
+def _defaults(as_of: str | None) -> frozenset[tuple[str, str | None]]:
     """`train vae`'s defaults as (flag, value) pairs, today's or those in force at `as_of`."""
     from jax_scan_rnn.options import flag
     from jax_scan_rnn.tasks.vae import TRAIN_DEFAULTS, VAETask
 
-    today = []
+    task, today = VAETask(), []
     for f in fields(VAETask):
-        value = getattr(VAETask(), f.name)
+        value = getattr(task, f.name)
         if f.name == "kekule":  # None: Kekulé for SMILES, which every run's data is
-            value = VAETask().writes_kekule
+            value = task.writes_kekule
         name = flag(VAETask, f.name)
         if isinstance(value, bool):
             today.append((name if value else name.replace("--", "--no-", 1), None))
@@ -352,9 +353,9 @@ def _defaults(as_of: str | None) -> set[tuple[str, str | None]]:
             today.append((name, "none" if value is None else str(value)))
     today += [("--steps", str(TRAIN_DEFAULTS["steps"])), ("--weight-decay", str(TRAIN_DEFAULTS["weight_decay"]))]
     if as_of is None:
-        return set(today)
+        return frozenset(today)
     changed = _older([], datetime.fromisoformat(as_of))
-    return set(changed) | {(f, v) for f, v in today if _family(f) not in {_family(g) for g, _ in changed}}
+    return frozenset(changed) | {(f, v) for f, v in today if _family(f) not in {_family(g) for g, _ in changed}}
 
 
 def _vae_options(run: dict, as_of: str | None = None) -> list[tuple[str, str | None]]:
@@ -365,6 +366,12 @@ def _vae_options(run: dict, as_of: str | None = None) -> list[tuple[str, str | N
     pairs = [(f, v) for f, v in _option_pairs(words[words.index("vae") + 1:]) if f not in ("--out", "--eval-samples")]
     defaults = _defaults(as_of)
     return [p for p in _older(pairs, datetime.fromisoformat(run["started"])) if p not in defaults]
+
+
+def vae_run_options(run: dict) -> dict[str, str | None]:
+    """Every option a recorded `train vae` run ran with that differs from today's defaults, as {flag: value}
+    (None for a switch): what benchmarks/vae_frontier.py reads a run's data and form from."""
+    return dict(_vae_options(run))
 
 
 def _vae_flags(run: dict) -> str:
