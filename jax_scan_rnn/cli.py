@@ -306,7 +306,7 @@ def check_resume(out: Path, args: argparse.Namespace, task, cfg) -> None:
 def run_directory(text: str) -> Path:
     """`--checkpoint`: a training run's output directory (train's --out), with a hint for the usual slip of
     naming one of its step folders instead."""
-    from jax_scan_rnn.checkpoint import step_of
+    from jax_scan_rnn.checkpoint import step_of, steps
     from jax_scan_rnn.train import CHECKPOINT_DIR
 
     path = Path(text)
@@ -315,6 +315,12 @@ def run_directory(text: str) -> Path:
                                 f"{path}; pass --checkpoint {path.parent.parent} --step {step_of(path)}")
     if not path.is_dir():
         raise FileNotFoundError(f"--checkpoint: expected a training output directory (train's --out), got {path}")
+    if not (path / CHECKPOINT_DIR).is_dir():
+        raise FileNotFoundError(f"--checkpoint: expected a training output directory (train's --out), got {path}, "
+                                f"which holds no {CHECKPOINT_DIR}/ folder")
+    if not steps(path / CHECKPOINT_DIR):
+        raise FileNotFoundError(f"--checkpoint {path}: holds no committed checkpoint (training stopped before its "
+                                "first save?)")
     return path
 
 

@@ -111,11 +111,18 @@ def _parser(kind: type, none: bool, meta: Any):
     """Text -> checked value, for argparse: a bad value exits 2 with "argument --flag: expected ..., got TEXT"."""
 
     def parse(text: str):
-        value = None if none and text.lower() == "none" else kind(text)
+        try:
+            value = None if none and text.lower() == "none" else kind(text)
+        except ValueError:
+            if not none:
+                raise  # argparse's "invalid int value: 'x'"
+            value = text  # refused below, by a message that names none as well as the numbers
         try:
             return _check_value("", value, kind, none, meta)
-        except ValueError as err:  # the text as typed, not its parsed form ("got 0", not "got 0.0")
-            raise argparse.ArgumentTypeError(f"{str(err)[2:].rsplit(', got ', 1)[0]}, got {text}") from None
+        except (TypeError, ValueError) as err:  # the text as typed, not its parsed form ("got 0", not "got 0.0")
+            # The library's None is `none` on the command line.
+            expected = str(err)[2:].rsplit(", got ", 1)[0].replace("expected None or", "expected none or")
+            raise argparse.ArgumentTypeError(f"{expected}, got {text}") from None
 
     parse.__name__ = kind.__name__  # argparse's "invalid int value: 'x'"
     return parse

@@ -86,6 +86,9 @@ TINY_TRAVELLER = ["train", "traveller", "--steps", "2", "--hidden-size", "4", "-
     (["train", "traveller", "--batch-size", "100000"], "--batch-size: expected at most --train-paths 8192, got 100000"),
     (["train", "traveller", "--override"], "--override: expected only with --resume"),
     (["train", "traveller", "--seed", "-1"], "argument --seed: expected an int >= 0, got -1"),
+    (["train", "vae", "--data", "moses:tset"], "--data: expected 'moses' or 'moses:<split>' with split in"),
+    (["train", "vae", "--data", "no-such.smi"], "--data no-such.smi: expected 'moses', 'rdkit', 'moses:<split>' or an "
+                                                "existing file; no such file"),
 ])
 def test_bad_values_are_one_line_naming_the_flag_and_touch_nothing(argv, message, tmp_path, capsys):
     out = tmp_path / "run"
@@ -98,6 +101,17 @@ def test_bad_values_are_one_line_naming_the_flag_and_touch_nothing(argv, message
     err = capsys.readouterr().err.strip().splitlines()
     assert message in err[-1], err
     assert not out.exists(), "a refused run must not create its output directory"
+
+
+@pytest.mark.parametrize("command", [["evaluate", "traveller"], ["sample", "vae"]])
+def test_checkpoint_that_holds_no_run_is_one_line_naming_the_flag(command, tmp_path, capsys):
+    assert main([*command, "--checkpoint", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip().endswith(f"--checkpoint: expected a training output directory (train's "
+                                                    f"--out), got {tmp_path}, which holds no checkpoints/ folder")
+    (tmp_path / "checkpoints").mkdir()  # a run stopped before its first save
+    assert main([*command, "--checkpoint", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip().endswith(f"--checkpoint {tmp_path}: holds no committed checkpoint "
+                                                    "(training stopped before its first save?)")
 
 
 def test_output_that_is_a_directory_is_refused_before_any_work(tmp_path, capsys):
@@ -152,7 +166,9 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["train", "traveller", "--dropout", "nan"], "argument --dropout: expected a finite number in [0, 1), got nan"),
-    (["train", "traveller", "--clip-norm", "nan"], "argument --clip-norm: expected None or a finite number > 0, got nan"),
+    (["train", "traveller", "--clip-norm", "nan"], "argument --clip-norm: expected none or a finite number > 0, got nan"),
+    (["train", "vae", "--limit", "-3"], "argument --limit: expected none or an int >= 1, got -3"),
+    (["train", "vae", "--limit", "many"], "argument --limit: expected none or an int >= 1, got many"),
     (["train", "vae", "--max-beta", "nan"], "argument --max-beta: expected a finite number >= 0, got nan"),
     (["train", "vae", "--free-bits", "-1"], "argument --free-bits: expected a finite number >= 0, got -1"),
     (["train", "vae", "--decoding", "scheduled", "--ss-max", "inf"],

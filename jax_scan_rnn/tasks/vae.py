@@ -116,6 +116,8 @@ class VAETask:
 
     def __post_init__(self):
         check(self)  # every option, before any data is read or any directory written
+        if smiles.is_builtin_source(self.data) and self.data != "rdkit":
+            smiles.moses_split(self.data, "data")
         if self.kekule is True and not self.smiles_check:
             raise ValueError("kekule: expected False with smiles_check=False (the Kekulé form rewrites molecules; the "
                              "data is not chemistry), got True")
@@ -322,6 +324,9 @@ def load_dataset(task: VAETask) -> Dataset:
     dropped: nothing is trained on data that cannot be evaluated.
     """
     file_smiles = None if smiles.is_builtin_source(task.data) else task.smiles_check
+    if file_smiles is not None and not Path(task.data).is_file():
+        raise FileNotFoundError(f"--data {task.data}: expected 'moses', 'rdkit', 'moses:<split>' or an existing file; "
+                                "no such file")
     loaded = smiles.load_sequences(task.data, max_length=task.max_length, limit=task.limit, smiles=file_smiles,
                                    canonicalize=False if file_smiles else None)
     sequences, skipped = loaded.sequences, dict(loaded.skipped)

@@ -295,12 +295,18 @@ def _moses_file(split_name: str) -> str:
     )
 
 
-def _moses_fields(source: str, skipped: Counter) -> tuple[tuple[str, ...], Iterator[str]]:
-    """(path read, SMILES fields) of the MOSES set `source` names ("moses" is "moses:train")."""
+def moses_split(source: str, name: str = "source") -> str:
+    """The MOSES split that `source` ("moses" or "moses:<split>") names: "moses" is "train". Raises ValueError
+    naming `name` for another split."""
     split_name = source.partition(":")[2] or "train"
     if split_name not in MOSES_SPLITS:
-        raise ValueError(f"source: expected 'moses' or 'moses:<split>' with split in {MOSES_SPLITS}, got {source!r}")
-    path = _moses_file(split_name)
+        raise ValueError(f"{name}: expected 'moses' or 'moses:<split>' with split in {MOSES_SPLITS}, got {source!r}")
+    return split_name
+
+
+def _moses_fields(source: str, skipped: Counter) -> tuple[tuple[str, ...], Iterator[str]]:
+    """(path read, SMILES fields) of the MOSES set `source` names ("moses" is "moses:train")."""
+    path = _moses_file(moses_split(source))
     lines = _read_lines(path)
     header = (lines[0] if lines else b"").decode("utf-8", "replace").strip().split(",")
     if "SMILES" not in header:
