@@ -81,7 +81,7 @@ EOF
 
 if [ "$GPU" != "yes" ]; then
     say "no GPU visible to both JAX and torch: running the quick suite on the CPU instead (GPU rows: n/a)"
-    run 170 $PY -m jax_scan_rnn.bench --quick --out "$OUT"
+    run 170 $PY -m jax_scan_rnn.bench --quick --replace --out "$OUT"
     say "done (CPU fallback) in $(($(date +%s) - START)) s"
     exit 0
 fi
@@ -93,14 +93,14 @@ if [ "${SKIP_MOSES:-0}" != 1 ] && [[ " $MOSES_MISSING " != *" molsets "* ]]; the
 # (Worst case, every step at its limit: 190 + 85 + 120 + 45 + 30 s plus start-up, under the 8 minutes; with
 # step 6: 125 + 0 + 120 + 45 + 30 + 150 s.)
 if [ "$MOSES" = yes ]; then SUITE_S=125 SUITE_BUDGET_S=70; else SUITE_S=190 SUITE_BUDGET_S=135; fi
-NVIDIA_TF32_OVERRIDE=0 run $SUITE_S $PY -m jax_scan_rnn.bench --out "$OUT" \
+NVIDIA_TF32_OVERRIDE=0 run $SUITE_S $PY -m jax_scan_rnn.bench --replace --out "$OUT" \
     --sweep-seq-lens 5,10 --max-call-s 1.5 --budget-s $SUITE_BUDGET_S
 
 # 2. bfloat16 where it applies: the loops, lax.scan, nn.LSTM / jsr.LSTM, the limits (no plots: file limit).
 if [ "$MOSES" = yes ]; then
     say "2. bfloat16 skipped: its time goes to step 6 (--preset moses); SKIP_MOSES=1 runs it instead"
 else
-    run 85 $PY -m jax_scan_rnn.bench --out "$OUT" --dtype bfloat16 --no-plots \
+    run 85 $PY -m jax_scan_rnn.bench --replace --out "$OUT" --dtype bfloat16 --no-plots \
         --methods torch-cell,torch-cuda-graph,torch-lstm-seq,jax-scan-u1,jax-scan-u4,jax-scan-u16,jax-lstm-seq \
         --sweep-seq-lens 5 --max-call-s 1 --budget-s 50
 fi

@@ -266,6 +266,18 @@ def test_cli_hook_runs_and_prints(tmp_path, capsys):
     stem = f"{bench.host_kind()}-cli"
     assert (tmp_path / f"{stem}.json").exists() and (tmp_path / f"{stem}.md").exists()
     assert not list(tmp_path.glob("*.png"))
+    # The same command again: refused before the suite runs, the first run's files untouched; --replace writes.
+    first = (tmp_path / f"{stem}.json").read_bytes()
+    with pytest.raises(ValueError, match=rf"^--out {tmp_path}: already holds {stem}.json from an earlier run; pass "
+                                         "--replace to write over it, or another --out or --label$"):
+        bench.run(args)
+    assert (tmp_path / f"{stem}.json").read_bytes() == first and "lax.scan" not in capsys.readouterr().out
+    with pytest.raises(FileExistsError, match=f"already holds {stem}.json"):
+        bench.write_results(json.loads(first), tmp_path, plots=False)
+    (tmp_path / f"{stem}.json").write_text("{}")  # so that the replacement shows
+    args.replace = True
+    assert bench.run(args) == 0
+    assert json.loads((tmp_path / f"{stem}.json").read_text())["schema"] == bench.SCHEMA_VERSION
 
 
 def test_config_from_args_presets_and_errors():
@@ -285,10 +297,18 @@ def test_config_from_args_presets_and_errors():
     assert {bench.SEED_KEY, bench.AUTO_KEY, "jax-lstm-seq", "jax-gru-seq"} <= chosen
     with pytest.raises(SystemExit):
         parser.parse_args(["--quick", "--peers"])  # one preset at a time
-    with pytest.raises(ValueError, match="methods: unknown"):
+    # Errors name the flag the user typed, not the config's field.
+    with pytest.raises(ValueError, match="^--methods: unknown"):
         bench.config_from_args(parser.parse_args(["--methods", "torch-nope"]))
-    with pytest.raises(ValueError, match="modes"):
+    with pytest.raises(ValueError, match="^--modes: expected a non-empty subset"):
         bench.config_from_args(parser.parse_args(["--modes", "backward"]))
+    with pytest.raises(ValueError, match=r"^--budget-s: expected a finite number > 0, got -1.0$"):
+        bench.config_from_args(parser.parse_args(["--budget-s", "-1"]))
+    for label in ("", "../x", "a b"):  # it names the results' files
+        with pytest.raises(ValueError, match=r"^--label: expected letters, digits"):
+            bench.config_from_args(parser.parse_args(["--label", label]))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--torch-threads", "0"])
     with pytest.raises(SystemExit):
         parser.parse_args(["--seq-lens", "0,10"])
     with pytest.raises(ValueError, match="min_repeats"):

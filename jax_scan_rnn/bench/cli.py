@@ -14,8 +14,9 @@ from jax_scan_rnn.bench.config import BenchConfig
 from jax_scan_rnn.bench.engine import run_suite
 from jax_scan_rnn.bench.machine import host_kind
 from jax_scan_rnn.bench.methods import METHODS, check_method_keys
-from jax_scan_rnn.bench.report import criteria, format_ratio, format_us, headline, write_results
-from jax_scan_rnn.cli import positive_int_list
+from jax_scan_rnn.bench.report import (criteria, earlier_results, file_stem, format_ratio, format_us, headline,
+                                       write_results)
+from jax_scan_rnn.cli import positive_int, positive_int_list
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -32,10 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Flax, Equinox and torchax against the jsr rows (~5-7 min on a 2-core CPU; needs "
                              "pip install -e '.[bench]'); the default run leaves them out")
     # Not benchmarks/results by default: a user's run must not overwrite the project's committed results
-    # (the maintainers regenerate those with --out benchmarks/results).
+    # (the maintainers regenerate those with --out benchmarks/results --replace).
     parser.add_argument("--out", default="runs/bench", metavar="DIR",
                         help="where to write <host-kind>.json/.md and the PNG plots (default: runs/bench; the "
-                             "committed results: --out benchmarks/results)")
+                             "committed results: --out benchmarks/results --replace)")
     parser.add_argument("--seq-lens", type=positive_int_list, metavar="T,T,...", help="sequence lengths of the grid")
     parser.add_argument("--batch-sizes", type=positive_int_list, metavar="B,B,...", help="batch sizes of the grid")
     parser.add_argument("--sweep-seq-lens", type=positive_int_list, metavar="T,T,...",
@@ -51,9 +52,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-call-s", type=float, metavar="S", help="skip cases predicted to take longer per call")
     parser.add_argument("--budget-s", type=float, metavar="S", help="start no new case after S seconds")
     parser.add_argument("--repeats", type=int, metavar="N", help="timed samples per case (at most)")
-    parser.add_argument("--torch-threads", type=int, metavar="N",
+    parser.add_argument("--torch-threads", type=positive_int, metavar="N",
                         help="torch intra-op threads on CPU (default: the faster of 1 and torch's default)")
     parser.add_argument("--label", metavar="NAME", help="preset name used in the output file names")
+    parser.add_argument("--replace", action="store_true",
+                        help="write over an earlier run's results of the same name in --out (default: refuse)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
 
 
@@ -73,14 +76,23 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     if args.modes:
         overrides["modes"] = tuple(m.strip() for m in args.modes.split(",") if m.strip())
     cfg = preset(**overrides)
-    cfg.validate()
-    check_method_keys(cfg)
+    try:
+        cfg.validate()
+        check_method_keys(cfg)
+    except ValueError as err:  # "seq_lens: ..." -> "--seq-lens: ...": the user typed the flag
+        name, sep, rest = str(err).partition(":")
+        flag = f"--{name.replace('_', '-')}"
+        raise ValueError(f"{flag}{sep}{rest}" if sep and name.isidentifier() else str(err)) from None
     return cfg
 
 
 def run(args: argparse.Namespace) -> int:
     """`jax-scan-rnn bench`: run the suite, print progress and the headline tables, write the results."""
     cfg = config_from_args(args)
+    earlier = earlier_results(args.out, file_stem(host_kind(), cfg.dtype, cfg.label))
+    if earlier and not args.replace:  # said now, not after the suite's minutes
+        raise ValueError(f"--out {args.out}: already holds {earlier[0].name} from an earlier run; pass --replace to "
+                         "write over it, or another --out or --label")
 
     def progress(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
@@ -91,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         progress(f"note: JAX_COMPILATION_CACHE_DIR is set ({jax.config.jax_compilation_cache_dir}): compile times may "
                  "be loads from that cache, not compiles; unset it to time compiles")
     results = run_suite(cfg, progress=progress)
-    paths = write_results(results, args.out, plots=not args.no_plots)
+    paths = write_results(results, args.out, plots=not args.no_plots, replace=args.replace)
     print()
     for mode in cfg.modes:
         for batch in sorted(cfg.batch_sizes):

@@ -4,6 +4,7 @@ that the rest of the suite (and its results) refer to.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 
 from jax_scan_rnn.validate import choice, integer, real
@@ -133,5 +134,7 @@ class BenchConfig:
         if not self.modes or any(m not in MODES for m in self.modes):
             raise ValueError(f"modes: expected a non-empty subset of {MODES}, got {self.modes!r}")
         choice("dtype", self.dtype, ("float32", "bfloat16"))
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", self.label):  # it names files
+            raise ValueError(f"label: expected letters, digits, '_', '.' or '-' (a file name part), got {self.label!r}")
         for name in ("case_budget_s", "min_sample_s", "max_call_s", "budget_s", "memory_fraction"):
             real(name, getattr(self, name), lo=0, lo_open=True)

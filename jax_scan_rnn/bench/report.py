@@ -19,21 +19,32 @@ from jax_scan_rnn.optional import require
 # ----------------------------------------------------------------------------------------------------
 
 
+def file_stem(host_kind: str, dtype: str, label: str) -> str:
+    """`<host-kind>` plus `-bf16` / `-<label>` where those differ from the defaults: the results' file names."""
+    return host_kind + ("-bf16" if dtype == "bfloat16" else "") + ("" if label == "default" else f"-{label}")
+
+
 def results_stem(results: dict) -> str:
-    """`<host-kind>` plus `-bf16` / `-<preset>` where those differ from the defaults."""
-    stem = results["host"]["host_kind"]
-    if results["config"]["dtype"] == "bfloat16":
-        stem += "-bf16"
-    if results["config"]["label"] != "default":
-        stem += f"-{results['config']['label']}"
-    return stem
+    """The file stem of `results` (`file_stem` of its host, dtype and label)."""
+    return file_stem(results["host"]["host_kind"], results["config"]["dtype"], results["config"]["label"])
 
 
-def write_results(results: dict, out_dir: str | os.PathLike, *, plots: bool = True) -> dict[str, Path]:
-    """Write `<stem>.json`, `<stem>.md` and the PNG plots under `out_dir`; returns their paths by kind."""
+def earlier_results(out_dir: str | os.PathLike, stem: str) -> list[Path]:
+    """The results files of an earlier run with this stem in `out_dir` (its JSON and Markdown), if any."""
+    return [p for p in (Path(out_dir) / f"{stem}.json", Path(out_dir) / f"{stem}.md") if p.exists()]
+
+
+def write_results(results: dict, out_dir: str | os.PathLike, *, plots: bool = True,
+                  replace: bool = False) -> dict[str, Path]:
+    """Write `<stem>.json`, `<stem>.md` and the PNG plots under `out_dir`; returns their paths by kind. An
+    earlier run's files of the same stem are replaced only with `replace` (else FileExistsError, before any write)."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     stem = results_stem(results)
+    earlier = earlier_results(out, stem)
+    if earlier and not replace:
+        raise FileExistsError(f"{out}: already holds {earlier[0].name} from an earlier run; pass replace=True "
+                              "(the CLI's --replace) to write over it")
+    out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / f"{stem}.json", "md": out / f"{stem}.md"}
     if plots:
         paths.update(_plot(results, out, stem))
