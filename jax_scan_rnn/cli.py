@@ -211,6 +211,14 @@ def refuse_a_finished_run(out: Path, resume: bool) -> None:
                          "continue it, or choose another --out")
 
 
+NOT_DRAWN = "not drawn (pip install 'jax-scan-rnn[plot]')"
+
+
+def drawn(path: Path) -> str:
+    """`path` if the plot is there, else why not (training draws its curves only with matplotlib installed)."""
+    return str(path) if path.exists() else NOT_DRAWN
+
+
 def check_output_file(path: str | None, flag: str = "--output") -> None:
     """An output file must be one we can write (checked before any work, so nothing is computed in vain)."""
     if path is None:
@@ -377,7 +385,7 @@ def cmd_train_traveller(args: argparse.Namespace) -> int:
         # every process computes: the model's arrays span them all
         table = task_lib.evaluate(model, task) if data is None else task_lib.data_table(
             model, data, stats, "test", task.periods_per_year)
-        plot = "not drawn (pip install 'jax-scan-rnn[plot]')"  # after training: report the missing extra
+        plot = NOT_DRAWN  # after training: report the missing extra
         if first_process():
             task_lib.save_table(table, out / "evaluation.json")
             if available("matplotlib"):
@@ -386,7 +394,7 @@ def cmd_train_traveller(args: argparse.Namespace) -> int:
     print()
     print(traveller_heading(task, table))
     print(task_lib.format_table(table))
-    print(f"\nmetrics: {out / 'metrics.jsonl'}  curves: {out / 'curves.png'}  positions: {plot}")
+    print(f"\nmetrics: {out / 'metrics.jsonl'}  curves: {drawn(out / 'curves.png')}  positions: {plot}")
     return 0
 
 
@@ -633,7 +641,7 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
             (out / "evaluation.json").write_text(json.dumps(report, indent=2) + "\n")
     print()
     print_vae_report(report)
-    print(f"\nmetrics: {out / 'metrics.jsonl'}  curves: {out / 'curves.png'}  report: {out / 'evaluation.json'}")
+    print(f"\nmetrics: {out / 'metrics.jsonl'}  curves: {drawn(out / 'curves.png')}  report: {out / 'evaluation.json'}")
     return 0
 
 

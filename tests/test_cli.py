@@ -87,8 +87,8 @@ TINY_TRAVELLER = ["train", "traveller", "--steps", "2", "--hidden-size", "4", "-
     (["train", "traveller", "--override"], "--override: expected only with --resume"),
     (["train", "traveller", "--seed", "-1"], "argument --seed: expected an int >= 0, got -1"),
     (["train", "vae", "--data", "moses:tset"], "--data: expected 'moses' or 'moses:<split>' with split in"),
-    (["train", "vae", "--data", "no-such.smi"], "--data no-such.smi: expected 'moses', 'rdkit', 'moses:<split>' or an "
-                                                "existing file; no such file"),
+    (["train", "vae", "--data", "no-such.smi"], "--data no-such.smi: expected 'rdkit', 'moses', 'moses:<split>' or "
+                                                "an existing file, got 'no-such.smi'"),
 ])
 def test_bad_values_are_one_line_naming_the_flag_and_touch_nothing(argv, message, tmp_path, capsys):
     out = tmp_path / "run"
@@ -101,6 +101,19 @@ def test_bad_values_are_one_line_naming_the_flag_and_touch_nothing(argv, message
     err = capsys.readouterr().err.strip().splitlines()
     assert message in err[-1], err
     assert not out.exists(), "a refused run must not create its output directory"
+
+
+def test_vae_default_data_missing_names_data_and_the_install(monkeypatch, tmp_path, capsys):
+    """`train vae` reads MOSES's data by default; without molsets, one line naming --data and how to install it."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "moses" else real(name, *a))
+    assert main(["train", "vae", "--out", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "jax-scan-rnn train vae: error: --data moses: the MOSES data file moses/dataset/data/train.csv.gz was not "
+        "found; install it with `pip install --no-deps molsets` (--no-deps: only its data files are read, and its "
+        "pinned dependencies do not build), or use the 'rdkit' source, which ships with rdkit")
 
 
 @pytest.mark.parametrize("command", [["evaluate", "traveller"], ["sample", "vae"]])

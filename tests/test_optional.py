@@ -52,5 +52,6 @@ def test_core_install_runs_without_torch_rdkit_matplotlib(tmp_path):
     assert "jax-scan-rnn check: error: the parity check (it compares against torch.nn) needs torch, which is not " \
            "installed: pip install 'jax-scan-rnn[torch]'" in err, err[-2000:]
     assert f"{tmp_path / 'run' / 'curves.png'} not drawn: matplotlib is not installed" in err, err[-2000:]
-    assert "positions: not drawn (pip install 'jax-scan-rnn[plot]')" in result.stdout
+    assert "curves: not drawn (pip install 'jax-scan-rnn[plot]')  positions: not drawn (pip install " \
+           "'jax-scan-rnn[plot]')" in result.stdout
     assert (tmp_path / "run" / "evaluation.json").exists() and not (tmp_path / "run" / "curves.png").exists()

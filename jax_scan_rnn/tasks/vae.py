@@ -324,11 +324,11 @@ def load_dataset(task: VAETask) -> Dataset:
     dropped: nothing is trained on data that cannot be evaluated.
     """
     file_smiles = None if smiles.is_builtin_source(task.data) else task.smiles_check
-    if file_smiles is not None and not Path(task.data).is_file():
-        raise FileNotFoundError(f"--data {task.data}: expected 'moses', 'rdkit', 'moses:<split>' or an existing file; "
-                                "no such file")
-    loaded = smiles.load_sequences(task.data, max_length=task.max_length, limit=task.limit, smiles=file_smiles,
-                                   canonicalize=False if file_smiles else None)
+    try:
+        loaded = smiles.load_sequences(task.data, max_length=task.max_length, limit=task.limit, smiles=file_smiles,
+                                       canonicalize=False if file_smiles else None)
+    except FileNotFoundError as err:  # a missing file, or MOSES's data not installed: the library names `source`
+        raise FileNotFoundError(f"--data {task.data}: {str(err).removeprefix('source: ')}") from None
     sequences, skipped = loaded.sequences, dict(loaded.skipped)
     canonical_of = None  # Kekulé form -> canonical SMILES, for novelty (one parse gives both)
     if task.writes_kekule:  # every part in one form: the test set is reconstructed as the model learnt to write
