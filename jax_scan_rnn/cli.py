@@ -95,7 +95,6 @@ def compilation_cache_status() -> str:
 @command("check")
 def cmd_check(args: argparse.Namespace) -> int:
     """Random torch.nn.LSTM/GRU -> convert -> compare outputs, final states and a weight round trip."""
-    import jax.numpy as jnp
     import numpy as np
     from flax import nnx
 
@@ -118,7 +117,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             x = rng.standard_normal((args.steps, 4, 8)).astype(np.float32)
             with torch.no_grad():
                 t_out, t_state = ref(torch.from_numpy(x))
-            j_out, j_state = ours(jnp.asarray(x))
+            j_out, j_state = jsr.jit(ours)(x)
             out_err = float(np.abs(t_out.numpy() - np.asarray(j_out)).max())
             t_leaves = t_state if isinstance(t_state, tuple) else (t_state,)
             j_leaves = j_state if isinstance(j_state, tuple) else (j_state,)
