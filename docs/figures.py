@@ -277,6 +277,17 @@ def _cli_cache() -> str:
                      for name, r in commands.items()) + f" (median of {len(next(iter(commands.values()))['empty_s'])})"
 
 
+@figure("train.optimizer_init")
+def _optimizer_init() -> str:
+    """The newest run: each model's median time to build its optimiser state, eager and compiled."""
+    run = load("optimizer-init-cpu-2core.json")["runs"][-1]
+    names = {"traveller": "the default Traveller (H=32, 2 layers; Adam with clipping)",
+             "vae": "the default VAE (H=256, 2 decoder layers; AdamW, weight decay 0.1)"}
+    parts = [f"{names[m]} {statistics.median(t['eager']):.3f} -> {statistics.median(t['compiled']):.3f} s"
+             for m, t in run["seconds"].items()]
+    return ", ".join(parts) + f" (median of {len(run['seconds']['traveller']['eager'])} fresh processes each)"
+
+
 @figure("traveller.wall")
 def _traveller_wall() -> str:
     return seconds_range([r["wall_s"] for r in runs(TRAVELLER)])

@@ -204,12 +204,28 @@ def test_train_step_keeps_shared_variables_shared():
     assert float(mse_fn(m, batch)[0]) < 0.5 * before
 
 
+def test_train_step_builds_the_optimizer_state_tx_init_builds():
+    """TrainStep compiles `tx.init` (one program instead of an eager op per leaf): the same state, leaf for leaf,
+    and the caller's `tx` keeps its class and `update`."""
+    m = DropMLP(nnx.Rngs(0))
+    tx = make_optimizer(TrainConfig(steps=10, weight_decay=0.1))
+    step = TrainStep(m, loss_fn, tx, batch_fn(0))
+    got = jax.tree.leaves(step.optimizer.opt_state)
+    want = jax.tree.leaves(tx.init(nnx.state(m, nnx.Param)))
+    assert len(got) == len(want) > 0
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+    assert type(step.optimizer.tx) is type(tx) and step.optimizer.tx.update is tx.update
+
+
 def test_train_step_refuses_a_bad_loss_fn_and_model():
     m = DropMLP(nnx.Rngs(0))
     with pytest.raises(TypeError, match="^model: expected Module, got dict"):
         TrainStep({}, loss_fn, optax.adam(1e-2), batch_fn(0))
     with pytest.raises(TypeError, match="^loss_fn: expected a callable, got int"):
         TrainStep(m, 3, optax.adam(1e-2), batch_fn(0))
+    with pytest.raises(TypeError, match="^tx: expected GradientTransformation, got function"):
+        TrainStep(m, loss_fn, optax.adam, batch_fn(0))
     with pytest.raises(ValueError, match="^loss_fn: expected metrics as dict"):
         TrainStep(m, lambda model, b: (mse_fn(model, b)[0], {"v": model(b[0])}), optax.adam(1e-2), batch_fn(0))
 

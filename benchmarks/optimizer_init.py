@@ -1,0 +1,72 @@
+"""What building the optimiser's state costs in a fresh process: optax's eager `tx.init` (each op compiles a
+small program of its own on first use) against the one compiled `tx.init` that `jax_scan_rnn.train.TrainStep`
+uses (docs/measurements.md, "Train step").
+
+    python benchmarks/optimizer_init.py --out benchmarks/results/optimizer-init-cpu-2core.json  # appends the run
+
+Per round, model and way: a new Python process builds the task's default model and `fit`'s optimiser for it
+(`make_optimizer` with the task's defaults), then times `nnx.Optimizer(model, tx)` until its arrays are ready.
+The two ways alternate. About 1 minute on a 2-core CPU.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from timed_run import append_run  # noqa: E402
+
+WAYS = ("eager", "compiled")
+MODELS = ("traveller", "vae")
+
+CHILD = """
+import sys, time
+import jax
+from flax import nnx
+from jax_scan_rnn import xla_flags
+from jax_scan_rnn.train import TrainConfig, make_optimizer
+from jax_scan_rnn.tasks import traveller, vae
+
+way, which = sys.argv[1], sys.argv[2]
+if which == "traveller":
+    model, cfg = traveller.build_model(traveller.TravellerTask()), TrainConfig()
+else:
+    model, cfg = vae.build_model(vae.VAETask(), 40), TrainConfig(**vae.TRAIN_DEFAULTS)
+tx = make_optimizer(cfg)
+if way == "compiled":  # as TrainStep builds it
+    tx = tx._replace(init=jax.jit(tx.init, compiler_options=xla_flags.compiler_options()))
+start = time.perf_counter()
+optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+jax.block_until_ready(jax.tree.leaves(optimizer.opt_state))
+print(time.perf_counter() - start)
+"""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", default=None, help="append the run to this JSON file (default: print only)")
+    args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds: expected an int >= 1, got {args.rounds}")
+    times: dict[str, dict[str, list[float]]] = {m: {w: [] for w in WAYS} for m in MODELS}
+    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    for _ in range(args.rounds):
+        for model in MODELS:
+            for way in WAYS:
+                out = subprocess.run([sys.executable, "-c", CHILD, way, model], check=True, capture_output=True,
+                                     text=True).stdout
+                times[model][way].append(round(float(out.split()[-1]), 4))
+            print(model, times[model], flush=True)
+    if args.out:
+        append_run(args.out, {"command": " ".join(["python benchmarks/optimizer_init.py", *sys.argv[1:]]),
+                              "started": started, "load_average_end": os.getloadavg()[0], "seconds": times})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
