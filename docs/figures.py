@@ -135,6 +135,46 @@ def _bench_peers() -> str:
     return "\n".join(lines)
 
 
+def _peer_ratios() -> list[tuple[str, str, float]]:
+    """(peer label, cell, peer time over jsr's) of every ratio in the peers' table (> 1: jsr is faster)."""
+    rows = [r for r in load(PEERS)["rows"] if r["role"] == "peer" and r["status"] == "ok" and r.get("vs_jsr")]
+    out = []
+    for method, meta in load(PEERS)["methods"].items():
+        mine = [r for r in rows if r["method"] == method and r["section"] == "grid"]
+        if meta.get("role") != "peer" or not mine:
+            continue
+        steps = max(r["T"] for r in mine)
+        for r in mine:
+            for what in ("call", "compile"):
+                if r["T"] == steps and r["vs_jsr"].get(what) and (what == "call" or r["B"] == 1):
+                    cell = f"{r['mode']} B={r['B']}" + (" first call" if what == "compile" else "")
+                    out.append((meta["label"].removeprefix("peer: "), cell, 1 / r["vs_jsr"][what]))
+    return out
+
+
+@figure("bench.peers_below")
+def _bench_peers_below() -> str:
+    """How many warm and first-call cells of the table are below 1 (the peer faster), and the lowest of each."""
+    ratios = _peer_ratios()
+    parts = []
+    for kind, pick in (("warm", lambda c: "first call" not in c), ("first-call", lambda c: "first call" in c)):
+        mine = [r for r in ratios if pick(r[1])]
+        below = [r for r in mine if r[2] < 1]
+        text = f"{len(below)} of its {len(mine)} {kind} cells below 1"
+        if below:
+            label, cell, worst = min(below, key=lambda r: r[2])
+            text += f" (lowest {worst:.2f}x: {label}, {cell.removesuffix(' first call')})"
+        parts.append(text)
+    return "this run has " + " and ".join(parts)
+
+
+@figure("bench.peers_first_forward")
+def _bench_peers_first_forward() -> str:
+    """The lowest first-call forward ratio of the table."""
+    label, _, worst = min((r for r in _peer_ratios() if r[1] == "forward B=1 first call"), key=lambda r: r[2])
+    return f"{worst:.2f}x ({label})"
+
+
 @figure("bench.user_call")
 def _bench_user_call() -> str:
     row = bench_row(MAIN, "jax-user-call", "forward", 1, 1000)
@@ -286,6 +326,23 @@ def _optimizer_init() -> str:
     parts = [f"{names[m]} {statistics.median(t['eager']):.3f} -> {statistics.median(t['compiled']):.3f} s"
              for m, t in run["seconds"].items()]
     return ", ".join(parts) + f" (median of {len(run['seconds']['traveller']['eager'])} fresh processes each)"
+
+
+@figure("bench.train_compile_parts")
+def _train_compile_parts() -> str:
+    """The newest run of benchmarks/train_compile.py: per cell, the median compile of jsr's TrainStep, of the
+    same jsr model under the peers' plain Adam step, and of the peer."""
+    run = load("train-compile-cpu-2core.json")["runs"][-1]
+    names = {"jax-gru-seq": "`jsr.GRU` against Flax's `nnx.RNN(GRUCell)`",
+             "jax-lstm-seq": "`jsr.LSTM` against `nnx.RNN(OptimizedLSTMCell)`",
+             "jax-scan-auto": "`jsr.Traveller` against Flax's feedback cell (OptimizedLSTMCell)"}
+    parts = []
+    for key, cell in run["cells"].items():
+        t = {name: statistics.median(v) for name, v in cell["seconds"].items()}
+        parts.append(f"{names[key]}: `TrainStep` {t['jsr (TrainStep)']:.2f} s, the same model under plain Adam "
+                     f"{t['jsr (plain Adam)']:.2f} s, the peer {t['peer']:.2f} s")
+    rounds = len(next(iter(run["cells"].values()))["seconds"]["peer"])
+    return "; ".join(parts) + f" (B={run['batch']}, T={run['steps']:,}, median of {rounds} rotating compiles)"
 
 
 @figure("traveller.wall")

@@ -1,0 +1,89 @@
+"""Where the peers' table's train-step compile cells come from: for one cell, the jsr row as the benchmark runs it
+(`TrainStep`, the step `fit` runs: NaN guard and metric sums), the same jsr model under the benchmark's plain Adam
+step (what a peer row runs), and the peer row itself (docs/tuning_cpu.md, "The peers' rows, explained").
+
+    python benchmarks/train_compile.py --out benchmarks/results/train-compile-cpu-2core.json  # appends the run
+
+Each case is built as `jax-scan-rnn bench --peers` builds it (the same weights, loss and compiler options), then
+its compile (trace, lower and XLA compile after `jax.clear_caches()`) is timed round-robin with the other cases
+of its cell. About 2 minutes on a 2-core CPU.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jax
+from flax import nnx
+
+sys.path.insert(0, str(Path(__file__).parent))
+from timed_run import append_run  # noqa: E402
+
+from jax_scan_rnn.bench import jax_methods, peer_methods  # noqa: E402
+from jax_scan_rnn.bench.config import BenchConfig  # noqa: E402
+from jax_scan_rnn.bench.context import Context  # noqa: E402
+from jax_scan_rnn.bench.methods import METHODS  # noqa: E402
+
+CELLS = {  # jsr row -> the peer row it is compared with
+    "jax-gru-seq": "peer-flax-gru-seq",
+    "jax-lstm-seq": "peer-flax-optlstm-seq",
+    "jax-scan-auto": "peer-flax-fb-opt",
+}
+
+
+def plain_adam_library_case(ctx: Context, mode: str, fn, model: nnx.Module, *args):
+    """`jax_methods.library_case` with the benchmark's plain Adam step (`compiled_case`) instead of `TrainStep`."""
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    return jax_methods.compiled_case(ctx, mode, lambda p, *a: fn(nnx.merge(graphdef, p, rest), *a), params, *args,
+                                     library=True)
+
+
+def cases(ctx: Context, jsr_key: str, batch: int, steps: int) -> dict:
+    build = METHODS[jsr_key].build
+    out = {"jsr (TrainStep)": build(ctx, batch, steps, "train")}
+    library_case = jax_methods.library_case
+    jax_methods.library_case = plain_adam_library_case  # looked up at call time by traveller_case
+    try:
+        out["jsr (plain Adam)"] = build(ctx, batch, steps, "train")
+    finally:
+        jax_methods.library_case = library_case
+    out["peer"] = METHODS[CELLS[jsr_key]].build(ctx, batch, steps, "train")
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--out", default=None, help="append the run to this JSON file (default: print only)")
+    args = parser.parse_args()
+    for flag in ("rounds", "batch", "steps"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag}: expected an int >= 1, got {getattr(args, flag)}")
+    ctx = Context(BenchConfig.peers())
+    started, load_start = time.strftime("%Y-%m-%dT%H:%M:%S%z"), os.getloadavg()[0]
+    results = {}
+    for jsr_key, peer_key in CELLS.items():
+        built = cases(ctx, jsr_key, args.batch, args.steps)
+        names = list(built)
+        seconds: dict[str, list[float]] = {name: [] for name in names}
+        for r in range(args.rounds):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                jax.clear_caches()
+                seconds[name].append(round(built[name].compile_again(), 4))
+        results[jsr_key] = {"peer": peer_key, "seconds": seconds}
+        print(jsr_key, {name: round(statistics.median(v), 3) for name, v in seconds.items()}, flush=True)
+    if args.out:
+        append_run(args.out, {"command": " ".join(["python benchmarks/train_compile.py", *sys.argv[1:]]),
+                              "started": started, "batch": args.batch, "steps": args.steps,
+                              "load_average": {"start": load_start, "end": os.getloadavg()[0]}, "cells": results})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
