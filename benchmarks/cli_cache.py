@@ -1,7 +1,7 @@
 """What the CLI's compilation cache saves: each command timed with an empty cache and again with the one it
 filled, alternating, as a user runs them (`jax_scan_rnn/xla_flags.py`, `use_cli_compilation_cache`).
 
-    python benchmarks/cli_cache.py --out benchmarks/results/cli-cache-cpu-2core.json
+    python benchmarks/cli_cache.py --out benchmarks/results/cli-cache-cpu-2core.json   # appends the run
 
 Per round and command: `JAX_SCAN_RNN_COMPILATION_CACHE` set to a new empty folder ("empty"), then the same
 command again with that folder ("filled"). Wall time of the whole command, start-up included. The VAE
@@ -11,7 +11,6 @@ commands read a short training run made first. About 8 minutes on a 2-core CPU (
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -21,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from timed_run import CACHE_ENV, machine  # noqa: E402
+from timed_run import CACHE_ENV, append_run  # noqa: E402
 
 CLI = [sys.executable, "-m", "jax_scan_rnn.cli"]
 
@@ -45,8 +44,11 @@ def timed(argv: list[str], cache: str) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", default=None, help="write the results here as JSON (default: print only)")
+    parser.add_argument("--out", default=None, help="append the run to this JSON file (default: print only)")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds: expected an int >= 1, got {args.rounds}")
+    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         subprocess.run([*CLI, "train", "vae", "--steps", "30", "--eval-every", "0", "--eval-samples", "100",
@@ -60,9 +62,9 @@ def main() -> int:
                         shutil.rmtree(out, ignore_errors=True)  # a new run each time, as a user starts one
                     rows[name][kind].append(round(timed(argv, cache), 2))
                 print(name, rows[name], flush=True)
-    results = {"machine": machine(), "load_average_end": os.getloadavg()[0], "commands": rows}
-    if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+    if args.out:  # a later run never replaces an earlier one
+        append_run(args.out, {"command": " ".join(["python benchmarks/cli_cache.py", *sys.argv[1:]]),
+                              "started": started, "load_average_end": os.getloadavg()[0], "commands": rows})
     return 0
 
 
