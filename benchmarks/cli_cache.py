@@ -21,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from timed_run import CACHE_ENV, append_run  # noqa: E402
+from jax_scan_rnn.cli import positive_int  # noqa: E402  the CLI's option check
 
 CLI = [sys.executable, "-m", "jax_scan_rnn.cli"]
 
@@ -43,11 +44,9 @@ def timed(argv: list[str], cache: str) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=positive_int, default=3)
     parser.add_argument("--out", default=None, help="append the run to this JSON file (default: print only)")
     args = parser.parse_args()
-    if args.rounds < 1:
-        parser.error(f"--rounds: expected an int >= 1, got {args.rounds}")
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from timed_run import append_run  # noqa: E402
+from jax_scan_rnn.cli import positive_int  # noqa: E402  the CLI's option check
 
 WAYS = ("eager", "compiled")
 MODELS = ("traveller", "vae")
@@ -48,11 +49,9 @@ print(time.perf_counter() - start)
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=positive_int, default=5)
     parser.add_argument("--out", default=None, help="append the run to this JSON file (default: print only)")
     args = parser.parse_args()
-    if args.rounds < 1:
-        parser.error(f"--rounds: expected an int >= 1, got {args.rounds}")
     times: dict[str, dict[str, list[float]]] = {m: {w: [] for w in WAYS} for m in MODELS}
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     for _ in range(args.rounds):

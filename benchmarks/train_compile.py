@@ -22,6 +22,7 @@ from flax import nnx
 
 sys.path.insert(0, str(Path(__file__).parent))
 from timed_run import append_run  # noqa: E402
+from jax_scan_rnn.cli import positive_int  # noqa: E402  the CLI's option check
 
 from jax_scan_rnn.bench import jax_methods, peer_methods  # noqa: E402
 from jax_scan_rnn.bench.config import BenchConfig  # noqa: E402
@@ -57,14 +58,11 @@ def cases(ctx: Context, jsr_key: str, batch: int, steps: int) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--rounds", type=positive_int, default=7)
+    parser.add_argument("--batch", type=positive_int, default=1)
+    parser.add_argument("--steps", type=positive_int, default=1000)
     parser.add_argument("--out", default=None, help="append the run to this JSON file (default: print only)")
     args = parser.parse_args()
-    for flag in ("rounds", "batch", "steps"):
-        if getattr(args, flag) < 1:
-            parser.error(f"--{flag}: expected an int >= 1, got {getattr(args, flag)}")
     ctx = Context(BenchConfig.peers())
     started, load_start = time.strftime("%Y-%m-%dT%H:%M:%S%z"), os.getloadavg()[0]
     results = {}

@@ -110,26 +110,33 @@ def _bench_headline() -> str:
 PEERS = "cpu-2core-peers.json"
 
 
+def _peer_grids() -> list[tuple[dict, list[dict]]]:
+    """(method entry, its grid rows at its longest T) of every peer measured in the peers' run, in table order."""
+    rows = [r for r in load(PEERS)["rows"]
+            if r["role"] == "peer" and r["status"] == "ok" and r.get("vs_jsr") and r["section"] == "grid"]
+    out = []
+    for method, meta in load(PEERS)["methods"].items():
+        mine = [r for r in rows if r["method"] == method]
+        if meta.get("role") == "peer" and mine:
+            steps = max(r["T"] for r in mine)
+            out.append((meta, [r for r in mine if r["T"] == steps]))
+    return out
+
+
 @figure("bench.peers")
 def _bench_peers() -> str:
     """Each peer's time over jsr's in one run (> 1: jsr is faster), T=1000 (torchax: the longest T it ran)."""
-    rows = [r for r in load(PEERS)["rows"] if r["role"] == "peer" and r["status"] == "ok" and r.get("vs_jsr")]
     cells = [("forward", 1), ("forward", 64), ("train", 1), ("train", 64)]
     lines = ["| peer (jitted, the same weights) | jsr row | " + " | ".join(f"{m} B={b}" for m, b in cells)
              + " | first call B=1 (forward / train) |", "|---|---|" + "---:|" * (len(cells) + 1)]
-    for method, meta in load(PEERS)["methods"].items():
-        mine = [r for r in rows if r["method"] == method]
-        if meta.get("role") != "peer" or not mine:
-            continue
-        steps = max(r["T"] for r in mine if r["section"] == "grid")
+    for meta, mine in _peer_grids():
 
         def ratio(mode, batch, what="call"):
-            hit = [r for r in mine if (r["mode"], r["B"], r["T"], r["section"]) == (mode, batch, steps, "grid")]
+            hit = [r for r in mine if (r["mode"], r["B"]) == (mode, batch)]
             return f"{1 / hit[0]['vs_jsr'][what]:.2f}x" if hit and hit[0]["vs_jsr"][what] else "n/a"
 
         label = meta["label"].removeprefix("peer: ")
-        versus = next(r["vs_jsr"]["vs"] for r in mine if (r["section"], r["T"]) == ("grid", steps))
-        lines.append(f"| {label} (T={steps}) | `{versus}` | "
+        lines.append(f"| {label} (T={mine[0]['T']}) | `{mine[0]['vs_jsr']['vs']}` | "
                      + " | ".join(ratio(m, b) for m, b in cells)
                      + f" | {ratio('forward', 1, 'compile')} / {ratio('train', 1, 'compile')} |")
     return "\n".join(lines)
@@ -137,16 +144,11 @@ def _bench_peers() -> str:
 
 def _peer_ratios() -> list[tuple[str, str, float]]:
     """(peer label, cell, peer time over jsr's) of every ratio in the peers' table (> 1: jsr is faster)."""
-    rows = [r for r in load(PEERS)["rows"] if r["role"] == "peer" and r["status"] == "ok" and r.get("vs_jsr")]
     out = []
-    for method, meta in load(PEERS)["methods"].items():
-        mine = [r for r in rows if r["method"] == method and r["section"] == "grid"]
-        if meta.get("role") != "peer" or not mine:
-            continue
-        steps = max(r["T"] for r in mine)
+    for meta, mine in _peer_grids():
         for r in mine:
             for what in ("call", "compile"):
-                if r["T"] == steps and r["vs_jsr"].get(what) and (what == "call" or r["B"] == 1):
+                if r["vs_jsr"].get(what) and (what == "call" or r["B"] == 1):
                     cell = f"{r['mode']} B={r['B']}" + (" first call" if what == "compile" else "")
                     out.append((meta["label"].removeprefix("peer: "), cell, 1 / r["vs_jsr"][what]))
     return out
