@@ -8,6 +8,7 @@
     python benchmarks/tune_scan.py hoist-layers   # the same for jsr.LSTM/GRU over whole sequences, the VAE
     python benchmarks/tune_scan.py remat-dropout  # training memory with dropout on: masks per step vs [T] array
     python benchmarks/tune_scan.py opt-level      # compile and run time: XLA's LLVM -O3 (default) vs -O1
+    python benchmarks/tune_scan.py gemv           # batch-1 matrix-vector code: GEMV tiling x vector width
 
 `flag` backs the figures quoted in `jax_scan_rnn/xla_flags.py`; `unroll` the table behind
 `unroll="auto"` (`jax_scan_rnn/scan.py`, `AUTO_UNROLL`); `hoist` and `hoist-layers` the rule behind
@@ -19,6 +20,9 @@ memory: without remat, with remat chunks of ~sqrt(T) and each step's masks drawn
 and with remat but the `[L-1, T, B, H]` mask array passed in (how dropout worked before).
 `opt-level` backs `xla_flags.CPU_COMPILER_OPTIONS`: each of `OPT_LEVEL_CASES` compiled at each level,
 compile time (every round), warm time per step (arms interleaved), and the outputs' largest difference.
+`gemv` backs the GEMV settings of `jax_scan_rnn/xla_flags.py`: the same cases, compiled as the library does
+(-O1) under each `GEMV_TILINGS` (a process-wide XLA option: one process per value, rotated over `--rounds`
+rounds) at each `VECTOR_WIDTHS` (a per-compile option: interleaved in the process).
 Each figure: the minimum over 3 rounds (`hoist-layers`: 5 rounds, the two arms interleaved) of the median
 of n calls after warm-up calls, divided by T (us per time step). Runs on whatever JAX backend is present;
 takes ~2-5 minutes per subcommand on a 2-core CPU.
@@ -31,6 +35,8 @@ import os
 import subprocess
 import sys
 import time
+
+from jax_scan_rnn.cli import positive_int
 
 FLAG_CONFIGS = ["1x64", "1x128", "1x256", "1x64:f64", "1x256:f64", "4x64", "64x64", "8x128", "64x64:f64", "128x256"]
 UNROLL_CONFIGS = ["1x64", "1x256", "8x64", "64x64", "64x256", "512x64"]
@@ -135,13 +141,13 @@ def flag_worker(configs: list[str]) -> list[dict]:
 
 def run_flag(configs: list[str], threshold: int | None) -> list[dict]:
     """Each config in a process with the setting (the library's, or `threshold`) and one without."""
-    from jax_scan_rnn.xla_flags import OPT_OUT_ENV, with_small_loop_option
+    from jax_scan_rnn.xla_flags import OPT_OUT_ENV, SMALL_LOOP_OPTION, with_backend_options
 
     results = []
     for arm in ("set", "default"):
         env = dict(os.environ, **{OPT_OUT_ENV: "1" if arm == "set" else "0"})
         if arm == "set" and threshold is not None:
-            env["XLA_FLAGS"] = with_small_loop_option(env.get("XLA_FLAGS", ""), threshold)
+            env["XLA_FLAGS"] = with_backend_options(env.get("XLA_FLAGS", ""), {SMALL_LOOP_OPTION: threshold})
         out = subprocess.run([sys.executable, __file__, "_flag_worker", *configs], env=env, capture_output=True,
                              text=True, check=True)
         results += [dict(row, arm=arm) for row in json.loads(out.stdout.strip().splitlines()[-1])]
@@ -327,6 +333,88 @@ def run_opt_level(rounds: int = 3) -> list[dict]:
     return rows
 
 
+# XLA:CPU emits a batch-1 matmul inside a one-kernel loop (xla_flags.py's small-loop setting) as its own
+# matrix-vector loop, tiled by `xla_llvm_dot_tiling_factor` vector registers (XLA's default 8), in vectors of
+# `xla_cpu_prefer_vector_width` bits (XLA's default 256).
+GEMV_TILINGS = (8, 1, 2)
+VECTOR_WIDTHS = (256, 512)
+
+
+def gemv_worker(tiling: int, outputs: str) -> list[dict]:
+    """In this process (XLA_FLAGS already carries `tiling`): each case's compile and warm time at each width;
+    every output leaf saved to `outputs` (npz) for the parent to compare."""
+    import jax
+    import numpy as np
+
+    rows, saved = [], {}
+    for case, batch, steps in OPT_LEVEL_CASES:
+        for mode, (fn, args) in _opt_level_functions(case, batch, steps).items():
+            compiled, compile_s = {}, {}
+            for width in VECTOR_WIDTHS:
+                jax.clear_caches()
+                start = time.perf_counter()
+                compiled[width] = jax.jit(fn, compiler_options={"xla_backend_optimization_level": 1,
+                                                                "xla_cpu_prefer_vector_width": width}) \
+                    .lower(*args).compile()
+                compile_s[width] = time.perf_counter() - start
+            warm = _time_interleaved([(compiled[width], args) for width in VECTOR_WIDTHS], steps, rounds=3)
+            for i, width in enumerate(VECTOR_WIDTHS):
+                key = f"{case} B={batch} T={steps} {mode}"
+                for j, leaf in enumerate(jax.tree.leaves(jax.device_get(compiled[width](*args)))):
+                    saved[f"{key} {width} {j}"] = np.asarray(leaf)
+                rows.append({"case": key, "tiling": tiling, "width": width, "compile_s": compile_s[width],
+                             "us_per_step": warm[i], "backend": jax.default_backend()})
+    np.savez(outputs, **saved)
+    return rows
+
+
+def run_gemv(rounds: int) -> list[dict]:
+    """Rotate the tilings' processes over `rounds`; per case, tiling and width: the compile of each round,
+    the median over rounds of the warm time, and the largest output difference from XLA's defaults'."""
+    import tempfile
+
+    import numpy as np
+
+    from jax_scan_rnn.xla_flags import OPT_OUT_ENV, SMALL_LOOP_BYTES, SMALL_LOOP_OPTION
+
+    runs, outputs = [], {}
+    with tempfile.TemporaryDirectory() as folder:
+        for r in range(rounds):
+            for tiling in GEMV_TILINGS:
+                path = os.path.join(folder, f"{tiling}-{r}.npz")
+                # Both options written out, so the library's own additions (xla_flags.configure) stay out.
+                flags = (f"--xla_backend_extra_options={SMALL_LOOP_OPTION}={SMALL_LOOP_BYTES},"
+                         f"xla_llvm_dot_tiling_factor={tiling}")
+                env = dict(os.environ, XLA_FLAGS=flags, **{OPT_OUT_ENV: "1"})
+                out = subprocess.run([sys.executable, __file__, "_gemv_worker", str(tiling), path], env=env,
+                                     capture_output=True, text=True, check=True)
+                runs += json.loads(out.stdout.strip().splitlines()[-1])
+                if r == 0:
+                    with np.load(path) as data:
+                        outputs[tiling] = dict(data)
+    rows = []
+    for key in dict.fromkeys(r["case"] for r in runs):
+        for tiling in GEMV_TILINGS:
+            for width in VECTOR_WIDTHS:
+                mine = [r for r in runs if (r["case"], r["tiling"], r["width"]) == (key, tiling, width)]
+                # Largest |output - XLA's defaults' output| over every output leaf (first round's processes).
+                reference, got = outputs[GEMV_TILINGS[0]], outputs[tiling]
+                leaves = [k for k in reference if k.startswith(f"{key} {VECTOR_WIDTHS[0]} ")]
+                diff = max(float(np.max(np.abs(reference[k].astype(np.float64)
+                                               - got[k.replace(f" {VECTOR_WIDTHS[0]} ", f" {width} ")]), initial=0))
+                           for k in leaves)
+                row = {"case": key, "tiling": tiling, "width": width, "compile_s": [r["compile_s"] for r in mine],
+                       "warm_us": [r["us_per_step"] for r in mine],
+                       "us_per_step": float(np.median([r["us_per_step"] for r in mine])), "max_abs_diff": diff,
+                       "backend": mine[0]["backend"]}
+                rows.append(row)
+                print(f"{key:32s} tiling {tiling} width {width}  compile "
+                      f"{' '.join(f'{c:5.2f}' for c in row['compile_s'])} s  warm {row['us_per_step']:9.2f} us/step "
+                      f"(rounds {' '.join(f'{w:.3g}' for w in row['warm_us'])})  max |out - default's| {diff:.1e}",
+                      flush=True)
+    return rows
+
+
 REMAT_DROPOUT_STEPS = (1000, 4000, 16000)
 
 
@@ -367,13 +455,17 @@ def run_remat_dropout(batch: int = 64, hidden: int = 64, layers: int = 3, rate: 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=["flag", "unroll", "hoist", "hoist-layers", "remat-dropout", "opt-level",
-                                         "_flag_worker"])
+                                         "gemv", "_flag_worker", "_gemv_worker"])
     parser.add_argument("configs", nargs="*", help="BxH or BxH:f64 (default: the module's lists)")
     parser.add_argument("--out", help="also write the rows as JSON here")
     parser.add_argument("--threshold", type=int, help="flag: this small-loop threshold instead of the library's")
+    parser.add_argument("--rounds", type=positive_int, default=3, help="gemv: processes per tiling, rotated")
     args = parser.parse_args(argv)
     if args.what == "_flag_worker":
         print(json.dumps(flag_worker(args.configs)))
+        return
+    if args.what == "_gemv_worker":
+        print(json.dumps(gemv_worker(int(args.configs[0]), args.configs[1])))
         return
     if args.what == "flag":
         rows = run_flag(args.configs or FLAG_CONFIGS, args.threshold)
@@ -391,6 +483,8 @@ def main(argv=None) -> None:
         rows = run_remat_dropout()
     elif args.what == "opt-level":
         rows = run_opt_level()
+    elif args.what == "gemv":
+        rows = run_gemv(args.rounds)
     else:
         rows = run_unroll(args.configs or UNROLL_CONFIGS)
     if args.out:

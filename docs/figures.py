@@ -949,6 +949,10 @@ TUNING_LOGS = {
                   r"(?P<config>\w+\s+B=\s*\d+\s+T=\s*\d+\s+\w+)\s+-O(?P<level>\d)\s+"
                   r"compile\s+(?P<compile>[\d. ]+?) s\s+"
                   r"warm\s+(?P<warm>[\d.]+) us/step\s+max \|out - O3's\| (?P<diff>\S+)"),
+    "gemv": ("gemv-cpu-2core.txt",
+             r"(?P<config>\w+ B=\d+ T=\d+ \w+)\s+tiling (?P<tiling>\d+) width (?P<width>\d+)\s+"
+             r"compile\s+(?P<compile>[\d. ]+?) s\s+warm\s+(?P<warm>[\d.]+) us/step \(rounds (?P<rounds>[^)]*)\)\s+"
+             r"max \|out - default's\| (?P<diff>\S+)"),
     "hoist-layers": ("hoist-layers-cpu-2core.txt",
                      r"(?P<config>.+?)\s+T=\s*\d+.*?forward\s+(?P<fwd0>[\d.]+) ->\s+(?P<fwd1>[\d.]+) us/step"),
 }
@@ -1020,6 +1024,30 @@ def _tuning_opt_level() -> str:
             f"{pair('vae B= 128 T= 60 train', 'VAE train step')}; the warm calls at -O1 take {min(warm):.2f}-"
             f"{max(warm):.2f}x -O3's time over the log's {len(warm)} cases, with outputs within {diff:.0e} of -O3's "
             f"(float rounding); -O0 would run {min(slow):.1f}-{max(slow):.1f}x slower")
+
+
+@figure("tuning.gemv")
+def _tuning_gemv() -> str:
+    """XLA's defaults (tiling 8, width 256) -> the library's (`xla_flags.GEMV_TILING`, `CPU_COMPILER_OPTIONS`)."""
+    rows = {(r["config"], int(r["tiling"]), int(r["width"])): r for r in tuning_log("gemv")}
+
+    def pair(config: str, label: str) -> str:
+        return f"{label} {log_us(rows[config, 8, 256]['warm'])} -> {log_us(rows[config, 1, 512]['warm'])}"
+
+    b1 = "traveller B=1 T=1000 forward"
+    vae_rounds = [float(v) for key in rows if key[0] == "vae B=128 T=60 train" for v in rows[key]["rounds"].split()]
+    tiling_diff = max(float(r["diff"]) for (c, t, w), r in rows.items() if w == 256)
+    width_diff = max(float(r["diff"]) for r in rows.values())
+    return (f"{pair(b1, 'Traveller B=1 T=1000 forward')} µs per step (the tiling alone "
+            f"{log_us(rows[b1, 1, 256]['warm'])}, the width alone {log_us(rows[b1, 8, 512]['warm'])}), "
+            f"{pair('traveller B=1 T=1000 train', 'train step')}; "
+            f"{pair('traveller B=64 T=1000 forward', 'B=64 forward')}, "
+            f"{pair('traveller B=64 T=1000 train', 'train step')}; "
+            f"{pair('vae B=128 T=60 greedy', 'VAE greedy generation')}, "
+            f"{pair('vae B=128 T=60 train', 'train step')} (its rounds spread over {min(vae_rounds):,.0f}-"
+            f"{max(vae_rounds):,.0f}); the tiling leaves every output "
+            f"{'bit for bit as it was' if tiling_diff == 0 else f'within {tiling_diff:.0e}'}, the width moves "
+            f"them by float rounding (at most {width_diff:.1e})")
 
 
 @figure("remat.dropout")

@@ -1,15 +1,17 @@
-"""XLA settings. Two for CPUs: small scans run as one kernel (set when `jax_scan_rnn` is imported), and the
-library's own compiled calls compile at LLVM -O1 (`compiler_options`). One for the CLI: a persistent
-compilation cache (`use_cli_compilation_cache`).
+"""XLA settings. Three for CPUs: small scans run as one kernel, with matrix-vector code suited to it (both
+set when `jax_scan_rnn` is imported), and the library's own compiled calls compile at LLVM -O1 with 512-bit
+vectors (`compiler_options`). One for the CLI: a persistent compilation cache (`use_cli_compilation_cache`).
 
 XLA:CPU runs a compiled program as a sequence of "thunks" (one per fused kernel or library matmul), and a
 `while` loop (what `lax.scan` becomes) re-dispatches its body's thunks on every iteration. For a small
 step (a Traveller at batch 1 has ~20 thunks of well under a microsecond each) that dispatch is most of
 the time. XLA has a pass that instead compiles a whole small loop into ONE kernel; it only applies to
 loops whose per-iteration bytes (XLA's cost analysis) are below `xla_cpu_small_while_loop_byte_threshold`,
-1 kB by default, which no recurrent layer meets. This module raises that threshold to 2 MB:
+1 kB by default, which no recurrent layer meets. This module raises that threshold to 2 MB, and sets the
+tiling of the matrix-vector products XLA then writes into that kernel (batch-1 matmuls, which no longer go
+to a matmul library) to one vector register per tile instead of XLA's 8:
 
-    --xla_backend_extra_options=xla_cpu_small_while_loop_byte_threshold=2000000
+    --xla_backend_extra_options=xla_cpu_small_while_loop_byte_threshold=2000000,xla_llvm_dot_tiling_factor=1
 
 2 MB admits the batch-1 loops measured faster (H <= 128: their loop bodies touch ~0.2-1 MB per step) and
 leaves H=256 (over 3 MB of weights per step, where streaming them dominates and XLA's generic loop code is
@@ -17,19 +19,23 @@ no better) as it was. Loops whose matmuls XLA hands to its YNNPACK library (ever
 never converted, so their times are unchanged. Results are the same operations, dispatched differently.
 One exception: if you turn YNNPACK off yourself (`--xla_cpu_experimental_ynn_fusion_type=`), batched
 loops become eligible too and XLA's generic loop code is far slower for their matmuls; set
-`JAX_SCAN_RNN_XLA_FLAGS=0` in that case. Measured: docs/measurements.md#xla-small-loop-threshold.
+`JAX_SCAN_RNN_XLA_FLAGS=0` in that case. Measured: docs/measurements.md#xla-small-loop-threshold. The
+tiling changes only how the product's loop is blocked, not its sums (outputs bit for bit the same), and a
+batch-1 step streams its weights faster with it: docs/measurements.md#matrix-vector-code.
 
 XLA reads its flags once, when JAX creates its first backend, so this must run before the first JAX
-computation; `import jax_scan_rnn` does that. It never overrides a user: if `XLA_FLAGS` already sets
-the threshold, or `JAX_SCAN_RNN_XLA_FLAGS=0` is set, or a backend already exists, nothing changes, and
-`status()` says which. Options prefixed `xla_` are not passed on to LLVM, so GPU backends ignore it.
+computation; `import jax_scan_rnn` does that. It never overrides a user: an option `XLA_FLAGS` already
+sets keeps the user's value, nothing changes with `JAX_SCAN_RNN_XLA_FLAGS=0` or once a backend exists, and
+`status()` says which. Options prefixed `xla_` are not passed on to LLVM, so GPU backends ignore them.
 
 `compiler_options()` is what the library's `jax.jit`s pass (`jsr.jit`, `TrainStep`, `make_eval_fn`): on a
-CPU, XLA's LLVM backend at optimisation level 1 instead of its default 3. The kernels XLA emits for a
-recurrent step are small fusions around library matmuls, and -O3's extra passes buy them nothing
-measurable, while they take 20-40% of a batch-1 Traveller's compile; -O0 runs slower
-(docs/measurements.md#llvm-optimisation-level). It is a per-compile option, so the user's own `jax.jit`s
-keep XLA's default; the same `JAX_SCAN_RNN_XLA_FLAGS=0` turns it off.
+CPU, XLA's LLVM backend at optimisation level 1 instead of its default 3, and vectors of up to 512 bits
+instead of XLA's preferred 256 (on a CPU without AVX-512, LLVM stays at what the CPU has). The kernels XLA
+emits for a recurrent step are small fusions around library matmuls, and -O3's extra passes buy them
+nothing measurable, while they take 20-40% of a batch-1 Traveller's compile; -O0 runs slower
+(docs/measurements.md#llvm-optimisation-level). Wider vectors sped up the batch-1 and batch-64 steps
+(docs/measurements.md#matrix-vector-code) and round differently in the last bits. Both are per-compile
+options, so the user's own `jax.jit`s keep XLA's defaults; the same `JAX_SCAN_RNN_XLA_FLAGS=0` turns them off.
 
 `jax-scan-rnn`'s commands (not the library, and not `bench`, which times compiles) keep the programs they
 compile in JAX's persistent compilation cache, in `~/.cache/jax-scan-rnn/xla` (`$XDG_CACHE_HOME`), at most
@@ -46,8 +52,12 @@ import sys
 
 SMALL_LOOP_OPTION = "xla_cpu_small_while_loop_byte_threshold"
 SMALL_LOOP_BYTES = 2_000_000  # per-iteration bytes (XLA cost analysis): admits the loops measured faster
+GEMV_TILING_OPTION = "xla_llvm_dot_tiling_factor"
+GEMV_TILING = 1  # vector registers per tile of a one-kernel loop's matrix-vector product (XLA's default: 8)
+BACKEND_OPTIONS = {SMALL_LOOP_OPTION: SMALL_LOOP_BYTES, GEMV_TILING_OPTION: GEMV_TILING}
 OPT_OUT_ENV = "JAX_SCAN_RNN_XLA_FLAGS"  # "0": leave XLA_FLAGS and the compile options alone
-CPU_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}  # LLVM -O1: measured as fast to run, quicker to compile
+# LLVM -O1: measured as fast to run, quicker to compile; 512-bit vectors: measured faster (XLA prefers 256).
+CPU_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1, "xla_cpu_prefer_vector_width": 512}
 
 CACHE_ENV = "JAX_SCAN_RNN_COMPILATION_CACHE"  # the CLI's cache folder, or "0": none
 CLI_CACHE_MAX_BYTES = 2**30
@@ -66,25 +76,29 @@ def _backends_initialized() -> bool:
     return bool(xla_bridge.backends_are_initialized())
 
 
-def with_small_loop_option(flags: str, threshold: int = SMALL_LOOP_BYTES) -> str:
-    """`flags` (an XLA_FLAGS string) with the small-loop threshold added to `--xla_backend_extra_options`.
+def with_backend_options(flags: str, options: dict | None = None) -> str:
+    """`flags` (an XLA_FLAGS string) with each of `options` (default `BACKEND_OPTIONS`) that it does not
+    already set added to `--xla_backend_extra_options`.
 
     XLA takes one `--xla_backend_extra_options=k1=v1,k2=v2` flag (the last one wins), so an existing one
-    is extended rather than repeated.
+    is extended rather than repeated, and an option the user already gives keeps the user's value.
     """
-    option = f"{SMALL_LOOP_OPTION}={threshold}"
     match = re.search(r"--xla_backend_extra_options=(\S*)", flags)
+    given = {item.partition("=")[0] for item in match.group(1).split(",")} if match else set()
+    added = ",".join(f"{key}={value}" for key, value in (BACKEND_OPTIONS if options is None else options).items() if key not in given)
+    if not added:
+        return flags
     if match is None:
-        return f"{flags} --xla_backend_extra_options={option}".strip()
-    merged = f"{match.group(1)},{option}" if match.group(1) else option
+        return f"{flags} --xla_backend_extra_options={added}".strip()
+    merged = f"{match.group(1)},{added}" if match.group(1) else added
     return flags[: match.start(1)] + merged + flags[match.end(1) :]
 
 
 def configure(environ=None) -> str:
-    """Add the small-loop setting to `XLA_FLAGS` if it is safe and useful; returns what happened.
+    """Add `BACKEND_OPTIONS` to `XLA_FLAGS` where it is safe; returns what happened.
 
-    Returns one of: "set" (added), "user" (XLA_FLAGS already sets the threshold: kept),
-    "opted out" (`JAX_SCAN_RNN_XLA_FLAGS=0`), "too late" (a JAX backend already exists, so XLA has
+    Returns one of: "set" (added; any option the user already gives keeps its value), "user" (XLA_FLAGS
+    already sets every one of them: kept), "opted out" (`JAX_SCAN_RNN_XLA_FLAGS=0`), "too late" (a JAX backend already exists, so XLA has
     read its flags; set XLA_FLAGS yourself or import jax_scan_rnn first).
     """
     global _status
@@ -92,12 +106,12 @@ def configure(environ=None) -> str:
     flags = env.get("XLA_FLAGS", "")
     if _opted_out(env):
         _status = "opted out"
-    elif SMALL_LOOP_OPTION in flags:
+    elif with_backend_options(flags) == flags:
         _status = "user"
     elif _backends_initialized():
         _status = "too late"
     else:
-        env["XLA_FLAGS"] = with_small_loop_option(flags)
+        env["XLA_FLAGS"] = with_backend_options(flags)
         _status = "set"
     return _status
 

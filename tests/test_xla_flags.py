@@ -1,4 +1,4 @@
-"""The CPU small-loop setting: how it edits XLA_FLAGS, when it refuses to, and that XLA acts on it."""
+"""The CPU small-loop settings: how they edit XLA_FLAGS, when they refuse to, and that XLA acts on them."""
 from __future__ import annotations
 
 import os
@@ -10,23 +10,31 @@ import pytest
 
 from jax_scan_rnn import xla_flags
 
-OPTION = f"{xla_flags.SMALL_LOOP_OPTION}={xla_flags.SMALL_LOOP_BYTES}"
+THRESHOLD = f"{xla_flags.SMALL_LOOP_OPTION}={xla_flags.SMALL_LOOP_BYTES}"
+TILING = f"{xla_flags.GEMV_TILING_OPTION}={xla_flags.GEMV_TILING}"
+OPTION = f"{THRESHOLD},{TILING}"
 
 
-def test_option_is_added_to_empty_flags():
-    assert xla_flags.with_small_loop_option("") == f"--xla_backend_extra_options={OPTION}"
+def test_options_are_added_to_empty_flags():
+    assert xla_flags.with_backend_options("") == f"--xla_backend_extra_options={OPTION}"
 
 
 def test_other_flags_are_kept():
     flags = "--xla_force_host_platform_device_count=4"
-    assert xla_flags.with_small_loop_option(flags) == f"{flags} --xla_backend_extra_options={OPTION}"
+    assert xla_flags.with_backend_options(flags) == f"{flags} --xla_backend_extra_options={OPTION}"
 
 
 def test_existing_extra_options_are_extended_not_repeated():
     flags = "--xla_backend_extra_options=xla_cpu_disable_new_fusion_emitter --foo=1"
-    got = xla_flags.with_small_loop_option(flags)
+    got = xla_flags.with_backend_options(flags)
     assert got == f"--xla_backend_extra_options=xla_cpu_disable_new_fusion_emitter,{OPTION} --foo=1"
     assert got.count("--xla_backend_extra_options") == 1
+
+
+def test_an_option_the_user_gives_keeps_the_users_value():
+    flags = f"--xla_backend_extra_options={xla_flags.GEMV_TILING_OPTION}=4"
+    assert xla_flags.with_backend_options(flags) == f"{flags},{THRESHOLD}"
+    assert xla_flags.with_backend_options(f"{flags},{THRESHOLD}") == f"{flags},{THRESHOLD}"
 
 
 @pytest.fixture
@@ -44,8 +52,12 @@ def test_configure_sets_the_flag(no_backend):
 
 def test_configure_keeps_a_users_own_threshold(no_backend):
     env = {"XLA_FLAGS": f"--xla_backend_extra_options={xla_flags.SMALL_LOOP_OPTION}=0"}
+    assert xla_flags.configure(env) == "set"  # the tiling added, the user's threshold kept
+    assert env["XLA_FLAGS"] == f"--xla_backend_extra_options={xla_flags.SMALL_LOOP_OPTION}=0,{TILING}"
+    users = f"--xla_backend_extra_options={xla_flags.SMALL_LOOP_OPTION}=0,{xla_flags.GEMV_TILING_OPTION}=8"
+    env = {"XLA_FLAGS": users}
     assert xla_flags.configure(env) == "user"
-    assert env["XLA_FLAGS"] == f"--xla_backend_extra_options={xla_flags.SMALL_LOOP_OPTION}=0"
+    assert env["XLA_FLAGS"] == users
 
 
 @pytest.mark.parametrize("value", ["0", "false", "off"])
@@ -93,7 +105,7 @@ def test_the_library_compiles_at_llvm_o1_on_a_cpu_unless_opted_out():
     import jax
 
     assert jax.default_backend() == "cpu"
-    assert xla_flags.compiler_options({}) == {"xla_backend_optimization_level": 1}
+    assert xla_flags.compiler_options({}) == {"xla_backend_optimization_level": 1, "xla_cpu_prefer_vector_width": 512}
     assert xla_flags.compiler_options({xla_flags.OPT_OUT_ENV: "0"}) is None
 
 
