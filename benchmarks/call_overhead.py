@@ -168,7 +168,8 @@ def machine() -> dict:
     return {"cpu": cpu_model(), "cpus": os.cpu_count(), "backend": jax.default_backend(),
             "devices": [str(d) for d in jax.devices()], "python": platform.python_version(),
             "jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__, "numpy": np.__version__,
-            "xla_small_loop_setting": jsr.xla_flags.status(), "date": datetime.date.today().isoformat()}
+            "xla_small_loop_setting": jsr.xla_flags.status(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
+            "library_compiler_options": jsr.xla_flags.compiler_options(), "date": datetime.date.today().isoformat()}
 
 
 def table(rows: list[dict], info: dict, command: str, parts: dict) -> str:

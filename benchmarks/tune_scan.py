@@ -20,7 +20,8 @@ memory: without remat, with remat chunks of ~sqrt(T) and each step's masks drawn
 and with remat but the `[L-1, T, B, H]` mask array passed in (how dropout worked before).
 `opt-level` backs `xla_flags.CPU_COMPILER_OPTIONS`: each of `OPT_LEVEL_CASES` compiled at each level,
 compile time (every round), warm time per step (arms interleaved), and the outputs' largest difference.
-`gemv` backs the GEMV settings of `jax_scan_rnn/xla_flags.py`: the same cases, compiled as the library does
+`gemv` backs the GEMV settings of `jax_scan_rnn/xla_flags.py`: `GEMV_CASES` (the same cases, and the batch-1
+Traveller at H=32 and H=128, whose matrix-vector products are 4x smaller and 4x larger), compiled as the library does
 (-O1) under each `GEMV_TILINGS` (a process-wide XLA option: one process per value, rotated over `--rounds`
 rounds) at each `VECTOR_WIDTHS` (a per-compile option: interleaved in the process).
 Each figure: the minimum over 3 rounds (`hoist-layers`: 5 rounds, the two arms interleaved) of the median
@@ -268,7 +269,8 @@ OPT_LEVEL_CASES = [("traveller", 1, 100), ("traveller", 1, 1000), ("traveller", 
 
 
 def _opt_level_functions(case: str, batch: int, steps: int) -> dict:
-    """{mode: (fn, args)} of one case: forward and Adam train step (Traveller), or train and greedy (VAE)."""
+    """{mode: (fn, args)} of one case: forward and Adam train step (Traveller; "traveller-h32": H=32, else 64),
+    or train and greedy (VAE)."""
     import jax.numpy as jnp
     import numpy as np
     from flax import nnx
@@ -277,8 +279,8 @@ def _opt_level_functions(case: str, batch: int, steps: int) -> dict:
     from jax_scan_rnn.bench.jax_methods import adam_step
 
     rng = np.random.default_rng(0)
-    if case == "traveller":
-        graphdef, params, rest, x, r = _model(f"{batch}x64", steps)
+    if case.startswith("traveller"):
+        graphdef, params, rest, x, r = _model(f"{batch}x{case.partition('-h')[2] or 64}", steps)
         positions = lambda p, x: nnx.merge(graphdef, p, rest)(x)[0]  # noqa: E731 - unroll "auto", as users get
         loss = lambda p, x, r: -jnp.mean(jnp.sum(positions(p, x) * r, -1))  # noqa: E731
         forward, train_args = (positions, (params, x)), (x, r)
@@ -296,7 +298,7 @@ def _opt_level_functions(case: str, batch: int, steps: int) -> dict:
         forward, train_args = (generate, (params, eps)), (tokens, eps)
 
     step, tx = adam_step(loss)  # the benchmark's train step: value, grad and one Adam update
-    return {"forward" if case == "traveller" else "greedy": forward,
+    return {"forward" if case.startswith("traveller") else "greedy": forward,
             "train": (step, (params, tx.init(params), *train_args))}
 
 
@@ -337,6 +339,7 @@ def run_opt_level(rounds: int = 3) -> list[dict]:
 # matrix-vector loop, tiled by `xla_llvm_dot_tiling_factor` vector registers (XLA's default 8), in vectors of
 # `xla_cpu_prefer_vector_width` bits (XLA's default 256).
 GEMV_TILINGS = (8, 1, 2)
+GEMV_CASES = OPT_LEVEL_CASES + [("traveller-h32", 1, 1000), ("traveller-h128", 1, 1000)]
 VECTOR_WIDTHS = (256, 512)
 
 
@@ -347,7 +350,7 @@ def gemv_worker(tiling: int, outputs: str) -> list[dict]:
     import numpy as np
 
     rows, saved = [], {}
-    for case, batch, steps in OPT_LEVEL_CASES:
+    for case, batch, steps in GEMV_CASES:
         for mode, (fn, args) in _opt_level_functions(case, batch, steps).items():
             compiled, compile_s = {}, {}
             for width in VECTOR_WIDTHS:

@@ -6,7 +6,8 @@ layer), so its time per step follows the weights' bytes, not the number of opera
 For H in --hidden-sizes: `jsr.Traveller(8, H, 2)` in eval mode, `fast = jsr.jit(model)`, `fast(x)` on x [1, T, 8]
 float32 (T = --steps); us per step = median over --rounds rounds of --calls calls each, after a warm-up call.
 The weights' bytes over that time is the rate at which the step streams them: if it stays about the same
-while H (and so the bytes, ~H^2) grows, the step is bound by reading the weights from the cache.
+while H (and so the bytes, ~H^2) grows, the step is bound by reading the weights, at the rate the code that
+reads them reaches (XLA's matrix-vector settings, docs/measurements.md#matrix-vector-code).
 """
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ file is inside it (`command` or `config`), and the README prints it next to the 
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import statistics
@@ -928,11 +929,21 @@ def _tuning_bandwidth() -> str:
                      f"weights, {r['gb_per_s']:.0f} GB/s" for r in rows)
 
 
-@figure("tuning.bandwidth_rate")
-def _tuning_bandwidth_rate() -> str:
-    rows = [r for r in runs(BANDWIDTH)[-1]["rows"] if r["weight_bytes"] < L2_BYTES]  # the ones that fit in L2
+BANDWIDTH_XLA_DEFAULTS_RUN = 0  # the file's first run: before xla_flags.py set the GEMV tiling and vector width
+
+
+@figure("tuning.bandwidth_before")
+def _tuning_bandwidth_before() -> str:
+    rows = [r for r in runs(BANDWIDTH)[BANDWIDTH_XLA_DEFAULTS_RUN]["rows"] if r["weight_bytes"] < L2_BYTES]  # in L2
     return (f"{span([r['gb_per_s'] for r in rows], 'GB/s', 0)} for H = {rows[0]['H']} to {rows[-1]['H']}, while "
             f"the bytes grow {rows[-1]['weight_bytes'] / rows[0]['weight_bytes']:.0f}-fold")
+
+
+@figure("tuning.bandwidth_h64")
+def _tuning_bandwidth_h64() -> str:
+    now, before = ({r["H"]: r for r in runs(BANDWIDTH)[i]["rows"]}[64] for i in (-1, BANDWIDTH_XLA_DEFAULTS_RUN))
+    return (f"{us(now['us_per_step'])} per step, {now['gb_per_s']:.0f} GB/s ({before['gb_per_s']:.0f} GB/s with "
+            f"XLA's own matrix-vector settings)")
 
 
 TUNING_LOGS = {
@@ -950,7 +961,7 @@ TUNING_LOGS = {
                   r"compile\s+(?P<compile>[\d. ]+?) s\s+"
                   r"warm\s+(?P<warm>[\d.]+) us/step\s+max \|out - O3's\| (?P<diff>\S+)"),
     "gemv": ("gemv-cpu-2core.txt",
-             r"(?P<config>\w+ B=\d+ T=\d+ \w+)\s+tiling (?P<tiling>\d+) width (?P<width>\d+)\s+"
+             r"(?P<config>[\w-]+ B=\d+ T=\d+ \w+)\s+tiling (?P<tiling>\d+) width (?P<width>\d+)\s+"
              r"compile\s+(?P<compile>[\d. ]+?) s\s+warm\s+(?P<warm>[\d.]+) us/step \(rounds (?P<rounds>[^)]*)\)\s+"
              r"max \|out - default's\| (?P<diff>\S+)"),
     "hoist-layers": ("hoist-layers-cpu-2core.txt",
@@ -1026,21 +1037,34 @@ def _tuning_opt_level() -> str:
             f"(float rounding); -O0 would run {min(slow):.1f}-{max(slow):.1f}x slower")
 
 
+@cache
+def library_gemv() -> tuple[int, int]:
+    """The library's (tiling, vector width) from jax_scan_rnn/xla_flags.py, loaded as a file (no JAX import)."""
+    spec = importlib.util.spec_from_file_location("xla_flags_file", ROOT / "jax_scan_rnn" / "xla_flags.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.GEMV_TILING, module.CPU_COMPILER_OPTIONS["xla_cpu_prefer_vector_width"]
+
+
 @figure("tuning.gemv")
 def _tuning_gemv() -> str:
     """XLA's defaults (tiling 8, width 256) -> the library's (`xla_flags.GEMV_TILING`, `CPU_COMPILER_OPTIONS`)."""
     rows = {(r["config"], int(r["tiling"]), int(r["width"])): r for r in tuning_log("gemv")}
 
     def pair(config: str, label: str) -> str:
-        return f"{label} {log_us(rows[config, 8, 256]['warm'])} -> {log_us(rows[config, 1, 512]['warm'])}"
+        return f"{label} {log_us(rows[config, 8, 256]['warm'])} -> {log_us(rows[(config, *library_gemv())]['warm'])}"
 
     b1 = "traveller B=1 T=1000 forward"
     vae_rounds = [float(v) for key in rows if key[0] == "vae B=128 T=60 train" for v in rows[key]["rounds"].split()]
     tiling_diff = max(float(r["diff"]) for (c, t, w), r in rows.items() if w == 256)
     width_diff = max(float(r["diff"]) for r in rows.values())
+    tiling, width = library_gemv()
     return (f"{pair(b1, 'Traveller B=1 T=1000 forward')} µs per step (the tiling alone "
-            f"{log_us(rows[b1, 1, 256]['warm'])}, the width alone {log_us(rows[b1, 8, 512]['warm'])}), "
+            f"{log_us(rows[b1, tiling, 256]['warm'])}, the width alone {log_us(rows[b1, 8, width]['warm'])}), "
             f"{pair('traveller B=1 T=1000 train', 'train step')}; "
+            f"{pair('traveller-h128 B=1 T=1000 forward', 'at H=128')}, but "
+            f"{pair('traveller-h32 B=1 T=1000 forward', 'at H=32')} (tiles of 2: "
+            f"{log_us(rows['traveller-h32 B=1 T=1000 forward', 2, 512]['warm'])}); "
             f"{pair('traveller B=64 T=1000 forward', 'B=64 forward')}, "
             f"{pair('traveller B=64 T=1000 train', 'train step')}; "
             f"{pair('vae B=128 T=60 greedy', 'VAE greedy generation')}, "
@@ -1048,6 +1072,14 @@ def _tuning_gemv() -> str:
             f"{max(vae_rounds):,.0f}); the tiling leaves every output "
             f"{'bit for bit as it was' if tiling_diff == 0 else f'within {tiling_diff:.0e}'}, the width moves "
             f"them by float rounding (at most {width_diff:.1e})")
+
+
+@figure("tuning.gemv_short")
+def _tuning_gemv_short() -> str:
+    rows = {(r["config"], int(r["tiling"]), int(r["width"])): r for r in tuning_log("gemv")}
+    return " and ".join(f"{label} {log_us(rows[c, 8, 256]['warm'])} -> {log_us(rows[(c, *library_gemv())]['warm'])} µs per step"
+                        for c, label in (("traveller B=1 T=1000 forward", "forward"),
+                                         ("traveller B=1 T=1000 train", "train step")))
 
 
 @figure("remat.dropout")

@@ -8,8 +8,9 @@
     step = jsr.jit(trav)                       # kept, and called once per market tick:
     positions, state = step(x, state)          # the Traveller carries its state across calls
 
-Importing the package first adds one CPU setting to `XLA_FLAGS` (whole small loops compiled as one
-kernel; `xla_flags.py` says what it does, what it measured, and how to opt out).
+Importing the package first adds two CPU settings to `XLA_FLAGS` (whole small loops compiled as one
+kernel, and the matrix-vector code inside it; `xla_flags.py` says what they do, what they measured, and
+how to opt out).
 """
 import importlib
 

@@ -20,8 +20,9 @@ never converted, so their times are unchanged. Results are the same operations, 
 One exception: if you turn YNNPACK off yourself (`--xla_cpu_experimental_ynn_fusion_type=`), batched
 loops become eligible too and XLA's generic loop code is far slower for their matmuls; set
 `JAX_SCAN_RNN_XLA_FLAGS=0` in that case. Measured: docs/measurements.md#xla-small-loop-threshold. The
-tiling changes only how the product's loop is blocked, not its sums (outputs bit for bit the same), and a
-batch-1 step streams its weights faster with it: docs/measurements.md#matrix-vector-code.
+tiling changes how the product's loop is blocked (outputs the same, or moved by float rounding where the
+blocks change the order of a sum); with it a batch-1 step streams its weights faster at H=64 and 128, slower
+at H=32: docs/measurements.md#matrix-vector-code.
 
 XLA reads its flags once, when JAX creates its first backend, so this must run before the first JAX
 computation; `import jax_scan_rnn` does that. It never overrides a user: an option `XLA_FLAGS` already
