@@ -378,16 +378,16 @@ def run_gemv(rounds: int) -> list[dict]:
 
     import numpy as np
 
-    from jax_scan_rnn.xla_flags import OPT_OUT_ENV, SMALL_LOOP_BYTES, SMALL_LOOP_OPTION
+    from jax_scan_rnn.xla_flags import GEMV_TILING_OPTION, OPT_OUT_ENV, SMALL_LOOP_BYTES, SMALL_LOOP_OPTION
+    from jax_scan_rnn.xla_flags import with_backend_options
 
     runs, outputs = [], {}
     with tempfile.TemporaryDirectory() as folder:
         for r in range(rounds):
             for tiling in GEMV_TILINGS:
                 path = os.path.join(folder, f"{tiling}-{r}.npz")
-                # Both options written out, so the library's own additions (xla_flags.configure) stay out.
-                flags = (f"--xla_backend_extra_options={SMALL_LOOP_OPTION}={SMALL_LOOP_BYTES},"
-                         f"xla_llvm_dot_tiling_factor={tiling}")
+                # Both options given, so the library's own values (xla_flags.configure) stay out.
+                flags = with_backend_options("", {SMALL_LOOP_OPTION: SMALL_LOOP_BYTES, GEMV_TILING_OPTION: tiling})
                 env = dict(os.environ, XLA_FLAGS=flags, **{OPT_OUT_ENV: "1"})
                 out = subprocess.run([sys.executable, __file__, "_gemv_worker", str(tiling), path], env=env,
                                      capture_output=True, text=True, check=True)

@@ -36,7 +36,8 @@ emits for a recurrent step are small fusions around library matmuls, and -O3's e
 nothing measurable, while they take 20-40% of a batch-1 Traveller's compile; -O0 runs slower
 (docs/measurements.md#llvm-optimisation-level). Wider vectors sped up the batch-1 and batch-64 steps
 (docs/measurements.md#matrix-vector-code) and round differently in the last bits. Both are per-compile
-options, so the user's own `jax.jit`s keep XLA's defaults; the same `JAX_SCAN_RNN_XLA_FLAGS=0` turns them off.
+options, so the user's own `jax.jit`s keep XLA's defaults; one that the user's `XLA_FLAGS` sets is left out
+(theirs applies), and the same `JAX_SCAN_RNN_XLA_FLAGS=0` turns them off.
 
 `jax-scan-rnn`'s commands (not the library, and not `bench`, which times compiles) keep the programs they
 compile in JAX's persistent compilation cache, in `~/.cache/jax-scan-rnn/xla` (`$XDG_CACHE_HOME`), at most
@@ -86,7 +87,8 @@ def with_backend_options(flags: str, options: dict | None = None) -> str:
     """
     match = re.search(r"--xla_backend_extra_options=(\S*)", flags)
     given = {item.partition("=")[0] for item in match.group(1).split(",")} if match else set()
-    added = ",".join(f"{key}={value}" for key, value in (BACKEND_OPTIONS if options is None else options).items() if key not in given)
+    wanted = BACKEND_OPTIONS if options is None else options
+    added = ",".join(f"{key}={value}" for key, value in wanted.items() if key not in given)
     if not added:
         return flags
     if match is None:
@@ -99,8 +101,8 @@ def configure(environ=None) -> str:
     """Add `BACKEND_OPTIONS` to `XLA_FLAGS` where it is safe; returns what happened.
 
     Returns one of: "set" (added; any option the user already gives keeps its value), "user" (XLA_FLAGS
-    already sets every one of them: kept), "opted out" (`JAX_SCAN_RNN_XLA_FLAGS=0`), "too late" (a JAX backend already exists, so XLA has
-    read its flags; set XLA_FLAGS yourself or import jax_scan_rnn first).
+    already sets every one of them: kept), "opted out" (`JAX_SCAN_RNN_XLA_FLAGS=0`), "too late" (a JAX
+    backend already exists, so XLA has read its flags; set XLA_FLAGS yourself or import jax_scan_rnn first).
     """
     global _status
     env = os.environ if environ is None else environ
@@ -124,12 +126,15 @@ def _opted_out(env, name: str = OPT_OUT_ENV) -> bool:
 
 def compiler_options(environ=None) -> dict | None:
     """`compiler_options` for the library's `jax.jit`s: `CPU_COMPILER_OPTIONS` when JAX's default backend is
-    the CPU, None (XLA's defaults) on other backends or with `JAX_SCAN_RNN_XLA_FLAGS=0`."""
+    the CPU, less any option the user's `XLA_FLAGS` sets (a per-compile option would override it); None
+    (XLA's defaults) on other backends or with `JAX_SCAN_RNN_XLA_FLAGS=0`."""
     import jax
 
-    if _opted_out(os.environ if environ is None else environ) or jax.default_backend() != "cpu":
+    env = os.environ if environ is None else environ
+    if _opted_out(env) or jax.default_backend() != "cpu":
         return None
-    return dict(CPU_COMPILER_OPTIONS)
+    flags = env.get("XLA_FLAGS", "")
+    return {key: value for key, value in CPU_COMPILER_OPTIONS.items() if f"--{key}=" not in flags}
 
 
 def status() -> str:

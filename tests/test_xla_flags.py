@@ -109,6 +109,11 @@ def test_the_library_compiles_at_llvm_o1_on_a_cpu_unless_opted_out():
     assert xla_flags.compiler_options({xla_flags.OPT_OUT_ENV: "0"}) is None
 
 
+def test_the_compile_options_leave_an_option_the_users_xla_flags_set_to_the_user():
+    users = {"XLA_FLAGS": "--xla_cpu_prefer_vector_width=256 --xla_force_host_platform_device_count=2"}
+    assert xla_flags.compiler_options(users) == {"xla_backend_optimization_level": 1}
+
+
 def test_jsr_jit_and_the_train_step_compile_with_the_librarys_options(monkeypatch):
     # The option changes XLA's LLVM level, which nothing in a compiled program's text shows: check the wiring.
     import jax.numpy as jnp
