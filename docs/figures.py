@@ -239,6 +239,21 @@ def _vae_flops() -> str:
             f"~{VAE_GEN_FLOP / (gen_torch / 5) / 1e9:.0f}")
 
 
+MATMUL_PEAK = "matmul-peak-cpu-2core.json"
+
+
+@figure("vae.matmul_peak")
+def _vae_matmul_peak() -> str:
+    """The range over every committed run of `benchmarks/matmul_peak.py` (best of 5 rounds each)."""
+    all_runs = runs(MATMUL_PEAK)
+
+    def at(m: int) -> list[float]:
+        return [row["gflops"] for run in all_runs for row in run["rows"] if row["shape"][0] == m]
+
+    return (f"{span(at(128), digits=0)} GFLOP/s at [128,256]x[256,768] and {span(at(10_000), digits=0)} at "
+            f"[10000,256]x[256,768], best of 5 rounds in each of {runs_count(len(all_runs))}")
+
+
 @figure("vae.b1")
 def _vae_b1() -> str:
     ss = bench_row(MAIN, "vae-ss-jax", "train", 1, 100)["speedup_vs_seed"]
