@@ -32,7 +32,7 @@ import platform
 import sys
 import time
 
-from timed_run import append_run  # this folder's script: the script's own directory is on sys.path
+from timed_run import append_run, results_file  # this folder's script: the script's own directory is on sys.path
 
 from jax_scan_rnn.cli import positive_int, positive_int_list  # the CLI's option checks (no JAX import)
 
@@ -210,7 +210,7 @@ def main(argv=None) -> None:
                         help="rounds of interleaved calls (each: one eager call)")
     parser.add_argument("--calls", type=int, default=0,
                         help="calls of each compiled arm per round (0: 200 for T <= 100, else 40)")
-    parser.add_argument("--out", help="write the table here, and append the run to the JSON next to it (.json)")
+    parser.add_argument("--out", type=results_file, help="write the table here, and append the run to the JSON next to it (.json)")
     args = parser.parse_args(argv)
     if args.calls < 0:
         parser.error(f"argument --calls: expected an int >= 0, got {args.calls}")

@@ -18,7 +18,7 @@ import jax_scan_rnn  # noqa: F401  (first: its XLA setting applies to every figu
 import jax
 
 from call_overhead import machine  # this folder's scripts: the script's own directory is on sys.path
-from timed_run import append_run
+from timed_run import append_run, results_file
 
 SHAPES = ((128, 256, 768), (10_000, 256, 768), (2048, 2048, 2048))
 
@@ -41,10 +41,8 @@ def gflops(m: int, k: int, n: int, rounds: int = 5) -> float:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", help="append the run to this JSON file (created if missing)")
+    parser.add_argument("--out", type=results_file, help="append the run to this JSON file (created if missing)")
     args = parser.parse_args(argv)
-    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
-        parser.error(f"--out: the directory {os.path.dirname(os.path.abspath(args.out))} does not exist")
     load_before = os.getloadavg()[0]
     print(f"JAX {jax.__version__} on {jax.devices()[0].device_kind}")
     rows = []

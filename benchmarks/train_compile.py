@@ -21,7 +21,7 @@ import jax
 from flax import nnx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from timed_run import append_run  # noqa: E402
+from timed_run import append_run, results_file  # noqa: E402
 from jax_scan_rnn.cli import positive_int  # noqa: E402  the CLI's option check
 
 from jax_scan_rnn.bench import jax_methods, peer_methods  # noqa: E402
@@ -61,7 +61,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=positive_int, default=7)
     parser.add_argument("--batch", type=positive_int, default=1)
     parser.add_argument("--steps", type=positive_int, default=1000)
-    parser.add_argument("--out", default=None, help="append the run to this JSON file (default: print only)")
+    parser.add_argument("--out", default=None, type=results_file, help="append the run to this JSON file (default: print only)")
     args = parser.parse_args()
     ctx = Context(BenchConfig.peers())
     started, load_start = time.strftime("%Y-%m-%dT%H:%M:%S%z"), os.getloadavg()[0]

@@ -38,6 +38,7 @@ import sys
 import time
 
 from jax_scan_rnn.cli import positive_int
+from timed_run import results_file  # this folder's script: the script's own directory is on sys.path
 
 FLAG_CONFIGS = ["1x64", "1x128", "1x256", "1x64:f64", "1x256:f64", "4x64", "64x64", "8x128", "64x64:f64", "128x256"]
 UNROLL_CONFIGS = ["1x64", "1x256", "8x64", "64x64", "64x256", "512x64"]
@@ -302,6 +303,16 @@ def _opt_level_functions(case: str, batch: int, steps: int) -> dict:
             "train": (step, (params, tx.init(params), *train_args))}
 
 
+def _compile(fn, args, options: dict):
+    """(`fn` compiled for `args` with `options`, the seconds it took from an empty cache)."""
+    import jax
+
+    jax.clear_caches()
+    start = time.perf_counter()
+    compiled = jax.jit(fn, compiler_options=options).lower(*args).compile()
+    return compiled, time.perf_counter() - start
+
+
 def run_opt_level(rounds: int = 3) -> list[dict]:
     """Per case and mode: each level's compile times (one per round) and interleaved warm us/step."""
     import jax
@@ -314,11 +325,8 @@ def run_opt_level(rounds: int = 3) -> list[dict]:
             compiled = {}
             for _ in range(rounds):
                 for level in OPT_LEVELS:
-                    jax.clear_caches()
-                    start = time.perf_counter()
-                    compiled[level] = jax.jit(fn, compiler_options={"xla_backend_optimization_level": level}) \
-                        .lower(*args).compile()
-                    compile_s[level].append(time.perf_counter() - start)
+                    compiled[level], seconds = _compile(fn, args, {"xla_backend_optimization_level": level})
+                    compile_s[level].append(seconds)
             warm = _time_interleaved([(compiled[level], args) for level in OPT_LEVELS], steps)
             outs = {level: jax.tree.leaves(jax.device_get(compiled[level](*args))) for level in OPT_LEVELS}
             for i, level in enumerate(OPT_LEVELS):
@@ -354,12 +362,8 @@ def gemv_worker(tiling: int, outputs: str) -> list[dict]:
         for mode, (fn, args) in _opt_level_functions(case, batch, steps).items():
             compiled, compile_s = {}, {}
             for width in VECTOR_WIDTHS:
-                jax.clear_caches()
-                start = time.perf_counter()
-                compiled[width] = jax.jit(fn, compiler_options={"xla_backend_optimization_level": 1,
-                                                                "xla_cpu_prefer_vector_width": width}) \
-                    .lower(*args).compile()
-                compile_s[width] = time.perf_counter() - start
+                compiled[width], compile_s[width] = _compile(
+                    fn, args, {"xla_backend_optimization_level": 1, "xla_cpu_prefer_vector_width": width})
             warm = _time_interleaved([(compiled[width], args) for width in VECTOR_WIDTHS], steps, rounds=3)
             for i, width in enumerate(VECTOR_WIDTHS):
                 key = f"{case} B={batch} T={steps} {mode}"
@@ -460,7 +464,7 @@ def main(argv=None) -> None:
     parser.add_argument("what", choices=["flag", "unroll", "hoist", "hoist-layers", "remat-dropout", "opt-level",
                                          "gemv", "_flag_worker", "_gemv_worker"])
     parser.add_argument("configs", nargs="*", help="BxH or BxH:f64 (default: the module's lists)")
-    parser.add_argument("--out", help="also write the rows as JSON here")
+    parser.add_argument("--out", type=results_file, help="also write the rows as JSON here")
     parser.add_argument("--threshold", type=int, help="flag: this small-loop threshold instead of the library's")
     parser.add_argument("--rounds", type=positive_int, default=3, help="gemv: processes per tiling, rotated")
     args = parser.parse_args(argv)

@@ -33,7 +33,7 @@ from jax_scan_rnn.data import smiles
 from jax_scan_rnn.optional import require
 from jax_scan_rnn.tasks import vae as vae_task
 from call_overhead import machine  # this folder's scripts: the script's own directory is on sys.path
-from timed_run import append_run
+from timed_run import append_run, results_file
 
 CLASSES = ("parentheses", "ring closure", "other syntax", "aromaticity", "valence", "other chemistry")
 _BRACKET_ATOM = re.compile(r"\[[^\]]*\]")
@@ -135,7 +135,7 @@ def main(argv=None) -> int:
     parser.add_argument("--run", required=True, help="a `jax-scan-rnn train vae` output directory")
     parser.add_argument("--samples", type=positive_int, default=10_000, help="prior samples per sampler")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (both samplers)")
-    parser.add_argument("--out", help="append the result to this JSON results file")
+    parser.add_argument("--out", type=results_file, help="append the result to this JSON results file")
     args = parser.parse_args(argv)
     try:
         require("rdkit.Chem", "sorting invalid SMILES")

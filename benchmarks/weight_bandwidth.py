@@ -23,7 +23,7 @@ from flax import nnx
 import jax_scan_rnn as jsr
 from jax_scan_rnn.cli import positive_int, positive_int_list
 from call_overhead import machine  # this folder's scripts: the script's own directory is on sys.path
-from timed_run import append_run
+from timed_run import append_run, results_file
 
 
 def measure(hidden: int, steps: int, rounds: int, calls: int) -> dict:
@@ -51,10 +51,8 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=positive_int, default=1000, help="T of each call")
     parser.add_argument("--rounds", type=positive_int, default=7)
     parser.add_argument("--calls", type=positive_int, default=20, help="calls per round")
-    parser.add_argument("--out", help="append the run to this JSON file (created if missing)")
+    parser.add_argument("--out", type=results_file, help="append the run to this JSON file (created if missing)")
     args = parser.parse_args(argv)
-    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
-        parser.error(f"--out: the directory {os.path.dirname(os.path.abspath(args.out))} does not exist")
     load_before = os.getloadavg()[0]
     rows = [measure(h, args.steps, args.rounds, args.calls) for h in args.hidden_sizes]
     for r in rows:

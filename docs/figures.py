@@ -1061,10 +1061,15 @@ def library_gemv() -> tuple[int, int]:
     return module.GEMV_TILING, module.CPU_COMPILER_OPTIONS["xla_cpu_prefer_vector_width"]
 
 
+def gemv_rows() -> dict:
+    """The gemv log's lines by (case, tiling, width)."""
+    return {(r["config"], int(r["tiling"]), int(r["width"])): r for r in tuning_log("gemv")}
+
+
 @figure("tuning.gemv")
 def _tuning_gemv() -> str:
     """XLA's defaults (tiling 8, width 256) -> the library's (`xla_flags.GEMV_TILING`, `CPU_COMPILER_OPTIONS`)."""
-    rows = {(r["config"], int(r["tiling"]), int(r["width"])): r for r in tuning_log("gemv")}
+    rows = gemv_rows()
 
     def pair(config: str, label: str) -> str:
         return f"{label} {log_us(rows[config, 8, 256]['warm'])} -> {log_us(rows[(config, *library_gemv())]['warm'])}"
@@ -1091,7 +1096,7 @@ def _tuning_gemv() -> str:
 
 @figure("tuning.gemv_short")
 def _tuning_gemv_short() -> str:
-    rows = {(r["config"], int(r["tiling"]), int(r["width"])): r for r in tuning_log("gemv")}
+    rows = gemv_rows()
     return " and ".join(f"{label} {log_us(rows[c, 8, 256]['warm'])} -> {log_us(rows[(c, *library_gemv())]['warm'])} µs per step"
                         for c, label in (("traveller B=1 T=1000 forward", "forward"),
                                          ("traveller B=1 T=1000 train", "train step")))

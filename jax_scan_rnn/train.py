@@ -161,7 +161,8 @@ class TrainStep:
         self.schedule = schedule
         # The optimiser's state built by one compiled `tx.init` instead of eager ops, each of which compiles a
         # program of its own on first use: 2-3x quicker in a fresh process (docs/measurements.md, "Train step").
-        init = jax.jit(tx.init, compiler_options=xla_flags.compiler_options())
+        options = xla_flags.compiler_options()
+        init = jax.jit(tx.init, compiler_options=options)
         self.optimizer = nnx.Optimizer(model, tx._replace(init=init), wrt=nnx.Param)  # same class, same update
         self.objs = {"model": model, "optimizer": self.optimizer}
         self.graphdef, state = nnx.split(self.objs)
@@ -172,7 +173,7 @@ class TrainStep:
             return _check_loss_output(loss_fn(self._merge(raw)["model"], batch))
 
         self.metric_names = sorted(jax.eval_shape(probe, self._raw(leaves), batch)[1])
-        self._step = jax.jit(self._update, donate_argnums=0, compiler_options=xla_flags.compiler_options())
+        self._step = jax.jit(self._update, donate_argnums=0, compiler_options=options)
 
     def _raw(self, leaves) -> list:
         return [jax.random.key_data(x) if k else x for x, k in zip(leaves, self.key_impls)]

@@ -107,14 +107,15 @@ def configure(environ=None) -> str:
     global _status
     env = os.environ if environ is None else environ
     flags = env.get("XLA_FLAGS", "")
+    wanted = with_backend_options(flags)
     if _opted_out(env):
         _status = "opted out"
-    elif with_backend_options(flags) == flags:
+    elif wanted == flags:
         _status = "user"
     elif _backends_initialized():
         _status = "too late"
     else:
-        env["XLA_FLAGS"] = with_backend_options(flags)
+        env["XLA_FLAGS"] = wanted
         _status = "set"
     return _status
 
