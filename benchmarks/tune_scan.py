@@ -157,21 +157,29 @@ def run_flag(configs: list[str], threshold: int | None) -> list[dict]:
 
 
 def run_unroll(configs: list[str]) -> list[dict]:
+    """Per config: each unroll compiled as the library compiles (`xla_flags.compiler_options()`), its compile
+    time, and its warm forward and train times with the unrolls interleaved (a drift hits every arm alike)."""
+    from jax_scan_rnn.xla_flags import compiler_options
+
+    options = compiler_options()
     rows = []
     for config in configs:
         steps = _steps_for(config)
         graphdef, params, rest, x, r = _model(config, steps)
+        compiled = {mode: {} for mode in ("forward", "train")}
+        compile_s = {}
         for unroll in UNROLLS:
             fwd, train = _functions(graphdef, rest, unroll)
-            start = time.perf_counter()
-            fwd(params, x)
-            compile_s = time.perf_counter() - start
-            row = {"config": config, "T": steps, "unroll": unroll, "compile_s": compile_s,
-                   "forward_us": _time_per_step(fwd, (params, x), steps),
-                   "train_us": _time_per_step(train, (params, x, r), steps)}
+            compiled["forward"][unroll], compile_s[unroll] = _compile(fwd, (params, x), options)
+            compiled["train"][unroll], _ = _compile(train, (params, x, r), options)
+        forward = _time_interleaved([(compiled["forward"][u], (params, x)) for u in UNROLLS], steps)
+        train = _time_interleaved([(compiled["train"][u], (params, x, r)) for u in UNROLLS], steps)
+        for i, unroll in enumerate(UNROLLS):
+            row = {"config": config, "T": steps, "unroll": unroll, "compile_s": compile_s[unroll],
+                   "forward_us": forward[i], "train_us": train[i], "compiler_options": options}
             rows.append(row)
             print(f"{config:10s} T={steps:5d} unroll={unroll:2d}  forward {row['forward_us']:9.2f} us/step  "
-                  f"train {row['train_us']:9.2f} us/step  first call {compile_s:5.2f} s", flush=True)
+                  f"train {row['train_us']:9.2f} us/step  forward compile {compile_s[unroll]:5.2f} s", flush=True)
     return rows
 
 

@@ -967,7 +967,7 @@ TUNING_LOGS = {
              r"(?P<train0>[\d.]+) ->\s+(?P<train1>[\d.]+) us"),
     "unroll": ("unroll-cpu-2core.txt",
                r"(?P<config>\S+)\s+T=\s*\d+ unroll=\s*(?P<unroll>\d+)\s+forward\s+(?P<fwd>[\d.]+) us/step\s+"
-               r"train\s+(?P<train>[\d.]+) us/step\s+first call\s+(?P<first>[\d.]+) s"),
+               r"train\s+(?P<train>[\d.]+) us/step\s+(?:first call|forward compile)\s+(?P<first>[\d.]+) s"),
     "hoist": ("hoist-cpu-2core.txt",
               r"(?P<config>\S+)\s+T=\s*\d+\s+forward\s+(?P<fwd0>[\d.]+) ->\s+(?P<fwd1>[\d.]+) us/step\s+"
               r"train\s+(?P<train0>[\d.]+) ->\s+(?P<train1>[\d.]+)"),
@@ -1004,14 +1004,29 @@ def _tuning_flag() -> str:
 
 @figure("tuning.unroll")
 def _tuning_unroll() -> str:
+    # The log's latest sweep wins: a later section repeats every (config, unroll) of an earlier one.
     rows = {(r["config"], int(r["unroll"])): r for r in tuning_log("unroll")}
+
+    def train(config: str, unrolls: tuple) -> str:
+        return ", ".join(f"{log_us(rows[config, u]['train'])} at {u}" for u in unrolls)
+
     b1 = [float(rows["1x64", u]["fwd"]) for u in (1, 2, 4, 8)]
-    train_b1 = f"{log_us(rows['1x64', 1]['train'])} -> {log_us(rows['1x64', 2]['train'])} µs"
     return (f"at B=1 the forward pass is the same at unroll 1 to 8 ({min(b1):.3g}-{max(b1):.3g} µs per step) and "
-            f"the train step gains from 2 ({train_b1}); "
-            f"at B=64 every unroll above 1 is slower, training most ({log_us(rows['64x64', 1]['train'])} µs per "
-            f"step at 1, {log_us(rows['64x64', 4]['train'])} at 4, {log_us(rows['64x64', 16]['train'])} at 16); and "
-            f"unroll 16 takes {rows['1x64', 16]['first']} s to compile at B=1 instead of {rows['1x64', 1]['first']} s")
+            f"the train step is fastest at 2 ({train('1x64', (1, 2, 4))} µs per step); at B=64 the train step is "
+            f"fastest at 1 ({train('64x64', (1, 2, 4, 16))}); and unroll 16 takes {rows['1x64', 16]['first']} s "
+            f"to compile at B=1 instead of {rows['1x64', 1]['first']} s")
+
+
+@figure("tuning.unroll_others")
+def _tuning_unroll_others() -> str:
+    rows = {(r["config"], int(r["unroll"])): r for r in tuning_log("unroll")}
+
+    def cell(config: str, mode: str) -> str:
+        return ", ".join(f"{log_us(rows[config, u][mode])} at {u}" for u in (1, 2, 4, 8))
+
+    return (f"B=1, H=256 (a loop too large for one kernel): train {cell('1x256', 'train')} µs per step; "
+            f"B=8: train {cell('8x64', 'train')}; B=64, H=256: train {cell('64x256', 'train')}; B=512, T=100: "
+            f"forward {cell('512x64', 'fwd')}, train {cell('512x64', 'train')}")
 
 
 @figure("tuning.hoist")
