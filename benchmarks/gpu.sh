@@ -110,7 +110,7 @@ fi
 run 120 $PY -m pytest parity_tests -q -p no:cacheprovider -o addopts=""  # 114 s on the 2-core CPU
 
 # 4. unroll on this GPU (time per step vs unroll 1..16, forward and train step): printed to the log.
-NVIDIA_TF32_OVERRIDE=0 run 45 $PY benchmarks/tune_scan.py unroll 1x64 64x64 512x64
+NVIDIA_TF32_OVERRIDE=0 run 45 $PY benchmarks/tune_scan.py unroll 1x64 64x64 512x64 --rounds 2
 
 # 5. the input projection before the loop or inside each step, on this GPU: printed to the log.
 NVIDIA_TF32_OVERRIDE=0 run 30 $PY benchmarks/tune_scan.py hoist 1x64 64x64 1024x64

@@ -24,7 +24,7 @@ compile time (every round), warm time per step (arms interleaved), and the outpu
 Traveller at H=32 and H=128, whose matrix-vector products are 4x smaller and 4x larger), compiled as the library does
 (-O1) under each `GEMV_TILINGS` (a process-wide XLA option: one process per value, rotated over `--rounds`
 rounds) at each `VECTOR_WIDTHS` (a per-compile option: interleaved in the process).
-Each figure: the minimum over 3 rounds (`hoist-layers`: 5 rounds, the two arms interleaved) of the median
+Each figure: the minimum over 3 rounds (`hoist-layers` and `unroll`: 5 rounds, the arms interleaved) of the median
 of n calls after warm-up calls, divided by T (us per time step). Runs on whatever JAX backend is present;
 takes ~2-5 minutes per subcommand on a 2-core CPU.
 """
@@ -156,7 +156,7 @@ def run_flag(configs: list[str], threshold: int | None) -> list[dict]:
     return results
 
 
-def run_unroll(configs: list[str]) -> list[dict]:
+def run_unroll(configs: list[str], rounds: int = 5) -> list[dict]:
     """Per config: each unroll compiled as the library compiles (`xla_flags.compiler_options()`), its compile
     time, and its warm forward and train times with the unrolls interleaved (a drift hits every arm alike)."""
     from jax_scan_rnn.xla_flags import compiler_options
@@ -172,8 +172,8 @@ def run_unroll(configs: list[str]) -> list[dict]:
             fwd, train = _functions(graphdef, rest, unroll)
             compiled["forward"][unroll], compile_s[unroll] = _compile(fwd, (params, x), options)
             compiled["train"][unroll], _ = _compile(train, (params, x, r), options)
-        forward = _time_interleaved([(compiled["forward"][u], (params, x)) for u in UNROLLS], steps)
-        train = _time_interleaved([(compiled["train"][u], (params, x, r)) for u in UNROLLS], steps)
+        forward = _time_interleaved([(compiled["forward"][u], (params, x)) for u in UNROLLS], steps, rounds)
+        train = _time_interleaved([(compiled["train"][u], (params, x, r)) for u in UNROLLS], steps, rounds)
         for i, unroll in enumerate(UNROLLS):
             row = {"config": config, "T": steps, "unroll": unroll, "compile_s": compile_s[unroll],
                    "forward_us": forward[i], "train_us": train[i], "compiler_options": options}
@@ -474,7 +474,8 @@ def main(argv=None) -> None:
     parser.add_argument("configs", nargs="*", help="BxH or BxH:f64 (default: the module's lists)")
     parser.add_argument("--out", type=results_file, help="also write the rows as JSON here")
     parser.add_argument("--threshold", type=int, help="flag: this small-loop threshold instead of the library's")
-    parser.add_argument("--rounds", type=positive_int, default=3, help="gemv: processes per tiling, rotated")
+    parser.add_argument("--rounds", type=positive_int, default=None,
+                        help="gemv: processes per tiling, rotated (default 3); unroll: interleaved rounds (default 5)")
     args = parser.parse_args(argv)
     if args.what == "_flag_worker":
         print(json.dumps(flag_worker(args.configs)))
@@ -499,9 +500,9 @@ def main(argv=None) -> None:
     elif args.what == "opt-level":
         rows = run_opt_level()
     elif args.what == "gemv":
-        rows = run_gemv(args.rounds)
+        rows = run_gemv(args.rounds or 3)
     else:
-        rows = run_unroll(args.configs or UNROLL_CONFIGS)
+        rows = run_unroll(args.configs or UNROLL_CONFIGS, args.rounds or 5)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=1)
