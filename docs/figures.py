@@ -933,6 +933,25 @@ def _loop_shapes() -> str:
             f"{loop[1]:.2f} s at T=25 and {loop[2]:.2f} s at T=50")
 
 
+HISTORY = "bench-history-cpu-2core.json"
+
+
+@figure("bench.headline_history")
+def _bench_headline_history() -> str:
+    history = runs(HISTORY)
+    seed, scan = [r["seed_us"] for r in history], [r["scan_us"] for r in history]
+    ratios = [a / b for a, b in zip(seed, scan)]
+    by_commit: dict = {}
+    for r in history:
+        by_commit.setdefault(r["commit"], []).append(r["scan_us"])
+    same = "; ".join(f"{c}: {' and '.join(us(t) for t in ts)}" for c, ts in by_commit.items() if len(ts) > 1)
+    return (f"over the {len(history)} committed runs of the default and `--peers` presets "
+            f"({history[0]['started'][:10]} to {history[-1]['started'][:10]}, the library changing between some; "
+            f"[history](benchmarks/results/{HISTORY})) the seed loop took {min(seed):.0f}-{max(seed):.0f} µs per "
+            f"step and the scan {us(min(scan))} to {us(max(scan))}: {min(ratios):.1f}x to {max(ratios):.1f}x, "
+            f"median {statistics.median(ratios):.1f}x. Runs committed together (the same code): {same}")
+
+
 BANDWIDTH = "weight-bandwidth-cpu-2core.json"
 L2_BYTES = 2**20  # this machine's L2 cache per core (`lscpu`), the size docs/tuning_cpu.md names
 
