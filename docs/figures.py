@@ -946,8 +946,7 @@ def _bench_headline_history() -> str:
         by_commit.setdefault(r["commit"], []).append(r["scan_us"])
     same = "; ".join(f"{c}: {' and '.join(us(t) for t in ts)}" for c, ts in by_commit.items() if len(ts) > 1)
     return (f"over the {len(history)} committed runs of the default and `--peers` presets "
-            f"({history[0]['started'][:10]} to {history[-1]['started'][:10]}, the library changing between some; "
-            f"[history](benchmarks/results/{HISTORY})) the seed loop took {min(seed):.0f}-{max(seed):.0f} µs per "
+            f"({history[0]['started'][:10]} to {history[-1]['started'][:10]}, the library changing between some) the seed loop took {min(seed):.0f}-{max(seed):.0f} µs per "
             f"step and the scan {us(min(scan))} to {us(max(scan))}: {min(ratios):.1f}x to {max(ratios):.1f}x, "
             f"median {statistics.median(ratios):.1f}x. Runs committed together (the same code): {same}")
 
