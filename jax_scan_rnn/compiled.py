@@ -36,11 +36,17 @@ What a call sees:
   `model.eval()` after `jsr.jit(model)` takes effect at the next call. `fast.train(**attrs)` /
   `fast.eval(**attrs)` also start watching any extra attribute named there.
 - Arguments, as Equinox's `filter_jit`: array leaves (`jax.Array`, `np.ndarray`, NumPy scalars) of the
-  arguments are traced; every other leaf (Python int/float/bool/str/None, a dtype, ...) is static, part
-  of the compile key, so `generate(z, 100)` compiles for 100 and the model's Python checks on such values
+  arguments are traced, and so is array data from other libraries (a `torch.Tensor`, detached and copied to
+  the host; anything with `__array__`), as a NumPy array: a torch tensor is data, not a compile key (as a
+  static leaf it would compile again at every call). Every other leaf (Python int/float/bool/str/None, a
+  dtype, ...) is static, part of the compile key, so `generate(z, 100)` compiles for 100 and the model's Python checks on such values
   run concretely (a bad value raises the model's own error). Pass `jnp.asarray(0.7)` rather than `0.7` to
   make a scalar traced (one compile for all its values). One compile per (argument structure, static
   values, array shapes/dtypes, mode).
+- Values a traced call cannot check: a model may define `check_arguments(method, args, kwargs)`, which a
+  call runs first on the arguments as given (`jsr.LSTM`/`GRU` check host `lengths`, `SeqVAE` host `tokens`
+  and `lengths`, with an eager call's errors). It reads host data only (NumPy, lists, torch tensors):
+  reading a `jax.Array` back would wait for the device, so those are handled as under `jax.jit`.
 
 Not supported, and how it fails:
 - Structural changes after `jsr.jit(model)`: replacing a submodule or a Variable object, or changing a
@@ -281,7 +287,7 @@ class Compiled:
 class CompiledMethod:
     """One method of a `Compiled` model, compiled per (argument structure, static values, mode)."""
 
-    __slots__ = ("_owner", "_name", "_fns", "_qualname")
+    __slots__ = ("_owner", "_name", "_fns", "_qualname", "_check")
 
     def __init__(self, owner: Compiled, name: str):
         module = owner._module
@@ -305,6 +311,7 @@ class CompiledMethod:
                 )
         self._owner = owner
         self._name = name
+        self._check = getattr(module, "check_arguments", None)  # the model's checks of host values, if any
         self._fns: dict[tuple, Callable] = {}
         self._qualname = f"{cls.__name__}.{name}"
 
@@ -312,18 +319,22 @@ class CompiledMethod:
         owner = self._owner
         if owner._root_nodes:
             owner._check_root()
+        nested = not _trace_state_clean()  # inside jax.jit/vmap/grad: a jit without compiler options (_compile)
+        if self._check is not None and not nested:
+            self._check(self._name, args, kwargs)
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
         arrays = []
         static = []
-        for leaf in leaves:
-            if isinstance(leaf, ARRAY_TYPES):
-                arrays.append(leaf)
-                static.append(_TRACED)
-            else:
-                # The type too: 1, 1.0 and True are equal and hash alike, but a model may tell them apart.
-                static.append((type(leaf), leaf))
+        for i, leaf in enumerate(leaves):
+            if not isinstance(leaf, ARRAY_TYPES):
+                if not hasattr(leaf, "__array__") or isinstance(leaf, type):
+                    # The type too: 1, 1.0 and True are equal and hash alike, but a model may tell them apart.
+                    static.append((type(leaf), leaf))
+                    continue
+                leaf = leaves[i] = validate.host_array(leaf)
+            arrays.append(leaf)
+            static.append(_TRACED)
         mode = tuple([getattr(m, a) for m, a in owner._mode_refs]) if owner._mode_refs else ()
-        nested = not _trace_state_clean()  # inside jax.jit/vmap/grad: a jit without compiler options (_compile)
         key = (mode, treedef, tuple(static), nested)
         try:
             fn = self._fns.get(key)

@@ -182,6 +182,18 @@ class RNN(nnx.Module):
             )
         return x
 
+    def check_arguments(self, method: str, args: tuple, kwargs: dict) -> None:
+        """What `jsr.jit` checks before a call, which the traced call cannot: host `lengths` (NumPy, a list, a
+        torch tensor) in 1..T, with an eager call's error. A `jax.Array` is left to the call (clipped to 0..T,
+        as under `jax.jit`): reading it back would wait for the device."""
+        lengths = kwargs.get("lengths")
+        if method != "__call__" or lengths is None or isinstance(lengths, jax.Array):
+            return
+        shape = np.shape(args[0] if args else kwargs.get("x"))
+        if len(shape) == 3:  # other shapes: the call raises its own error
+            steps, batch = (shape[1], shape[0]) if self.batch_first else shape[:2]
+            check_host_lengths(lengths, batch, steps)
+
     def scan_unroll(self, unroll: Unroll | None, batch_size: int) -> int:
         """The int unroll of a scan over `batch_size` sequences: `unroll`, else the module's; "auto" resolved."""
         return resolve_unroll(self.unroll if unroll is None else unroll, batch_size)
@@ -254,7 +266,8 @@ class RNN(nnx.Module):
           lengths: optional `[B]` int, the valid steps of each sequence, as torch's
             `pack_padded_sequence`: steps `t >= lengths[b]` neither change the state nor produce output
             (their outputs are 0), and the backward direction starts at step `lengths[b] - 1`. Checked
-            to lie in 1..T when concrete; under `jit` (traced) they cannot be checked, and are clipped
+            to lie in 1..T when concrete, and by `jsr.jit` when on the host (`check_arguments`); traced
+            (under `jax.jit`, or a `jax.Array` through `jsr.jit`) they cannot be checked, and are clipped
             to 0..T instead (0: no valid step, zero outputs and the initial state), so an out-of-range
             length never produces NaN.
           unroll: `lax.scan` unroll factor; defaults to the module's `unroll`.
@@ -331,23 +344,31 @@ def check_lengths(lengths, batch_size: int, steps: int) -> Array:
     never yields NaN. Shared by `RNN` (`lengths=`) and the SeqVAE's encoder.
     """
     if isinstance(lengths, jax.core.Tracer):
-        values = lengths
-    else:  # concrete: checked on the host (a NumPy array never makes a trip to the device and back)
-        try:
-            values = np.asarray(lengths)
-        except (TypeError, ValueError):  # e.g. ragged nesting: name the argument, not NumPy's internals
-            raise TypeError(f"lengths: expected an integer array, got {type(lengths).__name__}") from None
-    if not jnp.issubdtype(values.dtype, jnp.integer):
-        raise TypeError(f"lengths: expected an integer array, got dtype {values.dtype}")
-    if tuple(values.shape) != (batch_size,):
-        raise ValueError(f"lengths: expected shape [B] = [{batch_size}], got {list(values.shape)}")
-    if isinstance(values, jax.core.Tracer):
-        return jnp.clip(values, 0, steps)
+        _check_length_layout(lengths, batch_size)
+        return jnp.clip(lengths, 0, steps)
+    # Concrete: checked on the host (a NumPy array never makes a trip to the device and back).
+    check_host_lengths(lengths, batch_size, steps)
+    return jnp.asarray(lengths)
+
+
+def check_host_lengths(lengths, batch_size: int, steps: int) -> None:
+    """`check_lengths` of concrete `lengths` (NumPy, a list, a torch tensor, a jax.Array), on the host."""
+    try:
+        values = validate.host_array(lengths)
+    except (TypeError, ValueError):  # e.g. ragged nesting: name the argument, not NumPy's internals
+        raise TypeError(f"lengths: expected an integer array, got {type(lengths).__name__}") from None
+    _check_length_layout(values, batch_size)
     bad = (values < 1) | (values > steps)
     if bad.any():
         got = validate.first_bad("lengths", values, bad, "lengths")
         raise ValueError(f"lengths: expected values in [1, T={steps}], got {got}")
-    return jnp.asarray(lengths)
+
+
+def _check_length_layout(values, batch_size: int) -> None:
+    if not np.issubdtype(values.dtype, np.integer):
+        raise TypeError(f"lengths: expected an integer array, got dtype {values.dtype}")
+    if tuple(values.shape) != (batch_size,):
+        raise ValueError(f"lengths: expected shape [B] = [{batch_size}], got {list(values.shape)}")
 
 
 class LSTM(RNN):

@@ -52,9 +52,10 @@ stream): `eps = normal(key, [B, Z])`; `decode`'s
 the caller's (`replace_mask(key, tokens.shape, p)` draws either).
 
 Checked inputs. `tokens` must be integer [B, T] with ids in [0, V), `lengths` integer [B] in 1..T. Shapes
-and dtypes are always checked. The values are checked only when they are concrete (an eager call): a bad
-id or length raises ValueError naming the first bad entry. Under `jit` they are traced and cannot be
-checked, so: lengths are clipped to 0..T (as `jsr.GRU` does; 0 encodes nothing, giving the initial state),
+and dtypes are always checked. The values are checked when they are concrete (an eager call), and by
+`jsr.jit` when they are host data (NumPy, lists, torch tensors: `SeqVAE.check_arguments`): a bad id or
+length raises ValueError naming the first bad entry. Under `jax.jit` (and a `jax.Array` through `jsr.jit`)
+they are traced and cannot be checked, so: lengths are clipped to 0..T (as `jsr.GRU` does; 0 encodes nothing, giving the initial state),
 which never produces NaN; token ids are not checked, and `loss` turns any id outside [0, V) into a NaN
 `recon`/`total` (loud: training's non-finite guard stops), while `encode`/`decode` give meaningless
 numbers. Run `check_tokens(tokens, lengths, vocab_size)` on concrete data before it reaches a jitted
@@ -62,6 +63,8 @@ call (the VAE task does, on every array it encodes).
 """
 from __future__ import annotations
 
+import functools
+import inspect
 from numbers import Real
 from typing import Any, Literal
 
@@ -73,7 +76,7 @@ from flax import nnx
 from jax_scan_rnn import validate
 from jax_scan_rnn.data.smiles import EOS, PAD, SOS  # the special token ids (docs/vae_spec.md)
 from jax_scan_rnn.feedback import feedback_scan
-from jax_scan_rnn.layers import GRU, Linear, check_lengths
+from jax_scan_rnn.layers import GRU, Linear, check_host_lengths, check_lengths
 from jax_scan_rnn.scan import Unroll, resolve_hoist
 
 Array = jax.Array
@@ -129,6 +132,12 @@ def check_tokens(tokens: Any, lengths: Any, vocab_size: int) -> None:
     _check_token_array(tokens, vocab_size)
     if lengths is not None:
         check_lengths(lengths, *tokens.shape)
+
+
+@functools.cache
+def _signature(method: str) -> inspect.Signature:
+    """`SeqVAE.method`'s signature, to find its `tokens` and `lengths` among a call's arguments."""
+    return inspect.signature(getattr(SeqVAE, method))
 
 
 def _check_scalar(name: str, value: Any, **bounds) -> None:
@@ -543,6 +552,22 @@ class SeqVAE(nnx.Module):
         first = jnp.full((batch,), SOS, TOKEN_DTYPE)
         chosen = run_decoder(first, xs, readout=choose, feed=lambda next_t, _: next_t, remat=False)
         return pad_after_eos(jnp.swapaxes(chosen, 0, 1))  # [B, max_len]
+
+    def check_arguments(self, method: str, args: tuple, kwargs: dict) -> None:
+        """What `jsr.jit` checks before an `encode`, `decode` or `loss` call, which the traced call cannot: host
+        `tokens` (ids in [0, V)) and `lengths` (in 1..T), NumPy, lists or torch tensors, with an eager call's
+        errors. A `jax.Array` is left to the call (as under `jax.jit`; module docstring): reading it back
+        would wait for the device."""
+        if method not in ("encode", "decode", "loss"):
+            return
+        given = _signature(method).bind(self, *args, **kwargs).arguments
+        tokens, lengths = given.get("tokens"), given.get("lengths")
+        if tokens is None or np.ndim(tokens) != 2:  # the call raises its own error
+            return
+        if not isinstance(tokens, jax.Array):
+            _check_token_array(validate.host_array(tokens), self.vocab_size)
+        if lengths is not None and not isinstance(lengths, jax.Array):
+            check_host_lengths(lengths, *np.shape(tokens))
 
     def _check_tokens(self, tokens: Any) -> Array:
         tokens = jnp.asarray(tokens)

@@ -103,6 +103,16 @@ def first_bad(name: str, values: Any, bad: Any, what: str) -> str:
     return text + (f" ({len(where)} {what} out of range)" if len(where) > 1 else "")
 
 
+def host_array(value: Any) -> Any:
+    """`value` (host data: NumPy, a list, a torch tensor, anything with `__array__`) as a NumPy array; a torch
+    tensor is detached and copied to the host first (NumPy refuses one that requires grad or lives on a GPU)."""
+    import numpy as np
+
+    if type(value).__module__.startswith("torch"):
+        value = value.detach().cpu()
+    return np.asarray(value)
+
+
 def _bounds(lo: int | None, hi: int | None) -> str:
     if lo is not None and hi is not None:
         return f" in [{lo}, {hi}]"

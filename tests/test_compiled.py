@@ -306,3 +306,53 @@ def test_vae_sampling_consumes_its_stream_as_eager():
         fast.generate(jnp.ones((2, 5)), 6)
     with pytest.raises(ValueError, match="max_len: expected an int >= 1, got 0"):
         fast.generate(z, 0)
+
+
+def test_vae_checks_host_tokens_and_lengths_the_traced_call_cannot():
+    fast = jsr.jit(_vae(0))
+    bad_id = np.array(TOKENS).copy()
+    bad_id[1, 2] = 12  # vocab_size 12: ids 0..11
+    with pytest.raises(ValueError, match=r"tokens: expected ids in \[0, vocab_size=12\), got tokens\[1, 2\]=12"):
+        fast.encode(bad_id, np.array(LENGTHS))
+    with pytest.raises(ValueError, match=r"lengths: expected values in \[1, T=5\], got lengths\[1\]=6"):
+        fast.loss(np.array(TOKENS), lengths=np.array([4, 6]))
+    with pytest.raises(ValueError, match=r"tokens: expected ids"):
+        fast.decode(jnp.zeros((2, 4)), bad_id)
+    # Device arrays are not read back (that would wait for the device): traced, as under jax.jit.
+    mu, _ = fast.encode(TOKENS, jnp.array([4, 6], jnp.int32))
+    assert np.isfinite(np.asarray(mu)).all()
+
+
+# ----------------------------------------------------------------------------------------------------
+# Host data the traced call cannot see: torch tensors, and the values of lengths
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_torch_tensors_are_traced_data_not_compile_keys():
+    torch = pytest.importorskip("torch")
+    model = jsr.GRU(3, 4, rngs=nnx.Rngs(0))
+    fast = jsr.jit(model)
+    x = np.random.default_rng(0).normal(size=(5, 2, 3)).astype(np.float32)
+    want = fast(x)[0]
+    for tensor in (torch.from_numpy(x), torch.from_numpy(x).requires_grad_(), torch.from_numpy(x) * 1):
+        _close(fast(tensor)[0], want, "output of a torch tensor input")
+    _close(fast(x, lengths=torch.tensor([5, 3]))[0], fast(x, lengths=np.array([5, 3]))[0], "torch lengths")
+    # Static leaves would have compiled once per tensor object: one compile per argument structure instead.
+    assert len(fast._call._fns) == 2
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_host_lengths_are_checked_as_an_eager_call_checks_them(bidirectional):
+    model = jsr.LSTM(3, 4, batch_first=True, bidirectional=bidirectional, rngs=nnx.Rngs(0))
+    fast = jsr.jit(model)
+    x = jnp.ones((2, 5, 3))
+    for lengths in (np.array([0, 3]), [6, 3], np.array([3, 9], np.int64)):
+        bad = [i for i, n in enumerate(lengths) if not 1 <= n <= 5][0]
+        message = rf"lengths: expected values in \[1, T=5\], got lengths\[{bad}\]={lengths[bad]}"
+        with pytest.raises(ValueError, match=message):
+            model(x, lengths=lengths)
+        with pytest.raises(ValueError, match=message):
+            fast(x, lengths=lengths)
+    # A jax.Array is not read back (that would wait for the device): clipped to 0..T as under jax.jit.
+    out, _ = fast(x, lengths=jnp.array([9, 3]))
+    _close(out, fast(x, lengths=np.array([5, 3]))[0], "a device length beyond T, clipped to T")
