@@ -39,8 +39,8 @@ What a call sees:
   arguments are traced, and so is array data from other libraries (a `torch.Tensor`, detached and copied to
   the host; anything with `__array__`), as a NumPy array: a torch tensor is data, not a compile key (as a
   static leaf it would compile again at every call). Every other leaf (Python int/float/bool/str/None, a
-  dtype, ...) is static, part of the compile key, so `generate(z, 100)` compiles for 100 and the model's Python checks on such values
-  run concretely (a bad value raises the model's own error). Pass `jnp.asarray(0.7)` rather than `0.7` to
+  dtype, ...) is static, part of the compile key, so `generate(z, 100)` compiles for 100 and the model's
+  Python checks on such values run concretely (a bad value raises the model's own error). Pass `jnp.asarray(0.7)` rather than `0.7` to
   make a scalar traced (one compile for all its values). One compile per (argument structure, static
   values, array shapes/dtypes, mode).
 - Values a traced call cannot check: a model may define `check_arguments(method, args, kwargs)`, which a

@@ -55,8 +55,8 @@ Checked inputs. `tokens` must be integer [B, T] with ids in [0, V), `lengths` in
 and dtypes are always checked. The values are checked when they are concrete (an eager call), and by
 `jsr.jit` when they are host data (NumPy, lists, torch tensors: `SeqVAE.check_arguments`): a bad id or
 length raises ValueError naming the first bad entry. Under `jax.jit` (and a `jax.Array` through `jsr.jit`)
-they are traced and cannot be checked, so: lengths are clipped to 0..T (as `jsr.GRU` does; 0 encodes nothing, giving the initial state),
-which never produces NaN; token ids are not checked, and `loss` turns any id outside [0, V) into a NaN
+they are traced and cannot be checked, so: lengths are clipped to 0..T (as `jsr.GRU` does; 0 encodes
+nothing, giving the initial state), which never produces NaN; token ids are not checked, and `loss` turns any id outside [0, V) into a NaN
 `recon`/`total` (loud: training's non-finite guard stops), while `encode`/`decode` give meaningless
 numbers. Run `check_tokens(tokens, lengths, vocab_size)` on concrete data before it reaches a jitted
 call (the VAE task does, on every array it encodes).
