@@ -66,7 +66,7 @@ def _arms(steps: int) -> dict:
     torch.set_num_threads(1)
     seed_model = torch_ref.Traveller(8, 64, 2, 0.0).eval()
     seed_model.load_state_dict({k: torch.from_numpy(v) for k, v in jsr.torch_state_dict(model).items()})
-    x_torch = torch.from_numpy(np.asarray(x))
+    x_torch = torch.from_numpy(np.array(x))  # a writable copy: torch warns on a read-only view
 
     def seed_loop():
         with torch.no_grad():

@@ -900,8 +900,8 @@ def _calls_readme() -> str:
             f"call ({us(rows[('nnx.jit', 4)])}), a bare `jax.jit` over `nnx.split` state takes "
             f"{us(rows[('bare jax.jit', 4)])}; `jsr.jit` flattens the model once and reads the current weights each "
             f"call (the newest of {runs_count(len(every))}). Over T=1000 steps it runs at {span(jsr, 'µs', 2)} per step, "
-            f"{span(ratios, digits=0)}x the seed's eager PyTorch loop ({span(seed, 'µs', 0)} per step; the loop's time "
-            f"moves with the machine's state far more than the scan's)")
+            f"{span(ratios, digits=0)}x the seed's eager PyTorch loop ({span(seed, 'µs', 0)} per step; both move with "
+            f"the machine's state)")
 
 
 @figure("loop.calls")
