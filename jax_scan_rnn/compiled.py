@@ -38,7 +38,9 @@ What a call sees:
 - Arguments, as Equinox's `filter_jit`: array leaves (`jax.Array`, `np.ndarray`, NumPy scalars) of the
   arguments are traced, and so is array data from other libraries (a `torch.Tensor`, detached and copied to
   the host; anything with `__array__`), as a NumPy array: a torch tensor is data, not a compile key (as a
-  static leaf it would compile again at every call). Every other leaf (Python int/float/bool/str/None, a
+  static leaf it would compile again at every call). So is an argument that is a list of Python numbers
+  (nested lists too: `lengths=[5, 3]`, as torch takes them), as `np.asarray` of it; a tuple stays a pytree
+  (`(h, c)`), its numbers static. Every other leaf (Python int/float/bool/str/None, a
   dtype, ...) is static, part of the compile key, so `generate(z, 100)` compiles for 100 and the model's
   Python checks on such values run concretely (a bad value raises the model's own error). Pass `jnp.asarray(0.7)` rather than `0.7` to
   make a scalar traced (one compile for all its values). One compile per (argument structure, static
@@ -322,6 +324,8 @@ class CompiledMethod:
         nested = not _trace_state_clean()  # inside jax.jit/vmap/grad: a jit without compiler options (_compile)
         if self._check is not None and not nested:
             self._check(self._name, args, kwargs)
+        if any(type(a) is list for a in args) or any(type(a) is list for a in kwargs.values()):
+            args, kwargs = _number_lists_as_arrays(args), _number_lists_as_arrays(kwargs)
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
         arrays = []
         static = []
@@ -390,6 +394,24 @@ class CompiledMethod:
 
         run.__name__ = f"{module_name}.{name}".replace(".", "_")
         return jax.jit(run, compiler_options=None if nested else xla_flags.compiler_options())  # xla_flags.py
+
+
+def _number_lists_as_arrays(arguments):
+    """`arguments` (a tuple or dict) with each list whose leaves are all Python numbers as a NumPy array: data, as
+    it is to torch and to the eager model, where as static leaves it would compile once per value."""
+    def convert(value):
+        if type(value) is list:
+            leaves = jax.tree_util.tree_leaves(value)
+            if leaves and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in leaves):
+                try:
+                    return np.asarray(value)
+                except ValueError:  # ragged: left as it is, the model says what it expected
+                    pass
+        return value
+
+    if isinstance(arguments, dict):
+        return {k: convert(v) for k, v in arguments.items()}
+    return tuple(convert(v) for v in arguments)
 
 
 def _hashable(x: Any) -> bool:

@@ -356,3 +356,16 @@ def test_host_lengths_are_checked_as_an_eager_call_checks_them(bidirectional):
     # A jax.Array is not read back (that would wait for the device): clipped to 0..T as under jax.jit.
     out, _ = fast(x, lengths=jnp.array([9, 3]))
     _close(out, fast(x, lengths=np.array([5, 3]))[0], "a device length beyond T, clipped to T")
+
+
+def test_lists_of_numbers_are_data_as_torch_and_the_eager_model_read_them():
+    model = jsr.GRU(3, 4, rngs=nnx.Rngs(0))
+    fast = jsr.jit(model)
+    rng = np.random.default_rng(0)
+    for _ in range(3):  # new values each call: one compile, not one per value
+        x = rng.normal(size=(5, 2, 3))
+        lengths = [int(n) for n in rng.integers(1, 6, size=2)]
+        _close(fast(x.tolist(), lengths=lengths)[0], model(x, lengths=np.array(lengths))[0], "list input and lengths")
+    assert len(fast._call._fns) == 1
+    with pytest.raises(ValueError, match=r"lengths: expected values in \[1, T=5\], got lengths\[0\]=6"):
+        fast(x, lengths=[6, 3])
