@@ -4,14 +4,15 @@
     python benchmarks/tune_scan.py flag --threshold 100000000   # ... with a larger threshold
     python benchmarks/tune_scan.py unroll   # time per step vs unroll, forward and train step
     python benchmarks/tune_scan.py unroll --out benchmarks/results/unroll-cpu-2core.json
+    python benchmarks/tune_scan.py unroll-layers   # unroll 1 vs 2 at batch 1 for jsr.LSTM/GRU (no feedback)
     python benchmarks/tune_scan.py hoist    # features projected before the loop vs inside each step
     python benchmarks/tune_scan.py hoist-layers   # the same for jsr.LSTM/GRU over whole sequences, the VAE
     python benchmarks/tune_scan.py remat-dropout  # training memory with dropout on: masks per step vs [T] array
     python benchmarks/tune_scan.py opt-level      # compile and run time: XLA's LLVM -O3 (default) vs -O1
     python benchmarks/tune_scan.py gemv           # batch-1 matrix-vector code: GEMV tiling x vector width
 
-`flag` backs the figures quoted in `jax_scan_rnn/xla_flags.py`; `unroll` the table behind
-`unroll="auto"` (`jax_scan_rnn/scan.py`, `AUTO_UNROLL`); `hoist` and `hoist-layers` the rule behind
+`flag` backs the figures quoted in `jax_scan_rnn/xla_flags.py`; `unroll` and `unroll-layers` the rule behind
+`unroll="auto"` (`jax_scan_rnn/scan.py`, `AUTO_UNROLL_CPU_BATCH1`: with feedback, and without); `hoist` and `hoist-layers` the rule behind
 `hoist_inputs="auto"` (`scan.auto_hoist`). The model is the Traveller (2 LSTM layers, F=8), a forward
 pass or a value-and-grad train step of a linear loss; `hoist-layers` times `jsr.LSTM`/`jsr.GRU`
 (`HOIST_LAYER_CASES`, forward and gradient of a sum of squares) and the SeqVAE's teacher-forced decoder.
@@ -180,6 +181,59 @@ def run_unroll(configs: list[str], rounds: int = 5) -> list[dict]:
             rows.append(row)
             print(f"{config:10s} T={steps:5d} unroll={unroll:2d}  forward {row['forward_us']:9.2f} us/step  "
                   f"train {row['train_us']:9.2f} us/step  forward compile {compile_s[unroll]:5.2f} s", flush=True)
+    return rows
+
+
+# (kind, I, H, L, B, T): jsr.LSTM/GRU over a given sequence (no feedback) at batch 1: the peers' rows' layers
+# (H=64, 2 layers, F=8) and the VAE encoder's size (one-hot V=40, H=256, 1 layer).
+UNROLL_LAYER_CASES = [("GRU", 8, 64, 2, 1, 1000), ("GRU", 8, 64, 2, 1, 100), ("LSTM", 8, 64, 2, 1, 1000),
+                      ("LSTM", 8, 64, 2, 1, 100), ("GRU", 40, 256, 1, 1, 100), ("LSTM", 40, 256, 1, 1, 100)]
+LAYER_UNROLLS = (1, 2)
+
+
+def run_unroll_layers(rounds: int = 5) -> list[dict]:
+    """Per `UNROLL_LAYER_CASES`: each of `LAYER_UNROLLS` compiled as the library compiles, forward and gradient
+    of a sum of squares; the median compile over `rounds` (interleaved) and the interleaved warm times."""
+    import statistics
+
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    import jax_scan_rnn as jsr
+    from jax_scan_rnn.xla_flags import compiler_options
+
+    options = compiler_options()
+    rows = []
+    for kind, inputs, hidden, layers, batch, steps in UNROLL_LAYER_CASES:
+        model = getattr(jsr, kind)(inputs, hidden, layers, rngs=nnx.Rngs(0))
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        x = jax.random.normal(jax.random.key(1), (steps, batch, inputs))
+        fns = {}
+        for unroll in LAYER_UNROLLS:
+            def forward(p, x, unroll=unroll):
+                return nnx.merge(graphdef, p, rest)(x, unroll=unroll)[0]
+
+            fns[unroll] = {"forward": forward,
+                           "train": jax.value_and_grad(lambda p, x, f=forward: jnp.sum(f(p, x) ** 2))}
+        compiled = {mode: {} for mode in ("forward", "train")}
+        compile_s = {(mode, u): [] for mode in compiled for u in LAYER_UNROLLS}
+        for _ in range(rounds):
+            for unroll in LAYER_UNROLLS:
+                for mode in compiled:
+                    compiled[mode][unroll], seconds = _compile(fns[unroll][mode], (params, x), options)
+                    compile_s[mode, unroll].append(seconds)
+        warm = {mode: _time_interleaved([(compiled[mode][u], (params, x)) for u in LAYER_UNROLLS], steps, rounds + 2)
+                for mode in compiled}
+        for i, unroll in enumerate(LAYER_UNROLLS):
+            case = f"{kind} I={inputs} H={hidden} L={layers} B={batch}"
+            row = {"case": case, "T": steps, "unroll": unroll, "compiler_options": options,
+                   **{f"{mode}_us": warm[mode][i] for mode in compiled},
+                   **{f"{mode}_compile_s": statistics.median(compile_s[mode, unroll]) for mode in compiled}}
+            rows.append(row)
+            print(f"{case:26s} T={steps:5d} unroll={unroll}  forward {row['forward_us']:7.2f} us/step  train "
+                  f"{row['train_us']:7.2f} us/step  compile forward {row['forward_compile_s']:5.3f} s  train "
+                  f"{row['train_compile_s']:5.3f} s", flush=True)
     return rows
 
 
@@ -469,13 +523,14 @@ def run_remat_dropout(batch: int = 64, hidden: int = 64, layers: int = 3, rate: 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["flag", "unroll", "hoist", "hoist-layers", "remat-dropout", "opt-level",
+    parser.add_argument("what", choices=["flag", "unroll", "unroll-layers", "hoist", "hoist-layers", "remat-dropout", "opt-level",
                                          "gemv", "_flag_worker", "_gemv_worker"])
     parser.add_argument("configs", nargs="*", help="BxH or BxH:f64 (default: the module's lists)")
     parser.add_argument("--out", type=results_file, help="also write the rows as JSON here")
     parser.add_argument("--threshold", type=int, help="flag: this small-loop threshold instead of the library's")
     parser.add_argument("--rounds", type=positive_int, default=None,
-                        help="gemv: processes per tiling, rotated (default 3); unroll: interleaved rounds (default 5)")
+                        help="gemv: processes per tiling, rotated (default 3); unroll, unroll-layers: interleaved "
+                             "rounds (default 5)")
     args = parser.parse_args(argv)
     if args.what == "_flag_worker":
         print(json.dumps(flag_worker(args.configs)))
@@ -491,6 +546,8 @@ def main(argv=None) -> None:
             off, on = by[(config, "default")], by[(config, "set")]
             print(f"{config:10s} {str(on['one_kernel']):>10s} {off['forward_us']:11.2f} -> {on['forward_us']:8.2f} us "
                   f"{off['train_us']:11.2f} -> {on['train_us']:8.2f} us")
+    elif args.what == "unroll-layers":
+        rows = run_unroll_layers(args.rounds or 5)
     elif args.what == "hoist":
         rows = run_hoist(args.configs or HOIST_CONFIGS)
     elif args.what == "hoist-layers":

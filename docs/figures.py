@@ -986,6 +986,10 @@ TUNING_LOGS = {
     "unroll": ("unroll-cpu-2core.txt",
                r"(?P<config>\S+)\s+T=\s*\d+ unroll=\s*(?P<unroll>\d+)\s+forward\s+(?P<fwd>[\d.]+) us/step\s+"
                r"train\s+(?P<train>[\d.]+) us/step\s+(?:first call|forward compile)\s+(?P<first>[\d.]+) s"),
+    "unroll-layers": ("unroll-layers-cpu-2core.txt",
+                      r"(?P<config>\w+ I=\d+ H=\d+ L=\d+ B=\d+)\s+T=\s*(?P<T>\d+) unroll=(?P<unroll>\d+)\s+"
+                      r"forward\s+(?P<fwd>[\d.]+) us/step\s+train\s+(?P<train>[\d.]+) us/step\s+"
+                      r"compile forward\s+(?P<cfwd>[\d.]+) s\s+train\s+(?P<ctrain>[\d.]+) s"),
     "hoist": ("hoist-cpu-2core.txt",
               r"(?P<config>\S+)\s+T=\s*\d+\s+forward\s+(?P<fwd0>[\d.]+) ->\s+(?P<fwd1>[\d.]+) us/step\s+"
               r"train\s+(?P<train0>[\d.]+) ->\s+(?P<train1>[\d.]+)"),
@@ -1045,6 +1049,19 @@ def _tuning_unroll_others() -> str:
     return (f"B=1, H=256 (a loop too large for one kernel): train {cell('1x256', 'train')} µs per step; "
             f"B=8: train {cell('8x64', 'train')}; B=64, H=256: train {cell('64x256', 'train')}; B=512, T=100: "
             f"forward {cell('512x64', 'fwd')}, train {cell('512x64', 'train')}")
+
+
+@figure("tuning.unroll_layers")
+def _tuning_unroll_layers() -> str:
+    rows = {(r["config"], int(r["T"]), int(r["unroll"])): r for r in tuning_log("unroll-layers")}
+    cases = sorted({(c, t) for c, t, _ in rows}, key=lambda ct: (ct[0].split()[0], -int(ct[0].split()[2][2:]), -ct[1]))
+    train = [float(rows[c, t, 1]["train"]) / float(rows[c, t, 2]["train"]) for c, t in cases]
+    forward = [float(rows[c, t, 1]["fwd"]) / float(rows[c, t, 2]["fwd"]) for c, t in cases]
+    compiles = [float(rows[c, t, 2][k]) / float(rows[c, t, 1][k]) for c, t in cases for k in ("cfwd", "ctrain")]
+    return (f"over {len(cases)} cases (jsr.LSTM and jsr.GRU at H=64 with 2 layers, T=100 and 1,000, and at H=256 with one "
+            f"layer), unroll 2 trains {min(train):.2f}-{max(train):.2f}x as fast as unroll 1 and runs forward "
+            f"{min(forward):.2f}-{max(forward):.2f}x as fast, and takes {min(compiles):.2f}-{max(compiles):.2f}x as "
+            f"long to compile")
 
 
 @figure("tuning.hoist")

@@ -30,9 +30,9 @@ from jax_scan_rnn import validate
 PyTree = Any
 Unroll = int | Literal["auto"]
 
-# unroll="auto": on CPU, unroll 2 helped the train step at batch 1 (H=64); from batch 8 on, no unroll > 1 was
-# faster at every size measured, and 16 trained slowest everywhere (the unrolled body's larger backward keeps
-# more of each step live). GPU: 1 until measured. Measured: docs/measurements.md#unroll.
+# unroll="auto": on CPU, unroll 2 helped the train step at batch 1 (the Traveller, and jsr.LSTM/GRU layers
+# without feedback), for a longer compile; from batch 8 on, no unroll > 1 was faster at every size measured,
+# and 16 trained slowest everywhere (the unrolled body's larger backward keeps more of each step live). GPU: 1 until measured. Measured: docs/measurements.md#unroll.
 AUTO_UNROLL_CPU_BATCH1 = 2
 
 
