@@ -11,10 +11,10 @@
     python benchmarks/tune_scan.py opt-level      # compile and run time: XLA's LLVM -O3 (default) vs -O1
     python benchmarks/tune_scan.py gemv           # batch-1 matrix-vector code: GEMV tiling x vector width
 
-`flag` backs the figures quoted in `jax_scan_rnn/xla_flags.py`; `unroll` and `unroll-layers` the rule behind
-`unroll="auto"` (`jax_scan_rnn/scan.py`, `AUTO_UNROLL_CPU_BATCH1`: with feedback, and without); `hoist` and `hoist-layers` the rule behind
-`hoist_inputs="auto"` (`scan.auto_hoist`). The model is the Traveller (2 LSTM layers, F=8), a forward
-pass or a value-and-grad train step of a linear loss; `hoist-layers` times `jsr.LSTM`/`jsr.GRU`
+`flag` backs the figures quoted in `jax_scan_rnn/xla_flags.py`; `unroll` the rule behind `unroll="auto"`
+(`jax_scan_rnn/scan.py`, `AUTO_UNROLL_CPU_BATCH1`), `unroll-layers` the same rule for the layers without
+feedback; `hoist` and `hoist-layers` the rule behind `hoist_inputs="auto"` (`scan.auto_hoist`). The model is
+the Traveller (2 LSTM layers, F=8), a forward pass or a value-and-grad train step of a linear loss; `hoist-layers` times `jsr.LSTM`/`jsr.GRU`
 (`HOIST_LAYER_CASES`, forward and gradient of a sum of squares) and the SeqVAE's teacher-forced decoder.
 `remat-dropout` compiles (does not run) a Traveller train step with dropout on and reads XLA's temporary
 memory: without remat, with remat chunks of ~sqrt(T) and each step's masks drawn in the loop (the library),
@@ -523,8 +523,8 @@ def run_remat_dropout(batch: int = 64, hidden: int = 64, layers: int = 3, rate: 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["flag", "unroll", "unroll-layers", "hoist", "hoist-layers", "remat-dropout", "opt-level",
-                                         "gemv", "_flag_worker", "_gemv_worker"])
+    parser.add_argument("what", choices=["flag", "unroll", "unroll-layers", "hoist", "hoist-layers", "remat-dropout",
+                                         "opt-level", "gemv", "_flag_worker", "_gemv_worker"])
     parser.add_argument("configs", nargs="*", help="BxH or BxH:f64 (default: the module's lists)")
     parser.add_argument("--out", type=results_file, help="also write the rows as JSON here")
     parser.add_argument("--threshold", type=int, help="flag: this small-loop threshold instead of the library's")

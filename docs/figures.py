@@ -946,7 +946,8 @@ def _bench_headline_history() -> str:
         by_commit.setdefault(r["commit"], []).append(r["scan_us"])
     same = "; ".join(f"{c}: {' and '.join(us(t) for t in ts)}" for c, ts in by_commit.items() if len(ts) > 1)
     return (f"over the {len(history)} committed runs of the default and `--peers` presets "
-            f"({history[0]['started'][:10]} to {history[-1]['started'][:10]}, the library changing between some) the seed loop took {min(seed):.0f}-{max(seed):.0f} µs per "
+            f"({history[0]['started'][:10]} to {history[-1]['started'][:10]}, the library changing between some) "
+            f"the seed loop took {min(seed):.0f}-{max(seed):.0f} µs per "
             f"step and the scan {us(min(scan))} to {us(max(scan))}: {min(ratios):.1f}x to {max(ratios):.1f}x, "
             f"median {statistics.median(ratios):.1f}x. Runs committed together (the same code): {same}")
 
@@ -1058,8 +1059,8 @@ def _tuning_unroll_layers() -> str:
     train = [float(rows[c, t, 1]["train"]) / float(rows[c, t, 2]["train"]) for c, t in cases]
     forward = [float(rows[c, t, 1]["fwd"]) / float(rows[c, t, 2]["fwd"]) for c, t in cases]
     compiles = [float(rows[c, t, 2][k]) / float(rows[c, t, 1][k]) for c, t in cases for k in ("cfwd", "ctrain")]
-    return (f"over {len(cases)} cases (jsr.LSTM and jsr.GRU at H=64 with 2 layers, T=100 and 1,000, and at H=256 with one "
-            f"layer), unroll 2 trains {min(train):.2f}-{max(train):.2f}x as fast as unroll 1 and runs forward "
+    return (f"over {len(cases)} cases (jsr.LSTM and jsr.GRU at H=64 with 2 layers, T=100 and 1,000, and at H=256 "
+            f"with one layer), unroll 2 trains {min(train):.2f}-{max(train):.2f}x as fast as unroll 1 and runs forward "
             f"{min(forward):.2f}-{max(forward):.2f}x as fast, and takes {min(compiles):.2f}-{max(compiles):.2f}x as "
             f"long to compile")
 
