@@ -1055,7 +1055,7 @@ def _tuning_unroll_others() -> str:
 @figure("tuning.unroll_layers")
 def _tuning_unroll_layers() -> str:
     rows = {(r["config"], int(r["T"]), int(r["unroll"])): r for r in tuning_log("unroll-layers")}
-    cases = sorted({(c, t) for c, t, _ in rows}, key=lambda ct: (ct[0].split()[0], -int(ct[0].split()[2][2:]), -ct[1]))
+    cases = sorted({(c, t) for c, t, _ in rows})
     train = [float(rows[c, t, 1]["train"]) / float(rows[c, t, 2]["train"]) for c, t in cases]
     forward = [float(rows[c, t, 1]["fwd"]) / float(rows[c, t, 2]["fwd"]) for c, t in cases]
     compiles = [float(rows[c, t, 2][k]) / float(rows[c, t, 1][k]) for c, t in cases for k in ("cfwd", "ctrain")]
