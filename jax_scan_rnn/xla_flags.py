@@ -3,41 +3,33 @@ set when `jax_scan_rnn` is imported), and the library's own compiled calls compi
 vectors (`compiler_options`). One for the CLI: a persistent compilation cache (`use_cli_compilation_cache`).
 
 XLA:CPU runs a compiled program as a sequence of "thunks" (one per fused kernel or library matmul), and a
-`while` loop (what `lax.scan` becomes) re-dispatches its body's thunks on every iteration. For a small
-step (a Traveller at batch 1 has ~20 thunks of well under a microsecond each) that dispatch is most of
-the time. XLA has a pass that instead compiles a whole small loop into ONE kernel; it only applies to
-loops whose per-iteration bytes (XLA's cost analysis) are below `xla_cpu_small_while_loop_byte_threshold`,
-1 kB by default, which no recurrent layer meets. This module raises that threshold to 2 MB, and sets the
-tiling of the matrix-vector products XLA then writes into that kernel (batch-1 matmuls, which no longer go
-to a matmul library) to one vector register per tile instead of XLA's 8:
+`while` loop (what `lax.scan` becomes) re-dispatches its body's thunks on every iteration; for a small step
+(a Traveller at batch 1) that dispatch is most of the time. XLA can instead compile a whole small loop into
+ONE kernel, for loops whose per-iteration bytes (its cost analysis) are below
+`xla_cpu_small_while_loop_byte_threshold` (1 kB by default, which no recurrent layer meets). This module
+raises it to 2 MB and tiles the matrix-vector products XLA writes into that kernel (batch-1 matmuls) by one
+vector register instead of 8:
 
     --xla_backend_extra_options=xla_cpu_small_while_loop_byte_threshold=2000000,xla_llvm_dot_tiling_factor=1
 
-2 MB admits the batch-1 loops measured faster (H <= 128: their loop bodies touch ~0.2-1 MB per step) and
-leaves H=256 (over 3 MB of weights per step, where streaming them dominates and XLA's generic loop code is
-no better) as it was. Loops whose matmuls XLA hands to its YNNPACK library (every measured batch >= 2) are
-never converted, so their times are unchanged. Results are the same operations, dispatched differently.
-One exception: if you turn YNNPACK off yourself (`--xla_cpu_experimental_ynn_fusion_type=`), batched
-loops become eligible too and XLA's generic loop code is far slower for their matmuls; set
-`JAX_SCAN_RNN_XLA_FLAGS=0` in that case. Measured: docs/measurements.md#xla-small-loop-threshold. The
-tiling changes how the product's loop is blocked (outputs the same, or moved by float rounding where the
-blocks change the order of a sum); with it a batch-1 step streams its weights faster at H=64 and 128, slower
-at H=32: docs/measurements.md#matrix-vector-code.
+2 MB admits the batch-1 loops measured faster (H <= 128) and leaves larger ones as they were; loops whose
+matmuls XLA hands to its YNNPACK library (every batch >= 2) are never converted. Results are the same
+operations, dispatched differently; the tiling moves outputs by float rounding at most. If you turn YNNPACK
+off yourself (`--xla_cpu_experimental_ynn_fusion_type=`), batched loops become eligible and run far slower:
+set `JAX_SCAN_RNN_XLA_FLAGS=0` then. Measured: docs/measurements.md#xla-small-loop-threshold and
+#matrix-vector-code (the tiling is slower at H=32, and says how to override it).
 
 XLA reads its flags once, when JAX creates its first backend, so this must run before the first JAX
 computation; `import jax_scan_rnn` does that. It never overrides a user: an option `XLA_FLAGS` already
 sets keeps the user's value, nothing changes with `JAX_SCAN_RNN_XLA_FLAGS=0` or once a backend exists, and
 `status()` says which. Options prefixed `xla_` are not passed on to LLVM, so GPU backends ignore them.
 
-`compiler_options()` is what the library's `jax.jit`s pass (`jsr.jit`, `TrainStep`, `make_eval_fn`): on a
-CPU, XLA's LLVM backend at optimisation level 1 instead of its default 3, and vectors of up to 512 bits
-instead of XLA's preferred 256 (on a CPU without AVX-512, LLVM stays at what the CPU has). The kernels XLA
-emits for a recurrent step are small fusions around library matmuls, and -O3's extra passes buy them
-nothing measurable, while they take 20-40% of a batch-1 Traveller's compile; -O0 runs slower
-(docs/measurements.md#llvm-optimisation-level). Wider vectors sped up the batch-1 and batch-64 steps
-(docs/measurements.md#matrix-vector-code) and round differently in the last bits. Both are per-compile
-options, so the user's own `jax.jit`s keep XLA's defaults; one that the user's `XLA_FLAGS` sets is left out
-(theirs applies), and the same `JAX_SCAN_RNN_XLA_FLAGS=0` turns them off.
+`compiler_options()` is what the library's `jax.jit`s pass (`jsr.jit`, `TrainStep`, `make_eval_fn`) on a
+CPU: LLVM at optimisation level 1 instead of 3 (as fast to run, quicker to compile; -O0 runs slower) and
+vectors of up to 512 bits instead of 256 (faster at batch 1 and 64; LLVM stays at what the CPU has); both
+round differently in the last bits. Measured: docs/measurements.md#llvm-optimisation-level and
+#matrix-vector-code. They are per-compile options, so the user's own `jax.jit`s keep XLA's defaults; one that
+the user's `XLA_FLAGS` sets is left out (theirs applies), and `JAX_SCAN_RNN_XLA_FLAGS=0` turns them off.
 
 `jax-scan-rnn`'s commands (not the library, and not `bench`, which times compiles) keep the programs they
 compile in JAX's persistent compilation cache, in `~/.cache/jax-scan-rnn/xla` (`$XDG_CACHE_HOME`), at most
