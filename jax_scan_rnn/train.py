@@ -160,7 +160,7 @@ class TrainStep:
         validate.instance("tx", tx, optax.GradientTransformation)
         self.schedule = schedule
         # The optimiser's state built by one compiled `tx.init` instead of eager ops, each of which compiles a
-        # program of its own on first use: 2-3x quicker in a fresh process (docs/measurements.md, "Train step").
+        # program of its own on first use: quicker in a fresh process (docs/measurements.md, "Train step").
         options = xla_flags.compiler_options()
         init = jax.jit(tx.init, compiler_options=options)
         self.optimizer = nnx.Optimizer(model, tx._replace(init=init), wrt=nnx.Param)  # same class, same update
@@ -264,7 +264,7 @@ class TrainStep:
         live = bad["step"] < 0
         first_bad = live & ~ok
         # One branch on one predicate, not a jnp.where per leaf: XLA copied the whole finite check into each
-        # leaf's select (1.6-2.2x the HLO, 1.2-1.7x the compile time; docs/measurements.md, "Train step").
+        # leaf's select: a larger program, slower to compile (docs/measurements.md, "Train step").
         state, window = jax.lax.cond(live & ok, lambda: (new, window), lambda: (old, w))
         return {"state": state, "window": window,
                 "bad": {"step": jnp.where(first_bad, (done + 1).astype(jnp.int32), bad["step"]),
