@@ -904,6 +904,14 @@ def _calls_readme() -> str:
             f"the machine's state)")
 
 
+@figure("calls.state_argument")
+def _calls_state_argument() -> str:
+    rows = call_runs()[-1]
+    bare, jsr = rows[("bare jax.jit", 4)]["median_us"], rows[("jsr.jit", 4)]["median_us"]
+    return (f"{us(bare)} per call for a bare `jax.jit` over `nnx.split` state against {us(jsr)} for `jsr.jit`, "
+            f"which passes the same arrays as a flat list (T=4, the newest run of `benchmarks/call_overhead.py`)")
+
+
 @figure("loop.calls")
 def _loop_calls() -> str:
     rows = call_runs()[-1]

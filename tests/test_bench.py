@@ -168,6 +168,31 @@ def test_a_jsr_train_row_is_the_update_fit_takes():
     assert case.compile_again() > 0
 
 
+
+def test_a_jsr_forward_row_passes_its_parameters_as_jsr_jit_does(monkeypatch):
+    """A jsr forward row calls its compiled program with the parameters as a flat list of arrays, as `jsr.jit`
+    does (an `nnx.State` argument is flattened in Python at every call: ~20 us on this CPU, which at T=10 was
+    the whole gap to torchax's row), and computes the model's own output."""
+    from types import SimpleNamespace
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from jax_scan_rnn.bench import jax_methods
+
+    given = []
+    compiled_case = jax_methods.compiled_case
+    monkeypatch.setattr(jax_methods, "compiled_case", lambda ctx, mode, fn, params, *args, **kw: (
+        given.append(params), compiled_case(ctx, mode, fn, params, *args, **kw))[1])
+    ctx = SimpleNamespace(on_gpu=False, cfg=SimpleNamespace(memory_fraction=0.5))
+    model = jsr.Traveller(3, 8, 1, rngs=nnx.Rngs(0))
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 5, 3)), jnp.float32)
+    case = jax_methods.library_case(ctx, "forward", lambda m, x: m(x)[0], model, x)
+    assert type(given[0]) is list and all(isinstance(p, jax.Array) for p in given[0])
+    np.testing.assert_allclose(case.output(case.call()), np.asarray(model(x)[0]), rtol=0, atol=1e-6)
+
 def test_ratios_are_against_seed_and_limit_of_the_same_cell(tiny):
     _, results, _, _ = tiny
     for r in results["rows"]:

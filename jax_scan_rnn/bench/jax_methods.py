@@ -109,14 +109,17 @@ def compiled_case(ctx: Context, mode: str, fn: Callable, params, *args, library:
 
 
 def library_case(ctx: Context, mode: str, fn: Callable, model: nnx.Module, *args) -> Case:
-    """A jsr row: `fn(model, *args)` as the library runs it. Forward: compiled as `jsr.jit` compiles it
-    (`compiled_case(library=True)` over the model's parameters). Train: `fn` is a scalar loss and the call is
+    """A jsr row: `fn(model, *args)` as the library runs it. Forward: compiled and called as `jsr.jit` compiles
+    and calls it (`compiled_case(library=True)` over the model's parameters, passed as a flat list). Train: `fn` is a scalar loss and the call is
     one update of `jsr.train.TrainStep`, the step `fit` runs (its NaN guard and metric sums included), with
     Adam at `LEARNING_RATE` as every row; its compilation is timed apart (`TrainStep.lower`)."""
     if mode == "forward":
+        # The parameters as a flat list of arrays, as `jsr.jit` passes them: an `nnx.State` argument is flattened
+        # in Python at every call (~20 us here, 2 us per step at T=10; docs/tuning_cpu.md, the peers' rows).
         graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-        return compiled_case(ctx, mode, lambda p, *a: fn(nnx.merge(graphdef, p, rest), *a), params, *args,
-                             library=True)
+        leaves, treedef = jax.tree.flatten(params)
+        return compiled_case(ctx, mode, lambda p, *a: fn(nnx.merge(graphdef, treedef.unflatten(p), rest), *a),
+                             leaves, *args, library=True)
     step = TrainStep(model, lambda m, batch: (fn(m, *batch), {}), optax.adam(LEARNING_RATE), args)
     carry = step.init()
     shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), carry)
