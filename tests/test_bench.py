@@ -116,7 +116,7 @@ def test_measured_rows_are_consistent(tiny):
 
 
 def test_compile_rounds_time_each_compiled_case_again_and_keep_the_median():
-    # The peers preset's rule (compile_rounds=3), on stand-in cases: the build's compile, then the rounds.
+    # The peers preset's rule (its compile_rounds, here 3), on stand-in cases: the build's compile, then the rounds.
     from jax_scan_rnn.bench.context import Case
     from jax_scan_rnn.bench.engine import _Engine
 
@@ -124,7 +124,7 @@ def test_compile_rounds_time_each_compiled_case_again_and_keep_the_median():
     rows = [{"compile_s": 0.3}, {"compile_s": 0.1}, {"compile_s": None}, {"compile_s": None}]
     cases = [Case(call=lambda: None, compile_again=lambda: next(again)) for _ in range(2)]
     cases += [Case(call=lambda: None), Case(call=lambda: None)]  # a torch row; a row that failed to compile
-    _Engine(bench.BenchConfig.peers(), ctx=None, progress=None).compile_rounds(list(zip(rows, cases)))
+    _Engine(bench.BenchConfig.peers(compile_rounds=3), ctx=None, progress=None).compile_rounds(list(zip(rows, cases)))
     assert rows[0]["compile_rounds_s"] == [0.3, 0.5, 0.9] and rows[0]["compile_s"] == 0.5  # rounds interleaved
     assert rows[1]["compile_rounds_s"] == [0.1, 0.2, 0.4] and rows[1]["compile_s"] == 0.2
     assert "compile_rounds_s" not in rows[2] and rows[2]["compile_s"] is None

@@ -84,10 +84,12 @@ class BenchConfig:
     @classmethod
     def peers(cls, **overrides) -> BenchConfig:
         """The peers against the jsr rows (PEER_METHODS), T in {100, 1000}, B in {1, 64}, and T=10 for torchax's
-        unrolled loop, each compile timed 3 times (one compile varies by +-30% here): 5-7 minutes on a 2-core
-        CPU. Apart from the default so that neither cuts the other's rows at its time budget."""
+        unrolled loop: 7 interleaved samples of every row and 5 compiles (one compile varies by +-30% here, and
+        with 3 samples of a 0.6 s call two runs of the same code put one train cell at 1.02x and 1.21x):
+        9-11 minutes on a 2-core CPU. Apart from the default so that neither cuts the other's
+        rows at its time budget."""
         peers = cls(methods=PEER_METHODS, seq_lens=(100, 1000), batch_sizes=(1, 64), sweep_seq_lens=(10,),
-                    compile_rounds=3, label="peers")
+                    repeats=7, min_repeats=7, compile_rounds=5, budget_s=1200.0, label="peers")
         return dataclasses.replace(peers, **overrides)
 
     @classmethod
