@@ -1,5 +1,5 @@
 """Per-call wall time of five ways to call an NNX model (eager, nnx.jit, nnx.cached_partial, bare jax.jit, jsr.jit),
-next to the seed's eager PyTorch loop on the same weights.
+next to the seed's eager PyTorch loop on the same weights, and the time of one live tick (`step`) in each.
 
     python benchmarks/call_overhead.py                       # T = 4 and 1000, ~1 minute on a 2-core CPU
     python benchmarks/call_overhead.py --seq-lens 4 --rounds 5
@@ -15,6 +15,12 @@ x [1, T, 8] float32; its output is treated as any pytree. The arms:
     jsr.jit        jsr.jit(model)(x)
     torch seed loop torch_ref.Traveller(...)(x, method="loop") on the same weights, 1 thread (the question's
                    code: one nn.LSTM call per step; B=1 ops are too small to split over threads)
+
+The live arms time one tick of live use, the next bar u_t [1, 8] -> positions [1, 2] with the returned state
+fed to the next call, 200 ticks per round, interleaved as the others:
+
+    jsr.jit step   fast.step(state, u_t), fast = jsr.jit(model)
+    torch step     torch_ref.Traveller.step(state, u_t) on the same weights, 1 thread, no_grad
 
 Each figure is the median over all calls of the wall time of `jax.block_until_ready(arm())`, after two
 warm-up calls; the arms take turns in `--rounds` rounds (A B C D E A B C D E ...), so that a drift in the
@@ -39,17 +45,32 @@ from jax_scan_rnn.cli import positive_int, positive_int_list  # the CLI's option
 ARMS = ("eager", "nnx.jit", "cached_partial", "bare jax.jit", "jsr.jit", "torch seed loop")
 
 
+def _models():
+    """The arms' models on the same weights: (jsr.Traveller(8, 64, 2) in eval mode, jsr.jit of it, the
+    torch_ref.Traveller, with torch on 1 thread)."""
+    import torch
+    from flax import nnx
+
+    import jax_scan_rnn as jsr
+    import torch_ref
+
+    model = jsr.Traveller(8, 64, 2, rngs=nnx.Rngs(0))
+    model.eval()
+    torch.set_num_threads(1)
+    seed_model = torch_ref.Traveller(8, 64, 2, 0.0).eval()
+    seed_model.load_state_dict({k: torch.from_numpy(v) for k, v in jsr.torch_state_dict(model).items()})
+    return model, jsr.jit(model), seed_model
+
+
 def _arms(steps: int) -> dict:
     """{arm name: zero-argument call} for one T, all on the same model and input."""
     import jax
     import jax.numpy as jnp
     import numpy as np
+    import torch
     from flax import nnx
 
-    import jax_scan_rnn as jsr
-
-    model = jsr.Traveller(8, 64, 2, rngs=nnx.Rngs(0))
-    model.eval()
+    model, fast, seed_model = _models()
     x = jax.random.normal(jax.random.key(1), (1, steps, 8), jnp.float32)
 
     with nnx.set_graph_mode(True), nnx.set_graph_updates(True):
@@ -57,15 +78,6 @@ def _arms(steps: int) -> dict:
         cached = nnx.cached_partial(graph_jit, model)
     graphdef, state = nnx.split(model)
     bare = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x))
-    fast = jsr.jit(model)
-
-    import torch
-
-    import torch_ref
-
-    torch.set_num_threads(1)
-    seed_model = torch_ref.Traveller(8, 64, 2, 0.0).eval()
-    seed_model.load_state_dict({k: torch.from_numpy(v) for k, v in jsr.torch_state_dict(model).items()})
     x_torch = torch.from_numpy(np.array(x))  # a writable copy: torch warns on a read-only view
 
     def seed_loop():
@@ -80,6 +92,59 @@ def _arms(steps: int) -> dict:
         "jsr.jit": lambda: fast(x),
         "torch seed loop": seed_loop,
     }
+
+
+def _live_arms() -> dict:
+    """{arm: zero-argument call} of one live tick: the next bar u_t [1, 8] -> positions [1, 2], the returned state
+    fed to the next call, as a live user runs the model (`fast.step`, torch_ref's `step`)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import torch
+
+    model, fast, seed_model = _models()
+    u = jax.random.normal(jax.random.key(1), (1, 8), jnp.float32)
+    u_torch = torch.from_numpy(np.array(u))
+    state = {"jsr.jit step": model.initial_state(1), "torch step": None}
+
+    def jsr_tick():
+        positions, state["jsr.jit step"] = fast.step(state["jsr.jit step"], u)
+        return positions
+
+    def torch_tick():
+        with torch.no_grad():
+            positions, state["torch step"] = seed_model.step(state["torch step"], u_torch)
+        return positions.numpy()
+
+    return {"jsr.jit step": jsr_tick, "torch step": torch_tick}
+
+
+def live(rounds: int, calls: int) -> list[dict]:
+    """One row per live arm: median us per tick over all ticks (arms interleaved in rounds), the round medians'
+    range, the first call, and the positions' largest difference after the same ticks (they run in lockstep)."""
+    import jax
+    import numpy as np
+
+    arms = _live_arms()
+    first, outputs, samples = {}, {}, {name: [] for name in arms}
+    for name, fn in arms.items():
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        first[name] = time.perf_counter() - start
+    for _ in range(rounds):
+        for name, fn in arms.items():
+            times = []
+            for _ in range(calls):
+                start = time.perf_counter()
+                outputs[name] = np.asarray(jax.block_until_ready(fn()))
+                times.append(time.perf_counter() - start)
+            samples[name].append(times)
+    diff = float(np.max(np.abs(outputs["jsr.jit step"] - outputs["torch step"])))
+    return [{"arm": name, "median_us": float(np.median([t for r in samples[name] for t in r])) * 1e6,
+             "round_median_min_us": min(float(np.median(r)) * 1e6 for r in samples[name]),
+             "round_median_max_us": max(float(np.median(r)) * 1e6 for r in samples[name]),
+             "calls": rounds * calls, "first_call_s": first[name], "max_abs_diff_jsr_vs_torch": diff}
+            for name in arms]
 
 
 def _same_outputs(arms: dict) -> float:
@@ -172,7 +237,7 @@ def machine() -> dict:
             "library_compiler_options": jsr.xla_flags.compiler_options(), "date": datetime.date.today().isoformat()}
 
 
-def table(rows: list[dict], info: dict, command: str, parts: dict) -> str:
+def table(rows: list[dict], info: dict, command: str, parts: dict, live_rows: list[dict]) -> str:
     lines = [
         f"# {command}",
         f"# {info['cpu']}, {info['cpus']} CPUs, backend {info['backend']}; python {info['python']}, jax {info['jax']} "
@@ -197,6 +262,10 @@ def table(rows: list[dict], info: dict, command: str, parts: dict) -> str:
                      f"{by['torch seed loop']['median_us'] / by['jsr.jit']['median_us']:.1f}x faster than the torch seed "
                      f"loop ({by['jsr.jit']['median_us'] / steps:.2f} vs {by['torch seed loop']['median_us'] / steps:.1f} "
                      "us per step)")
+    for row in live_rows:
+        lines.append(f"# live tick, {row['arm']}: {row['median_us']:.1f} us per call [{row['round_median_min_us']:.1f}, "
+                     f"{row['round_median_max_us']:.1f}], first call {row['first_call_s']:.3f} s ({row['calls']} ticks; "
+                     f"positions agree to {row['max_abs_diff_jsr_vs_torch']:.1e})")
     lines.append(f"# Python work per call ({parts['variables']} Variables; min of 5 x timeit): flattening the "
                  f"nnx.split State (bare jax.jit's argument) {parts['flatten_split_state_us']:.1f} us; reading the "
                  f"Variables' values into a flat list (jsr.jit) {parts['read_variable_values_us']:.1f} us")
@@ -220,10 +289,12 @@ def main(argv=None) -> None:
         calls = args.calls or (200 if steps <= 100 else 40)
         rows += measure(steps, args.rounds, calls)
         print(f"T={steps} done", flush=True)
+    live_rows = live(args.rounds, 200)
+    print("live ticks done", flush=True)
     info = machine()
     parts = pieces()
     command = "python benchmarks/call_overhead.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    text = table(rows, info, command.strip(), parts)
+    text = table(rows, info, command.strip(), parts, live_rows)
     print(text, end="")
     if args.out:
         with open(args.out, "w") as f:
@@ -231,7 +302,7 @@ def main(argv=None) -> None:
         # Appended, not replaced: the torch loop's time moves with the machine's state far more than jsr's,
         # so one run's ratio is not the figure (docs/figures.py quotes the runs' range).
         append_run(os.path.splitext(args.out)[0] + ".json", {
-            "machine": info, "command": command.strip(), "rows": rows, "pieces": parts,
+            "machine": info, "command": command.strip(), "rows": rows, "live": live_rows, "pieces": parts,
             "load_average": {"start": round(load_before, 2), "end": round(os.getloadavg()[0], 2)}}, info)
 
 
