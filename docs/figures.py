@@ -891,25 +891,43 @@ def call_runs() -> list[dict]:
 @figure("calls.readme")
 def _calls_readme() -> str:
     every = call_runs()
-    rows = {key: r["median_us"] for key, r in every[-1].items()}
-    jsr = [run[("jsr.jit", 1000)]["median_us"] / 1000 for run in every]
-    seed = [run[("torch seed loop", 1000)]["median_us"] / 1000 for run in every]
+
+    def at(arm: str, steps: int) -> list[float]:
+        return [run[(arm, steps)]["median_us"] for run in every]
+
+    jsr = [t / 1000 for t in at("jsr.jit", 1000)]
+    seed = [t / 1000 for t in at("torch seed loop", 1000)]
     ratios = [s / j for s, j in zip(seed, jsr)]
-    return (f"{rows[('eager', 4)] / 1e6:.2f} s per call for a T=4 Traveller on a 2-core CPU, where `jsr.jit` takes "
-            f"{us(rows[('jsr.jit', 4)])}. The idiomatic `nnx.jit(lambda m, x: m(x))` walks the module graph on every "
-            f"call ({us(rows[('nnx.jit', 4)])}), a bare `jax.jit` over `nnx.split` state takes "
-            f"{us(rows[('bare jax.jit', 4)])}; `jsr.jit` flattens the model once and reads the current weights each "
-            f"call (the newest of {runs_count(len(every))}). Over T=1000 steps it runs at {span(jsr, 'µs', 2)} per step, "
-            f"{span(ratios, digits=0)}x the seed's eager PyTorch loop ({span(seed, 'µs', 0)} per step; both move with "
-            f"the machine's state)")
+    eager = [t / 1e6 for t in at("eager", 4)]
+    return (f"{span(eager, 's', 2)} per call for a T=4 Traveller on a 2-core CPU, where `jsr.jit` takes "
+            f"{span(at('jsr.jit', 4), 'µs', 0)}. The idiomatic `nnx.jit(lambda m, x: m(x))` walks the module graph on "
+            f"every call ({span(at('nnx.jit', 4), 'µs', 0)}), a bare `jax.jit` over `nnx.split` state takes "
+            f"{span(at('bare jax.jit', 4), 'µs', 0)}; `jsr.jit` flattens the model once and reads the current weights each "
+            f"call ({span([j / b for j, b in zip(at('jsr.jit', 4), at('bare jax.jit', 4))], digits=2)}x the bare call's "
+            f"time; ranges over {runs_count(len(every))}, the host's speed moving them together). Over T=1000 steps it "
+            f"runs at {span(jsr, 'µs', 2)} per step, {span(ratios, digits=0)}x the seed's eager PyTorch loop "
+            f"({span(seed, 'µs', 0)} per step)")
+
+
+@figure("calls.live")
+def _calls_live() -> str:
+    with_live = [run for run in runs(CALLS) if run.get("live")]
+    ticks = [{r["arm"]: r for r in run["live"]} for run in with_live]
+    jsr, torch = ([t[arm]["median_us"] for t in ticks] for arm in ("jsr.jit step", "torch step"))
+    ratios = [b / a for a, b in zip(jsr, torch)]
+    return (f"{us(jsr[-1])} per tick against {us(torch[-1])} for `torch_ref.Traveller.step` on the same weights "
+            f"(the newest of {runs_count(len(ticks))}; torch's over jsr's: {span(ratios, digits=1)}x), positions "
+            f"equal to {max(t['jsr.jit step']['max_abs_diff_jsr_vs_torch'] for t in ticks):.0e}")
 
 
 @figure("calls.state_argument")
 def _calls_state_argument() -> str:
-    rows = call_runs()[-1]
-    bare, jsr = rows[("bare jax.jit", 4)]["median_us"], rows[("jsr.jit", 4)]["median_us"]
-    return (f"{us(bare)} per call for a bare `jax.jit` over `nnx.split` state against {us(jsr)} for `jsr.jit`, "
-            f"which passes the same arrays as a flat list (T=4, the newest run of `benchmarks/call_overhead.py`)")
+    parts = [run["pieces"] for run in runs(CALLS)]
+    flatten = [p["flatten_split_state_us"] for p in parts]
+    read = [p["read_variable_values_us"] for p in parts]
+    return (f"{span(flatten, 'µs', 1)} to flatten the Traveller's `nnx.split` State, against {span(read, 'µs', 1)} "
+            f"for `jsr.jit`'s read of the same arrays into a flat list (min of 5 timeit runs each, over "
+            f"{runs_count(len(parts))} of `benchmarks/call_overhead.py`)")
 
 
 @figure("loop.calls")
