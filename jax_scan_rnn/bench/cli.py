@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     preset.add_argument("--quick", action="store_true",
                         help="short run (< 2 min on a 2-core CPU): T=1000, B in {1,64} (train: B=1), fewer samples")
     preset.add_argument("--peers", action="store_true",
-                        help="Flax, Equinox and torchax against the jsr rows (~5-7 min on a 2-core CPU; needs "
+                        help="Flax, Equinox and torchax against the jsr rows (~9-11 min on a 2-core CPU; needs "
                              "pip install -e '.[bench]'); the default run leaves them out")
     # Not benchmarks/results by default: a user's run must not overwrite the project's committed results
     # (the maintainers regenerate those with --out benchmarks/results --replace).
