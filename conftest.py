@@ -5,10 +5,12 @@ library never relies on default dtypes), so float32 tests keep their meaning.
 """
 import ctypes
 import gc
+import importlib
 import os
 import shutil
 import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -120,3 +122,17 @@ def _bound_growth():
         _since[0] = _resident()
     else:
         _trim()
+
+
+BENCHMARKS = Path(__file__).resolve().parent / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def script(request):
+    """The benchmarks/ script named by the test module's `BENCHMARK_SCRIPT`, imported with its folder on
+    `sys.path` (the scripts import their folder's `timed_run` and each other)."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        yield importlib.import_module(request.module.BENCHMARK_SCRIPT)
+    finally:
+        sys.path.remove(str(BENCHMARKS))

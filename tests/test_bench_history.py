@@ -1,8 +1,6 @@
 """benchmarks/bench_history.py: the headline cell of each committed benchmark run, and the committed history
 file that the README quotes (docs/figures.py, `bench.headline_history`) holds the latest run of each file."""
-import importlib
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,13 +10,7 @@ BENCHMARKS = ROOT / "benchmarks"
 HISTORY = BENCHMARKS / "results/bench-history-cpu-2core.json"
 
 
-@pytest.fixture(scope="module")
-def script():
-    sys.path.insert(0, str(BENCHMARKS))  # the script imports its folder's timed_run
-    try:
-        yield importlib.import_module("bench_history")
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+BENCHMARK_SCRIPT = "bench_history"  # the `script` fixture (conftest.py) imports it
 
 
 def row(method, per_step_us, **cell):

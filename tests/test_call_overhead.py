@@ -1,24 +1,12 @@
 """benchmarks/call_overhead.py's live tick, the source of the README's `calls.live` figure: both arms run the same
 ticks on the same weights, so their positions agree, and each row carries what the figure and table read."""
-import importlib
-import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 PARITY_ATOL = 1e-5  # float32 LSTM steps in two frameworks, a few ticks: rounding only (the parity tests' bound)
-
-
-@pytest.fixture(scope="module")
-def script():
-    sys.path.insert(0, str(BENCHMARKS))  # the script imports its folder's timed_run
-    try:
-        yield importlib.import_module("call_overhead")
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+BENCHMARK_SCRIPT = "call_overhead"  # the `script` fixture (conftest.py) imports it
 
 
 def test_live_ticks_of_jsr_and_torch_agree_and_are_timed(script):

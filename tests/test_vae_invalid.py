@@ -1,11 +1,8 @@
 """benchmarks/vae_invalid.py: its classes of invalid SMILES, and that its syntax mask keeps the grammar's counts."""
 from __future__ import annotations
 
-import importlib
 import re
-import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from flax import nnx
@@ -15,16 +12,7 @@ pytest.importorskip("rdkit")
 from jax_scan_rnn.data import smiles  # noqa: E402
 from jax_scan_rnn.vae import SeqVAE  # noqa: E402
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-@pytest.fixture(scope="module")
-def script():
-    sys.path.insert(0, str(BENCHMARKS))  # the script imports its folder's timed_run and call_overhead
-    try:
-        yield importlib.import_module("vae_invalid")
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+BENCHMARK_SCRIPT = "vae_invalid"  # the `script` fixture (conftest.py) imports it
 
 
 @pytest.mark.parametrize("text, expected", [
