@@ -25,7 +25,9 @@ from jax_scan_rnn.train import (
     NonFiniteLossError,
     TrainConfig,
     TrainStep,
+    clip_by_global_norm,
     fit,
+    global_norm,
     make_eval_fn,
     make_lr_schedule_for,
     make_optimizer,
@@ -202,6 +204,51 @@ def test_train_step_keeps_shared_variables_shared():
     step.write(carry)
     assert m.a is m.b and m.b.kernel is kernel  # still one Variable, updated in place
     assert float(mse_fn(m, batch)[0]) < 0.5 * before
+
+
+# The step's gradient norm is one dot product of the concatenated leaves, optax's a sum of per-leaf sums:
+# the same float32 squares added in another order.
+GRAD_NORM_RTOL = 1e-6
+
+
+@pytest.mark.parametrize("max_norm", [0.5, 1e3])  # clipped, and left as it is
+def test_clip_by_global_norm_is_optaxs(max_norm):
+    """The library's clip (over `global_norm`, shared with TrainStep's record) gives optax's updates."""
+    grads = {"a": jax.random.normal(jax.random.key(0), (64, 3)), "b": [jnp.arange(5.0) / 7, jnp.float32(-0.25)]}
+    assert float(global_norm(grads)) == pytest.approx(float(optax.tree.norm(grads)), rel=GRAD_NORM_RTOL)
+    assert float(global_norm({})) == 0.0
+    got, _ = clip_by_global_norm(max_norm).update(grads, optax.EmptyState())
+    want, _ = optax.clip_by_global_norm(max_norm).update(grads, optax.EmptyState())
+    for path, g, w in zip(jax.tree_util.tree_flatten_with_path(grads)[0], jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(g, w, rtol=GRAD_NORM_RTOL, err_msg=jax.tree_util.keystr(path[0]))
+    cfg = TrainConfig(clip_norm=max_norm, learning_rate=0.1, lr_schedule="constant")  # fit's optimiser
+    ours, theirs = make_optimizer(cfg), optax.chain(optax.clip_by_global_norm(max_norm), optax.adam(0.1))
+    got, want = ours.update(grads, ours.init(grads))[0], theirs.update(grads, theirs.init(grads))[0]
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(g, w, rtol=GRAD_NORM_RTOL)
+
+
+def test_train_step_records_optaxs_global_norm_and_drops_an_update_that_overflows():
+    """The window's gradient norm is `optax.tree.norm` of the step's gradients; an update that overflows the
+    parameters (a finite loss and gradient, lr 1e38) is recorded as the first bad step and not applied."""
+    m = DropMLP(nnx.Rngs(0))
+    twin = nnx.clone(m)  # the same weights and rng counts: the same dropout masks as the step's
+    batch = batch_fn(0)
+    grads = nnx.grad(lambda model: loss_fn(model, batch)[0])(twin)
+    step = TrainStep(m, loss_fn, optax.adam(1e-2), batch)
+    read = step.read(step(step.init(), batch))
+    want = float(optax.tree.norm(grads))
+    assert read["bad"]["step"] == -1 and int(read["window"]["count"]) == 1
+    assert float(read["window"]["grad_norm"]) == pytest.approx(want, rel=GRAD_NORM_RTOL)
+
+    before = param_leaves(m)
+    step = TrainStep(m, loss_fn, optax.sgd(1e38), batch)  # finite lr, gradient ~1: the parameters overflow
+    carry = step(step.init(), batch)
+    read = step.read(carry)
+    assert int(read["bad"]["step"]) == 1 and math.isfinite(float(read["bad"]["loss"]))
+    assert math.isfinite(float(read["bad"]["grad_norm"])) and int(read["window"]["count"]) == 0
+    step.write(step(carry, batch))  # frozen: later steps change nothing either
+    assert_same_params(param_leaves(m), before)
 
 
 def test_train_step_builds_the_optimizer_state_tx_init_builds():
