@@ -1,6 +1,7 @@
 """Where the peers' table's train-step compile cells come from: for one cell, the jsr row as the benchmark runs it
 (`TrainStep`, the step `fit` runs: NaN guard and metric sums), the same jsr model under the benchmark's plain Adam
-step (what a peer row runs), and the peer row itself (docs/tuning_cpu.md, "The peers' rows, explained").
+step (what a peer row runs), the peer row itself, and for the Traveller the same `TrainStep` at unroll 1 (the jsr
+row unrolls 2 steps per loop iteration at B=1, as the peers do not) (docs/tuning_cpu.md, "The peers' rows, explained").
 
     python benchmarks/train_compile.py --out benchmarks/results/train-compile-cpu-2core.json  # appends the run
 
@@ -35,6 +36,8 @@ CELLS = {  # jsr row -> the peer row it is compared with
     "jax-scan-auto": "peer-flax-fb-opt",
 }
 
+UNROLL_1 = {"jax-scan-auto": "jax-scan-u1"}  # jsr row -> the same model at unroll 1
+
 
 def plain_adam_library_case(ctx: Context, mode: str, fn, model: nnx.Module, *args):
     """`jax_methods.library_case` with the benchmark's plain Adam step (`compiled_case`) instead of `TrainStep`."""
@@ -53,6 +56,8 @@ def cases(ctx: Context, jsr_key: str, batch: int, steps: int) -> dict:
     finally:
         jax_methods.library_case = library_case
     out["peer"] = METHODS[CELLS[jsr_key]].build(ctx, batch, steps, "train")
+    if jsr_key in UNROLL_1:  # the jsr row at B=1 unrolls 2 steps per iteration: the same step at unroll 1
+        out["jsr unroll 1 (TrainStep)"] = METHODS[UNROLL_1[jsr_key]].build(ctx, batch, steps, "train")
     return out
 
 

@@ -357,8 +357,10 @@ def _train_compile_parts() -> str:
     parts = []
     for key, cell in run["cells"].items():
         t = {name: statistics.median(v) for name, v in cell["seconds"].items()}
+        unroll_1 = (f", `TrainStep` at unroll 1 {t['jsr unroll 1 (TrainStep)']:.2f} s"
+                    if "jsr unroll 1 (TrainStep)" in t else "")
         parts.append(f"{names[key]}: `TrainStep` {t['jsr (TrainStep)']:.2f} s, the same model under plain Adam "
-                     f"{t['jsr (plain Adam)']:.2f} s, the peer {t['peer']:.2f} s")
+                     f"{t['jsr (plain Adam)']:.2f} s, the peer {t['peer']:.2f} s{unroll_1}")
     rounds = len(next(iter(run["cells"].values()))["seconds"]["peer"])
     return "; ".join(parts) + f" (B={run['batch']}, T={run['steps']:,}, median of {rounds} rotating compiles)"
 
