@@ -155,6 +155,12 @@ def _peer_ratios() -> list[tuple[str, str, float]]:
     return out
 
 
+@figure("bench.peers_compiles")
+def _bench_peers_compiles() -> str:
+    """How many compiles of each row the peers' run took the median of (its preset's `compile_rounds`)."""
+    return f"the median of {load(PEERS)['config']['compile_rounds']} compiles, interleaved across the cell"
+
+
 @figure("bench.peers_below")
 def _bench_peers_below() -> str:
     """How many warm and first-call cells of the table are below 1 (the peer faster), and the lowest of each."""
