@@ -133,6 +133,7 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
     """`optax.clip_by_global_norm(max_norm)` (the same rule: unchanged below `max_norm`, else scaled to it) over
     `global_norm`, the norm `TrainStep` records: XLA then computes it once for both. Written here only for that:
     optax's own norm is a reduction per leaf, which XLA does not share with `global_norm`'s."""
+    max_norm = validate.real("max_norm", max_norm, lo=0, lo_open=True)
 
     def update(updates, state, params=None):
         del params

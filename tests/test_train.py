@@ -221,6 +221,8 @@ def test_clip_by_global_norm_is_optaxs(max_norm):
     want, _ = optax.clip_by_global_norm(max_norm).update(grads, optax.EmptyState())
     for path, g, w in zip(jax.tree_util.tree_flatten_with_path(grads)[0], jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(g, w, rtol=GRAD_NORM_RTOL, err_msg=jax.tree_util.keystr(path[0]))
+    with pytest.raises(ValueError, match="^max_norm: "):
+        clip_by_global_norm(-max_norm)
     cfg = TrainConfig(clip_norm=max_norm, learning_rate=0.1, lr_schedule="constant")  # fit's optimiser
     ours, theirs = make_optimizer(cfg), optax.chain(optax.clip_by_global_norm(max_norm), optax.adam(0.1))
     got, want = ours.update(grads, ours.init(grads))[0], theirs.update(grads, theirs.init(grads))[0]
