@@ -168,6 +168,10 @@ def test_a_jsr_train_row_is_the_update_fit_takes():
     assert case.compile_again() > 0
 
 
+# The same model compiled with the library's options (LLVM -O1, 512-bit vectors) against its eager call: float32
+# rounding in the last bits only, over a few steps of tanh-bounded positions.
+COMPILED_VS_EAGER_ATOL = 1e-6
+
 
 def test_a_jsr_forward_row_passes_its_parameters_as_jsr_jit_does(monkeypatch):
     """A jsr forward row calls its compiled program with the parameters as a flat list of arrays, as `jsr.jit`
@@ -191,7 +195,9 @@ def test_a_jsr_forward_row_passes_its_parameters_as_jsr_jit_does(monkeypatch):
     x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 5, 3)), jnp.float32)
     case = jax_methods.library_case(ctx, "forward", lambda m, x: m(x)[0], model, x)
     assert type(given[0]) is list and all(isinstance(p, jax.Array) for p in given[0])
-    np.testing.assert_allclose(case.output(case.call()), np.asarray(model(x)[0]), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(case.output(case.call()), np.asarray(model(x)[0]), rtol=0,
+                               atol=COMPILED_VS_EAGER_ATOL)
+
 
 def test_ratios_are_against_seed_and_limit_of_the_same_cell(tiny):
     _, results, _, _ = tiny
