@@ -371,6 +371,24 @@ def _train_compile_parts() -> str:
     return "; ".join(parts) + f" (B={run['batch']}, T={run['steps']:,}, median of {rounds} rotating compiles)"
 
 
+NORM_CHECK_CHANGE = "2026-12-03"  # train-compile runs from this day on have c11757b's gradient norm and state check
+
+
+@figure("train.guard_margin")
+def _train_guard_margin() -> str:
+    """What `TrainStep` adds to the compile of the same model's plain Adam step (median minus median, per cell),
+    in the train-compile runs before and after the gradient norm and state check became one dot and one sum."""
+    def margins(run):
+        return [statistics.median(c["seconds"]["jsr (TrainStep)"]) - statistics.median(c["seconds"]["jsr (plain Adam)"])
+                for c in run["cells"].values()]
+
+    every = load("train-compile-cpu-2core.json")["runs"]
+    before = [margins(r) for r in every if r["started"] < NORM_CHECK_CHANGE]
+    after = [margins(r) for r in every if r["started"] >= NORM_CHECK_CHANGE]
+    return (f"{span([m for ms in before for m in ms], 's', 2)} over the three cells in {runs_count(len(before))} "
+            f"before, {span([m for ms in after for m in ms], 's', 2)} in {runs_count(len(after))} after")
+
+
 @figure("traveller.wall")
 def _traveller_wall() -> str:
     return seconds_range([r["wall_s"] for r in runs(TRAVELLER)])
