@@ -14,9 +14,10 @@ how to opt out).
 """
 import importlib
 
-from jax_scan_rnn import xla_flags
+from jax_scan_rnn import versions, xla_flags
 
 xla_flags.configure()  # before anything below can create a JAX backend
+versions.check()  # an older jax, flax, ... than the tested floors: one ImportError naming them
 
 __version__ = "0.1.0"
 
