@@ -311,6 +311,37 @@ def test_cli_hook_runs_and_prints(tmp_path, capsys):
     assert json.loads((tmp_path / f"{stem}.json").read_text())["schema"] == bench.SCHEMA_VERSION
 
 
+def test_cli_refuses_an_out_it_cannot_hold_before_the_suite_runs(tmp_path, capsys):
+    """An --out that cannot be written, or that another bench (another process) is writing to, is refused in
+    one line naming --out before any case is measured; the holder's files are left alone."""
+    import subprocess
+    import sys
+
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    args = parser.parse_args(["--out", str(blocker / "sub"), "--quick", "--no-plots"])
+    with pytest.raises(ValueError, match=r"^--out: .*a-file/sub: cannot write the run directory \("):
+        bench.run(args)
+    assert "lax.scan" not in capsys.readouterr().out
+
+    out = tmp_path / "held"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import time\nfrom jax_scan_rnn.lock import run_lock\n"
+         f"with run_lock({str(out)!r}):\n    print('held', flush=True)\n    time.sleep(120)"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        args = parser.parse_args(["--out", str(out), "--quick", "--no-plots"])
+        with pytest.raises(ValueError, match=rf"^--out: .*: another run \(PID {holder.pid}\) is writing to this directory"):
+            bench.run(args)
+        assert sorted(p.name for p in out.iterdir()) == [".lock"]
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_config_from_args_presets_and_errors():
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)

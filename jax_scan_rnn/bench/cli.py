@@ -17,6 +17,7 @@ from jax_scan_rnn.bench.methods import METHODS, check_method_keys
 from jax_scan_rnn.bench.report import (criteria, earlier_results, file_stem, format_ratio, format_us, headline,
                                        write_results)
 from jax_scan_rnn.cli import positive_int, positive_int_list
+from jax_scan_rnn.lock import RunDirectoryLocked, RunDirectoryUnwritable, run_lock
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -89,6 +90,16 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 def run(args: argparse.Namespace) -> int:
     """`jax-scan-rnn bench`: run the suite, print progress and the headline tables, write the results."""
     cfg = config_from_args(args)
+    # Held for the whole suite, so that a folder that cannot be written, or a second bench writing to the same
+    # one, is refused now rather than after the suite's minutes (one would lose its results to the other).
+    try:
+        with run_lock(args.out):
+            return _run(args, cfg)
+    except (RunDirectoryLocked, RunDirectoryUnwritable) as err:
+        raise ValueError(f"--out: {err}") from None
+
+
+def _run(args: argparse.Namespace, cfg: BenchConfig) -> int:
     earlier = earlier_results(args.out, file_stem(host_kind(), cfg.dtype, cfg.label))
     if earlier and not args.replace:  # said now, not after the suite's minutes
         raise ValueError(f"--out {args.out}: already holds {earlier[0].name} from an earlier run; pass --replace to "
