@@ -62,13 +62,20 @@ def results_file(value: str) -> str:
 def append_run(results: Path, run: dict, machine_info: dict | None = None) -> int:
     """Add `run` to the "runs" of the JSON file `results` (made, with `machine_info` or this `machine()`, if
     missing), written whole then renamed: never half a file, which the docs test reads. Returns the run count.
-    Also the results writer of the other scripts here (call_overhead.py, weight_bandwidth.py)."""
+    Also the results writer of the other scripts here (call_overhead.py, weight_bandwidth.py).
+
+    Read, append and write hold `<results>.lock`: two measurements ending together (two scripts appending to
+    one file) would otherwise each write the file it read, and one run would be lost."""
+    import filelock  # a dependency of the package's core (JAX's compilation cache needs it)
+
     results = Path(results)
-    data = json.loads(results.read_text()) if results.exists() else {"machine": machine_info or machine(), "runs": []}
-    data["runs"].append(run)
-    tmp = results.with_name(results.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, results)
+    with filelock.FileLock(results.with_name(results.name + ".lock")):
+        data = json.loads(results.read_text()) if results.exists() else {"machine": machine_info or machine(),
+                                                                         "runs": []}
+        data["runs"].append(run)
+        tmp = results.with_name(results.name + ".tmp")
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        os.replace(tmp, results)
     return len(data["runs"])
 
 
