@@ -291,8 +291,10 @@ def check_resume(out: Path, args: argparse.Namespace, task, cfg) -> None:
             break
         except checkpoint.CheckpointError:
             continue
-    if saved is None:
-        return  # nothing to resume: a fresh start
+    if saved is None:  # none that verifies: fit says so (CheckpointError); none at all: a fresh start, said
+        if not checkpoint.steps(out / CHECKPOINT_DIR):  # (the same command can then start and restart a job)
+            print(f"--resume: {out} holds no checkpoint yet: training from step 0")
+        return
     saved_task = type(task).from_json(saved["task"]).to_json() if "task" in saved else {}
 
     def flags(settings: dict) -> dict:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -180,6 +181,9 @@ def test_resume_with_changed_settings_is_refused_unless_overridden(tmp_path, cap
     out = tmp_path / "run"
     base = ["train", "traveller", "--steps", "2", "--hidden-size", "4", "--num-layers", "1", "--batch-size", "4",
             "--seq-len", "8", "--eval-every", "0", "--checkpoint-every", "1", "--out", str(out)]
+    assert main([*base, "--resume"]) == 0  # nothing to resume yet: a fresh start, said (a requeued job's command)
+    assert f"--resume: {out} holds no checkpoint yet: training from step 0" in capsys.readouterr().out
+    shutil.rmtree(out)
     assert main(base) == 0
     before = (out / "metrics.jsonl").read_text()
     capsys.readouterr()
