@@ -143,38 +143,51 @@ def _bench_peers() -> str:
     return "\n".join(lines)
 
 
-def _peer_ratios() -> list[tuple[str, str, float]]:
-    """(peer label, cell, peer time over jsr's) of every ratio in the peers' table (> 1: jsr is faster)."""
+def _peer_ratios(of_medians: bool = False) -> list[tuple[str, str, float]]:
+    """(peer label, cell, peer time over jsr's) of every ratio in the peers' table (> 1: jsr is faster); with
+    `of_medians`, the ratios of the two rows' medians instead of the medians of their round-by-round ratios."""
     out = []
     for meta, mine in _peer_grids():
         for r in mine:
             for what in ("call", "compile"):
-                if r["vs_jsr"].get(what) and (what == "call" or r["B"] == 1):
+                key = f"{what}_of_medians" if of_medians else what
+                if r["vs_jsr"].get(key) and (what == "call" or r["B"] == 1):
                     cell = f"{r['mode']} B={r['B']}" + (" first call" if what == "compile" else "")
-                    out.append((meta["label"].removeprefix("peer: "), cell, 1 / r["vs_jsr"][what]))
+                    out.append((meta["label"].removeprefix("peer: "), cell, 1 / r["vs_jsr"][key]))
     return out
 
 
 @figure("bench.peers_compiles")
 def _bench_peers_compiles() -> str:
-    """How many compiles of each row the peers' run took the median of (its preset's `compile_rounds`)."""
-    return f"the median of {load(PEERS)['config']['compile_rounds']} compiles, interleaved across the cell"
+    """How each ratio of the peers' table is taken (its preset's `repeats` and `compile_rounds`)."""
+    cfg = load(PEERS)["config"]
+    return (f"each the median over the cell's interleaved rounds of the two rows' ratio: up to {cfg['repeats']} "
+            f"timed samples of the warm call, {cfg['compile_rounds']} compiles for the first call")
+
+
+def _below(ratios: list[tuple[str, str, float]]) -> str:
+    parts = []
+    for kind, pick in (("warm", lambda c: "first call" not in c), ("first-call", lambda c: "first call" in c)):
+        mine = [r for r in ratios if pick(r[1])]
+        below = [r for r in mine if r[2] < 1]
+        text = f"{len(below)} of the {len(mine)} {kind} cells below 1"
+        if below:
+            label, cell, worst = min(below, key=lambda r: r[2])
+            text += f" (lowest {worst:.2f}x: {label}, {cell.removesuffix(' first call')})"
+        parts.append(text)
+    return " and ".join(parts)
 
 
 @figure("bench.peers_below")
 def _bench_peers_below() -> str:
     """How many warm and first-call cells of the table are below 1 (the peer faster), and the lowest of each."""
-    ratios = _peer_ratios()
-    parts = []
-    for kind, pick in (("warm", lambda c: "first call" not in c), ("first-call", lambda c: "first call" in c)):
-        mine = [r for r in ratios if pick(r[1])]
-        below = [r for r in mine if r[2] < 1]
-        text = f"{len(below)} of its {len(mine)} {kind} cells below 1"
-        if below:
-            label, cell, worst = min(below, key=lambda r: r[2])
-            text += f" (lowest {worst:.2f}x: {label}, {cell.removesuffix(' first call')})"
-        parts.append(text)
-    return "this run has " + " and ".join(parts)
+    return "this run has " + _below(_peer_ratios())
+
+
+@figure("bench.peers_of_medians")
+def _bench_peers_of_medians() -> str:
+    """The same count with the ratio of the two rows' medians, the table's estimator until 2026-12-04."""
+    return "the ratio of the two rows' medians would give " + _below(_peer_ratios(of_medians=True))
 
 
 @figure("bench.peers_first_forward")

@@ -418,3 +418,20 @@ def test_the_method_table_refuses_two_rows_with_one_key():
     assert _by_key([row]) == {row.key: row}
     with pytest.raises(ValueError, match="^METHODS: expected distinct keys"):
         _by_key([row, row])
+
+
+def test_a_peer_ratio_is_the_median_of_the_rounds_ratios():
+    """The cell's rows are sampled round by round, so the ratio is taken round by round: a spell that slowed
+    only jsr's call in one round must not decide it, as the ratio of the two medians lets it (3 / 1.1)."""
+    from jax_scan_rnn.bench.engine import _vs_jsr
+
+    # Every round jsr takes 1/1.1 of the peer's time, but for round 4, where only jsr's call was slowed.
+    jsr = {"method": "jax-scan-auto", "status": "ok", "samples": [1.0, 3.0, 3.0, 1.0, 3.0], "call_s": 3.0,
+           "compile_rounds_s": [2.0, 2.0, 2.0], "compile_s": 2.0, "first_call_s": 2.5}
+    peer = {"method": "peer-x", "status": "ok", "versus": ["jax-scan-auto"], "samples": [1.1, 3.3, 3.3, 1.1, 1.1],
+            "call_s": 1.1, "compile_rounds_s": [4.0, 1.0, 4.0], "compile_s": 4.0, "first_call_s": 5.0}
+    vs = _vs_jsr(peer, [jsr, peer])
+    assert vs["vs"] == "jax-scan-auto"
+    assert vs["call"] == pytest.approx(1 / 1.1) and vs["call_of_medians"] == pytest.approx(3 / 1.1)
+    assert vs["compile"] == pytest.approx(0.5) and vs["compile_of_medians"] == pytest.approx(0.5)
+    assert vs["first_call"] == pytest.approx(0.5)

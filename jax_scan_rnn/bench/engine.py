@@ -344,7 +344,9 @@ def _derive(rows: list[dict]) -> list[dict]:
 
 def _vs_jsr(peer: dict, group: list[dict]) -> dict | None:
     """A measured peer against the first of its `versus` jsr rows measured in its cell: jsr's time over the
-    peer's, warm call and compile (<= 1: jsr at least as fast); None when no such row was measured."""
+    peer's (<= 1: jsr at least as fast), warm call and compile, each the median over the cell's interleaved
+    rounds of the two rows' ratio (`_paired`); the ratio of the two rows' medians is kept beside it
+    (`*_of_medians`). None when no such row was measured."""
     ok = {r["method"]: r for r in group if r["status"] == "ok"}
     jsr_row = next((ok[k] for k in peer["versus"] if k in ok), None)
     if jsr_row is None:
@@ -354,8 +356,20 @@ def _vs_jsr(peer: dict, group: list[dict]) -> dict | None:
         a, b = jsr_row.get(name), peer.get(name)
         return a / b if a is not None and b else None
 
-    return {"vs": jsr_row["method"], "call": ratio("call_s"), "compile": ratio("compile_s"),
+    return {"vs": jsr_row["method"],
+            "call": _paired(jsr_row["samples"], peer["samples"]) or ratio("call_s"),
+            "compile": _paired(jsr_row.get("compile_rounds_s"), peer.get("compile_rounds_s")) or ratio("compile_s"),
+            "call_of_medians": ratio("call_s"), "compile_of_medians": ratio("compile_s"),
             "first_call": ratio("first_call_s")}
+
+
+def _paired(a: Sequence[float] | None, b: Sequence[float] | None) -> float | None:
+    """The median over rounds i of a[i] / b[i] (the rounds both rows took; None if none). A cell's rows are
+    sampled, and compiled, in turn, one round at a time, so a slow spell of the host falls on one round of both
+    rows; the ratio of the two rows' medians can take them from different spells (docs/tuning_cpu.md, "The
+    peers' rows, explained")."""
+    pairs = [x / y for x, y in zip(a or (), b or ()) if y > 0]
+    return statistics.median(pairs) if pairs else None
 
 
 def _versions(ctx: Context, threads: dict, vae_threads: dict | None = None) -> dict:

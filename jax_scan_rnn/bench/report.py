@@ -120,16 +120,15 @@ def peer_groups(results: dict) -> list[dict]:
             groups.setdefault((r["section"], r["mode"], r["B"], r["T"], r["vs_jsr"]["vs"]), []).append(r)
     out = []
     for (section, mode, batch, steps, vs), peers in groups.items():
-        jsr_row = _find(rows, model="traveller", section=section, mode=mode, B=batch, T=steps, method=vs, status="ok")
-        fastest = min(peers, key=lambda r: r["call_s"])
-        compiled = [r for r in peers if r["compile_s"]]
-        quickest = min(compiled, key=lambda r: r["compile_s"]) if compiled else None
+        # The fastest peer: the one jsr's time is the largest multiple of (the rows' `vs_jsr`, round by round).
+        fastest = max(peers, key=lambda r: r["vs_jsr"]["call"])
+        compiled = [r for r in peers if r["vs_jsr"]["compile"]]
+        quickest = max(compiled, key=lambda r: r["vs_jsr"]["compile"]) if compiled else None
         out.append({
             "section": section, "mode": mode, "B": batch, "T": steps, "jsr": vs,
-            "fastest_peer": fastest["method"], "call_ratio": jsr_row["call_s"] / fastest["call_s"],
+            "fastest_peer": fastest["method"], "call_ratio": fastest["vs_jsr"]["call"],
             "quickest_compile_peer": quickest and quickest["method"],
-            "compile_ratio": (jsr_row["compile_s"] / quickest["compile_s"]
-                              if quickest and jsr_row["compile_s"] is not None else None),
+            "compile_ratio": quickest and quickest["vs_jsr"]["compile"],
         })
     return out
 
@@ -361,8 +360,9 @@ def _peer_section(results: dict, methods: dict) -> list[str]:
              "compiler options, `jax_scan_rnn.xla_flags.compiler_options()`, the peers with jax.jit's defaults), "
              "on the jsr rows' weights; each "
              "against the jsr row named (feedback peers: jsr.Traveller; peers without feedback: jsr.LSTM / "
-             "jsr.GRU over the whole sequence). `jsr ÷ peer`: jsr's median time over the peer's (<= 1: jsr at "
-             "least as fast), for the warm call and for the compile (trace + XLA compile, timed apart; the median of "
+             "jsr.GRU over the whole sequence). `jsr ÷ peer`: jsr's time over the peer's (<= 1: jsr at "
+             "least as fast), the median over the cell's interleaved rounds of the two rows' ratio, for the warm "
+             "call (the rows' samples) and for the compile (trace + XLA compile, timed apart; "
              f"{results['config'].get('compile_rounds', 1)} compile(s) per row, interleaved across the cell); "
              "agreement: max |positions - jsr's|.", "",
              "| mode | B | T | peer | per step | jsr row | jsr per step | jsr ÷ peer | compile, peer | compile, jsr | "
