@@ -365,6 +365,22 @@ def _optimizer_init() -> str:
     return ", ".join(parts) + f" (median of {len(run['seconds']['traveller']['eager'])} fresh processes each)"
 
 
+@figure("cells.hand_vjp")
+def _cells_hand_vjp() -> str:
+    """The newest run of benchmarks/cell_vjp.py: per model and batch, the warm train call with the cells'
+    hand-written gate derivatives over JAX's own (median over rounds of the round's ratio), and both compiles."""
+    run = load("cell-vjp-cpu-2core.json")["runs"][-1]
+    names = {"traveller": "`jsr.Traveller`", "lstm": "`jsr.LSTM`", "gru": "`jsr.GRU`"}
+    parts = []
+    for key, case in run["cases"].items():
+        model, batch = key.split(" ")
+        compile_s = {v: statistics.median(t) for v, t in case["compile_s"].items()}
+        parts.append(f"{names[model]} {batch}: {case['hand_over_jax']:.2f}x (compile {compile_s['hand']:.2f} s "
+                     f"against {compile_s['jax']:.2f} s)")
+    rounds = len(next(iter(run["cases"].values()))["us_per_step"]["hand"])
+    return "; ".join(parts) + f" (T={run['steps']}, median of {rounds} rounds)"
+
+
 @figure("bench.train_compile_parts")
 def _train_compile_parts() -> str:
     """The newest run of benchmarks/train_compile.py: per cell, the median compile of jsr's TrainStep, of the

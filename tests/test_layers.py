@@ -226,3 +226,38 @@ def test_cells_matmul_reads_bf16_operands_and_accumulates_in_float32(shape):
     rounded = np.asarray(x.astype(jnp.bfloat16), np.float32) @ np.asarray(w.astype(jnp.bfloat16), np.float32)
     assert got.dtype == jnp.float32
     np.testing.assert_allclose(got, rounded, rtol=1e-5, atol=1e-5)
+
+
+# `cells.lstm_gates` / `gru_gates` carry a hand-written derivative (faster backward loops); JAX's own
+# derivative of the same expressions must agree. float64: the same function in another order of operations
+# differs by rounding (~1e-16 per op), a wrong term by O(0.1).
+HAND_VJP_RTOL = 1e-12
+
+
+@pytest.mark.parametrize("cls, kwargs", [(jsr.LSTM, {}), (jsr.LSTM, {"proj_size": 3}), (jsr.GRU, {})],
+                         ids=["LSTM", "LSTM-proj", "GRU"])
+def test_hand_written_gate_derivatives_are_jaxs_own(cls, kwargs, monkeypatch):
+    from jax_scan_rnn import cells
+
+    model = cls(4, 6, 2, batch_first=True, param_dtype=jnp.float64, rngs=nnx.Rngs(0), **kwargs)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(3, 7, 4)))
+
+    def loss(params, x):  # sin: every output weighted differently
+        return jnp.sum(jnp.sin(nnx.merge(graphdef, params, rest)(x)[0]))
+
+    grads = {}
+    for hand in (True, False):
+        monkeypatch.setattr(cells, "HAND_WRITTEN_VJP", hand)
+        grads[hand] = jax.jit(jax.grad(loss, argnums=(0, 1)))(params, x)
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(grads[True]), jax.tree.leaves(grads[False])):
+        err = float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
+        assert err < HAND_VJP_RTOL, f"d loss / d {jax.tree_util.keystr(path)}: relative error {err:.2e}"
+    # Forward mode needs JAX's own derivative (a custom_vjp has none): with the switch off it works.
+    tangent = jnp.ones_like(x)
+    with pytest.raises(TypeError, match="custom_vjp"):
+        monkeypatch.setattr(cells, "HAND_WRITTEN_VJP", True)
+        jax.jvp(lambda x: loss(params, x), (x,), (tangent,))
+    monkeypatch.setattr(cells, "HAND_WRITTEN_VJP", False)
+    _, forward = jax.jvp(lambda x: loss(params, x), (x,), (tangent,))
+    assert np.isclose(float(forward), float(jnp.vdot(grads[False][1], tangent)), rtol=HAND_VJP_RTOL)
