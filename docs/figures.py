@@ -381,6 +381,15 @@ def _cells_hand_vjp() -> str:
     return "; ".join(parts) + f" (T={run['steps']}, median of {rounds} rounds)"
 
 
+@figure("cells.hand_vjp_short")
+def _cells_hand_vjp_short() -> str:
+    """The newest run of benchmarks/cell_vjp.py as two ranges: hand-written over JAX's own, B=64 and B=1."""
+    run = load("cell-vjp-cpu-2core.json")["runs"][-1]
+    by_batch = {b: [c["hand_over_jax"] for k, c in run["cases"].items() if k.endswith(f"B={b}")] for b in (64, 1)}
+    return (f"{span(by_batch[64], digits=2)}x the time with JAX's derivative at B=64, {span(by_batch[1], digits=2)}x "
+            f"at B=1, for the Traveller, `jsr.LSTM` and `jsr.GRU`, T={run['steps']}")
+
+
 @figure("bench.train_compile_parts")
 def _train_compile_parts() -> str:
     """The newest run of benchmarks/train_compile.py: per cell, the median compile of jsr's TrainStep, of the
