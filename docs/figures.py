@@ -197,6 +197,13 @@ def _bench_peers_first_forward() -> str:
     return f"{worst:.2f}x ({label})"
 
 
+@figure("bench.peers_train_b64")
+def _bench_peers_train_b64() -> str:
+    """The table's warm train cells at B=64: the range of each peer's time over jsr's."""
+    ratios = [r[2] for r in _peer_ratios() if r[1] == "train B=64"]
+    return f"{min(ratios):.2f}-{max(ratios):.2f}x jsr's time ({len(ratios)} peers)"
+
+
 @figure("bench.user_call")
 def _bench_user_call() -> str:
     row = bench_row(MAIN, "jax-user-call", "forward", 1, 1000)
