@@ -11,7 +11,6 @@ ratio is the median over rounds of the round's hand / JAX time. About 4 minutes 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -23,7 +22,7 @@ import numpy as np
 from flax import nnx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from timed_run import append_run, results_file  # noqa: E402
+from timed_run import append_run, measurement_end, measurement_start, results_file  # noqa: E402
 
 import jax_scan_rnn as jsr  # noqa: E402
 from jax_scan_rnn import cells, xla_flags  # noqa: E402
@@ -59,7 +58,7 @@ def main() -> int:
     parser.add_argument("--steps", type=positive_int, default=1000)
     parser.add_argument("--out", default=None, type=results_file, help="append the run to this JSON file (default: print only)")
     args = parser.parse_args()
-    started, load_start = time.strftime("%Y-%m-%dT%H:%M:%S%z"), os.getloadavg()[0]
+    run = measurement_start("cell_vjp.py")
     options = xla_flags.compiler_options()
     results = {}
     for name in MODELS:
@@ -89,9 +88,7 @@ def main() -> int:
             print(key, {v: round(statistics.median(t), 2) for v, t in us.items()}, "hand/jax", round(ratio, 3),
                   "compile", {v: round(statistics.median(t), 3) for v, t in compile_s.items()}, flush=True)
     if args.out:
-        append_run(args.out, {"command": " ".join(["python benchmarks/cell_vjp.py", *sys.argv[1:]]),
-                              "started": started, "steps": args.steps, "jax": jax.__version__,
-                              "load_average": {"start": load_start, "end": os.getloadavg()[0]}, "cases": results})
+        append_run(args.out, measurement_end(run, steps=args.steps, jax=jax.__version__, cases=results))
     return 0
 
 

@@ -59,6 +59,18 @@ def results_file(value: str) -> str:
     return value
 
 
+def measurement_start(script: str) -> dict:
+    """What a measuring script records at its start: `command` (`python benchmarks/SCRIPT args...`), `started`
+    and the load average; `measurement_end` completes it for `append_run`."""
+    return {"command": " ".join([f"python benchmarks/{script}", *sys.argv[1:]]),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "load_average": {"start": os.getloadavg()[0]}}
+
+
+def measurement_end(run: dict, **fields) -> dict:
+    """`run` (from `measurement_start`) with the load average at the end and the measurement's `fields`."""
+    return {**run, "load_average": {**run["load_average"], "end": os.getloadavg()[0]}, **fields}
+
+
 def append_run(results: Path, run: dict, machine_info: dict | None = None) -> int:
     """Add `run` to the "runs" of the JSON file `results` (made, with `machine_info` or this `machine()`, if
     missing), written whole then renamed: never half a file, which the docs test reads. Returns the run count.

@@ -12,17 +12,15 @@ of its cell. About 2 minutes on a 2-core CPU.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import jax
 from flax import nnx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from timed_run import append_run, results_file  # noqa: E402
+from timed_run import append_run, measurement_end, measurement_start, results_file  # noqa: E402
 from jax_scan_rnn.cli import positive_int  # noqa: E402  the CLI's option check
 
 from jax_scan_rnn.bench import jax_methods, peer_methods  # noqa: E402
@@ -69,7 +67,7 @@ def main() -> int:
     parser.add_argument("--out", default=None, type=results_file, help="append the run to this JSON file (default: print only)")
     args = parser.parse_args()
     ctx = Context(BenchConfig.peers())
-    started, load_start = time.strftime("%Y-%m-%dT%H:%M:%S%z"), os.getloadavg()[0]
+    run = measurement_start("train_compile.py")
     results = {}
     for jsr_key, peer_key in CELLS.items():
         built = cases(ctx, jsr_key, args.batch, args.steps)
@@ -82,9 +80,7 @@ def main() -> int:
         results[jsr_key] = {"peer": peer_key, "seconds": seconds}
         print(jsr_key, {name: round(statistics.median(v), 3) for name, v in seconds.items()}, flush=True)
     if args.out:
-        append_run(args.out, {"command": " ".join(["python benchmarks/train_compile.py", *sys.argv[1:]]),
-                              "started": started, "batch": args.batch, "steps": args.steps,
-                              "load_average": {"start": load_start, "end": os.getloadavg()[0]}, "cells": results})
+        append_run(args.out, measurement_end(run, batch=args.batch, steps=args.steps, cells=results))
     return 0
 
 
