@@ -36,6 +36,12 @@ MODELS = {
 VARIANTS = {"hand": True, "jax": False}  # cells.HAND_WRITTEN_VJP while tracing
 
 
+def in_turn(r: int) -> list[str]:
+    """The variants in round `r`'s order: each goes first in every other round."""
+    names = list(VARIANTS)
+    return names[r % len(names):] + names[:r % len(names)]
+
+
 def case(name: str, batch: int, steps: int) -> tuple:
     """A `params -> (loss, grads)` of the model `name` on fixed data, and its parameters."""
     rng = np.random.default_rng(0)
@@ -66,7 +72,7 @@ def main() -> int:
             fn, params = case(name, batch, args.steps)
             compiled, compile_s = {}, {variant: [] for variant in VARIANTS}
             for r in range(args.compiles):
-                for variant in list(VARIANTS)[r % 2:] + list(VARIANTS)[:r % 2]:
+                for variant in in_turn(r):
                     cells.HAND_WRITTEN_VJP = VARIANTS[variant]  # read when the cells are traced, in lower()
                     jax.clear_caches()
                     t0 = time.perf_counter()
@@ -75,7 +81,7 @@ def main() -> int:
             cells.HAND_WRITTEN_VJP = True
             us = {variant: [] for variant in VARIANTS}
             for r in range(args.rounds):
-                for variant in list(VARIANTS)[r % 2:] + list(VARIANTS)[:r % 2]:
+                for variant in in_turn(r):
                     jax.block_until_ready(compiled[variant](params))
                     t0 = time.perf_counter()
                     for _ in range(args.calls):

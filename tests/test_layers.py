@@ -255,8 +255,8 @@ def test_hand_written_gate_derivatives_are_jaxs_own(cls, kwargs, monkeypatch):
         assert err < HAND_VJP_RTOL, f"d loss / d {jax.tree_util.keystr(path)}: relative error {err:.2e}"
     # Forward mode needs JAX's own derivative (a custom_vjp has none): with the switch off it works.
     tangent = jnp.ones_like(x)
+    monkeypatch.setattr(cells, "HAND_WRITTEN_VJP", True)
     with pytest.raises(TypeError, match="custom_vjp"):
-        monkeypatch.setattr(cells, "HAND_WRITTEN_VJP", True)
         jax.jvp(lambda x: loss(params, x), (x,), (tangent,))
     monkeypatch.setattr(cells, "HAND_WRITTEN_VJP", False)
     _, forward = jax.jvp(lambda x: loss(params, x), (x,), (tangent,))
