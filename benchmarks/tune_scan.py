@@ -9,6 +9,7 @@
     python benchmarks/tune_scan.py hoist-layers   # the same for jsr.LSTM/GRU over whole sequences, the VAE
     python benchmarks/tune_scan.py remat-dropout  # training memory with dropout on: masks per step vs [T] array
     python benchmarks/tune_scan.py opt-level      # compile and run time: XLA's LLVM -O3 (default) vs -O1
+    python benchmarks/tune_scan.py compile-options  # XLA options that shorten compiles, on top of the library's
     python benchmarks/tune_scan.py gemv           # batch-1 matrix-vector code: GEMV tiling x vector width
 
 `flag` backs the figures quoted in `jax_scan_rnn/xla_flags.py`; `unroll` the rule behind `unroll="auto"`
@@ -20,7 +21,8 @@ the Traveller (2 LSTM layers, F=8), a forward pass or a value-and-grad train ste
 memory: without remat, with remat chunks of ~sqrt(T) and each step's masks drawn in the loop (the library),
 and with remat but the `[L-1, T, B, H]` mask array passed in (how dropout worked before).
 `opt-level` backs `xla_flags.CPU_COMPILER_OPTIONS`: each of `OPT_LEVEL_CASES` compiled at each level,
-compile time (every round), warm time per step (arms interleaved), and the outputs' largest difference.
+compile time (every round), warm time per step (arms interleaved), and the outputs' largest difference;
+`compile-options` measures the same for `COMPILE_OPTION_ARMS`, each added to the library's options (none is kept).
 `gemv` backs the GEMV settings of `jax_scan_rnn/xla_flags.py`: `GEMV_CASES` (the same cases, and the batch-1
 Traveller at H=32 and H=128, whose matrix-vector products are 4x smaller and 4x larger), compiled as the library does
 (-O1) under each `GEMV_TILINGS` (a process-wide XLA option: one process per value, rotated over `--rounds`
@@ -375,34 +377,62 @@ def _compile(fn, args, options: dict):
     return compiled, time.perf_counter() - start
 
 
-def run_opt_level(rounds: int = 3) -> list[dict]:
-    """Per case and mode: each level's compile times (one per round) and interleaved warm us/step."""
+def run_compile_arms(arms: dict[str, dict], reference: str, rounds: int = 3) -> list[dict]:
+    """Per case of `OPT_LEVEL_CASES` and mode: each arm's (label -> per-compile options) compile times (one per
+    round) and interleaved warm us/step, and its outputs' largest difference from the first arm's (named
+    `reference` in the log)."""
     import jax
     import numpy as np
 
     rows = []
+    labels = list(arms)
     for case, batch, steps in OPT_LEVEL_CASES:
         for mode, (fn, args) in _opt_level_functions(case, batch, steps).items():
-            compile_s = {level: [] for level in OPT_LEVELS}
+            compile_s = {label: [] for label in labels}
             compiled = {}
             for _ in range(rounds):
-                for level in OPT_LEVELS:
-                    compiled[level], seconds = _compile(fn, args, {"xla_backend_optimization_level": level})
-                    compile_s[level].append(seconds)
-            warm = _time_interleaved([(compiled[level], args) for level in OPT_LEVELS], steps)
-            outs = {level: jax.tree.leaves(jax.device_get(compiled[level](*args))) for level in OPT_LEVELS}
-            for i, level in enumerate(OPT_LEVELS):
-                # Largest |output - XLA's default level's output| over every output leaf (the positions, or
-                # the updated parameters, optimiser state and loss): float rounding, or a real change.
+                for label in labels:
+                    compiled[label], seconds = _compile(fn, args, arms[label])
+                    compile_s[label].append(seconds)
+            warm = _time_interleaved([(compiled[label], args) for label in labels], steps)
+            outs = {label: jax.tree.leaves(jax.device_get(compiled[label](*args))) for label in labels}
+            for i, label in enumerate(labels):
+                # Largest |output - the first arm's output| over every output leaf (the positions, or the
+                # updated parameters, optimiser state and loss): float rounding, or a real change.
                 diff = max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)), initial=0))
-                           for a, b in zip(outs[OPT_LEVELS[0]], outs[level]))
-                rows.append({"case": case, "B": batch, "T": steps, "mode": mode, "level": level,
-                             "compile_s": compile_s[level], "us_per_step": warm[i], "max_abs_diff": diff,
-                             "backend": jax.default_backend()})
-                print(f"{case:9s} B={batch:4d} T={steps:5d} {mode:7s} -O{level}  compile "
-                      f"{' '.join(f'{c:5.2f}' for c in compile_s[level])} s  warm {warm[i]:9.2f} us/step  "
-                      f"max |out - O{OPT_LEVELS[0]}'s| {diff:.1e}", flush=True)
+                           for a, b in zip(outs[labels[0]], outs[label]))
+                rows.append({"case": case, "B": batch, "T": steps, "mode": mode, "arm": label,
+                             "options": arms[label], "compile_s": compile_s[label], "us_per_step": warm[i],
+                             "max_abs_diff": diff, "backend": jax.default_backend()})
+                print(f"{case:9s} B={batch:4d} T={steps:5d} {mode:7s} {label}  compile "
+                      f"{' '.join(f'{c:5.2f}' for c in compile_s[label])} s  warm {warm[i]:9.2f} us/step  "
+                      f"max |out - {reference}'s| {diff:.1e}", flush=True)
     return rows
+
+
+def run_opt_level() -> list[dict]:
+    """Each of `OPT_LEVELS` alone (XLA's other options at their defaults)."""
+    return run_compile_arms({f"-O{level}": {"xla_backend_optimization_level": level} for level in OPT_LEVELS}, "O3")
+
+
+# XLA:CPU options that shorten compiles, each tried on top of the library's own (`xla_flags.CPU_COMPILER_OPTIONS`):
+# its newer (MLIR) emitters for fused kernels off, LLVM's expensive passes off, the LLVM module compiled as one
+# part instead of split for parallel codegen. (No XLA option of this jaxlib outside these was found to bear on
+# compile time at the library's sizes.)
+COMPILE_OPTION_ARMS = {
+    "no-fusion-emitters": {"xla_cpu_use_fusion_emitters": False},
+    "no-expensive-passes": {"xla_llvm_disable_expensive_passes": True},
+    "codegen-split-1": {"xla_cpu_parallel_codegen_split_count": 1},
+}
+
+
+def run_compile_options() -> list[dict]:
+    """The library's compiler options against each of `COMPILE_OPTION_ARMS` added to them."""
+    from jax_scan_rnn.xla_flags import CPU_COMPILER_OPTIONS
+
+    arms = {"library": dict(CPU_COMPILER_OPTIONS)}
+    arms.update({label: {**CPU_COMPILER_OPTIONS, **extra} for label, extra in COMPILE_OPTION_ARMS.items()})
+    return run_compile_arms(arms, "library")
 
 
 # XLA:CPU emits a batch-1 matmul inside a one-kernel loop (xla_flags.py's small-loop setting) as its own
@@ -524,7 +554,7 @@ def run_remat_dropout(batch: int = 64, hidden: int = 64, layers: int = 3, rate: 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=["flag", "unroll", "unroll-layers", "hoist", "hoist-layers", "remat-dropout",
-                                         "opt-level", "gemv", "_flag_worker", "_gemv_worker"])
+                                         "opt-level", "compile-options", "gemv", "_flag_worker", "_gemv_worker"])
     parser.add_argument("configs", nargs="*", help="BxH or BxH:f64 (default: the module's lists)")
     parser.add_argument("--out", type=results_file, help="also write the rows as JSON here")
     parser.add_argument("--threshold", type=int, help="flag: this small-loop threshold instead of the library's")
@@ -556,6 +586,8 @@ def main(argv=None) -> None:
         rows = run_remat_dropout()
     elif args.what == "opt-level":
         rows = run_opt_level()
+    elif args.what == "compile-options":
+        rows = run_compile_options()
     elif args.what == "gemv":
         rows = run_gemv(args.rounds or 3)
     else:

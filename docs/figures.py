@@ -1095,6 +1095,10 @@ TUNING_LOGS = {
                   r"(?P<config>\w+\s+B=\s*\d+\s+T=\s*\d+\s+\w+)\s+-O(?P<level>\d)\s+"
                   r"compile\s+(?P<compile>[\d. ]+?) s\s+"
                   r"warm\s+(?P<warm>[\d.]+) us/step\s+max \|out - O3's\| (?P<diff>\S+)"),
+    "compile-options": ("compile-options-cpu-2core.txt",
+                        r"(?P<config>\w+\s+B=\s*\d+\s+T=\s*\d+\s+\w+)\s+(?P<arm>[\w-]+)\s+"
+                        r"compile\s+(?P<compile>[\d. ]+?) s\s+"
+                        r"warm\s+(?P<warm>[\d.]+) us/step\s+max \|out - library's\| (?P<diff>\S+)"),
     "gemv": ("gemv-cpu-2core.txt",
              r"(?P<config>[\w-]+ B=\d+ T=\d+ \w+)\s+tiling (?P<tiling>\d+) width (?P<width>\d+)\s+"
              r"compile\s+(?P<compile>[\d. ]+?) s\s+warm\s+(?P<warm>[\d.]+) us/step \(rounds (?P<rounds>[^)]*)\)\s+"
@@ -1177,6 +1181,38 @@ def _tuning_hoist_layers() -> str:
         ("LSTM I=64 H=64 L=1 B=64", "an LSTM at B=64"),
         ("GRU I=256 H=256 L=2 B=128", "a 2-layer GRU with 256 inputs per row, where the hoisted matmul does "
                                       "real arithmetic")))
+
+
+SLOWER = 1.2  # a warm-time ratio above this is a real slowdown, not this host's noise (the arms' spread: ~5%)
+
+
+@figure("tuning.compile_options")
+def _tuning_compile_options() -> str:
+    rows = {(r["config"], r["arm"]): r for r in tuning_log("compile-options")}
+    configs = sorted({c for c, _ in rows})
+
+    def ratios(arm: str, key: str) -> list[float]:
+        if key == "compile":  # medians of the rounds
+            return [statistics.median(float(v) for v in rows[c, arm][key].split()) /
+                    statistics.median(float(v) for v in rows[c, "library"][key].split()) for c in configs]
+        return [float(rows[c, arm][key]) / float(rows[c, "library"][key]) for c in configs]
+
+    def span(values: list[float]) -> str:
+        return f"{min(values):.2f}-{max(values):.2f}x"
+
+    def label(config: str) -> str:  # "traveller B= 64 T= 1000 forward" -> "Traveller B=64 T=1000 forward"
+        return config.replace("= ", "=").replace("traveller", "Traveller").replace("vae", "VAE")
+
+    fe = dict(zip(configs, ratios("no-fusion-emitters", "warm")))
+    slow = [c for c in configs if fe[c] > SLOWER]
+    named = ", ".join(f"{label(c)} {fe[c]:.1f}x" for c in slow)
+    rest = [fe[c] for c in configs if c not in slow]
+    return (f"without the fusion emitters the {len(configs)} cases compile in {span(ratios('no-fusion-emitters', 'compile'))} "
+            f"the library's time (median of 3) and {len(rest)} of them run in {span(rest)} its time, but {named}; "
+            f"LLVM's expensive passes off: compile "
+            f"{span(ratios('no-expensive-passes', 'compile'))}, run {span(ratios('no-expensive-passes', 'warm'))}; "
+            f"codegen in one part: compile {span(ratios('codegen-split-1', 'compile'))}, run "
+            f"{span(ratios('codegen-split-1', 'warm'))}")
 
 
 @figure("tuning.opt_level")
