@@ -346,9 +346,32 @@ def data_parallel(args: argparse.Namespace, batch_size: int):
         initialize_multihost()
         if not first_process():  # the first process speaks (and writes) for the run; errors still reach stderr
             sys.stdout = open(os.devnull, "w")
+    import jax
+
+    if args.devices is not None and args.devices > jax.device_count():
+        raise ValueError(f"--devices: expected at most the {jax.device_count()} device(s) JAX sees (jax-scan-rnn info "
+                         f"lists them), got {args.devices}")
     dp = DataParallel.create(args.devices)
     dp.check_batch_size(batch_size)
     return dp
+
+
+def refuse_other_market_flags(args: argparse.Namespace, task_lib) -> None:
+    """A flag that only the other market reads is an error, not silently unused (its parser default is None,
+    so that a value given is told from none); then the flags not given take the task's defaults."""
+    unused = task_lib.SIMULATED_ONLY if args.data is not None else task_lib.DATA_SETTINGS
+    given = [name for name in unused if getattr(args, name) is not None]
+    if given:
+        flag, value = flag_for(given[0]), getattr(args, given[0])
+        value = f"{value:g}" if isinstance(value, float) else value  # 12, as typed, not 12.0
+        if args.data is None:
+            raise ValueError(f"{flag}: expected only together with --data FILE (your own market), got {value} without it")
+        raise ValueError(f"{flag}: expected only on the simulated market (it is not read with --data), got {value} "
+                         f"with --data {args.data}")
+    defaults = {f.name: f.default for f in dataclasses.fields(task_lib.TravellerTask)}
+    for name in task_lib.DATA_SETTINGS + task_lib.SIMULATED_ONLY:
+        if getattr(args, name) is None:
+            setattr(args, name, defaults[name])
 
 
 @command("train traveller")
@@ -357,6 +380,7 @@ def cmd_train_traveller(args: argparse.Namespace) -> int:
 
     if args.data is not None:  # saved with the run: evaluate and run find it from any working directory
         args.data = os.path.abspath(args.data)
+    refuse_other_market_flags(args, task_lib)
     with flag_names():
         task = options.from_args(task_lib.TravellerTask, args)
     cfg = train_config(args)
@@ -747,12 +771,12 @@ def positive_float(text: str) -> float:
 
 
 def add_train_arguments(parser: argparse.ArgumentParser, task: type, defaults: dict, out: str,
-                        task_defaults: dict | None = None) -> None:
-    """The task's options (with `task_defaults`), then TrainConfig's (with this command's `defaults`), then the
-    run's own flags."""
+                        task_defaults: dict | None = None, task_shown: dict | None = None) -> None:
+    """The task's options (with `task_defaults`, and `task_shown` as the help's text of a None among them), then
+    TrainConfig's (with this command's `defaults`), then the run's own flags."""
     from jax_scan_rnn.train import TrainConfig
 
-    options.add_arguments(parser.add_argument_group("model and data"), task, task_defaults)
+    options.add_arguments(parser.add_argument_group("model and data"), task, task_defaults, task_shown)
     group = parser.add_argument_group("training")
     options.add_arguments(group, TrainConfig, {"log_every": 25, "eval_every": 250, "checkpoint_every": 250,
                                                "warmup_steps": None, **defaults},
@@ -822,7 +846,12 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     if words == ["train", "traveller"]:
         from jax_scan_rnn.tasks.traveller import TravellerTask
 
-        add_train_arguments(trav, TravellerTask, {"steps": 1000, "learning_rate": 3e-3}, out="runs/traveller")
+        from jax_scan_rnn.tasks.traveller import DATA_SETTINGS, SIMULATED_ONLY
+
+        one_market = {f.name: f.default for f in dataclasses.fields(TravellerTask)
+                      if f.name in DATA_SETTINGS + SIMULATED_ONLY}  # None: not given (refuse_other_market_flags)
+        add_train_arguments(trav, TravellerTask, {"steps": 1000, "learning_rate": 3e-3}, out="runs/traveller",
+                            task_defaults=dict.fromkeys(one_market), task_shown={k: str(v) for k, v in one_market.items()})
         trav.add_argument("--init-from", default=None, metavar="FILE",
                           help="start from a PyTorch state_dict (.pt/.pth/.safetensors) of the seed's Traveller class "
                                "or torch_ref.Traveller, instead of random weights")

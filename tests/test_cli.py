@@ -86,6 +86,14 @@ TINY_TRAVELLER = ["train", "traveller", "--steps", "2", "--hidden-size", "4", "-
     (["train", "traveller", "--batch-size", "100000"], "--batch-size: expected at most --train-paths 8192, got 100000"),
     (["train", "traveller", "--override"], "--override: expected only with --resume"),
     (["train", "traveller", "--seed", "-1"], "argument --seed: expected an int >= 0, got -1"),
+    # A flag that only the other market reads is refused, not silently unused.
+    (["train", "traveller", "--valid-fraction", "0.3"],
+     "--valid-fraction: expected only together with --data FILE (your own market), got 0.3 without it"),
+    (["train", "traveller", "--periods-per-year", "12"],
+     "--periods-per-year: expected only together with --data FILE (your own market), got 12 without it"),
+    (["train", "traveller", "--data", "prices.csv", "--eval-paths", "4"],
+     "--eval-paths: expected only on the simulated market (it is not read with --data), got 4 with --data "),
+    (["train", "traveller", "--devices", "999"], "--devices: expected at most the "),
     (["train", "vae", "--data", "moses:tset"], "--data: expected 'moses' or 'moses:<split>' with split in"),
     (["train", "vae", "--data", "no-such.smi"], "--data no-such.smi: expected 'rdkit', 'moses', 'moses:<split>' or "
                                                 "an existing file, got 'no-such.smi'"),
