@@ -356,22 +356,24 @@ def data_parallel(args: argparse.Namespace, batch_size: int):
     return dp
 
 
-def refuse_other_market_flags(args: argparse.Namespace, task_lib) -> None:
-    """A flag that only the other market reads is an error, not silently unused (its parser default is None,
-    so that a value given is told from none); then the flags not given take the task's defaults."""
-    unused = task_lib.SIMULATED_ONLY if args.data is not None else task_lib.DATA_SETTINGS
-    given = [name for name in unused if getattr(args, name) is not None]
-    if given:
-        flag, value = flag_for(given[0]), getattr(args, given[0])
-        value = f"{value:g}" if isinstance(value, float) else value  # 12, as typed, not 12.0
-        if args.data is None:
-            raise ValueError(f"{flag}: expected only together with --data FILE (your own market), got {value} without it")
-        raise ValueError(f"{flag}: expected only on the simulated market (it is not read with --data), got {value} "
-                         f"with --data {args.data}")
-    defaults = {f.name: f.default for f in dataclasses.fields(task_lib.TravellerTask)}
-    for name in task_lib.DATA_SETTINGS + task_lib.SIMULATED_ONLY:
-        if getattr(args, name) is None:
-            setattr(args, name, defaults[name])
+def unread_flags(args: argparse.Namespace, rules: list[tuple[tuple[str, ...], bool, str, str]]) -> list[tuple]:
+    """`(flag, value, when, why)` for each flag typed on the command line that the run will not read: rules are
+    `(fields, unread, when, why)`, `unread` saying whether `fields` go unread in this run. Only flags the user
+    typed count: a default, a preset's included, never does."""
+    found = []
+    for fields, unread, when, why in rules:
+        for name in fields if unread else ():
+            if name in args.given:
+                value = getattr(args, name)
+                found.append((flag_for(name), f"{value:g}" if isinstance(value, float) else value, when, why))
+    return found
+
+
+def refuse_unread(args: argparse.Namespace, rules: list[tuple[tuple[str, ...], bool, str, str]]) -> None:
+    """A flag the run would not read is an error ("--flag: expected only WHEN (WHY), got VALUE"), not silently
+    without effect (`unread_flags`' rules)."""
+    for flag, value, when, why in unread_flags(args, rules)[:1]:
+        raise ValueError(f"{flag}: expected only {when} ({why}), got {value}")
 
 
 @command("train traveller")
@@ -380,7 +382,10 @@ def cmd_train_traveller(args: argparse.Namespace) -> int:
 
     if args.data is not None:  # saved with the run: evaluate and run find it from any working directory
         args.data = os.path.abspath(args.data)
-    refuse_other_market_flags(args, task_lib)
+    refuse_unread(args, [
+        (task_lib.DATA_SETTINGS, args.data is None, "together with --data FILE", "the simulated market does not read it"),
+        (task_lib.SIMULATED_ONLY, args.data is not None, "on the simulated market", f"--data {args.data} does not read it"),
+    ])
     with flag_names():
         task = options.from_args(task_lib.TravellerTask, args)
     cfg = train_config(args)
@@ -636,6 +641,14 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
     if not args.smiles_check and smiles.is_builtin_source(args.data):
         raise ValueError(f"--no-smiles-check: expected only with a --data file that is not chemistry, got --data "
                          f"{args.data}, a built-in source (always SMILES)")
+    refuse_unread(args, [
+        (task_lib.SCHEDULED_ONLY, args.decoding == "teacher", "with --decoding scheduled", "teacher forcing does not read it"),
+        (("kl_warmup",), args.kl_schedule == "constant", "with --kl-schedule linear or sigmoid", "constant has no warm-up"),
+    ])
+    # A CharRNN baseline shares its VAE's flags (docs/vae_experiments.md compares them), so these are said, not refused.
+    for flag, value, when, why in unread_flags(args, [(task_lib.ENCODER_ONLY, args.decoder_only, "with --decoder-only",
+                                                       "the decoder alone has no encoder and no KL")]):
+        print(f"jax-scan-rnn train vae: note: {flag} {value} has no effect {when} ({why})", file=sys.stderr)
     with flag_names():
         task = options.from_args(task_lib.VAETask, args)
     cfg = train_config(args)
@@ -771,12 +784,12 @@ def positive_float(text: str) -> float:
 
 
 def add_train_arguments(parser: argparse.ArgumentParser, task: type, defaults: dict, out: str,
-                        task_defaults: dict | None = None, task_shown: dict | None = None) -> None:
-    """The task's options (with `task_defaults`, and `task_shown` as the help's text of a None among them), then
-    TrainConfig's (with this command's `defaults`), then the run's own flags."""
+                        task_defaults: dict | None = None) -> None:
+    """The task's options (with `task_defaults`), then TrainConfig's (with this command's `defaults`), then the
+    run's own flags."""
     from jax_scan_rnn.train import TrainConfig
 
-    options.add_arguments(parser.add_argument_group("model and data"), task, task_defaults, task_shown)
+    options.add_arguments(parser.add_argument_group("model and data"), task, task_defaults)
     group = parser.add_argument_group("training")
     options.add_arguments(group, TrainConfig, {"log_every": 25, "eval_every": 250, "checkpoint_every": 250,
                                                "warmup_steps": None, **defaults},
@@ -846,12 +859,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     if words == ["train", "traveller"]:
         from jax_scan_rnn.tasks.traveller import TravellerTask
 
-        from jax_scan_rnn.tasks.traveller import DATA_SETTINGS, SIMULATED_ONLY
-
-        one_market = {f.name: f.default for f in dataclasses.fields(TravellerTask)
-                      if f.name in DATA_SETTINGS + SIMULATED_ONLY}  # None: not given (refuse_other_market_flags)
-        add_train_arguments(trav, TravellerTask, {"steps": 1000, "learning_rate": 3e-3}, out="runs/traveller",
-                            task_defaults=dict.fromkeys(one_market), task_shown={k: str(v) for k, v in one_market.items()})
+        add_train_arguments(trav, TravellerTask, {"steps": 1000, "learning_rate": 3e-3}, out="runs/traveller")
         trav.add_argument("--init-from", default=None, metavar="FILE",
                           help="start from a PyTorch state_dict (.pt/.pth/.safetensors) of the seed's Traveller class "
                                "or torch_ref.Traveller, instead of random weights")
@@ -916,9 +924,23 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     return parser
 
 
+def given_options(argv: Sequence[str]) -> set[str]:
+    """The dests of the options that `argv` sets itself (not a default, nor a preset's): the command line parsed
+    again with every default suppressed (argparse then leaves out what was not given)."""
+    parser = build_parser(argv)
+    parsers = [parser]
+    while parsers:
+        for action in parsers.pop()._actions:  # argparse keeps no public list of them
+            action.default = argparse.SUPPRESS
+            if isinstance(action, argparse._SubParsersAction):
+                parsers.extend(action.choices.values())
+    return set(vars(parser.parse_args(argv)))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(argv).parse_args(argv)
+    args.given = given_options(argv)  # refuse_unread's
     name = f"{args.command} {args.model}" if getattr(args, "model", None) else args.command
     if sys.stderr.isatty():  # importing JAX (and torch) takes seconds: a person at a terminal sees at once that it runs
         print(f"jax-scan-rnn {name}: starting (loading JAX)...", file=sys.stderr, flush=True)

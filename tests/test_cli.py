@@ -86,13 +86,16 @@ TINY_TRAVELLER = ["train", "traveller", "--steps", "2", "--hidden-size", "4", "-
     (["train", "traveller", "--batch-size", "100000"], "--batch-size: expected at most --train-paths 8192, got 100000"),
     (["train", "traveller", "--override"], "--override: expected only with --resume"),
     (["train", "traveller", "--seed", "-1"], "argument --seed: expected an int >= 0, got -1"),
-    # A flag that only the other market reads is refused, not silently unused.
+    # A flag that the run would not read is refused, not silently without effect.
     (["train", "traveller", "--valid-fraction", "0.3"],
-     "--valid-fraction: expected only together with --data FILE (your own market), got 0.3 without it"),
-    (["train", "traveller", "--periods-per-year", "12"],
-     "--periods-per-year: expected only together with --data FILE (your own market), got 12 without it"),
+     "--valid-fraction: expected only together with --data FILE (the simulated market does not read it), got 0.3"),
+    (["train", "traveller", "--periods-per-year", "12"], "--periods-per-year: expected only together with --data FILE"),
     (["train", "traveller", "--data", "prices.csv", "--eval-paths", "4"],
-     "--eval-paths: expected only on the simulated market (it is not read with --data), got 4 with --data "),
+     "--eval-paths: expected only on the simulated market (--data "),
+    (["train", "vae", "--ss-max", "0.3"],
+     "--ss-max: expected only with --decoding scheduled (teacher forcing does not read it), got 0.3"),
+    (["train", "vae", "--kl-schedule", "constant", "--kl-warmup", "10"],
+     "--kl-warmup: expected only with --kl-schedule linear or sigmoid (constant has no warm-up), got 10"),
     (["train", "traveller", "--devices", "999"], "--devices: expected at most the "),
     (["train", "vae", "--data", "moses:tset"], "--data: expected 'moses' or 'moses:<split>' with split in"),
     (["train", "vae", "--data", "no-such.smi"], "--data no-such.smi: expected 'rdkit', 'moses', 'moses:<split>' or "
@@ -109,6 +112,29 @@ def test_bad_values_are_one_line_naming_the_flag_and_touch_nothing(argv, message
     err = capsys.readouterr().err.strip().splitlines()
     assert message in err[-1], err
     assert not out.exists(), "a refused run must not create its output directory"
+
+
+def test_only_the_options_typed_count_as_given_not_defaults_or_a_presets():
+    """`refuse_unread` refuses a flag the run would not read only when the user typed it: a preset's values and
+    the defaults never are (the moses preset sets --kl-warmup, which --decoder-only does not read)."""
+    from jax_scan_rnn.cli import given_options
+
+    assert given_options(["train", "vae", "--preset", "moses", "--decoder-only"]) == {
+        "command", "model", "preset", "decoder_only"}
+    # argparse's abbreviations and --flag=value are the flags they stand for
+    assert given_options(["train", "vae", "--ss-ma", "0.3", "--kl-schedule=constant", "--no-kekule"]) == {
+        "command", "model", "ss_max", "kl_schedule", "kekule"}
+
+
+def test_decoder_only_says_which_typed_vae_flags_have_no_effect(tmp_path, capsys):
+    """A CharRNN baseline (--decoder-only) shares its VAE's flags, so the KL's and the encoder's are said in a
+    note, not refused; the run goes on."""
+    argv = ["train", "vae", "--decoder-only", "--max-beta", "0.05", "--data", "rdkit", "--limit", "300", "--steps", "1",
+            "--hidden-size", "8", "--latent-size", "2", "--batch-size", "8", "--eval-every", "0", "--eval-samples", "8",
+            "--eval-sequences", "4", "--out", str(tmp_path / "run")]
+    assert main(argv) == 0
+    assert ("note: --max-beta 0.05 has no effect with --decoder-only (the decoder alone has no encoder and no KL)"
+            in capsys.readouterr().err)
 
 
 def test_vae_default_data_missing_names_data_and_the_install(monkeypatch, tmp_path, capsys):

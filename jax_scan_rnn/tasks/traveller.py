@@ -43,8 +43,8 @@ OBJECTIVES = ("utility", "mse")
 # A rolling Markowitz baseline's look-back on real data: one year of daily bars.
 MARKOWITZ_WINDOW = 252
 _DATA_ONLY = ("feature_cols", "return_cols", "path_col", "covariance")
-# Options that one market ignores, with defaults (unlike _DATA_ONLY's, so a value given cannot be told from the
-# default here): the CLI refuses them when given for the other market.
+# Options that one market does not read, with defaults (unlike _DATA_ONLY's, so a value given cannot be told from
+# the default here): the CLI refuses them when typed for the other market (cli.refuse_unread).
 DATA_SETTINGS = ("fill", "valid_fraction", "test_fraction", "periods_per_year")  # read with --data only
 SIMULATED_ONLY = ("train_paths", "eval_paths", "eval_steps", "eval_seed")  # read on the simulated market only
 

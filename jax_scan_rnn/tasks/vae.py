@@ -49,6 +49,12 @@ MIN_TEST = 2  # test sequences a run needs: the final report reconstructs them a
 EVAL_LOSS, EVAL_RECONSTRUCT = 512, 256
 
 
+# Options with defaults that one setting does not read: typed for it, the CLI refuses them (cli.refuse_unread), or
+# notes it for ENCODER_ONLY (a CharRNN baseline shares its VAE's flags).
+SCHEDULED_ONLY = ("ss_mode", "ss_schedule", "ss_midpoint", "ss_max")  # read with decoding="scheduled" only
+ENCODER_ONLY = ("bidirectional", "max_beta", "kl_schedule", "kl_warmup", "free_bits")  # not read with decoder_only
+
+
 @dataclass(frozen=True)
 class VAETask:
     """Data, model size and training objective of a VAE run (every field is a `train vae` flag)."""
