@@ -33,6 +33,7 @@ from pathlib import Path
 
 from jax_scan_rnn import options
 from jax_scan_rnn.optional import available
+from jax_scan_rnn.runlog import strict_json
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
 
@@ -616,6 +617,11 @@ def vae_evaluation_banner(task, test_sequences: int) -> str:
             f"{task.eval_samples} prior samples twice (sampled and greedy), interpolating...")
 
 
+def fraction(value: float | None) -> str:
+    """A metric in [0, 1] for a person, 3 decimals; "n/a" where it is undefined (unique/novel among no valid sample)."""
+    return "n/a" if value is None or math.isnan(value) else f"{value:.3f}"
+
+
 def print_vae_report(report: dict) -> None:
     if "reconstruction" in report:  # a CharRNN (--decoder-only) has no latent: samples only
         rec = report["reconstruction"]
@@ -625,8 +631,8 @@ def print_vae_report(report: dict) -> None:
         print(f"{'  free-running (greedy)':<36} {rec['free_token_acc']:>10.3f} {rec['free_sequence_acc']:>13.3f}")
     for key, how in (("samples", "sampled, T=1"), ("samples_greedy", "greedy")):
         samples = report[key]
-        print(f"prior samples, {how} (n={samples['n']}): valid {samples['validity']:.3f}  "
-              f"unique {samples['uniqueness']:.3f}  novel {samples['novelty']:.3f}")
+        print(f"prior samples, {how} (n={samples['n']}): valid {fraction(samples['validity'])}  "
+              f"unique {fraction(samples['uniqueness'])}  novel {fraction(samples['novelty'])}")
     if "latent" in report:
         latent, path = report["latent"], report["interpolation"]["path"]
         print(f"latent: KL {latent['kl']:.2f} nats, active units {latent['active_units']} of {len(latent['kl_per_dim'])}")
@@ -676,7 +682,7 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
         print(vae_evaluation_banner(task, len(dataset.test)), flush=True)
         report = task_lib.evaluate(model, dataset, task, seed=args.seed)
         if first_process():
-            (out / "evaluation.json").write_text(json.dumps(report, indent=2) + "\n")
+            (out / "evaluation.json").write_text(strict_json(report, indent=2) + "\n")
     print()
     print_vae_report(report)
     print(f"\nmetrics: {out / 'metrics.jsonl'}  curves: {drawn(out / 'curves.png')}  report: {out / 'evaluation.json'}")
@@ -706,7 +712,8 @@ def cmd_sample_vae(args: argparse.Namespace) -> int:
     else:
         print("\n".join(generated))
     if task.data in ("rdkit", "moses"):
-        print(f"valid {metrics.validity(generated):.3f}  unique {metrics.uniqueness(generated):.3f}", file=sys.stderr)
+        print(f"valid {fraction(metrics.validity(generated))}  unique {fraction(metrics.uniqueness(generated))}",
+              file=sys.stderr)
     return 0
 
 
@@ -726,7 +733,7 @@ def cmd_evaluate_vae(args: argparse.Namespace) -> int:
     if args.metrics == "moses":
         report["moses"] = moses_row(model, vocab, task, dataset, args.n)
     if args.output:
-        Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
+        Path(args.output).write_text(strict_json(report, indent=2) + "\n")
     return 0
 
 

@@ -1,4 +1,5 @@
-"""What a training run leaves for people to read: `metrics.jsonl` rows, the `History` of them, `curves.png`.
+"""What a training run leaves for people to read: `metrics.jsonl` rows, the `History` of them, `curves.png`, and
+reports as strict JSON (`strict_json`).
 
 `fit` (train.py) computes; this module writes and draws. A row is one JSON object per line:
 `{"step", "split": "train"|"eval", "loss", "metrics": {...}, "lr", "wall_time", "elapsed_s", ...}`.
@@ -13,6 +14,22 @@ from pathlib import Path
 
 METRICS_FILE = "metrics.jsonl"  # one JSON row per log / eval, under out_dir
 CURVES_FILE = "curves.png"  # loss / lr / metric curves, written at the end of fit
+
+
+def strict_json(obj, **kwargs) -> str:
+    """`json.dumps(obj)` as strict JSON, which has no NaN: a non-finite float (a metric undefined for this run, such
+    as the uniqueness of samples none of which is valid) is written as null."""
+    return json.dumps(_finite_or_none(obj), allow_nan=False, **kwargs)
+
+
+def _finite_or_none(obj):
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite_or_none(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite_or_none(v) for v in obj]
+    return obj
 
 
 @dataclass(frozen=True)

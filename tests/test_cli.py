@@ -1,6 +1,7 @@
 """The command line: version, info, the parity self-check, and one-line errors with exit code 2."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -135,6 +136,21 @@ def test_decoder_only_says_which_typed_vae_flags_have_no_effect(tmp_path, capsys
     assert main(argv) == 0
     assert ("note: --max-beta 0.05 has no effect with --decoder-only (the decoder alone has no encoder and no KL)"
             in capsys.readouterr().err)
+    # After one update few samples, if any, are valid: the report is strict JSON all the same (no NaN, which jq
+    # and JavaScript refuse), an undefined metric null.
+    json.loads((tmp_path / "run" / "evaluation.json").read_text(),
+               parse_constant=lambda name: pytest.fail(f"evaluation.json holds {name}"))
+
+
+def test_undefined_metrics_are_null_in_reports_and_n_a_on_screen():
+    """The uniqueness and novelty of samples none of which is valid are undefined (metrics return nan)."""
+    from jax_scan_rnn.cli import fraction
+    from jax_scan_rnn.runlog import strict_json
+
+    report = {"samples": {"validity": 0.0, "uniqueness": float("nan"), "novelty": float("inf"), "n": 3}, "path": [1.5]}
+    assert json.loads(strict_json(report)) == {"samples": {"validity": 0.0, "uniqueness": None, "novelty": None, "n": 3},
+                                               "path": [1.5]}
+    assert [fraction(v) for v in (0.25, float("nan"), None)] == ["0.250", "n/a", "n/a"]
 
 
 def test_vae_default_data_missing_names_data_and_the_install(monkeypatch, tmp_path, capsys):

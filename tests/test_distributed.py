@@ -74,4 +74,5 @@ def test_batch_must_split_evenly(tmp_path):
 def test_more_devices_than_exist_is_an_error(tmp_path):
     result = run_cli(*train_args(tmp_path / "x", 8, 2))
     assert result.returncode == 2
-    assert "num_devices: expected an int in [1, 4]" in result.stderr
+    # the CLI names its flag (the library's DataParallel.create names num_devices)
+    assert "--devices: expected at most the 4 device(s) JAX sees (jax-scan-rnn info lists them), got 8" in result.stderr

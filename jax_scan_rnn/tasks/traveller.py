@@ -23,7 +23,6 @@ and scores only the period asked for.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -35,6 +34,7 @@ from flax import nnx
 from jax_scan_rnn.compiled import jit
 from jax_scan_rnn.options import check, option
 from jax_scan_rnn.optional import require
+from jax_scan_rnn.runlog import strict_json
 from jax_scan_rnn.data import market_data, trading
 from jax_scan_rnn.train import TrainConfig, fit, restore_model
 from jax_scan_rnn.traveller import Traveller, TravellerState
@@ -490,4 +490,4 @@ def format_table(table: dict) -> str:
 
 
 def save_table(table: dict, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(table, indent=2) + "\n")
+    Path(path).write_text(strict_json(table, indent=2) + "\n")
