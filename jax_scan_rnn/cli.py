@@ -700,6 +700,8 @@ def cmd_sample_vae(args: argparse.Namespace) -> int:
     from jax_scan_rnn import metrics
     from jax_scan_rnn.tasks import vae as task_lib
 
+    refuse_unread(args, [(("temperature", "top_k"), args.greedy, "without --greedy",
+                          "greedy decoding takes each step's most likely token")])
     check_output_file(args.output)
     model, vocab, task = load_vae(args)
     model.eval()

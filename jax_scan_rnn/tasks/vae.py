@@ -52,7 +52,8 @@ EVAL_LOSS, EVAL_RECONSTRUCT = 512, 256
 # Options with defaults that one setting does not read: typed for it, the CLI refuses them (cli.refuse_unread), or
 # notes it for ENCODER_ONLY (a CharRNN baseline shares its VAE's flags).
 SCHEDULED_ONLY = ("ss_mode", "ss_schedule", "ss_midpoint", "ss_max")  # read with decoding="scheduled" only
-ENCODER_ONLY = ("bidirectional", "max_beta", "kl_schedule", "kl_warmup", "free_bits")  # not read with decoder_only
+# not read with decoder_only (eval_sequences: the test molecules reconstructed, from their latent)
+ENCODER_ONLY = ("bidirectional", "max_beta", "kl_schedule", "kl_warmup", "free_bits", "eval_sequences")
 
 
 @dataclass(frozen=True)
