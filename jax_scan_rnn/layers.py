@@ -24,6 +24,7 @@ next input depends on the current output, so a whole-sequence scan per layer is 
 """
 from __future__ import annotations
 
+import warnings
 from typing import Literal
 
 import jax
@@ -95,6 +96,9 @@ class RNN(nnx.Module):
         validate.boolean("batch_first", batch_first)
         validate.boolean("bidirectional", bidirectional)  # sizes and `bias` are the cells' to check
         validate.real("dropout", dropout, lo=0, hi=1, hi_open=True)
+        if dropout and num_layers == 1:  # torch.nn.LSTM/GRU warn alike: nothing lies between layers to drop
+            warnings.warn(f"dropout={dropout} does nothing with num_layers=1: it acts between stacked layers only "
+                          "(as torch.nn.LSTM/GRU's)", UserWarning, stacklevel=2)
         remat_chunk = validate.integer("remat_chunk", remat_chunk, lo=1, none=True)
         resolve_unroll(unroll, 1)  # validates
         resolve_hoist(hoist_inputs)  # validates

@@ -98,6 +98,8 @@ TINY_TRAVELLER = ["train", "traveller", "--steps", "2", "--hidden-size", "4", "-
     (["train", "vae", "--kl-schedule", "constant", "--kl-warmup", "10"],
      "--kl-warmup: expected only with --kl-schedule linear or sigmoid (constant has no warm-up), got 10"),
     (["train", "traveller", "--devices", "999"], "--devices: expected at most the "),
+    (["train", "traveller", "--num-layers", "1", "--dropout", "0.3"],
+     "--dropout: expected 0 with --num-layers 1 (dropout acts between stacked layers), got 0.3"),
     (["sample", "vae", "--checkpoint", "nowhere", "--greedy", "--temperature", "0.5"],
      "--temperature: expected only without --greedy (greedy decoding takes each step's most likely token), got 0.5"),
     (["train", "vae", "--data", "moses:tset"], "--data: expected 'moses' or 'moses:<split>' with split in"),

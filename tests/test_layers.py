@@ -149,6 +149,17 @@ def test_dropout_only_in_training_mode(cls):
     np.testing.assert_array_equal(no_dropout(x)[0], eval_a)  # same init stream -> same weights
 
 
+@pytest.mark.parametrize("cls", KINDS)
+def test_dropout_with_one_layer_warns_as_torch_does(cls, recwarn):
+    """Inter-layer dropout has nothing to act on in a one-layer stack: torch.nn.LSTM/GRU warn, and so does jsr."""
+    with pytest.warns(UserWarning, match=r"dropout=0.5 does nothing with num_layers=1"):
+        cls(3, 8, num_layers=1, dropout=0.5, rngs=nnx.Rngs(0))
+    recwarn.clear()
+    cls(3, 8, num_layers=2, dropout=0.5, rngs=nnx.Rngs(0))
+    cls(3, 8, num_layers=1, dropout=0.0, rngs=nnx.Rngs(0))
+    assert not [w for w in recwarn if "does nothing" in str(w.message)]
+
+
 def test_dropout_masks_are_scaled_keep_masks():
     model = jsr.LSTM(3, 8, num_layers=3, dropout=0.25, rngs=nnx.Rngs(0))
     masks = model.dropout_masks((100, 4, 8), jnp.float32)

@@ -92,6 +92,9 @@ class TravellerTask:
 
     def __post_init__(self):
         check(self)
+        if self.dropout and self.num_layers == 1:
+            raise ValueError(f"dropout: expected 0 with num_layers=1 (dropout acts between stacked layers), got "
+                             f"{self.dropout}")
         if self.data is None:
             given = [name for name in _DATA_ONLY if getattr(self, name) is not None]
             if given:
