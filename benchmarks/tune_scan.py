@@ -417,8 +417,7 @@ def run_opt_level() -> list[dict]:
 
 # XLA:CPU options that shorten compiles, each tried on top of the library's own (`xla_flags.CPU_COMPILER_OPTIONS`):
 # its newer (MLIR) emitters for fused kernels off, LLVM's expensive passes off, the LLVM module compiled as one
-# part instead of split for parallel codegen. (No XLA option of this jaxlib outside these was found to bear on
-# compile time at the library's sizes.)
+# part instead of split for parallel codegen.
 COMPILE_OPTION_ARMS = {
     "no-fusion-emitters": {"xla_cpu_use_fusion_emitters": False},
     "no-expensive-passes": {"xla_llvm_disable_expensive_passes": True},

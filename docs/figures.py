@@ -1077,6 +1077,18 @@ def _tuning_bandwidth_h64() -> str:
             f"XLA's own matrix-vector settings)")
 
 
+def _arms_line(arm: str, reference: str) -> str:
+    """A line of `tune_scan.py`'s `run_compile_arms` (opt-level, compile-options): its `arm` and the name of the arm
+    its outputs are compared with."""
+    return (r"(?P<config>\w+\s+B=\s*\d+\s+T=\s*\d+\s+\w+)\s+" + arm + r"\s+compile\s+(?P<compile>[\d. ]+?) s\s+"
+            r"warm\s+(?P<warm>[\d.]+) us/step\s+max \|out - " + reference + r"'s\| (?P<diff>\S+)")
+
+
+def rounds_median(text: str) -> float:
+    """The median of a log's per-round figures ("0.84  0.74  0.75")."""
+    return statistics.median(float(v) for v in text.split())
+
+
 TUNING_LOGS = {
     "flag": ("xla-flag-cpu-2core.txt",
              r"(?P<config>\S+)\s+(?:True|False)\s+(?P<fwd0>[\d.]+) ->\s+(?P<fwd1>[\d.]+) us\s+"
@@ -1091,14 +1103,8 @@ TUNING_LOGS = {
     "hoist": ("hoist-cpu-2core.txt",
               r"(?P<config>\S+)\s+T=\s*\d+\s+forward\s+(?P<fwd0>[\d.]+) ->\s+(?P<fwd1>[\d.]+) us/step\s+"
               r"train\s+(?P<train0>[\d.]+) ->\s+(?P<train1>[\d.]+)"),
-    "opt-level": ("opt-level-cpu-2core.txt",
-                  r"(?P<config>\w+\s+B=\s*\d+\s+T=\s*\d+\s+\w+)\s+-O(?P<level>\d)\s+"
-                  r"compile\s+(?P<compile>[\d. ]+?) s\s+"
-                  r"warm\s+(?P<warm>[\d.]+) us/step\s+max \|out - O3's\| (?P<diff>\S+)"),
-    "compile-options": ("compile-options-cpu-2core.txt",
-                        r"(?P<config>\w+\s+B=\s*\d+\s+T=\s*\d+\s+\w+)\s+(?P<arm>[\w-]+)\s+"
-                        r"compile\s+(?P<compile>[\d. ]+?) s\s+"
-                        r"warm\s+(?P<warm>[\d.]+) us/step\s+max \|out - library's\| (?P<diff>\S+)"),
+    "opt-level": ("opt-level-cpu-2core.txt", _arms_line(r"-O(?P<level>\d)", "O3")),
+    "compile-options": ("compile-options-cpu-2core.txt", _arms_line(r"(?P<arm>[\w-]+)", "library")),
     "gemv": ("gemv-cpu-2core.txt",
              r"(?P<config>[\w-]+ B=\d+ T=\d+ \w+)\s+tiling (?P<tiling>\d+) width (?P<width>\d+)\s+"
              r"compile\s+(?P<compile>[\d. ]+?) s\s+warm\s+(?P<warm>[\d.]+) us/step \(rounds (?P<rounds>[^)]*)\)\s+"
@@ -1192,9 +1198,8 @@ def _tuning_compile_options() -> str:
     configs = sorted({c for c, _ in rows})
 
     def ratios(arm: str, key: str) -> list[float]:
-        if key == "compile":  # medians of the rounds
-            return [statistics.median(float(v) for v in rows[c, arm][key].split()) /
-                    statistics.median(float(v) for v in rows[c, "library"][key].split()) for c in configs]
+        if key == "compile":
+            return [rounds_median(rows[c, arm][key]) / rounds_median(rows[c, "library"][key]) for c in configs]
         return [float(rows[c, arm][key]) / float(rows[c, "library"][key]) for c in configs]
 
     def span(values: list[float]) -> str:
@@ -1219,8 +1224,8 @@ def _tuning_compile_options() -> str:
 def _tuning_opt_level() -> str:
     rows = {(r["config"], int(r["level"])): r for r in tuning_log("opt-level")}
 
-    def compile_s(config: str, level: int) -> float:  # the median of the log's rounds
-        return statistics.median(float(v) for v in rows[config, level]["compile"].split())
+    def compile_s(config: str, level: int) -> float:
+        return rounds_median(rows[config, level]["compile"])
 
     def pair(config: str, label: str) -> str:
         return f"{label} {compile_s(config, 3):.2f} -> {compile_s(config, 1):.2f} s"

@@ -373,7 +373,9 @@ def unread_flags(args: argparse.Namespace, rules: list[tuple[tuple[str, ...], bo
 def refuse_unread(args: argparse.Namespace, rules: list[tuple[tuple[str, ...], bool, str, str]]) -> None:
     """A flag the run would not read is an error ("--flag: expected only WHEN (WHY), got VALUE"), not silently
     without effect (`unread_flags`' rules)."""
-    for flag, value, when, why in unread_flags(args, rules)[:1]:
+    found = unread_flags(args, rules)
+    if found:
+        flag, value, when, why = found[0]
         raise ValueError(f"{flag}: expected only {when} ({why}), got {value}")
 
 
