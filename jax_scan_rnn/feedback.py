@@ -50,7 +50,7 @@ def feedback_scan(
     dropout_masks: Array | None = None,
     dropout_key: Array | None = None,
     prepare: Callable[[PyTree], PyTree] | None = None,
-    unroll: int = 1,
+    unroll: int | tuple[int, int] = 1,
     remat_chunk: int | None = None,
 ) -> tuple[list, PyTree, PyTree]:
     """Run a feedback recurrence over T steps as one `lax.scan`.
@@ -69,7 +69,8 @@ def feedback_scan(
         training memory ~sqrt(T) with dropout on.
       prepare: optional `xs -> xs'` for the work that does not depend on the feedback, done for many
         steps at once before the loop (e.g. the features' input projection); see `scan.time_scan`.
-      unroll: time steps per compiled loop iteration (`lax.scan`'s `unroll`).
+      unroll: time steps per compiled loop iteration (`lax.scan`'s `unroll`), or `(when not differentiated,
+        when differentiated)` (`scan.time_scan`).
       remat_chunk: None, or rematerialise in chunks of this many steps when differentiating
         (training memory ~T/c + c instead of ~T; `scan.time_scan`).
     Returns:

@@ -60,7 +60,8 @@ class RNN(nnx.Module):
       compute_dtype: None, or the matmul operand dtype (e.g. `jnp.bfloat16` on GPU): states, gates
         and accumulation stay in the input's dtype.
       unroll: default `lax.scan` unroll factor (time steps per loop iteration), or "auto": the measured
-        best for the batch size and backend (`scan.auto_unroll`); overridable per call.
+        best for the batch size, the backend and whether JAX differentiates the call (`scan.auto_unroll`);
+        overridable per call.
       remat_chunk: None, or rematerialise the time loop in chunks of this many steps when
         differentiating (training memory ~T/c + c instead of ~T; see `scan.time_scan`).
       hoist_inputs: compute each layer's input projection for all steps before its loop (True), inside
@@ -198,8 +199,9 @@ class RNN(nnx.Module):
             steps, batch = (shape[1], shape[0]) if self.batch_first else shape[:2]
             check_host_lengths(lengths, batch, steps)
 
-    def scan_unroll(self, unroll: Unroll | None, batch_size: int) -> int:
-        """The int unroll of a scan over `batch_size` sequences: `unroll`, else the module's; "auto" resolved."""
+    def scan_unroll(self, unroll: Unroll | None, batch_size: int) -> tuple[int, int]:
+        """The unrolls of a scan over `batch_size` sequences, `(when not differentiated, when differentiated)`:
+        `unroll`, else the module's; "auto" resolved (`scan.resolve_unroll`)."""
         return resolve_unroll(self.unroll if unroll is None else unroll, batch_size)
 
     @property

@@ -4,7 +4,9 @@
 
 `unroll` puts that many time steps in each iteration of the compiled while loop: fewer loop
 iterations (less per-iteration overhead, more room for XLA to fuse across steps) for a bigger program.
-`auto_unroll` picks it from measurements (the layers' default, `unroll="auto"`).
+It can differ with the use: `unroll=(1, 2)` runs a scan that is not differentiated at 1 and, when JAX
+differentiates it (a train step), at 2 both forward and backward. `auto_unroll` picks it from
+measurements (the layers' default, `unroll="auto"`).
 
 `remat_chunk` trades compute for memory when training on long sequences. Backpropagation through a
 plain scan keeps every step's intermediates: memory grows like T. With chunks of c steps, the outer scan
@@ -29,18 +31,21 @@ from jax_scan_rnn import validate
 
 PyTree = Any
 Unroll = int | Literal["auto"]
+ScanUnroll = int | tuple[int, int]  # one unroll, or (when not differentiated, when differentiated)
 
-# unroll="auto": on CPU, unroll 2 helped the train step at batch 1 (the Traveller, and jsr.LSTM/GRU layers
-# without feedback), for a longer compile; from batch 8 on, no unroll > 1 was faster at every size measured,
-# and 16 trained slowest everywhere (the unrolled body's larger backward keeps more of each step live). GPU: 1 until measured. Measured: docs/measurements.md#unroll.
+# unroll="auto": on CPU at batch 1, a differentiated scan runs at unroll 2 (the Traveller's and the jsr.LSTM/GRU
+# layers' train step was fastest there, for a longer compile) and a scan that is not at 1 (the forward pass ran as
+# fast or faster at 1, in a smaller program that compiles sooner); from batch 8 on, no unroll > 1 was faster at every
+# size measured, and 16 trained slowest everywhere (the unrolled body's larger backward keeps more of each step live).
+# GPU: 1 until measured. Measured: docs/measurements.md#unroll.
 AUTO_UNROLL_CPU_BATCH1 = 2
 
 
-def auto_unroll(batch: int, backend: str | None = None) -> int:
-    """The measured best `unroll` for a scan over a batch of `batch` sequences on `backend` (default:
-    JAX's default backend). See `AUTO_UNROLL_CPU_BATCH1` for the rule."""
+def auto_unroll(batch: int, backend: str | None = None, *, differentiated: bool = True) -> int:
+    """The measured best `unroll` for a scan over a batch of `batch` sequences on `backend` (default: JAX's
+    default backend), when JAX differentiates the scan or not. See `AUTO_UNROLL_CPU_BATCH1` for the rule."""
     backend = backend or jax.default_backend()
-    return AUTO_UNROLL_CPU_BATCH1 if backend == "cpu" and batch == 1 else 1
+    return AUTO_UNROLL_CPU_BATCH1 if backend == "cpu" and batch == 1 and differentiated else 1
 
 
 # Hoisting an input projection out of the loop (`prepare`: one [T*B, I] x [I, G*H] matmul before the scan,
@@ -62,10 +67,13 @@ def resolve_hoist(hoist: bool | Literal["auto"]) -> bool:
     return auto_hoist() if hoist == "auto" else hoist
 
 
-def resolve_unroll(unroll: Unroll, batch: int) -> int:
-    """`unroll` as an int: "auto" -> `auto_unroll(batch)`; a positive int is kept; anything else is an error."""
+def resolve_unroll(unroll: Unroll, batch: int) -> tuple[int, int]:
+    """`unroll` as `(unroll when not differentiated, when differentiated)`: "auto" -> `auto_unroll`'s two; a
+    positive int n -> (n, n); anything else is an error."""
     unroll = validate.integer("unroll", unroll, lo=1, also=("auto",))
-    return auto_unroll(batch) if unroll == "auto" else unroll
+    if unroll == "auto":
+        return auto_unroll(batch, differentiated=False), auto_unroll(batch)
+    return unroll, unroll
 
 
 def time_scan(
@@ -74,7 +82,7 @@ def time_scan(
     xs: PyTree,
     *,
     prepare: Callable[[PyTree], PyTree] | None = None,
-    unroll: int = 1,
+    unroll: ScanUnroll = 1,
     remat_chunk: int | None = None,
 ) -> tuple[PyTree, PyTree]:
     """`jax.lax.scan(step, carry, xs)` over the leading (time) axis of `xs`, optionally chunk-rematerialised.
@@ -84,16 +92,25 @@ def time_scan(
       carry: the initial carry.
       xs: per-step inputs, time-major `[T, ...]` leaves (None leaves allowed).
       prepare: optional `xs -> step inputs`, applied to many steps at once (all, or one chunk).
-      unroll: time steps per compiled loop iteration (callers resolve "auto" with `resolve_unroll`,
-        since only they know the batch size).
+      unroll: time steps per compiled loop iteration, or `(when not differentiated, when differentiated)`
+        (callers resolve "auto" with `resolve_unroll`, since only they know the batch size).
       remat_chunk: None for a plain scan; else the chunk length c of the rematerialised scan.
     Returns:
       `(final carry, ys)` with `ys` time-major `[T, ...]`, exactly as `lax.scan`.
     """
-    validate.integer("unroll", unroll, lo=1)  # "auto" is the caller's to resolve (resolve_unroll)
+    # "auto" is the caller's to resolve (resolve_unroll)
+    plain, differentiated = unroll if isinstance(unroll, tuple) and len(unroll) == 2 else (unroll, unroll)
+    validate.integer("unroll", plain, lo=1)
+    validate.integer("unroll", differentiated, lo=1)
     prepare = (lambda xs: xs) if prepare is None else prepare
+
+    def scan(carry, xs):
+        if plain == differentiated:
+            return jax.lax.scan(step, carry, xs, unroll=plain)
+        return _scan_by_use(step, carry, xs, plain, differentiated)
+
     if validate.integer("remat_chunk", remat_chunk, lo=1, none=True) is None:
-        return jax.lax.scan(step, carry, prepare(xs), unroll=unroll)
+        return scan(carry, prepare(xs))
     leaves = jax.tree.leaves(xs)
     if not leaves:
         raise ValueError("xs: expected at least one per-step array to scan over, got none")
@@ -102,7 +119,7 @@ def time_scan(
 
     @jax.checkpoint
     def chunk(carry, xs_chunk):
-        return jax.lax.scan(step, carry, prepare(xs_chunk), unroll=unroll)
+        return scan(carry, prepare(xs_chunk))
 
     head = jax.tree.map(lambda x: x[: chunks * remat_chunk].reshape(chunks, remat_chunk, *x.shape[1:]), xs)
     carry, ys = jax.lax.scan(chunk, carry, head)
@@ -111,3 +128,19 @@ def time_scan(
         carry, ys_tail = chunk(carry, jax.tree.map(lambda x: x[chunks * remat_chunk :], xs))
         ys = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), ys, ys_tail)
     return carry, ys
+
+
+def _scan_by_use(step, carry, xs, plain: int, differentiated: int) -> tuple[PyTree, PyTree]:
+    """`lax.scan(step, carry, xs)` at unroll `plain`, and at `differentiated` when JAX differentiates it: a
+    `custom_jvp` whose derivative rule is JAX's own derivative of the other scan (the same numbers either way;
+    forward and reverse mode both work)."""
+    # A custom rule differentiates only its arguments: the arrays `step` reads from outside (the weights) become
+    # arguments, and `step_of(carry, x_t, *weights)` evaluates `step`'s traced program.
+    step_of, weights = jax.closure_convert(step, carry, jax.tree.map(lambda x: x[0], xs))
+
+    def scan_at(unroll: int) -> Callable:
+        return lambda weights, carry, xs: jax.lax.scan(lambda c, x: step_of(c, x, *weights), carry, xs, unroll=unroll)
+
+    run = jax.custom_jvp(scan_at(plain))
+    run.defjvp(lambda primals, tangents: jax.jvp(scan_at(differentiated), primals, tangents))
+    return run(weights, carry, xs)

@@ -65,7 +65,8 @@ class Traveller(nnx.Module):
         which reads `[A + F]`, positions first). The default 2 is the seed's model, so its checkpoints load.
       param_dtype: parameter dtype; computation runs in the inputs' dtype.
       compute_dtype: None, or the LSTM matmuls' operand dtype (`jnp.bfloat16`); state stays float32.
-      unroll: default `lax.scan` unroll factor, or "auto" (measured per batch size: `scan.auto_unroll`).
+      unroll: default `lax.scan` unroll factor, or "auto" (measured per batch size, and for training or not:
+        `scan.auto_unroll`).
       remat_chunk: None, or rematerialise the time loop in chunks of this many steps when training
         (memory ~T/c + c instead of ~T; see `scan.time_scan`).
       hoist_inputs: project the features for all steps before the loop (True), inside each step

@@ -189,7 +189,7 @@ class SeqVAE(nnx.Module):
       compute_dtype: None, or the GRU matmuls' operand dtype (`jnp.bfloat16`); states, gates and sums
         stay in `param_dtype` (see `cells.RNNCell.matmul`).
       unroll: `lax.scan` unroll factor of both GRUs and of the feedback loop, or "auto" (measured per
-        batch size: `scan.auto_unroll`).
+        batch size, and for training or not: `scan.auto_unroll`).
       remat_chunk: None, or rematerialise the time loops in chunks of this many steps when training
         (memory ~T/c + c instead of ~T; see `scan.time_scan`).
       hoist_inputs: both GRUs' and teacher forcing's input projections for all steps before the loop

@@ -86,7 +86,9 @@ def test_auto_unroll_follows_the_measured_rule():
     assert scan.auto_unroll(1, "cpu") == scan.AUTO_UNROLL_CPU_BATCH1
     assert scan.auto_unroll(8, "cpu") == 1 and scan.auto_unroll(64, "cpu") == 1
     assert scan.auto_unroll(1, "gpu") == 1  # not measured there yet
-    assert scan.resolve_unroll(3, 1) == 3
+    assert scan.auto_unroll(1, "cpu", differentiated=False) == 1  # a forward pass: as fast, a smaller program
+    assert scan.resolve_unroll(3, 1) == (3, 3)
+    assert scan.resolve_unroll("auto", 1) == (scan.auto_unroll(1, differentiated=False), scan.auto_unroll(1))
     with pytest.raises(ValueError, match="^unroll: expected 'auto' or an int >= 1, got 'fast'$"):
         scan.resolve_unroll("fast", 1)
     # time_scan leaves "auto" to its caller, who knows the batch size
@@ -99,6 +101,49 @@ def test_auto_unroll_gives_the_same_numbers_as_unroll_1():
     assert model.lstm_layers.unroll == "auto"
     x = jnp.asarray(np.random.default_rng(2).standard_normal((1, 37, 3)))
     np.testing.assert_allclose(model(x)[0], model(x, unroll=1)[0], rtol=0, atol=1e-13)
+
+
+def _scan_unrolls(jaxpr) -> list[int]:
+    """The `unroll` of every `scan` in `jaxpr`, nested ones (in custom rules, conds, other scans) included."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "scan":
+            found.append(eqn.params["unroll"])
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                sub = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's Jaxpr
+                if hasattr(sub, "eqns"):
+                    found += _scan_unrolls(sub)
+    return found
+
+
+@pytest.mark.parametrize("build", [
+    lambda: jsr.GRU(4, 6, 2, batch_first=True, param_dtype=jnp.float64, rngs=nnx.Rngs(0)),
+    lambda: jsr.Traveller(4, 6, 2, param_dtype=jnp.float64, rngs=nnx.Rngs(0)),
+], ids=["GRU", "Traveller"])
+def test_auto_unroll_runs_a_forward_pass_at_one_and_a_differentiated_one_at_two(build, monkeypatch):
+    """At batch 1 on a CPU, "auto" is two programs: unroll 1 when not differentiated, 2 when differentiated
+    (forward and backward); the numbers are those of an explicit unroll 1 and 2, and forward mode works."""
+    from jax_scan_rnn import cells, scan
+
+    assert jax.default_backend() == "cpu" and scan.AUTO_UNROLL_CPU_BATCH1 == 2
+    graphdef, params, rest = nnx.split(build(), nnx.Param, ...)
+    x = jnp.asarray(np.random.default_rng(3).normal(size=(1, 9, 4)))
+
+    def loss(params, x, unroll="auto"):
+        return jnp.sum(jnp.sin(nnx.merge(graphdef, params, rest)(x, unroll=unroll)[0]))
+
+    assert set(_scan_unrolls(jax.make_jaxpr(loss)(params, x).jaxpr)) == {1}
+    assert set(_scan_unrolls(jax.make_jaxpr(jax.grad(loss))(params, x).jaxpr)) == {2}
+    assert jax.jit(loss)(params, x) == jax.jit(loss, static_argnums=2)(params, x, 1)
+    got, want = jax.jit(jax.grad(loss))(params, x), jax.jit(jax.grad(loss), static_argnums=2)(params, x, 2)
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
+        np.testing.assert_array_equal(a, b, err_msg=f"d loss / d {jax.tree_util.keystr(path)}")
+    monkeypatch.setattr(cells, "HAND_WRITTEN_VJP", False)  # forward mode through the cells (see cells.py)
+    tangent = jnp.ones_like(x)
+    _, forward = jax.jvp(lambda x: loss(params, x), (x,), (tangent,))
+    backward = jax.grad(loss, argnums=1)(params, x)
+    np.testing.assert_allclose(forward, jnp.vdot(backward, tangent), rtol=REMAT_ATOL)
 
 
 def test_auto_hoist_follows_the_measured_rule():

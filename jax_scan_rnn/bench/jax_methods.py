@@ -181,7 +181,8 @@ def scan(unroll: int | str) -> Callable[[Context, int, int, str], Case]:
 
     def build(ctx: Context, batch: int, steps: int, mode: str) -> Case:
         case = traveller_case(ctx, batch, steps, mode, lambda m, x: m(x, unroll=unroll)[0], _model(ctx), library=True)
-        case.info["unroll"] = f"auto ({auto_unroll(batch)})" if unroll == "auto" else unroll
+        chosen = auto_unroll(batch, differentiated=mode == "train")
+        case.info["unroll"] = f"auto ({chosen})" if unroll == "auto" else unroll
         return case
 
     return build
