@@ -35,6 +35,8 @@ def test_bad_arguments():
         time_scan(lambda c, x: (c, x), 0.0, jnp.zeros(3), unroll=0)
     with pytest.raises(ValueError, match="^unroll: expected an int >= 1, got True$"):
         time_scan(lambda c, x: (c, x), 0.0, jnp.zeros(3), unroll=True)
+    with pytest.raises(ValueError, match="^unroll: expected an int >= 1, got 0$"):
+        time_scan(lambda c, x: (c, x), 0.0, jnp.zeros(3), unroll=(1, 0))
 
 
 def traveller_grads(remat_chunk):
@@ -53,8 +55,9 @@ def test_traveller_remat_gives_the_same_loss_and_gradients():
 
 
 @pytest.mark.parametrize("cls", [jsr.LSTM, jsr.GRU])
-def test_layer_remat_gives_the_same_gradients(cls):
-    x = jnp.asarray(np.random.default_rng(2).standard_normal((2, 30, 3)))
+@pytest.mark.parametrize("shape", [(2, 30, 3), (30, 1, 3)], ids=["T2-B30", "T30-B1"])  # B=1: "auto" is two unrolls
+def test_layer_remat_gives_the_same_gradients(cls, shape):
+    x = jnp.asarray(np.random.default_rng(2).standard_normal(shape))
     grads = []
     for chunk in (None, 4):
         model = cls(3, 5, 2, param_dtype=jnp.float64, remat_chunk=chunk, rngs=nnx.Rngs(0))
