@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_scan_rnn.layers import RNN
-from jax_scan_rnn.scan import time_scan
+from jax_scan_rnn.scan import ScanUnroll, time_scan
 
 Array = jax.Array
 PyTree = Any
@@ -50,7 +50,7 @@ def feedback_scan(
     dropout_masks: Array | None = None,
     dropout_key: Array | None = None,
     prepare: Callable[[PyTree], PyTree] | None = None,
-    unroll: int | tuple[int, int] = 1,
+    unroll: ScanUnroll = 1,
     remat_chunk: int | None = None,
 ) -> tuple[list, PyTree, PyTree]:
     """Run a feedback recurrence over T steps as one `lax.scan`.

@@ -34,8 +34,8 @@ Unroll = int | Literal["auto"]
 ScanUnroll = int | tuple[int, int]  # one unroll, or (when not differentiated, when differentiated)
 
 # unroll="auto": on CPU at batch 1, a differentiated scan runs at unroll 2 (the Traveller's and the jsr.LSTM/GRU
-# layers' train step was fastest there, for a longer compile) and a scan that is not at 1 (the forward pass ran as
-# fast or faster at 1, in a smaller program that compiles sooner); from batch 8 on, no unroll > 1 was faster at every
+# layers' train step was fastest there, for a longer compile) and a scan that is not at 1 (the forward pass ran faster
+# at 2 in only one of the cases measured, and compiles sooner at 1); from batch 8 on, no unroll > 1 was faster at every
 # size measured, and 16 trained slowest everywhere (the unrolled body's larger backward keeps more of each step live).
 # GPU: 1 until measured. Measured: docs/measurements.md#unroll.
 AUTO_UNROLL_CPU_BATCH1 = 2
