@@ -147,6 +147,11 @@ def test_auto_unroll_runs_a_forward_pass_at_one_and_a_differentiated_one_at_two(
     _, forward = jax.jvp(lambda x: loss(params, x), (x,), (tangent,))
     backward = jax.grad(loss, argnums=1)(params, x)
     np.testing.assert_allclose(forward, jnp.vdot(backward, tangent), rtol=REMAT_ATOL)
+    # Second order (forward over reverse, as jax.hessian) goes through the custom rule's own derivative.
+    def hessian_times_tangent(unroll):
+        return jax.jvp(jax.grad(lambda x: loss(params, x, unroll)), (x,), (tangent,))[1]
+
+    np.testing.assert_allclose(hessian_times_tangent("auto"), hessian_times_tangent(1), atol=REMAT_ATOL)
 
 
 def test_auto_hoist_follows_the_measured_rule():
