@@ -60,6 +60,11 @@ def span(values: list[float], unit: str = "", digits: int = 1) -> str:
     return f"{text} {unit}" if unit else text
 
 
+def ratio_span(ratios: list[float]) -> str:
+    """A range of ratios, "0.95-1.17x" (`span` to 2 decimals)."""
+    return f"{span(ratios, digits=2)}x"
+
+
 def seconds_range(walls: list[float]) -> str:
     low, high = min(walls), max(walls)
     text = f"{low:.0f} s" if round(low) == round(high) else f"{low:.0f}-{high:.0f} s"
@@ -1166,13 +1171,12 @@ def _tuning_unroll_layers() -> str:
     train = [float(rows[c, t, 1]["train"]) / float(rows[c, t, 2]["train"]) for c, t in cases]
     forward = [float(rows[c, t, 1]["fwd"]) / float(rows[c, t, 2]["fwd"]) for c, t in cases]
     def compiles(key: str) -> str:
-        ratios = [float(rows[c, t, 2][key]) / float(rows[c, t, 1][key]) for c, t in cases]
-        return f"{min(ratios):.2f}-{max(ratios):.2f}x"
+        return ratio_span([float(rows[c, t, 2][key]) / float(rows[c, t, 1][key]) for c, t in cases])
 
     return (f"over {len(cases)} cases (jsr.LSTM and jsr.GRU at H=64 with 2 layers, T=100 and 1,000, and at H=256 "
-            f"with one layer), unroll 2 trains {min(train):.2f}-{max(train):.2f}x as fast as unroll 1, its train step "
-            f"taking {compiles('ctrain')} as long to compile, and runs forward {min(forward):.2f}-{max(forward):.2f}x "
-            f"as fast, its forward pass taking {compiles('cfwd')} as long to compile")
+            f"with one layer), unroll 2 trains {ratio_span(train)} as fast as unroll 1, its train step taking "
+            f"{compiles('ctrain')} as long to compile, and runs forward {ratio_span(forward)} as fast, its forward pass "
+            f"taking {compiles('cfwd')} as long to compile")
 
 
 @figure("tuning.hoist")
@@ -1205,9 +1209,6 @@ def _tuning_compile_options() -> str:
             return [rounds_median(rows[c, arm][key]) / rounds_median(rows[c, "library"][key]) for c in configs]
         return [float(rows[c, arm][key]) / float(rows[c, "library"][key]) for c in configs]
 
-    def span(values: list[float]) -> str:
-        return f"{min(values):.2f}-{max(values):.2f}x"
-
     def label(config: str) -> str:  # "traveller B= 64 T= 1000 forward" -> "Traveller B=64 T=1000 forward"
         return config.replace("= ", "=").replace("traveller", "Traveller").replace("vae", "VAE")
 
@@ -1215,12 +1216,12 @@ def _tuning_compile_options() -> str:
     slow = [c for c in configs if fe[c] > SLOWER]
     named = ", ".join(f"{label(c)} {fe[c]:.1f}x" for c in slow)
     rest = [fe[c] for c in configs if c not in slow]
-    return (f"without the fusion emitters the {len(configs)} cases compile in {span(ratios('no-fusion-emitters', 'compile'))} "
-            f"the library's time (median of 3) and {len(rest)} of them run in {span(rest)} its time, but {named}; "
+    return (f"without the fusion emitters the {len(configs)} cases compile in {ratio_span(ratios('no-fusion-emitters', 'compile'))} "
+            f"the library's time (median of 3) and {len(rest)} of them run in {ratio_span(rest)} its time, but {named}; "
             f"LLVM's expensive passes off: compile "
-            f"{span(ratios('no-expensive-passes', 'compile'))}, run {span(ratios('no-expensive-passes', 'warm'))}; "
-            f"codegen in one part: compile {span(ratios('codegen-split-1', 'compile'))}, run "
-            f"{span(ratios('codegen-split-1', 'warm'))}")
+            f"{ratio_span(ratios('no-expensive-passes', 'compile'))}, run {ratio_span(ratios('no-expensive-passes', 'warm'))}; "
+            f"codegen in one part: compile {ratio_span(ratios('codegen-split-1', 'compile'))}, run "
+            f"{ratio_span(ratios('codegen-split-1', 'warm'))}")
 
 
 @figure("tuning.opt_level")

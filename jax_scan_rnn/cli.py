@@ -357,7 +357,10 @@ def data_parallel(args: argparse.Namespace, batch_size: int):
     return dp
 
 
-def unread_flags(args: argparse.Namespace, rules: list[tuple[tuple[str, ...], bool, str, str]]) -> list[tuple]:
+UnreadRule = tuple[tuple[str, ...], bool, str, str]  # (fields, unread in this run, when they are read, why)
+
+
+def unread_flags(args: argparse.Namespace, rules: list[UnreadRule]) -> list[tuple]:
     """`(flag, value, when, why)` for each flag typed on the command line that the run will not read: rules are
     `(fields, unread, when, why)`, `unread` saying whether `fields` go unread in this run. Only flags the user
     typed count: a default, a preset's included, never does."""
@@ -370,7 +373,7 @@ def unread_flags(args: argparse.Namespace, rules: list[tuple[tuple[str, ...], bo
     return found
 
 
-def refuse_unread(args: argparse.Namespace, rules: list[tuple[tuple[str, ...], bool, str, str]]) -> None:
+def refuse_unread(args: argparse.Namespace, rules: list[UnreadRule]) -> None:
     """A flag the run would not read is an error ("--flag: expected only WHEN (WHY), got VALUE"), not silently
     without effect (`unread_flags`' rules)."""
     found = unread_flags(args, rules)
