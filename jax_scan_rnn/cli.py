@@ -477,9 +477,17 @@ def traveller_data(task, stats, path: str | None, *, returns: bool = True):
 def cmd_evaluate_traveller(args: argparse.Namespace) -> int:
     from jax_scan_rnn.tasks import traveller as task_lib
 
+    from jax_scan_rnn.checkpoint import latest_step
+    from jax_scan_rnn.train import CHECKPOINT_DIR
+
     model, task, stats = load_traveller(args)
     checkpoint = Path(args.checkpoint)
-    target = Path(args.plot) if args.plot else checkpoint / "positions.png"
+    step = args.step if args.step is not None else latest_step(checkpoint / CHECKPOINT_DIR)
+    scored = None if stats is None else Path(args.data).stem if args.data else args.period or "test"
+    # Named by what it shows, never the training's own positions.png: an evaluation of an earlier step or
+    # another period must not replace the plot the run left (and one evaluation does not replace another's).
+    default = checkpoint / f"positions-step{step}{'' if scored is None else '-' + scored}.png"
+    target = Path(args.plot) if args.plot else default
     if stats is None:
         for name in ("data", "period"):
             if getattr(args, name) is not None:
@@ -922,7 +930,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     trained_run_arguments(ev)
     ev.add_argument("--paths", type=positive_int, default=None, help="held-out paths (default: the task's)")
     ev.add_argument("--horizon", type=positive_int, default=None, help="steps per held-out path")
-    ev.add_argument("--plot", default=None, help="positions plot path (default: CHECKPOINT/positions.png)")
+    ev.add_argument("--plot", default=None, help="positions plot path (default: CHECKPOINT/positions-stepN[-PERIOD or -FILE].png, named by the step, period or file scored; the training's own positions.png is left as it is)")
     ev.add_argument("--period", default=None, choices=("train", "valid", "test", "all"),
                     help="run on your data: the period of its file to score (default: test)")
     ev.add_argument("--data", default=None, metavar="FILE",

@@ -192,7 +192,6 @@ def test_evaluate_on_a_read_only_run_prints_its_table_then_one_line(tmp_path, ca
 
     out = tmp_path / "run"
     assert main([*TINY_TRAVELLER, "--out", str(out)]) == 0
-    (out / "positions.png").unlink()
     out.chmod(stat.S_IRUSR | stat.S_IXUSR)
     try:
         if os.access(out, os.W_OK):
@@ -201,7 +200,7 @@ def test_evaluate_on_a_read_only_run_prints_its_table_then_one_line(tmp_path, ca
         assert main(["evaluate", "traveller", "--checkpoint", str(out)]) == 2
         captured = capsys.readouterr()
         assert "Traveller (learned)" in captured.out
-        assert f"--plot: cannot write {out / 'positions.png'} (Permission denied)" in captured.err
+        assert f"--plot: cannot write {out / 'positions-step2.png'} (Permission denied)" in captured.err
     finally:
         out.chmod(stat.S_IRWXU)
 

@@ -92,6 +92,8 @@ def test_evaluate_a_period_or_another_file(run, capsys):
     assert main(["evaluate", "traveller", "--checkpoint", str(out), "--period", "valid"]) == 0
     printed = capsys.readouterr().out
     assert "valid period: steps 280-339 of 1 path(s)" in printed and "rolling Markowitz" in printed
+    step = checkpoint.latest_step(out / "checkpoints")
+    assert f"positions plot: {out / f'positions-step{step}-valid.png'}" in printed  # the run's positions.png stays
     write_csv(folder / "later.csv", *market_rows(seed=5, steps=120))
     assert main(["evaluate", "traveller", "--checkpoint", str(out), "--data", str(folder / "later.csv"),
                  "--plot", str(folder / "later.png")]) == 0

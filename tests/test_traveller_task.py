@@ -65,9 +65,15 @@ def test_cli_train_resume_and_evaluate(tmp_path, capsys):
     assert "Traveller (learned)" in printed and "optimal (closed form)" in printed
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["split"] == "train"] == [5, 10, 15, 20]
-    assert (out / "positions.png").stat().st_size > 0
+    trained_plot = (out / "positions.png").read_bytes()
     assert main(["evaluate", "traveller", "--checkpoint", str(out), "--paths", "8", "--horizon", "50"]) == 0
-    assert "8 held-out paths x 50 steps" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "8 held-out paths x 50 steps" in printed and f"positions plot: {out / 'positions-step20.png'}" in printed
+    # An evaluation of an earlier step writes its own plot: the one the run left is never replaced.
+    assert main(["evaluate", "traveller", "--checkpoint", str(out), "--step", "10"]) == 0
+    assert f"positions plot: {out / 'positions-step10.png'}" in capsys.readouterr().out
+    assert (out / "positions.png").read_bytes() == trained_plot
+    assert (out / "positions-step10.png").read_bytes() != (out / "positions-step20.png").read_bytes()
     # The usual slip, a step folder for --checkpoint: one line that says what to pass instead.
     step_folder = out / "checkpoints" / "step_00000010"
     assert step_folder.is_dir()
