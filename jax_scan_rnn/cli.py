@@ -219,10 +219,38 @@ def drawn(path: Path) -> str:
     return str(path) if path.exists() else NOT_DRAWN
 
 
-def check_output_file(path: str | None, flag: str = "--output") -> None:
-    """An output file must be one we can write (checked before any work, so nothing is computed in vain)."""
+EVALUATION_FILE = "evaluation.json"  # a training run's final report, under --out
+POSITIONS_FILE = "positions.png"  # the Traveller's positions plot, under --out
+
+
+def refuse_run_file(path: str | None, flag: str) -> None:
+    """An output must not be a file that a training run keeps in its directory (its log, report, plots, lock
+    or anything under checkpoints/): another command's output would replace the run's own."""
+    from jax_scan_rnn.lock import LOCK_FILE
+    from jax_scan_rnn.runlog import CURVES_FILE, METRICS_FILE
+    from jax_scan_rnn.train import CHECKPOINT_DIR
+
     if path is None:
         return
+    target = Path(path).absolute()
+    for run in target.parents:
+        if (run / CHECKPOINT_DIR).is_dir():
+            break
+    else:
+        return
+    inside = target.relative_to(run).parts
+    if inside[0] == CHECKPOINT_DIR or (len(inside) == 1 and inside[0] in (
+            METRICS_FILE, CURVES_FILE, EVALUATION_FILE, POSITIONS_FILE, LOCK_FILE)):
+        raise ValueError(f"{flag}: {path} belongs to the training run in {run} (its own "
+                         f"{'checkpoints' if inside[0] == CHECKPOINT_DIR else inside[0]}); choose another path")
+
+
+def check_output_file(path: str | None, flag: str = "--output") -> None:
+    """An output file must be one we can write and not one of a training run's own (checked before any work,
+    so nothing is computed in vain)."""
+    if path is None:
+        return
+    refuse_run_file(path, flag)
     target = Path(path)
     if target.is_dir():
         raise ValueError(f"{flag}: expected a file path, got the directory {target}")
@@ -423,10 +451,10 @@ def cmd_train_traveller(args: argparse.Namespace) -> int:
             model, data, stats, "test", task.periods_per_year)
         plot = NOT_DRAWN  # after training: report the missing extra
         if first_process():
-            task_lib.save_table(table, out / "evaluation.json")
+            task_lib.save_table(table, out / EVALUATION_FILE)
             if available("matplotlib"):
-                plot = (task_lib.plot_positions(model, task, out / "positions.png") if data is None
-                        else task_lib.plot_data(model, data, stats, out / "positions.png"))
+                plot = (task_lib.plot_positions(model, task, out / POSITIONS_FILE) if data is None
+                        else task_lib.plot_data(model, data, stats, out / POSITIONS_FILE))
     print()
     print(traveller_heading(task, table))
     print(task_lib.format_table(table))
@@ -480,6 +508,7 @@ def cmd_evaluate_traveller(args: argparse.Namespace) -> int:
     from jax_scan_rnn.checkpoint import latest_step
     from jax_scan_rnn.train import CHECKPOINT_DIR
 
+    refuse_run_file(args.plot, "--plot")
     model, task, stats = load_traveller(args)
     checkpoint = Path(args.checkpoint)
     step = args.step if args.step is not None else latest_step(checkpoint / CHECKPOINT_DIR)
@@ -695,10 +724,10 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
         print(vae_evaluation_banner(task, len(dataset.test)), flush=True)
         report = task_lib.evaluate(model, dataset, task, seed=args.seed)
         if first_process():
-            (out / "evaluation.json").write_text(strict_json(report, indent=2) + "\n")
+            (out / EVALUATION_FILE).write_text(strict_json(report, indent=2) + "\n")
     print()
     print_vae_report(report)
-    print(f"\nmetrics: {out / 'metrics.jsonl'}  curves: {drawn(out / 'curves.png')}  report: {out / 'evaluation.json'}")
+    print(f"\nmetrics: {out / 'metrics.jsonl'}  curves: {drawn(out / 'curves.png')}  report: {out / EVALUATION_FILE}")
     return 0
 
 

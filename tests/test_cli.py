@@ -181,6 +181,31 @@ def test_checkpoint_that_holds_no_run_is_one_line_naming_the_flag(command, tmp_p
                                                     "(training stopped before its first save?)")
 
 
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A finished TINY_TRAVELLER run's directory (metrics, report, plots, checkpoints)."""
+    out = tmp_path_factory.mktemp("tiny") / "run"
+    assert main([*TINY_TRAVELLER, "--out", str(out)]) == 0
+    return out
+
+
+@pytest.mark.parametrize("command, flag, name", [
+    (["run", "traveller", "--data", "x.npz"], "--output", "checkpoints/positions.csv"),
+    (["export", "traveller", "--format", "torch"], "--output", "metrics.jsonl"),
+    (["evaluate", "traveller"], "--plot", "positions.png"),
+    (["sample", "vae"], "--output", "evaluation.json"),
+    (["evaluate", "vae"], "--output", "curves.png"),
+])
+def test_an_output_that_is_a_training_runs_own_file_is_refused(tiny_run, capsys, command, flag, name):
+    """Another command's output never replaces what a training run keeps in its directory."""
+    before = {p: p.read_bytes() for p in tiny_run.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert main([*command, "--checkpoint", str(tiny_run), flag, str(tiny_run / name)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{flag}: {tiny_run / name} belongs to the training run in" in err
+    assert {p: p.read_bytes() for p in tiny_run.rglob("*") if p.is_file()} == before
+
+
 def test_output_that_is_a_directory_is_refused_before_any_work(tmp_path, capsys):
     assert main(["sample", "vae", "--checkpoint", str(tmp_path), "--output", str(tmp_path)]) == 2
     assert f"--output: expected a file path, got the directory {tmp_path}" in capsys.readouterr().err
