@@ -22,7 +22,9 @@ matmuls (`lstm_gates`, `gru_gates`) has a hand-written derivative (`HAND_WRITTEN
 """
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -198,9 +200,33 @@ class GRUCell(RNNCell):
 # The gate arithmetic of one step (everything after the matmuls), with its derivative written out: JAX's own
 # reverse mode of the same expressions gives the same gradients from a slower backward loop, and a custom_jvp
 # of this rule did not speed it up (docs/measurements.md#the-cells-derivatives). A custom_vjp has no forward
-# mode: for `jax.jvp`, `jax.jacfwd` or `jax.hessian` through a cell, set `HAND_WRITTEN_VJP = False` (read
-# when the cell is traced: before the first call of a jitted function).
+# mode: for `jax.jvp` or `jax.jacfwd` through a cell, set `HAND_WRITTEN_VJP = False` (read when the cell is
+# traced: before the first call of a jitted function). Forward over reverse (`jax.hessian`, Hessian-vector
+# products) differentiates the backward rule itself and works (tests/test_layers.py).
 HAND_WRITTEN_VJP = True
+# What JAX says when forward mode meets a custom_vjp, and what the library adds to it.
+_FORWARD_MODE_ERROR = "can't apply forward-mode autodiff (jvp) to a custom_vjp function"
+FORWARD_MODE_HINT = ("jax_scan_rnn's LSTM and GRU cells differentiate their gates with a hand-written reverse-mode "
+                     "rule: for jax.jvp or jax.jacfwd through them, set jax_scan_rnn.cells.HAND_WRITTEN_VJP = False "
+                     "before tracing (jax.hessian, forward over reverse, works with the rule)")
+
+
+def explain_forward_mode(fn: Callable) -> Callable:
+    """`fn`, whose error for forward-mode autodiff through the cells' rule also says how to turn the rule off.
+    Around the gates (a cell called alone) and `scan.time_scan` (a scan's derivative traces its body again,
+    outside the cell's own call)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except TypeError as err:
+            text = str(err)
+            if _FORWARD_MODE_ERROR not in text or FORWARD_MODE_HINT in text or not HAND_WRITTEN_VJP:
+                raise
+            raise TypeError(f"{text}: {FORWARD_MODE_HINT}") from None
+
+    return wrapper
 
 
 def _lstm_gates_forward(gates: Array, c: Array):
@@ -229,6 +255,7 @@ _lstm_gates_vjp = jax.custom_vjp(_lstm_gates)
 _lstm_gates_vjp.defvjp(_lstm_gates_forward, _lstm_gates_backward)
 
 
+@explain_forward_mode
 def lstm_gates(gates: Array, c: Array) -> tuple[Array, Array]:
     """`(h, c')` from the pre-activations `gates [B, 4H]` (i, f, g, o) and `c [B, H]`: `LSTMCell`'s equations."""
     return (_lstm_gates_vjp if HAND_WRITTEN_VJP else _lstm_gates)(gates, c)
@@ -259,6 +286,7 @@ _gru_gates_vjp = jax.custom_vjp(_gru_gates)
 _gru_gates_vjp.defvjp(_gru_gates_forward, _gru_gates_backward)
 
 
+@explain_forward_mode
 def gru_gates(xp: Array, hp: Array, h: Array) -> Array:
     """`h'` from the input and hidden projections `xp`, `hp [B, 3H]` (r, z, n) and `h [B, H]`: `GRUCell`'s
     equations."""

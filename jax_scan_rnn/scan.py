@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_scan_rnn import validate
+from jax_scan_rnn.cells import explain_forward_mode
 
 PyTree = Any
 Unroll = int | Literal["auto"]
@@ -76,6 +77,7 @@ def resolve_unroll(unroll: Unroll, batch: int) -> tuple[int, int]:
     return unroll, unroll
 
 
+@explain_forward_mode
 def time_scan(
     step: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
     carry: PyTree,

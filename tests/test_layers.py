@@ -264,11 +264,24 @@ def test_hand_written_gate_derivatives_are_jaxs_own(cls, kwargs, monkeypatch):
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(grads[True]), jax.tree.leaves(grads[False])):
         err = float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
         assert err < HAND_VJP_RTOL, f"d loss / d {jax.tree_util.keystr(path)}: relative error {err:.2e}"
-    # Forward mode needs JAX's own derivative (a custom_vjp has none): with the switch off it works.
+    # Second order, forward over reverse (jax.hessian), differentiates the rule's own backward pass: the same
+    # Hessian as JAX's derivative gives.
+    x_small = x[:1, :3]
+    hessians = {}
+    for hand in (True, False):
+        monkeypatch.setattr(cells, "HAND_WRITTEN_VJP", hand)
+        hessians[hand] = jax.hessian(lambda x: loss(params, x))(x_small)
+    err = float(jnp.max(jnp.abs(hessians[True] - hessians[False])) / jnp.max(jnp.abs(hessians[False])))
+    assert err < HAND_VJP_RTOL, f"d2 loss / dx2: relative error {err:.2e}"
+    # Forward mode straight through the rule needs JAX's derivative (a custom_vjp has none): the error says
+    # which switch to turn, for a layer and for a cell alone; with the switch off it works.
     tangent = jnp.ones_like(x)
     monkeypatch.setattr(cells, "HAND_WRITTEN_VJP", True)
-    with pytest.raises(TypeError, match="custom_vjp"):
+    with pytest.raises(TypeError, match="custom_vjp.*HAND_WRITTEN_VJP = False"):
         jax.jvp(lambda x: loss(params, x), (x,), (tangent,))
+    cell = model.layers[0]
+    with pytest.raises(TypeError, match="custom_vjp.*HAND_WRITTEN_VJP = False"):
+        jax.jvp(lambda x: cell(cell.initial_state(3, jnp.float64), x)[1], (x[:, 0],), (tangent[:, 0],))
     monkeypatch.setattr(cells, "HAND_WRITTEN_VJP", False)
     _, forward = jax.jvp(lambda x: loss(params, x), (x,), (tangent,))
     assert np.isclose(float(forward), float(jnp.vdot(grads[False][1], tangent)), rtol=HAND_VJP_RTOL)
