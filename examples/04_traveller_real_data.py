@@ -1,43 +1,31 @@
 """The Traveller on real daily index prices (S&P 500 and NASDAQ composite, 1999-2018), walk-forward.
 
 What it teaches:
-  1. How to turn a price file into the library's data convention without look-ahead: row t holds
-     features known at the close of day t and the return EARNED BY THE POSITION CHOSEN AT t, i.e. the
-     return from close t to close t+1 (`jax_scan_rnn/data/market_data.py`).
-  2. Walk-forward evaluation: each fold trains fresh Travellers (`tasks.traveller.train`) on the days
-     before its test years, standardises features and estimates Sigma on the training days alone, picks
-     one (seed, update) by its utility on the validation year just before the test, reloads it from its
-     checkpoint (`tasks.traveller.load`) and is scored only on the test years that follow. Nothing about
-     a test period is seen before it is traded.
-  3. An honest comparison against buy-and-hold, a rolling (252-day) Markowitz and no trading, per fold
-     and over all test periods together, by the training objective (net utility) and by what a trader
-     reads besides it (Sharpe ratio, turnover, costs).
-  4. What overfitting looks like here: each fold's table also shows the chosen model on its training
-     days and its validation year. A ~2k-parameter LSTM fits a few thousand noisy days far better than
-     it trades the next ones, so compare the test rows, never the training ones.
-
-It makes no claim that the Traveller wins: the printed summary ranks the policies by the numbers the run
-produced, and `examples/results/traveller_real_data.md` holds the committed run's table. Two daily
-index series are a hard, low signal-to-noise market, and a few seeds per fold are a small sample: read
-the per-fold rows before the total.
+  1. A price file in the library's data convention without look-ahead: row t holds features known at the
+     close of day t and the return EARNED BY THE POSITION CHOSEN AT t, from close t to close t+1
+     (`jax_scan_rnn/data/market_data.py`).
+  2. Walk-forward evaluation: each fold trains fresh Travellers on the days before its test years
+     (standardisation and Sigma from those days alone), picks one (seed, update) by its utility on the
+     validation year just before the test, reloads it from its checkpoint and scores it on the test years
+     only. Nothing about a test period is seen before it is traded.
+  3. An honest comparison against buy-and-hold, a rolling (252-day) Markowitz and no trading, per fold and
+     over all test periods, by net utility (the training objective), Sharpe ratio, turnover and costs.
+  4. Overfitting: each fold also shows the chosen model on its training days; a ~2k-parameter LSTM fits a
+     few thousand noisy days far better than it trades the next ones. Compare test rows only.
+It claims no win: the summary ranks the policies by the run's own numbers (the committed run:
+`examples/results/traveller_real_data.md`); two index series and a few seeds per fold are a small sample.
 
 Run:   pip install arch          (ships the S&P 500 and NASDAQ daily prices inside its wheel: no download)
        python examples/04_traveller_real_data.py                 (1-2 minutes on a 2-core CPU)
        python examples/04_traveller_real_data.py --quick         (2 folds, 20 updates: ~10 s, a smoke test)
        python examples/04_traveller_real_data.py --results examples/results   (also the committed files)
-Output: examples/out/04_traveller_real_data/ (or --out): the data CSV, the table (.md, .json) and a PNG of
-the equity curves and positions over the concatenated test periods.
-"""
-# %% Config
+Output: examples/out/04_traveller_real_data/ (or --out): the data CSV, the report (.md, .json) and a PNG of
+the equity curves and positions over the test periods (`real_data_report.py` writes them).
+"""# %% Config
 import argparse
-import json
-import os
-import platform
 import shutil
 import sys
 import time
-from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +42,7 @@ try:
 except ImportError:
     sys.exit("this example needs the `arch` package for its price data: pip install arch")
 
+import real_data_report as report  # noqa: E402  (this folder: the table, plot and record)
 from jax_scan_rnn.data import trading  # noqa: E402
 from jax_scan_rnn.tasks import traveller as task_lib  # noqa: E402
 from jax_scan_rnn.train import TrainConfig  # noqa: E402
@@ -62,40 +51,31 @@ OUT = Path(args.out)
 ASSETS = {"spx": sp500, "ndx": nasdaq}
 MOMENTUM_DAYS = (1, 5, 21, 63)  # past log returns: a day, a week, a month, a quarter
 VOL_DAYS = (5, 21, 63)  # realised volatility (std of daily log returns) over the same horizons
-# Each fold's test period: whole calendar years, traded after training on the earlier days (the last
-# of those years held out for validation).
-# The folds tile 2011-2018 without overlap, so their test periods concatenate into one 8-year record.
+# Each fold's test period: whole calendar years, traded after training on the earlier days (the last of those
+# years held out for validation). The folds tile 2011-2018, so their test periods make one 8-year record.
 FOLDS = [(2011, 2012), (2013, 2014), (2015, 2016), (2017, 2018)]
 if args.quick:
     FOLDS = FOLDS[-2:]
 
-# Daily returns make the utility's units tiny: a day's mean return is ~2-3e-4 and its variance ~1.5-2.5e-4,
-# so utilities are of order 1e-4 per day; the tables show them in basis points per day (x 1e4). (Adam does
-# not care about the loss's scale, so training needs no rescaling.)
-# RISK_AVERSION = 2: the best constant multiple of the 50/50 portfolio, mu / (gamma var), is then ~0.7 over
-# 1999-2018, so holding the indices (buy-and-hold) is close to what a mean-variance investor would choose:
-# a strong baseline, not a straw man; to beat it the Traveller has to time or size its positions. Choosing
-# gamma from full-sample moments is hindsight, but hindsight that favours the baseline, not the model.
+# Utilities are of order 1e-4 per day (a day's mean return ~2-3e-4, variance ~1.5-2.5e-4): the tables show
+# basis points (x 1e4); Adam does not care about the loss's scale. RISK_AVERSION = 2: the best constant multiple
+# of the 50/50 portfolio, mu / (gamma var), is then ~0.7 over 1999-2018, so buy-and-hold is close to what a
+# mean-variance investor would choose: a strong baseline (hindsight that favours it, not the model).
 RISK_AVERSION = 2.0
-# COST_SCALE = 10: the library's costs are lam/2 dx' Sigma dx, proportional to risk (Garleanu-Pedersen).
-# With a daily sigma^2 ~ 1.5e-4, switching one whole asset in a day (dx = 1) costs ~7 bp of capital and
-# a 10% rebalance ~0.07 bp: the order of an index trader's spread and impact; small adjustments are cheap.
+# COST_SCALE = 10: costs lam/2 dx' Sigma dx (Garleanu-Pedersen); with a daily sigma^2 ~ 1.5e-4, switching one
+# whole asset in a day costs ~7 bp of capital, a 10% rebalance ~0.07 bp: an index trader's spread and impact.
 COST_SCALE = 10.0
-# A small model: ~2500-4000 training days of two correlated series is little data, and a larger LSTM
-# mostly memorises the training years.
+# A small model: ~2500-4000 training days of two correlated series is little data (a larger LSTM memorises).
 TASK = dict(hidden_size=16, num_layers=1, batch_size=32, seq_len=126, risk_aversion=RISK_AVERSION,
             cost_scale=COST_SCALE, periods_per_year=252)
-# Model selection uses the validation year alone (the year before each test period, never trained on):
-# every EVAL_EVERY updates the fold's model is scored there, and the best (seed, update) is the one traded.
-# The test years play no part in any choice.
+# Model selection uses the validation year alone (never trained on): every EVAL_EVERY updates the model is
+# scored there, and the best (seed, update) is the one traded. The test years play no part in any choice.
 STEPS = 20 if args.quick else 600  # optimiser updates per run
 EVAL_EVERY = 10 if args.quick else 50
 SEEDS = 1 if args.quick else 3  # runs per fold, from different initialisations and batch orders
 LOG_EVERY = EVAL_EVERY * max(1, STEPS // EVAL_EVERY // 3)  # a progress line about every third of a run
 LEARNING_RATE = 3e-3
 SEED = 0  # fold k, run s trains with seed SEED + 100 k + s
-POLICIES = {"learned": "Traveller (learned)", "buy_and_hold": "buy and hold (1/2 each)",
-            "rolling_markowitz": f"rolling Markowitz ({task_lib.MARKOWITZ_WINDOW} d)", "no_trade": "no trading"}
 
 
 # %% The data set: features known at the close of day t, and the return from close t to close t+1
@@ -147,7 +127,7 @@ def row_index(year):  # the first row of `year` (len(dates) when past the end)
 RUNS = OUT / "runs"  # one training run (checkpoints, metrics.jsonl) per fold and seed
 shutil.rmtree(RUNS, ignore_errors=True)  # `train` refuses a folder holding an older run's checkpoints
 RUNS.mkdir(parents=True)
-folds, series = [], {name: [] for name in POLICIES}  # series: per-step terms of each fold's test period
+folds, series = [], {name: [] for name in report.POLICIES}  # series: per-step terms of each fold's test period
 positions_shown = {name: [] for name in ("learned", "rolling_markowitz")}
 for k, (first_year, last_year) in enumerate(FOLDS):
     valid_start, test_start, end = row_index(first_year - 1), row_index(first_year), row_index(last_year + 1)
@@ -230,119 +210,16 @@ for k, (first_year, last_year) in enumerate(FOLDS):
 overall = {name: trading.summarise({key: np.concatenate([t[key] for t in parts]) for key in parts[0]})
            for name, parts in series.items()}
 
-
-# %% The table
-def sharpe_text(value):  # None: a constant net return (no trading), whose Sharpe ratio is undefined
-    return "n/a" if value is None else f"{value:.2f}"
-
-
-def markdown(policies):
-    lines = ["| policy | net utility (bp/day) | gross return (bp/day) | cost (bp/day) | net return (%/yr) "
-             "| turnover (/day) | Sharpe (ann.) |", "|---|---:|---:|---:|---:|---:|---:|"]
-    for name, row in policies.items():
-        lines.append(f"| {POLICIES[name]} | {row['utility'] * 1e4:+.3f} | {row['return'] * 1e4:+.3f} | "
-                     f"{row['cost'] * 1e4:.4f} | {(row['return'] - row['cost']) * 252 * 100:+.2f} | "
-                     f"{row['turnover']:.4f} | {sharpe_text(row['sharpe'])} |")
-    return "\n".join(lines)
-
-
-ranked = sorted(overall, key=lambda name: overall[name]["utility"], reverse=True)
-by_sharpe = sorted(overall, key=lambda name: -np.inf if overall[name]["sharpe"] is None else overall[name]["sharpe"],
-                   reverse=True)
-beats = sum(f["policies"]["learned"]["utility"] > f["policies"]["buy_and_hold"]["utility"] for f in folds)
-won = overall["learned"]["utility"] > overall["buy_and_hold"]["utility"]
-test_span = f"{folds[0]['test'][0]} to {folds[-1]['test'][1]}"
-summary = [f"Over all test periods ({test_span}, {sum(f['test_days'] for f in folds)} days), ranked by net "
-           f"utility: " + ", ".join(f"{i + 1}. {POLICIES[name]}" for i, name in enumerate(ranked)) + ".",
-           f"The Traveller {'beat' if won else 'did not beat'} buy and hold over all test periods, and beat it in "
-           f"{beats} of {len(folds)} folds (by net utility).",
-           "Ranked by Sharpe ratio over all test periods: " + ", ".join(
-               f"{i + 1}. {POLICIES[name]}" for i, name in enumerate(by_sharpe)) + "."]
+# %% The report: the claims, the tables, a plot of the test periods and the JSON record (`real_data_report.py`)
 command = "python " + " ".join([sys.argv[0], *sys.argv[1:]])
-sections = ["# The Traveller on S&P 500 and NASDAQ daily prices, walk-forward\n",
-            f"Made by `{command}`; gamma = {RISK_AVERSION:g}, lam = {COST_SCALE:g}, {STEPS} updates per run, "
-            f"{SEEDS} seed(s) per fold; the (seed, update) with the best utility on the validation year is the "
-            f"one traded, so its validation number is the best of {SEEDS * (STEPS // EVAL_EVERY)} and optimistic: "
-            f"the test periods are the honest numbers. Utility = x.r - gamma/2 x'Sigma x - lam/2 dx'Sigma dx per "
-            f"day, Sigma from each fold's training days; net return = gross - lam/2 dx'Sigma dx. \"All folds\" "
-            f"concatenates the test periods' daily terms (each scored with its own fold's Sigma).\n",
-            "\n".join(summary) + "\n",
-            f"## All folds: {test_span}\n", markdown(overall) + "\n"]
-for f in folds:
-    sections += [f"## Fold {f['fold']}: train {f['train'][0]} to {f['train'][1]} ({f['train_days']} days), "
-                 f"validate {f['valid'][0]} to {f['valid'][1]}, test {f['test'][0]} to {f['test'][1]} "
-                 f"({f['test_days']} days)\n", markdown(f["policies"]) + "\n",
-                 f"Traveller chosen: seed {f['chosen']['seed']}, update {f['chosen']['update']} (best validation "
-                 f"utility, {f['valid'][0]} to {f['valid'][1]}). Its net utility on the training days "
-                 f"{f['traveller_train']['utility'] * 1e4:+.3f} bp/day (Sharpe "
-                 f"{sharpe_text(f['traveller_train']['sharpe'])}), "
-                 f"validation {f['traveller_valid']['utility'] * 1e4:+.3f} bp/day (Sharpe "
-                 f"{sharpe_text(f['traveller_valid']['sharpe'])}).\n"]
-report = "\n".join(sections)
-print("\n" + report)
-
-# %% Plots: equity curves and positions over the concatenated test periods
-import matplotlib  # noqa: E402
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
+config = {"task": TASK, "steps": STEPS, "learning_rate": LEARNING_RATE, "seed": SEED, "seeds": SEEDS,
+          "eval_every": EVAL_EVERY, "markowitz_window": task_lib.MARKOWITZ_WINDOW, "folds": FOLDS}
+claims = report.summary(overall, folds)
+text = report.report(command, config, claims, overall, folds)
+print("\n" + text)
 test_rows = np.concatenate([np.arange(row_index(a), row_index(b + 1)) for a, b in FOLDS])
-test_dates = dates[test_rows].to_numpy()
-fig, axes = plt.subplots(3, 1, figsize=(10, 9), sharex=True, height_ratios=[2, 1, 1])
-colors = {"learned": "tab:red", "buy_and_hold": "tab:blue", "rolling_markowitz": "0.55", "no_trade": "k"}
-for name, parts in series.items():
-    net = np.concatenate([t["net"] for t in parts])
-    axes[0].plot(test_dates, np.cumsum(net), color=colors[name], lw=1.2, label=POLICIES[name])
-axes[0].set_ylabel("cumulative net return\n(sum of daily gross - cost)")
-axes[0].legend(loc="upper left", fontsize=8)
-for asset, ax in enumerate(axes[1:]):
-    for name, parts in positions_shown.items():
-        ax.plot(test_dates, np.concatenate(parts)[:, asset], color=colors[name], lw=0.9, label=POLICIES[name])
-    ax.axhline(0.5, color=colors["buy_and_hold"], lw=0.8, ls=":", label=POLICIES["buy_and_hold"])
-    ax.set_ylabel(f"position, {data.asset_names[asset].removeprefix('next_ret_')}")
-    ax.set_ylim(-1.05, 1.05)
-axes[1].legend(loc="lower left", fontsize=8)
-for ax in axes:
-    for f in folds[1:]:
-        ax.axvline(np.datetime64(f["test"][0]), color="0.8", lw=0.8, ls="--")  # a fresh model each fold
-fig.suptitle(f"Walk-forward test periods, each traded by a fresh model trained on the days before it\n"
-             f"(dashed: a new fold; gamma {RISK_AVERSION:g}, lam {COST_SCALE:g}, costs lam/2 dx'Sigma dx)")
-fig.tight_layout()
-PNG = OUT / "traveller_real_data.png"
-fig.savefig(PNG, dpi=110)
-plt.close(fig)
-
-# %% The record: every number of the table, and how it was made
-versions = {}
-for package in ("jax-scan-rnn", "jax", "jaxlib", "flax", "optax", "numpy", "pandas", "arch", "matplotlib"):
-    try:
-        versions[package] = metadata.version(package)
-    except metadata.PackageNotFoundError:
-        versions[package] = None
-record = {"command": command, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-          "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                      "cpu_count": os.cpu_count()},
-          "wall_seconds": round(time.perf_counter() - STARTED, 1), "versions": versions,
-          "data": {"assets": {"spx": "S&P 500 (arch.data.sp500, Adj Close)", "ndx": "NASDAQ composite "
-                              "(arch.data.nasdaq, Adj Close)"}, "first_day": f"{dates[0]:%Y-%m-%d}",
-                   "last_day": f"{dates[-1]:%Y-%m-%d}", "days": len(dates), "features": list(data.feature_names),
-                   "returns": list(data.asset_names)},
-          "config": {"task": TASK, "steps": STEPS, "learning_rate": LEARNING_RATE, "seed": SEED, "seeds": SEEDS,
-                     "eval_every": EVAL_EVERY, "markowitz_window": task_lib.MARKOWITZ_WINDOW, "folds": FOLDS},
-          "units": "utility, return, cost: per day, in return units (x1e4 for basis points); turnover: sum |dx| "
-                   "per day; sharpe: annualised (sqrt 252) mean / std of the daily net return",
-          "summary": summary, "all_folds": {"test": [folds[0]["test"][0], folds[-1]["test"][1]],
-                                            "aggregation": "per-step terms concatenated", "policies": overall},
-          "folds": folds}
-(OUT / "traveller_real_data.json").write_text(json.dumps(record, indent=2) + "\n")
-(OUT / "traveller_real_data.md").write_text(
-    report + f"\nWall time {record['wall_seconds']:.0f} s on {record['machine']['platform']} "
-    f"({record['machine']['cpu_count']} CPUs), " + ", ".join(f"{p} {v}" for p, v in versions.items() if v) + ".\n")
-if args.results:
-    results = Path(args.results)
-    results.mkdir(parents=True, exist_ok=True)
-    for name in ("traveller_real_data.json", "traveller_real_data.md", "traveller_real_data.png"):
-        shutil.copyfile(OUT / name, results / name)
-    print(f"results written to {results}")
+report.plot(OUT / "traveller_real_data.png", dates[test_rows].to_numpy(), series, positions_shown, data.asset_names,
+            folds, config)
+record = report.record(command, time.perf_counter() - STARTED, dates, data, config, claims, overall, folds)
+report.write(OUT, text, record, results=args.results)
 print(f"run folder: {OUT} (data CSV, table .md/.json, plots); wall time {record['wall_seconds']:.0f} s")
