@@ -1,7 +1,8 @@
 """Where the peers' table's train-step compile cells come from: for one cell, the jsr row as the benchmark runs it
 (`TrainStep`, the step `fit` runs: NaN guard and metric sums), the same jsr model under the benchmark's plain Adam
-step (what a peer row runs), the peer row itself, and for the Traveller the same `TrainStep` at unroll 1 (the jsr
-row unrolls 2 steps per loop iteration at B=1, as the peers do not) (docs/tuning_cpu.md, "The peers' rows, explained").
+step (what a peer row runs), the peer row itself, and the same `TrainStep` at unroll 1 (at B=1 the jsr row's
+`unroll="auto"` unrolls 2 steps per loop iteration of a differentiated scan, as the peers do not; this arm resolves
+"auto" to 1) (docs/tuning_cpu.md, "The peers' rows, explained").
 
     python benchmarks/train_compile.py --out benchmarks/results/train-compile-cpu-2core.json  # appends the run
 
@@ -12,6 +13,7 @@ of its cell. About 2 minutes on a 2-core CPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 from pathlib import Path
@@ -23,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from timed_run import append_run, measurement_end, measurement_start, results_file  # noqa: E402
 from jax_scan_rnn.cli import positive_int  # noqa: E402  the CLI's option check
 
-from jax_scan_rnn.bench import jax_methods, peer_methods  # noqa: E402
+from jax_scan_rnn import scan  # noqa: E402
+from jax_scan_rnn.bench import jax_methods  # noqa: E402
 from jax_scan_rnn.bench.config import BenchConfig  # noqa: E402
 from jax_scan_rnn.bench.context import Context  # noqa: E402
 from jax_scan_rnn.bench.methods import METHODS  # noqa: E402
@@ -33,8 +36,6 @@ CELLS = {  # jsr row -> the peer row it is compared with
     "jax-lstm-seq": "peer-flax-optlstm-seq",
     "jax-scan-auto": "peer-flax-fb-opt",
 }
-
-UNROLL_1 = {"jax-scan-auto": "jax-scan-u1"}  # jsr row -> the same model at unroll 1
 
 
 def plain_adam_library_case(ctx: Context, mode: str, fn, model: nnx.Module, *args):
@@ -54,9 +55,28 @@ def cases(ctx: Context, jsr_key: str, batch: int, steps: int) -> dict:
     finally:
         jax_methods.library_case = library_case
     out["peer"] = METHODS[CELLS[jsr_key]].build(ctx, batch, steps, "train")
-    if jsr_key in UNROLL_1:  # the jsr row at B=1 unrolls 2 steps per iteration: the same step at unroll 1
-        out["jsr unroll 1 (TrainStep)"] = METHODS[UNROLL_1[jsr_key]].build(ctx, batch, steps, "train")
+    with unroll_1():  # built (and compiled) at unroll 1; every later compile of it traces again: at unroll 1 too
+        at_1 = build(ctx, batch, steps, "train")
+    again = at_1.compile_again
+
+    def compile_again_at_1() -> float:
+        with unroll_1():
+            return again()
+
+    at_1.compile_again = compile_again_at_1
+    out["jsr unroll 1 (TrainStep)"] = at_1
     return out
+
+
+@contextlib.contextmanager
+def unroll_1():
+    """`unroll="auto"` resolved to 1 while tracing (`scan.resolve_unroll` reads `scan.auto_unroll` then)."""
+    auto_unroll = scan.auto_unroll
+    scan.auto_unroll = lambda *args, **kwargs: 1
+    try:
+        yield
+    finally:
+        scan.auto_unroll = auto_unroll
 
 
 def main() -> int:

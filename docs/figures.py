@@ -410,15 +410,22 @@ def _train_compile_parts() -> str:
     names = {"jax-gru-seq": "`jsr.GRU` against Flax's `nnx.RNN(GRUCell)`",
              "jax-lstm-seq": "`jsr.LSTM` against `nnx.RNN(OptimizedLSTMCell)`",
              "jax-scan-auto": "`jsr.Traveller` against Flax's feedback cell (OptimizedLSTMCell)"}
-    parts = []
+    parts, over_peer, at_1_over_peer = [], [], []
     for key, cell in run["cells"].items():
         t = {name: statistics.median(v) for name, v in cell["seconds"].items()}
-        unroll_1 = (f", `TrainStep` at unroll 1 {t['jsr unroll 1 (TrainStep)']:.2f} s"
-                    if "jsr unroll 1 (TrainStep)" in t else "")
+        over_peer.append(t["jsr (TrainStep)"] / t["peer"])
+        unroll_1 = ""
+        if "jsr unroll 1 (TrainStep)" in t:
+            unroll_1 = f", `TrainStep` at unroll 1 {t['jsr unroll 1 (TrainStep)']:.2f} s"
+            at_1_over_peer.append(t["jsr unroll 1 (TrainStep)"] / t["peer"])
         parts.append(f"{names[key]}: `TrainStep` {t['jsr (TrainStep)']:.2f} s, the same model under plain Adam "
                      f"{t['jsr (plain Adam)']:.2f} s, the peer {t['peer']:.2f} s{unroll_1}")
     rounds = len(next(iter(run["cells"].values()))["seconds"]["peer"])
-    return "; ".join(parts) + f" (B={run['batch']}, T={run['steps']:,}, median of {rounds} rotating compiles)"
+    ratios = f"`TrainStep` over the peer {ratio_span(over_peer)}"
+    if len(at_1_over_peer) == len(over_peer):
+        ratios += f", at unroll 1 {ratio_span(at_1_over_peer)}"
+    return ("; ".join(parts) + f" (B={run['batch']}, T={run['steps']:,}, median of {rounds} rotating compiles; "
+            f"{ratios})")
 
 
 NORM_CHECK_CHANGE = "2026-12-03"  # train-compile runs from this day on have c11757b's gradient norm and state check
