@@ -341,9 +341,9 @@ def check_resume(out: Path, args: argparse.Namespace, task, cfg) -> None:
     print(f"resuming with changed settings (--override): {'; '.join(changed)}")
 
 
-def run_directory(text: str) -> Path:
+def run_directory(text: str, step: int | None = None) -> Path:
     """`--checkpoint`: a training run's output directory (train's --out), with a hint for the usual slip of
-    naming one of its step folders instead."""
+    naming one of its step folders instead; and `--step`, if given, one of its checkpoints."""
     from jax_scan_rnn.checkpoint import step_of, steps
     from jax_scan_rnn.train import CHECKPOINT_DIR
 
@@ -356,9 +356,12 @@ def run_directory(text: str) -> Path:
     if not (path / CHECKPOINT_DIR).is_dir():
         raise FileNotFoundError(f"--checkpoint: expected a training output directory (train's --out), got {path}, "
                                 f"which holds no {CHECKPOINT_DIR}/ folder")
-    if not steps(path / CHECKPOINT_DIR):
+    saved = steps(path / CHECKPOINT_DIR)
+    if not saved:
         raise FileNotFoundError(f"--checkpoint {path}: holds no committed checkpoint (training stopped before its "
                                 "first save?)")
+    if step is not None and step not in saved:
+        raise ValueError(f"--step: expected one of the checkpoint steps of {path}, {saved}, got {step}")
     return path
 
 
@@ -473,7 +476,7 @@ def traveller_heading(task, table: dict) -> str:
 def load_traveller(args: argparse.Namespace):
     from jax_scan_rnn.tasks import traveller as task_lib
 
-    return task_lib.load(run_directory(args.checkpoint), args.step)
+    return task_lib.load(run_directory(args.checkpoint, args.step), args.step)
 
 
 def traveller_data(task, stats, path: str | None, *, returns: bool = True):
@@ -569,6 +572,8 @@ def cmd_run_traveller(args: argparse.Namespace) -> int:
         if Path(args.data).suffix != ".npz":
             raise ValueError(f"--data: expected an .npz file with features [N, T, {task.market.num_signals}] (this "
                              f"run trained on the simulated market, which has no column names), got {args.data}")
+        if not Path(args.data).is_file():
+            raise FileNotFoundError(f"--data: {args.data}: no such file")
         with flag_names():
             data = market_data.read(args.data, returns=False)
         if data.num_features != model.num_inputs:
@@ -734,7 +739,7 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
 def load_vae(args: argparse.Namespace):
     from jax_scan_rnn.tasks import vae as task_lib
 
-    return task_lib.load(run_directory(args.checkpoint), args.step)
+    return task_lib.load(run_directory(args.checkpoint, args.step), args.step)
 
 
 @command("sample vae")

@@ -206,6 +206,21 @@ def test_an_output_that_is_a_training_runs_own_file_is_refused(tiny_run, capsys,
     assert {p: p.read_bytes() for p in tiny_run.rglob("*") if p.is_file()} == before
 
 
+@pytest.mark.parametrize("command", [["evaluate", "traveller"], ["export", "traveller", "--format", "torch",
+                                                                       "--output", "m.pt"]])
+def test_a_step_the_run_has_no_checkpoint_of_is_named_with_the_steps_it_has(tiny_run, capsys, command):
+    assert main([*command, "--checkpoint", str(tiny_run), "--step", "7"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"--step: expected one of the checkpoint steps of {tiny_run}, [2], got 7"), err
+
+
+def test_run_on_a_missing_features_file_names_the_flag(tiny_run, tmp_path, capsys):
+    missing = tmp_path / "missing.npz"
+    assert main(["run", "traveller", "--checkpoint", str(tiny_run), "--data", str(missing), "--output",
+                 str(tmp_path / "p.csv")]) == 2
+    assert capsys.readouterr().err.strip().endswith(f"--data: {missing}: no such file")
+
+
 def test_output_that_is_a_directory_is_refused_before_any_work(tmp_path, capsys):
     assert main(["sample", "vae", "--checkpoint", str(tmp_path), "--output", str(tmp_path)]) == 2
     assert f"--output: expected a file path, got the directory {tmp_path}" in capsys.readouterr().err
