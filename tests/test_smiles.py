@@ -236,6 +236,20 @@ def test_split_sizes_and_the_minimum_for_given_part_sizes():
     assert sm.min_split_size(fractions, (1, 2, 1)) == 36
     assert sm.split_sizes(25, fractions)[1] == 2 and sm.split_sizes(31, fractions)[1] == 1
     assert sm.min_split_size((0.5, 0.5), (0, 0)) == 0
+
+    def by_trying_each(fractions, minimums, up_to=3000):  # the definition: the last size that fails, plus 1
+        fails = [n for n in range(up_to) if min(np.subtract(sm.split_sizes(n, fractions), minimums)) < 0]
+        return fails[-1] + 1 if fails else 0
+
+    rng = np.random.default_rng(0)
+    for fractions in [(0.9, 0.05, 0.05), (0.8, 0.1, 0.1), (1 / 3, 1 / 3, 1 / 3), (0.7, 0.3)]:
+        for _ in range(20):
+            minimums = tuple(int(m) for m in rng.integers(0, 60, len(fractions)))
+            assert sm.min_split_size(fractions, minimums) == by_trying_each(fractions, minimums), (fractions, minimums)
+    # A batch size of billions (`train vae --batch-size 5000000000`): found at once, without trying every size.
+    need = sm.min_split_size(fractions := (0.9, 0.05, 0.05), minimums := (5_000_000_000, 1, 2))
+    assert min(np.subtract(sm.split_sizes(need - 1, fractions), minimums)) < 0
+    assert all(min(np.subtract(sm.split_sizes(n, fractions), minimums)) >= 0 for n in range(need, need + 100))
     with pytest.raises(ValueError, match="minimums: expected 0 for a part of fraction 0"):
         sm.min_split_size((1.0, 0.0), (1, 1))
     with pytest.raises(ValueError, match="minimums: expected 2 ints >= 0"):

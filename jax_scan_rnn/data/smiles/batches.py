@@ -61,8 +61,9 @@ def min_split_size(fractions: Sequence[float], minimums: Sequence[int]) -> int:
     for N and for every larger N (rounding makes the part sizes step unevenly, so the first N that works
     is not always the threshold).
 
-    Part i of N sequences holds at least fractions[i] * N - 1 (rounding moves each bound by at most 1/2),
-    so every N >= (minimums[i] + 1) / fractions[i] works for it; below that bound each N is tried.
+    Part i of N sequences holds fractions[i] * N +- 1 (rounding moves each bound by at most 1/2), so every
+    N >= (minimums[i] + 1) / fractions[i] works for it and every N < (minimums[i] - 1) / fractions[i] fails;
+    only the N between are tried (a few per part, however large the minimums: a batch size of 10^9 too).
     """
     fractions = _check_fractions(fractions)
     minimums = np.asarray(minimums)
@@ -75,9 +76,12 @@ def min_split_size(fractions: Sequence[float], minimums: Sequence[int]) -> int:
             f"fractions {fractions.tolist()}"
         )
     upper = int(np.max(np.ceil((minimums[needed] + 1) / fractions[needed]), initial=0)) + 1
-    works = (_part_sizes(np.arange(upper + 1), fractions) >= minimums).all(axis=1)
+    # 2 below the failing bound's ceiling: strictly below the bound even where float division lands above it.
+    lower = max(0, int(np.max(np.ceil((minimums[needed] - 1) / fractions[needed]), initial=0)) - 2)
+    counts = np.arange(lower, upper + 1)
+    works = (_part_sizes(counts, fractions) >= minimums).all(axis=1)
     failing = np.flatnonzero(~works)
-    return int(failing[-1]) + 1 if failing.size else 0
+    return int(counts[failing[-1]]) + 1 if failing.size else lower
 
 
 @functools.lru_cache(maxsize=4)  # one permutation serves the N // batch_size steps of an epoch
