@@ -260,6 +260,14 @@ def check_output_file(path: str | None, flag: str = "--output") -> None:
         raise ValueError(f"{flag}: cannot write {target} (permission denied)")
 
 
+def check_simulated_markets(task) -> None:
+    """The Traveller's simulated markets, training and held-out, must fit in memory (refused before either is built)."""
+    check_memory("the simulated training market (--train-paths x --seq-len, --num-assets)",
+                 task.market_bytes(task.train_paths, task.seq_len))
+    check_memory("the simulated held-out market (--eval-paths x --eval-steps, --num-assets)",
+                 task.market_bytes(task.eval_paths, task.eval_steps))
+
+
 def check_memory(what: str, needed: int) -> None:
     """Refuse a size whose data alone cannot fit in this machine's memory, before allocating any of it."""
     try:
@@ -436,7 +444,7 @@ def cmd_train_traveller(args: argparse.Namespace) -> int:
         print(f"data {task.data}: {data.num_paths} path(s) x {data.num_steps} steps, {data.num_features} features, "
               f"assets {', '.join(data.asset_names)}; train steps 0-{stats.train_end - 1}, validation "
               f"{stats.train_end}-{stats.valid_end - 1}, test {stats.valid_end}-{data.num_steps - 1}")
-    check_memory("the simulated training market (--seq-len)", task.data_bytes())
+    check_simulated_markets(task)
     out = Path(args.out)
     dp = data_parallel(args, task.batch_size)
     with output_directory(out, args.resume):
@@ -506,9 +514,8 @@ def traveller_data(task, stats, path: str | None, *, returns: bool = True):
 
 @command("evaluate traveller")
 def cmd_evaluate_traveller(args: argparse.Namespace) -> int:
-    from jax_scan_rnn.tasks import traveller as task_lib
-
     from jax_scan_rnn.checkpoint import latest_step
+    from jax_scan_rnn.tasks import traveller as task_lib
     from jax_scan_rnn.train import CHECKPOINT_DIR
 
     refuse_run_file(args.plot, "--plot")
@@ -529,6 +536,8 @@ def cmd_evaluate_traveller(args: argparse.Namespace) -> int:
             task = dataclasses.replace(
                 task, eval_paths=args.paths or task.eval_paths, eval_steps=args.horizon or task.eval_steps
             )
+            check_memory("the simulated held-out market (--paths x --horizon)",
+                         task.market_bytes(task.eval_paths, task.eval_steps))
         table = task_lib.evaluate(model, task)
         draw = lambda: task_lib.plot_positions(model, task, target)  # noqa: E731
     else:
@@ -1021,6 +1030,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if isinstance(err, NonFiniteLossError):
             print(f"jax-scan-rnn {name}: error: {err}", file=sys.stderr)
+            return 1
+        if isinstance(err, MemoryError) or "RESOURCE_EXHAUSTED" in str(err):  # NumPy's, or XLA's on any device
+            what = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            print(f"jax-scan-rnn {name}: error: out of memory ({what}); choose smaller sizes (--help lists them)",
+                  file=sys.stderr)
             return 1
         if not isinstance(err, (ValueError, TypeError, KeyError, FileNotFoundError, ImportError, CheckpointError)):
             raise

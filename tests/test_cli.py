@@ -270,6 +270,40 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, tmp_path, capsys):
     assert err == "jax-scan-rnn train traveller: interrupted; every completed checkpoint is kept (continue with --resume)"
 
 
+@pytest.mark.parametrize("error", [MemoryError("Unable to allocate 41.4 GiB for an array"),
+                                   RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 640000000000 bytes.")])
+def test_out_of_memory_is_one_line_and_exit_1(monkeypatch, tmp_path, capsys, error):
+    """NumPy's MemoryError and XLA's RESOURCE_EXHAUSTED (a size the checks before the work could not bound)."""
+    from jax_scan_rnn.tasks import traveller as task_lib
+
+    def too_large(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(task_lib, "train", too_large)
+    assert main([*TINY_TRAVELLER, "--out", str(tmp_path / "run")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == (f"jax-scan-rnn train traveller: error: out of memory ({error}); choose smaller sizes "
+                   "(--help lists them)")
+
+
+@pytest.mark.parametrize("argv, flags", [
+    (["--seq-len", "1000000000"], "(--train-paths x --seq-len, --num-assets)"),
+    (["--eval-paths", "1000000000"], "(--eval-paths x --eval-steps, --num-assets)"),
+])
+def test_a_simulated_market_too_large_for_memory_is_refused_naming_its_flags(tmp_path, capsys, argv, flags):
+    assert main(["train", "traveller", "--out", str(tmp_path / "run"), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert flags in err and "more than this machine's" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "run").exists()  # refused before the run folder is made
+
+
+def test_evaluate_on_a_held_out_market_too_large_for_memory_is_refused(tiny_run, capsys):
+    assert main(["evaluate", "traveller", "--checkpoint", str(tiny_run), "--paths", "100000000", "--horizon",
+                 "100000"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "the simulated held-out market (--paths x --horizon): needs about" in err and len(err.splitlines()) == 1
+
+
 @pytest.mark.parametrize("argv, message", [
     (["train", "traveller", "--dropout", "nan"], "argument --dropout: expected a finite number in [0, 1), got nan"),
     (["train", "traveller", "--clip-norm", "nan"], "argument --clip-norm: expected none or a finite number > 0, got nan"),

@@ -111,13 +111,14 @@ class TravellerTask:
         """The simulated market (its other parameters are `MarketConfig`'s documented defaults)."""
         return trading.MarketConfig(num_assets=self.num_assets or 2, gamma=self.risk_aversion, lam=self.cost_scale)
 
-    def data_bytes(self) -> int:
-        """Bytes the simulated training market takes while it is built (float64 signals, shocks and returns,
-        then the float32 features, returns and targets kept): a bound to check before simulating."""
+    def market_bytes(self, paths: int, steps: int) -> int:
+        """Bytes a simulated market of `paths` x `steps` takes while it is built (float64 signals, shocks and
+        returns, then the float32 features, returns and targets kept): a bound to check before simulating
+        (0 for a run on your data, which simulates none)."""
         if self.data is not None:
             return 0
         per_step = self.market.num_signals * 3 + 2 * self.market.num_assets + (self.market.num_signals + 4) // 2
-        return self.train_paths * self.seq_len * per_step * 8
+        return paths * steps * per_step * 8
 
     def to_json(self) -> dict:
         return asdict(self)
