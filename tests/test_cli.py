@@ -83,7 +83,7 @@ TINY_TRAVELLER = ["train", "traveller", "--steps", "2", "--hidden-size", "4", "-
 @pytest.mark.parametrize("argv, message", [
     (["check", "--steps", "0"], "argument --steps: expected a positive int, got 0"),
     (["train", "traveller", "--steps", "10", "--warmup-steps", "50"], "--warmup-steps: expected at most --steps 10, got 50"),
-    (["train", "traveller", "--seq-len", "10000000"], "the simulated training market (--seq-len): needs about"),
+    (["train", "traveller", "--seq-len", "10000000"], "the simulated training market (--train-paths x --seq-len, --num-assets): needs about"),
     (["train", "traveller", "--batch-size", "100000"], "--batch-size: expected at most --train-paths 8192, got 100000"),
     (["train", "traveller", "--override"], "--override: expected only with --resume"),
     (["train", "traveller", "--seed", "-1"], "argument --seed: expected an int >= 0, got -1"),
