@@ -760,13 +760,14 @@ def cmd_sample_vae(args: argparse.Namespace) -> int:
                           "greedy decoding takes each step's most likely token")])
     check_output_file(args.output)
     model, vocab, task = load_vae(args)
+    check_memory("the samples (-n)", task_lib.sample_bytes(model, args.n, task.max_length + 1))
     model.eval()
     with flag_names():  # the sampler's own checks ("top_k: ...") name the flag
         generated = task_lib.sample(model, vocab, args.n, max_len=task.max_length + 1, seed=args.seed,
                                     temperature=args.temperature, top_k=args.top_k, greedy=args.greedy,
                                     decoder_only=task.decoder_only)
     if args.output:
-        Path(args.output).write_text("\n".join(generated) + "\n")
+        write_atomically(args.output, lambda f: f.write("\n".join(generated) + "\n"))
     else:
         print("\n".join(generated))
     if task.data in ("rdkit", "moses"):
@@ -781,6 +782,7 @@ def cmd_evaluate_vae(args: argparse.Namespace) -> int:
 
     check_output_file(args.output)
     model, vocab, task = load_vae(args)
+    check_memory("the samples (-n)", task_lib.sample_bytes(model, args.n, task.max_length + 1))
     dataset = task_lib.load_dataset(task)
     if dataset.vocab != vocab:
         raise ValueError(f"--checkpoint: its vocabulary differs from the one rebuilt from {task.data!r}")
@@ -791,7 +793,7 @@ def cmd_evaluate_vae(args: argparse.Namespace) -> int:
     if args.metrics == "moses":
         report["moses"] = moses_row(model, vocab, task, dataset, args.n)
     if args.output:
-        Path(args.output).write_text(strict_json(report, indent=2) + "\n")
+        write_atomically(args.output, lambda f: f.write(strict_json(report, indent=2) + "\n"))
     return 0
 
 

@@ -491,6 +491,14 @@ def _teacher_forced_argmax(model, z, tokens):
     return jnp.argmax(jit(model).decode(z, tokens), axis=-1)
 
 
+def sample_bytes(model: SeqVAE, n: int, max_len: int) -> int:
+    """A bound on the memory `sample` takes for `n` samples of up to `max_len` tokens (float32): the Gumbel noise
+    `[n, T, V]` and the tokens `[n, T]`, the latents, and one step's logits and decoder state."""
+    per_sample = (max_len * (model.vocab_size + 1) + model.latent_size + 2 * model.vocab_size
+                  + 2 * model.decoder_hidden_size * model.decoder_layers)
+    return 4 * n * per_sample
+
+
 def sample(model: SeqVAE, vocab: smiles.Vocabulary, n: int, *, max_len: int, seed: int = 0, temperature: float = 1.0,
            top_k: int = 0, greedy: bool = False, decoder_only: bool = False) -> list[str]:
     """`n` SMILES from the prior z ~ N(0, I) (`decoder_only`: from z = 0, a CharRNN), in one jitted call."""
