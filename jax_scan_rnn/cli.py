@@ -720,6 +720,8 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
         print(f"preset {args.preset}: {task_lib.PRESETS[args.preset].summary}; explicit flags override it")
     refuse_a_finished_run(out, args.resume)  # before the data: MOSES's 300,000 molecules take half a minute
     dataset = task_lib.load_dataset(task)
+    check_memory("the final evaluation's samples (--eval-samples)",
+                 task_lib.sample_bytes(task, dataset.vocab.size, task.eval_samples))
     skipped = ", ".join(f"{k} {v}" for k, v in dataset.skipped.items()) or "none"
     print(f"data {task.data}: {len(dataset.train)} train / {len(dataset.valid)} valid / {len(dataset.test)} test "
           f"sequences, vocabulary {dataset.vocab.size}; skipped: {skipped}"
@@ -760,7 +762,7 @@ def cmd_sample_vae(args: argparse.Namespace) -> int:
                           "greedy decoding takes each step's most likely token")])
     check_output_file(args.output)
     model, vocab, task = load_vae(args)
-    check_memory("the samples (-n)", task_lib.sample_bytes(model, args.n, task.max_length + 1))
+    check_memory("the samples (-n)", task_lib.sample_bytes(task, vocab.size, args.n))
     model.eval()
     with flag_names():  # the sampler's own checks ("top_k: ...") name the flag
         generated = task_lib.sample(model, vocab, args.n, max_len=task.max_length + 1, seed=args.seed,
@@ -782,7 +784,7 @@ def cmd_evaluate_vae(args: argparse.Namespace) -> int:
 
     check_output_file(args.output)
     model, vocab, task = load_vae(args)
-    check_memory("the samples (-n)", task_lib.sample_bytes(model, args.n, task.max_length + 1))
+    check_memory("the samples (-n)", task_lib.sample_bytes(task, vocab.size, args.n))
     dataset = task_lib.load_dataset(task)
     if dataset.vocab != vocab:
         raise ValueError(f"--checkpoint: its vocabulary differs from the one rebuilt from {task.data!r}")

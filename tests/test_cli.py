@@ -87,6 +87,8 @@ TINY_TRAVELLER = ["train", "traveller", "--steps", "2", "--hidden-size", "4", "-
      "the simulated training market (--train-paths x --seq-len, --num-assets): needs about"),
     (["train", "traveller", "--eval-paths", "1000000000"],
      "the simulated held-out market (--eval-paths x --eval-steps, --num-assets): needs about"),
+    (["train", "vae", "--data", "rdkit", "--eval-samples", "100000000000"],
+     "the final evaluation's samples (--eval-samples): needs about"),
     (["train", "traveller", "--batch-size", "100000"], "--batch-size: expected at most --train-paths 8192, got 100000"),
     (["train", "traveller", "--override"], "--override: expected only with --resume"),
     (["train", "traveller", "--seed", "-1"], "argument --seed: expected an int >= 0, got -1"),

@@ -491,11 +491,13 @@ def _teacher_forced_argmax(model, z, tokens):
     return jnp.argmax(jit(model).decode(z, tokens), axis=-1)
 
 
-def sample_bytes(model: SeqVAE, n: int, max_len: int) -> int:
-    """A bound on the memory `sample` takes for `n` samples of up to `max_len` tokens (float32): the Gumbel noise
-    `[n, T, V]` and the tokens `[n, T]`, the latents, and one step's logits and decoder state."""
-    per_sample = (max_len * (model.vocab_size + 1) + model.latent_size + 2 * model.vocab_size
-                  + 2 * model.decoder_hidden_size * model.decoder_layers)
+def sample_bytes(task: VAETask, vocab_size: int, n: int) -> int:
+    """A bound on the memory `sample` takes for `n` samples of the model `task` builds (float32): the Gumbel
+    noise `[n, T, V]` and the tokens `[n, T]` (T = max_length + 1), the latents, and one step's logits and
+    decoder state."""
+    hidden = task.hidden_size if task.decoder_hidden_size is None else task.decoder_hidden_size
+    layers = task.num_layers if task.decoder_layers is None else task.decoder_layers
+    per_sample = (task.max_length + 1) * (vocab_size + 1) + task.latent_size + 2 * vocab_size + 2 * hidden * layers
     return 4 * n * per_sample
 
 
