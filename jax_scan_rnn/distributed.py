@@ -114,4 +114,11 @@ def initialize_multihost() -> None:
                          f"{ENV_NUM_PROCESSES if 'num_processes' in kwargs else ENV_PROCESS_ID}")
     if "num_processes" in kwargs and not env.get(ENV_COORDINATOR):
         raise ValueError(f"{ENV_COORDINATOR}: expected host:port of process 0 with {ENV_NUM_PROCESSES}, got nothing")
-    jax.distributed.initialize(**kwargs)
+    try:
+        jax.distributed.initialize(**kwargs)
+    except ValueError as err:  # no cluster detected and nothing set: JAX's "coordinator_address should be defined."
+        if "coordinator_address" not in str(err) or env.get(ENV_COORDINATOR):
+            raise
+        raise ValueError(f"{ENV_COORDINATOR}: expected host:port of process 0 (with {ENV_NUM_PROCESSES} and "
+                         f"{ENV_PROCESS_ID} on every process), got nothing, and JAX found no cluster (Slurm, "
+                         f"Kubernetes, Open MPI, Cloud TPU) to read them from") from None

@@ -76,3 +76,16 @@ def test_more_devices_than_exist_is_an_error(tmp_path):
     assert result.returncode == 2
     # the CLI names its flag (the library's DataParallel.create names num_devices)
     assert "--devices: expected at most the 4 device(s) JAX sees (jax-scan-rnn info lists them), got 8" in result.stderr
+
+
+def test_multihost_with_no_cluster_and_nothing_set_names_the_variables(tmp_path):
+    launch = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "SLURM_", "OMPI_", "TPU_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(launch)}
+    result = subprocess.run([sys.executable, "-c", SCRIPT, *train_args(tmp_path / "x", 1, 2), "--multihost"],
+                            capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().endswith("error: JAX_COORDINATOR_ADDRESS: expected host:port of process 0 (with "
+                                          "JAX_NUM_PROCESSES and JAX_PROCESS_ID on every process), got nothing, and "
+                                          "JAX found no cluster (Slurm, Kubernetes, Open MPI, Cloud TPU) to read "
+                                          "them from"), result.stderr
+    assert not (tmp_path / "x").exists()
