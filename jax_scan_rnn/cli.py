@@ -261,7 +261,8 @@ def check_output_file(path: str | None, flag: str = "--output") -> None:
 
 
 def check_simulated_markets(task) -> None:
-    """The Traveller's simulated markets, training and held-out, must fit in memory (refused before either is built)."""
+    """The Traveller's simulated markets, training and held-out, must fit in memory (refused before either is
+    built)."""
     check_memory("the simulated training market (--train-paths x --seq-len, --num-assets)",
                  task.market_bytes(task.train_paths, task.seq_len))
     check_memory("the simulated held-out market (--eval-paths x --eval-steps, --num-assets)",
@@ -977,7 +978,9 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     trained_run_arguments(ev)
     ev.add_argument("--paths", type=positive_int, default=None, help="held-out paths (default: the task's)")
     ev.add_argument("--horizon", type=positive_int, default=None, help="steps per held-out path")
-    ev.add_argument("--plot", default=None, help="positions plot path (default: CHECKPOINT/positions-stepN[-PERIOD or -FILE].png, named by the step, period or file scored; the training's own positions.png is left as it is)")
+    ev.add_argument("--plot", default=None,
+                    help="positions plot path (default: CHECKPOINT/positions-stepN[-PERIOD or -FILE].png, named by "
+                         "the step, period or file scored; the training's own positions.png is left as it is)")
     ev.add_argument("--period", default=None, choices=("train", "valid", "test", "all"),
                     help="run on your data: the period of its file to score (default: test)")
     ev.add_argument("--data", default=None, metavar="FILE",

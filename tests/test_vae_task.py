@@ -115,7 +115,7 @@ def test_cli_train_sample_evaluate(corpus, tmp_path, capsys):
     assert len((tmp_path / "s.txt").read_text().splitlines()) == 7
     assert main(["evaluate", "vae", "--checkpoint", str(out), "-n", "10"]) == 0
     assert "prior samples, greedy (n=10)" in capsys.readouterr().out
-    for command in ("sample", "evaluate"):  # more samples than memory holds: one line before any work, no crash
+    for command in ("sample", "evaluate"):  # more samples than memory holds: one line before the work, no crash
         assert main([command, "vae", "--checkpoint", str(out), "-n", "100000000000"]) == 2
         err = capsys.readouterr().err.strip()
         assert "the samples (-n): needs about" in err and len(err.splitlines()) == 1, err
