@@ -225,7 +225,10 @@ POSITIONS_FILE = "positions.png"  # the Traveller's positions plot, under --out
 
 def refuse_run_file(path: str | None, flag: str) -> None:
     """An output must not be a file that a training run keeps in its directory (its log, report, plots, lock
-    or anything under checkpoints/): another command's output would replace the run's own."""
+    or anything under checkpoints/): another command's output would replace the run's own. A run directory
+    is one whose checkpoints/ holds a committed step, or that has a metrics.jsonl beside it (a folder of
+    the user's that happens to be called checkpoints is not one)."""
+    from jax_scan_rnn.checkpoint import steps
     from jax_scan_rnn.lock import LOCK_FILE
     from jax_scan_rnn.runlog import CURVES_FILE, METRICS_FILE
     from jax_scan_rnn.train import CHECKPOINT_DIR
@@ -234,7 +237,7 @@ def refuse_run_file(path: str | None, flag: str) -> None:
         return
     target = Path(path).absolute()
     for run in target.parents:
-        if (run / CHECKPOINT_DIR).is_dir():
+        if (run / CHECKPOINT_DIR).is_dir() and (steps(run / CHECKPOINT_DIR) or (run / METRICS_FILE).is_file()):
             break
     else:
         return

@@ -211,6 +211,14 @@ def test_an_output_that_is_a_training_runs_own_file_is_refused(tiny_run, capsys,
     assert {p: p.read_bytes() for p in tiny_run.rglob("*") if p.is_file()} == before
 
 
+def test_a_folder_of_ones_own_called_checkpoints_is_not_a_run(tiny_run, tmp_path, capsys):
+    mine = tmp_path / "checkpoints"
+    mine.mkdir()
+    assert main(["export", "traveller", "--checkpoint", str(tiny_run), "--format", "safetensors", "--output",
+                 str(mine / "m.safetensors")]) == 0
+    assert (mine / "m.safetensors").stat().st_size > 0
+
+
 @pytest.mark.parametrize("command", [["evaluate", "traveller"], ["export", "traveller", "--format", "torch",
                                                                        "--output", "m.pt"]])
 def test_a_step_the_run_has_no_checkpoint_of_is_named_with_the_steps_it_has(tiny_run, capsys, command):
