@@ -185,6 +185,7 @@ def output_directory(out: Path, resume: bool):
     a finished or running run there is never overwritten without --resume."""
     from jax_scan_rnn.lock import run_lock
 
+    refuse_run_file(str(out), "--out")  # a run inside another run's checkpoints/ would mix with its steps
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out: expected a directory, got the file {out}")
     if not first_process():  # several processes: the first one holds the directory (and writes)

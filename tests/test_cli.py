@@ -211,6 +211,13 @@ def test_an_output_that_is_a_training_runs_own_file_is_refused(tiny_run, capsys,
     assert {p: p.read_bytes() for p in tiny_run.rglob("*") if p.is_file()} == before
 
 
+def test_a_run_inside_another_runs_checkpoints_is_refused(tiny_run, capsys):
+    inner = tiny_run / "checkpoints" / "inner"
+    assert main([*TINY_TRAVELLER, "--out", str(inner)]) == 2
+    assert f"--out: {inner} belongs to the training run in {tiny_run} (its own checkpoints)" in capsys.readouterr().err
+    assert not inner.exists()
+
+
 def test_a_folder_of_ones_own_called_checkpoints_is_not_a_run(tiny_run, tmp_path, capsys):
     mine = tmp_path / "checkpoints"
     mine.mkdir()
