@@ -1,37 +1,71 @@
 #!/usr/bin/env bash
-# The scan-vs-loop suite on one GPU, then the parity tests on that GPU. Under 8 minutes on an H200.
+# Everything the GPU issue measures, in one run of at most 8 minutes that writes at most 8 files.
 #
-#   bash benchmarks/gpu.sh                 # results under benchmarks/results/
-#   OUT=/some/dir bash benchmarks/gpu.sh   # results under $OUT (a lent device machine sets $OUT)
+#   bash benchmarks/gpu.sh --prepare      # here, once: what a machine without a package index lacks, into .gpu/
+#   OUT=/some/dir bash benchmarks/gpu.sh  # the run (a lent device machine sets $OUT; default runs/gpu-sh)
+#   python benchmarks/render_bench.py /some/dir/gpu-h200*.json --out benchmarks/results   # tables and plots
 #
-# Needs a Python with jax[cuda], flax, optax and a CUDA torch; this package need not be installed (the
-# repository root goes on PYTHONPATH). Runs, in order, each with its own time budget:
-#   1. float32 with TF32 off (jax.default_matmul_precision("highest"), torch allow_tf32=False and
-#      NVIDIA_TF32_OVERRIDE=0): the whole grid, T in {100, 1000, 10000}, B in {1, 64, 1024};
-#   2. bfloat16 (inputs and compute in bf16, JAX parameters kept in float32), the rows where bf16 applies;
-#   3. pytest parity_tests -q (float32 and float64 parity, matmul precision pinned by the tests);
-#   4. the unroll sweep behind unroll="auto" (benchmarks/tune_scan.py; into the log only), so that
-#      jax_scan_rnn.scan.auto_unroll can be set for GPUs from measurements;
-#   5. the hoisting A/B behind hoist_inputs="auto" (scan.auto_hoist; into the log only);
-#   6. `train vae --preset moses` (MOSES's VAE and data) for a fixed 90 s, its speed (updates/s, and the
-#      time of the preset's full run at that speed), then `evaluate vae --metrics moses` of its latest
-#      checkpoint on 500 prior samples: into the log only (the run folder is a temporary one). Training needs
-#      MOSES's data files (molsets: `pip install --no-deps molsets`; only moses/dataset/data/train.csv.gz is
-#      read), the evaluation rdkit and fcd_torch too; the GPU image has none of them, so the step says what is
-#      missing and skips what needs it. When it runs it takes step 2's time: bf16 is then skipped and step 1
-#      shortened (SKIP_MOSES=1 keeps steps 1 and 2 whole and skips 6).
-# Writes at most 8 files (the device machine's limit): <kind>.json/.md and three PNGs, <kind>-bf16.json/.md,
-# and gpu-run.log with everything printed. Without a GPU it says so and runs the quick suite on the CPU
-# instead (GPU-only rows are then marked n/a), so the script can be checked anywhere.
+# Needs a Python with jax[cuda], flax, optax, orbax and a CUDA torch; this package need not be installed (the
+# repository root goes on PYTHONPATH). --prepare puts rdkit's wheel for Python 3.12 (the device's) and MOSES's
+# training file (from this machine's molsets, laid out as molsets lays it out) under .gpu/, which the device
+# call carries: the VAE steps need both, and the device machine reaches no package index.
+# Steps, most wanted first, each under a hard time limit (seconds) so that one slow step cannot eat the rest:
+#   1. (90) float32, TF32 off (jax.default_matmul_precision("highest"), torch allow_tf32=False and
+#      NVIDIA_TF32_OVERRIDE=0): the Traveller at T=1000, B in {1, 64, 1024}, with compile times: the seed's
+#      loop, the cell loop eager and as a CUDA graph, nn.LSTM (the bound), jsr's scans, the limits (torch.compile
+#      and TorchScript rows left out: their compiles would take the step's minutes);
+#   2. (40 + 25) the VAE rows at the training size (B=128, T=60, H=256), torch_ref's loop, that loop in a CUDA
+#      graph and jsr; then greedy generation of 10,000 sequences, the same three;
+#   3. (60) pytest parity_tests on the GPU (float32 and float64; matmul precision pinned by the tests, TF32 off);
+#   4. (40 + 20) the unroll and hoisting sweeps behind unroll="auto" and hoist_inputs="auto";
+#   5. (55) `jax-scan-rnn train traveller` with its defaults (wall time, the out-of-sample table);
+#   6. (90 + 25) `jax-scan-rnn train vae` with its defaults (B=128, H=256, MOSES's data, 1,800 updates), then
+#      `sample vae --greedy -n 10000` from it: its wall time and the samples' validity and uniqueness;
+#   7. (25) bfloat16 where it applies (the loops, lax.scan, nn.LSTM / jsr.LSTM, the limits).
+# Files under $OUT (8): <kind>.json, <kind>-vae-b128.json, <kind>-vae-gen10k.json, <kind>-bf16.json (the
+# suite's results; render_bench.py makes their tables and plots), train-traveller-<kind>.json and
+# train-vae-<kind>.json (benchmarks/timed_run.py: wall time, memory, the run's evaluation), tune-scan-<kind>.json
+# (the sweeps) and gpu-run.log (everything printed). Without a GPU the same steps run at tiny sizes on the CPU,
+# GPU-only rows marked n/a: a check of the script, not a measurement.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-OUT="${OUT:-$ROOT/benchmarks/results}"
 PY="${PYTHON:-python3}"
+
+if [ "${1:-}" = --prepare ]; then
+    set -e
+    rm -rf .gpu && mkdir -p .gpu/wheels .gpu/site/moses/dataset/data
+    grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >>.git/info/exclude
+    $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .gpu/wheels rdkit
+    TRAIN=$($PY -c 'import importlib.util, os; s = importlib.util.find_spec("moses")
+print(os.path.join(s.submodule_search_locations[0], "dataset", "data", "train.csv.gz"))') \
+        || { echo "--prepare: MOSES's data is not installed here: pip install --no-deps molsets" >&2; exit 2; }
+    cp "$TRAIN" .gpu/site/moses/dataset/data/
+    : >.gpu/site/moses/__init__.py  # only found (importlib.util.find_spec), never imported
+    du -sh .gpu
+    echo "carry .gpu in the device call"
+    exit 0
+fi
+
+OUT="${OUT:-$ROOT/runs/gpu-sh}"
 mkdir -p "$OUT"
+if [ -n "$(ls -A "$OUT")" ]; then
+    echo "OUT: expected an empty folder (no run writes over another's results), got $OUT holding $(ls "$OUT" | head -3 | tr '\n' ' ')" >&2
+    exit 2
+fi
 LOG="$OUT/gpu-run.log"
-: >"$LOG"
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+# What --prepare carried, where this Python lacks it: rdkit's wheel, and the data folder of molsets.
+if [ -d "$ROOT/.gpu/wheels" ] && ! $PY -c 'import rdkit' 2>/dev/null; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$WORK/site" "$ROOT"/.gpu/wheels/*.whl
+    export PYTHONPATH="$PYTHONPATH:$WORK/site"
+fi
+if [ -d "$ROOT/.gpu/site/moses" ] && ! $PY -c 'import importlib.util as u, sys; sys.exit(u.find_spec("moses") is None)'; then
+    export PYTHONPATH="$PYTHONPATH:$ROOT/.gpu/site"
+fi
 export XLA_PYTHON_CLIENT_PREALLOCATE=false  # JAX and torch share the GPU in one process
 export PYTHONUNBUFFERED=1
 export MPLBACKEND=Agg
@@ -42,7 +76,7 @@ run() { # run <seconds> <command...>: a hard time limit per step, output to the 
     local limit=$1
     shift
     say "\$ $*"
-    timeout --signal=INT --kill-after=20 "$limit" "$@" 2>&1 | tee -a "$LOG"
+    timeout --signal=INT --kill-after=15 "$limit" "$@" 2>&1 | tee -a "$LOG"
     local rc=${PIPESTATUS[0]}
     [ "$rc" -eq 0 ] || say "exit code $rc (124: stopped at the ${limit} s limit)"
     return 0
@@ -61,97 +95,108 @@ print("yes" if gpus and torch_gpu else "no")
 EOF
 )
 $PY - <<'EOF' 2>&1 | tee -a "$LOG"
-import jax, platform
-print("jax", jax.__version__, jax.devices())
+import jax
+from importlib.util import find_spec
+from jax_scan_rnn.bench.machine import host_kind
+print("jax", jax.__version__, jax.devices(), "host kind", host_kind())
 try:
     import torch
     print("torch", torch.__version__, "cuda:", torch.cuda.is_available(),
           torch.cuda.get_device_name() if torch.cuda.is_available() else "")
 except Exception as e:  # noqa: BLE001
     print("torch: not importable:", e)
+print("rdkit:", "yes" if find_spec("rdkit") else "MISSING", "| MOSES data:", "yes" if find_spec("moses") else "MISSING")
 EOF
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$LOG"
-# Step 6's packages, found without importing them (importing moses itself fails on current pandas).
-MOSES_MISSING=$($PY - <<'EOF' 2>>"$LOG"
-from importlib.util import find_spec
-need = {"moses": "molsets", "rdkit": "rdkit", "fcd_torch": "fcd_torch"}
-print(" ".join(package for module, package in need.items() if find_spec(module) is None))
-EOF
-)
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee -a "$LOG"
+KIND=$($PY -c 'from jax_scan_rnn.bench.machine import host_kind; print(host_kind())' 2>>"$LOG")
+BENCH=($PY -m jax_scan_rnn.bench --out "$WORK/bench" --no-plots)
+CLI=($PY -m jax_scan_rnn.cli)
 
-if [ "$GPU" != "yes" ]; then
-    say "no GPU visible to both JAX and torch: running the quick suite on the CPU instead (GPU rows: n/a)"
-    run 170 $PY -m jax_scan_rnn.bench --quick --replace --out "$OUT"
-    rm -f "$OUT/.lock"  # the benchmark's hold on --out while it ran (jax_scan_rnn/lock.py), not a result
-    say "done (CPU fallback) in $(($(date +%s) - START)) s"
-    exit 0
+if [ "$GPU" = yes ]; then
+    SUITE=(--seq-lens 1000 --batch-sizes 1,64,1024 --sweep-seq-lens 10 --max-call-s 1.5 --budget-s 55)
+    VAE=(--vae-batch-sizes 128 --vae-seq-lens 60 --batch-sizes 1 --seq-lens 100 --budget-s 25)
+    GEN=(--vae-batch-sizes 10000 --vae-seq-lens 60 --batch-sizes 1 --seq-lens 100 --repeats 3 --max-call-s 30
+         --budget-s 15)
+    BF16=(--seq-lens 1000 --batch-sizes 1,64,1024 --sweep-seq-lens 5 --max-call-s 1 --budget-s 12)
+    PARITY=(-n 8)
+    SWEEP=(1x64 1024x64)
+    TRAVELLER=()
+    TRAIN_VAE=()
+    GREEDY_N=10000
+else
+    say "no GPU visible to both JAX and torch: the same steps at tiny sizes on the CPU (a check of this script)"
+    SUITE=(--seq-lens 20 --batch-sizes 1 --sweep-seq-lens 5 --repeats 3 --budget-s 10)
+    VAE=(--vae-batch-sizes 4 --vae-seq-lens 6 --batch-sizes 1 --seq-lens 10 --repeats 3 --budget-s 10)
+    GEN=(--vae-batch-sizes 16 --vae-seq-lens 6 --batch-sizes 1 --seq-lens 10 --repeats 3 --budget-s 10)
+    BF16=(--seq-lens 20 --batch-sizes 1 --sweep-seq-lens 5 --repeats 3 --budget-s 5)
+    PARITY=(-n 2 -k "lstm and forward")
+    SWEEP=(1x16)
+    TRAVELLER=(--steps 20 --eval-every 0 --hidden-size 8 --seq-len 16 --train-paths 64 --eval-paths 64)
+    TRAIN_VAE=(--steps 20 --limit 2000 --hidden-size 16 --latent-size 4 --eval-every 0 --eval-samples 50)
+    GREEDY_N=200
 fi
-
-# Step 6 runs when MOSES's data is there (and SKIP_MOSES is not 1); its 90 + 60 s then come out of steps 1 and 2.
-if [ "${SKIP_MOSES:-0}" != 1 ] && [[ " $MOSES_MISSING " != *" molsets "* ]]; then MOSES=yes; else MOSES=no; fi
+SUITE_ROWS=torch-cell,torch-cuda-graph,torch-lstm-seq,jax-scan-u1,jax-scan-u4,jax-scan-auto,jax-user-call,jax-jit-loop,jax-lstm-seq
+VAE_ROWS=vae-ss-torch,vae-ss-torch-graph,vae-ss-jax,vae-tf-torch,vae-tf-jax,vae-greedy-torch,vae-greedy-torch-graph,vae-greedy-jax
 
 # 1. float32, TF32 off. The suite stops starting new cases at --budget-s; the limit is a hard stop.
-# (Worst case, every step at its limit: 190 + 85 + 120 + 45 + 30 s plus start-up, under the 8 minutes; with
-# step 6: 125 + 0 + 120 + 45 + 30 + 150 s.)
-if [ "$MOSES" = yes ]; then SUITE_S=125 SUITE_BUDGET_S=70; else SUITE_S=190 SUITE_BUDGET_S=135; fi
-NVIDIA_TF32_OVERRIDE=0 run $SUITE_S $PY -m jax_scan_rnn.bench --replace --out "$OUT" \
-    --sweep-seq-lens 5,10 --max-call-s 1.5 --budget-s $SUITE_BUDGET_S
+NVIDIA_TF32_OVERRIDE=0 run 90 "${BENCH[@]}" --methods $SUITE_ROWS "${SUITE[@]}"
 
-# 2. bfloat16 where it applies: the loops, lax.scan, nn.LSTM / jsr.LSTM, the limits (no plots: file limit).
-if [ "$MOSES" = yes ]; then
-    say "2. bfloat16 skipped: its time goes to step 6 (--preset moses); SKIP_MOSES=1 runs it instead"
-else
-    run 85 $PY -m jax_scan_rnn.bench --replace --out "$OUT" --dtype bfloat16 --no-plots \
-        --methods torch-cell,torch-cuda-graph,torch-lstm-seq,jax-scan-u1,jax-scan-u4,jax-scan-u16,jax-lstm-seq \
-        --sweep-seq-lens 5 --max-call-s 1 --budget-s 50
-fi
+# 2. the VAE rows: a train step (whole ELBO + Adam) and decoding at B=128, T=60; then 10,000 generations.
+NVIDIA_TF32_OVERRIDE=0 run 40 "${BENCH[@]}" --label vae-b128 --methods $VAE_ROWS "${VAE[@]}"
+NVIDIA_TF32_OVERRIDE=0 run 25 "${BENCH[@]}" --label vae-gen10k --modes forward \
+    --methods vae-greedy-torch,vae-greedy-torch-graph,vae-greedy-jax "${GEN[@]}"
 
 # 3. parity on the GPU (each layer and VAE test runs with the input projections hoisted and inside the loop).
-# (-o addopts="": the device's Python may lack pytest-xdist, which the repository's default -n 2 needs)
-run 120 $PY -m pytest parity_tests -q -p no:cacheprovider -o addopts=""  # 114 s on the 2-core CPU
+# (-o addopts="": the repository's default options are CI's)
+NVIDIA_TF32_OVERRIDE=0 run 60 $PY -m pytest parity_tests -q -rfE -p no:cacheprovider -o addopts="" "${PARITY[@]}"
 
-# 4. unroll on this GPU (time per step vs unroll 1..16, forward and train step): printed to the log.
-NVIDIA_TF32_OVERRIDE=0 run 45 $PY benchmarks/tune_scan.py unroll 1x64 64x64 512x64 --rounds 2
-
-# 5. the input projection before the loop or inside each step, on this GPU: printed to the log.
-NVIDIA_TF32_OVERRIDE=0 run 30 $PY benchmarks/tune_scan.py hoist 1x64 64x64 1024x64
-
-# 6. --preset moses: 90 s of training (start-up, data and compilation included), stopped by the limit (exit
-# code 124 is the normal end here: the preset's full run is 309,600 updates); a checkpoint every 200 updates,
-# so the evaluation has one, and no evaluation in training (the next command evaluates). The run folder is
-# temporary: the files under $OUT stay within their limit.
-if [ "$MOSES" = no ]; then
-    WHY="not installed: $MOSES_MISSING (the MOSES data ships in molsets)"
-    [ "${SKIP_MOSES:-0}" = 1 ] && WHY="SKIP_MOSES=1"
-    say "6. --preset moses skipped: $WHY"
-else
-    RUN=$(mktemp -d)
-    trap 'rm -rf "$RUN"' EXIT
-    run 90 $PY -m jax_scan_rnn.cli train vae --preset moses --checkpoint-every 200 --eval-every 0 --out "$RUN/moses"
-    $PY - "$RUN/moses/metrics.jsonl" <<'EOF' 2>&1 | tee -a "$LOG"
-import json, sys
-from jax_scan_rnn.tasks.vae import PRESETS
-try:
-    rows = [r for r in map(json.loads, open(sys.argv[1])) if r["split"] == "train"]
-except OSError:
-    rows = []
-if not rows:
-    sys.exit("--preset moses: no training row was logged (its output is above)")
-last, full = rows[-1], PRESETS["moses"].configs()[1].steps
-# The first window holds the compilation; later ones a checkpoint save every other time: the median of those.
-rates = sorted(r["steps_per_s"] for r in rows[1:]) or [rows[0]["steps_per_s"]]
-rate = rates[len(rates) // 2]
-print(f"--preset moses on this GPU: {last['step']} updates in {last['elapsed_s']:.0f} s of training (compilation "
-      f"included); {rate:.1f} updates/s (median of {len(rates)} logging windows), so its {full:,} updates take "
-      f"about {full / rate / 3600:.1f} h (evaluations aside); loss {last['loss']:.4g}")
+# 4. unroll (time per step vs unroll 1..16, forward and train step) and hoisting, on this GPU.
+NVIDIA_TF32_OVERRIDE=0 run 40 $PY benchmarks/tune_scan.py unroll "${SWEEP[@]}" --rounds 2 --out "$WORK/unroll.json"
+NVIDIA_TF32_OVERRIDE=0 run 20 $PY benchmarks/tune_scan.py hoist "${SWEEP[@]}" --out "$WORK/hoist.json"
+$PY - "$WORK" "$OUT/tune-scan-$KIND.json" <<'EOF' 2>&1 | tee -a "$LOG"
+import json, os, sys
+work, out = sys.argv[1:]
+rows = {name: json.load(open(os.path.join(work, f"{name}.json")))
+        for name in ("unroll", "hoist") if os.path.exists(os.path.join(work, f"{name}.json"))}
+json.dump(rows, open(out, "w"), indent=1)
+print(f"sweeps written: {sorted(rows) or 'none'}")
 EOF
-    if [ -n "$MOSES_MISSING" ]; then
-        say "6. evaluate vae --metrics moses skipped: not installed: $MOSES_MISSING"
-    else
-        run 60 $PY -m jax_scan_rnn.cli evaluate vae --checkpoint "$RUN/moses" --metrics moses -n 500
-    fi
+
+# 5. the Traveller as a user trains it: the README's first command, its defaults, a first run (empty cache).
+run 55 $PY benchmarks/timed_run.py --results "$OUT/train-traveller-$KIND.json" \
+    --report "$WORK/traveller/evaluation.json" -- "${CLI[@]}" train traveller --out "$WORK/traveller" "${TRAVELLER[@]}"
+
+# 6. the VAE as a user trains it (its defaults: B=128, H=256, MOSES's data), then greedy generation from it.
+run 90 $PY benchmarks/timed_run.py --results "$OUT/train-vae-$KIND.json" \
+    --report "$WORK/vae/evaluation.json" -- "${CLI[@]}" train vae --out "$WORK/vae" "${TRAIN_VAE[@]}"
+if [ -d "$WORK/vae/checkpoints" ]; then
+    T0=$(date +%s.%N)
+    run 25 "${CLI[@]}" sample vae --checkpoint "$WORK/vae" --greedy -n $GREEDY_N --output "$WORK/greedy.txt"
+    $PY - "$WORK/greedy.txt" "$T0" "$(date +%s.%N)" <<'EOF' 2>&1 | tee -a "$LOG"
+import sys
+from importlib.util import find_spec
+path, t0, t1 = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+try:
+    lines = open(path).read().splitlines()
+except OSError:
+    sys.exit("greedy generation: no samples were written (its output is above)")
+print(f"greedy generation: {len(lines)} samples in {t1 - t0:.1f} s (the command's wall time, start-up and "
+      f"compilation included)")
+if find_spec("rdkit"):
+    from jax_scan_rnn.metrics import uniqueness, validity
+    print(f"greedy generation: validity {validity(lines):.4f}, uniqueness {uniqueness(lines):.4f}")
+else:
+    print("greedy generation: validity not measured: rdkit is not installed")
+EOF
+else
+    say "6. greedy generation skipped: the VAE run left no checkpoint"
 fi
 
-rm -f "$OUT/.lock"  # the benchmark's hold on --out while it ran (jax_scan_rnn/lock.py), not a result
+# 7. bfloat16 where it applies (inputs and compute in bf16, JAX parameters kept in float32).
+run 25 "${BENCH[@]}" --dtype bfloat16 \
+    --methods torch-cell,torch-cuda-graph,torch-lstm-seq,jax-scan-u1,jax-scan-u4,jax-scan-u16,jax-lstm-seq "${BF16[@]}"
+
+cp "$WORK"/bench/*.json "$OUT"/ 2>/dev/null
+rm -f "$OUT"/*.lock  # timed_run.py's holds on its results files while it ran (jax_scan_rnn/lock.py), not results
 say "done in $(($(date +%s) - START)) s; files in $OUT:"
 ls -l "$OUT" | tee -a "$LOG"

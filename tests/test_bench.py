@@ -436,3 +436,35 @@ def test_a_peer_ratio_is_the_median_of_the_rounds_ratios():
     assert vs["call"] == pytest.approx(1 / 1.1) and vs["call_of_medians"] == pytest.approx(3 / 1.1)
     assert vs["compile"] == pytest.approx(0.5) and vs["compile_of_medians"] == pytest.approx(0.5)
     assert vs["first_call"] == pytest.approx(0.5)
+
+
+def test_graphed_vae_decoder_is_decode_without_its_checks():
+    """The CUDA-graph rows' decoder (run here without a graph) gives decode's logits, and a model whose
+    decode goes through it gives the same loss and gradients: what the GPU rows capture is the same math."""
+    torch = pytest.importorskip("torch")
+    import torch_ref
+    from jax_scan_rnn.bench.vae_methods import graph_decoder, scheduled_decoder
+
+    torch.manual_seed(0)
+    model = torch_ref.SeqVAE(12, 8, 3, 1)
+    tokens = torch.randint(3, 12, (4, 7))
+    lengths = torch.tensor([7, 5, 3, 7])
+    mask, z, eps = torch.rand(4, 7) < 0.5, torch.randn(4, 3), torch.randn(4, 3)
+    want = model.decode(z, tokens, replace_mask=mask)
+    torch.testing.assert_close(scheduled_decoder(torch, model, tokens, mask)(z), want, rtol=0, atol=0)
+
+    def grads(m):
+        m.zero_grad(set_to_none=True)
+        loss = m.loss(tokens, lengths, eps=eps, replace_mask=mask)["total"]
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+
+    loss_want, grads_want = grads(model)
+    graphed = torch_ref.SeqVAE(12, 8, 3, 1)
+    graphed.load_state_dict(model.state_dict())
+    graph_decoder(torch, graphed, tokens, mask, z, make_graphed=lambda module, args, **_: module)
+    loss_got, grads_got = grads(graphed)
+    torch.testing.assert_close(loss_got, loss_want, rtol=0, atol=0)
+    assert grads_got.keys() == grads_want.keys()
+    for name in grads_want:
+        torch.testing.assert_close(grads_got[name], grads_want[name], rtol=0, atol=0, msg=name)

@@ -32,7 +32,7 @@ How the decoder runs:
   whole sequence in ONE call (cuDNN/oneDNN fuse the time loop);
 - scheduled sampling (`replace_mask` given) and free running (`generate`): the input of step t depends on
   the output of step t-1, so a Python loop over time calls `gru_decoder` on one step `[B, 1, V(+Z)]` at a
-  time, carrying the hidden state. Both use the one loop `SeqVAE._feedback_loop`; they differ only in the
+  time, carrying the hidden state. Both use the one loop `SeqVAE.feedback_loop`; they differ only in the
   function that chooses what is fed back.
 
 Randomness is explicit: `eps` (latent noise), `gumbel` (sampling noise), `replace_mask` (scheduled
@@ -218,11 +218,13 @@ class SeqVAE(nn.Module):
 
     # ---- Decoder ----
 
-    def _feedback_loop(self, z: Tensor, steps: int, feed: Callable[[int, Tensor], Tensor]) -> Tensor:
+    def feedback_loop(self, z: Tensor, steps: int, feed: Callable[[int, Tensor], Tensor]) -> Tensor:
         """The Python loop over time shared by scheduled sampling and free running: -> logits [B, steps, V].
 
         x_0 = one_hot(<sos>); step t gives logits_t; `feed(t, logits_t)` returns x_{t+1} [B, V], the vector
         fed to step t+1 (not called after the last step). `gru_decoder` runs one step [B, 1, V(+Z)] per call.
+        It checks only z's shape and dtype, never a tensor's values, so it never waits on the GPU: a CUDA graph
+        can capture it (the benchmark's graphed decoder rows, jax_scan_rnn/bench/vae_methods.py).
         """
         h = self.initial_hidden(z)  # [L, B, H]
         x = self._one_hot(torch.full((z.shape[0],), SOS, device=z.device))
@@ -310,7 +312,7 @@ class SeqVAE(nn.Module):
                 predicted = self._one_hot(logits_t.argmax(dim=-1))
             return torch.where(replace_mask[:, t + 1, None], predicted, teacher[:, t])
 
-        return self._feedback_loop(z, seq_len, feed)
+        return self.feedback_loop(z, seq_len, feed)
 
     # ---- Loss, forward, generation ----
 
@@ -400,7 +402,7 @@ class SeqVAE(nn.Module):
             chosen.append(pick(t, logits_t))
             return self._one_hot(chosen[-1])
 
-        logits = self._feedback_loop(z, max_len, feed)
+        logits = self.feedback_loop(z, max_len, feed)
         chosen.append(pick(max_len - 1, logits[:, -1]))  # the last token is output, never fed
         return pad_after_eos(torch.stack(chosen, dim=1))
 

@@ -147,6 +147,10 @@ METHODS: dict[str, Method] = _by_key([
            role="seed", model="vae-ss",
            note="torch_ref.SeqVAE.decode(z, tokens, replace_mask): a Python loop over nn.GRU steps; train: "
                 "its loss (encoder + decoder + KL)"),
+    Method("vae-ss-torch-graph", "torch: CUDA graph of the decoder loop, scheduled sampling", "torch", "compiled",
+           vae_methods.torch_graph_row("ss"), gpu_only=True, model="vae-ss",
+           note="that loop captured once as a CUDA graph and replayed; train: the decoder's forward and backward "
+                "graphed (make_graphed_callables), the encoder, KL and Adam eager (GPU only)"),
     Method("vae-ss-jax", "jax: decoder scan, scheduled sampling", "jax", "compiled", vae_methods.jax_row("ss"),
            model="vae-ss", note="jsr.SeqVAE.decode with the same replace_mask: one jitted lax.scan"),
     Method("vae-tf-torch", "torch: teacher forcing, no feedback", "torch", "eager", vae_methods.torch_row("tf"),
@@ -156,6 +160,9 @@ METHODS: dict[str, Method] = _by_key([
     Method("vae-greedy-torch", "torch: greedy generation loop", "torch", "eager", vae_methods.torch_row("greedy"),
            role="seed", model="vae-greedy", modes=("forward",), modes_note=NO_GRADIENT,
            note="torch_ref.SeqVAE.generate(z, T): argmax fed back as a one-hot, a Python loop"),
+    Method("vae-greedy-torch-graph", "torch: CUDA graph of the generation loop", "torch", "compiled",
+           vae_methods.torch_graph_row("greedy"), gpu_only=True, model="vae-greedy", modes=("forward",),
+           modes_note=NO_GRADIENT, note="generate(z, T) captured once as a CUDA graph and replayed (GPU only)"),
     Method("vae-greedy-jax", "jax: greedy generation scan", "jax", "compiled", vae_methods.jax_row("greedy"),
            model="vae-greedy", modes=("forward",), modes_note=NO_GRADIENT,
            note="jsr.SeqVAE.generate(z, T), jitted: one lax.scan"),

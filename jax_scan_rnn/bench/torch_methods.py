@@ -134,6 +134,29 @@ def limit(ctx: Context, batch: int, steps: int, mode: str) -> Case:
     return _traveller_case(ctx, batch, steps, mode, positions)
 
 
+def graph_call(ctx: Context, forward: Callable[[], Any]) -> Callable[[], Any]:
+    """`forward()` (tensors in, a tensor out, no gradient) captured once in a CUDA graph: -> a call that
+    replays it and returns its output (the same static tensor each time). One warm-up call runs first on a
+    side stream, as capture needs."""
+    torch = ctx.torch
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.no_grad():
+        forward()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        static_out = forward()
+    torch.cuda.synchronize()
+
+    def call():
+        graph.replay()
+        torch.cuda.synchronize()
+        return static_out
+
+    return call
+
+
 def cuda_graph(ctx: Context, batch: int, steps: int, mode: str) -> Case:
     """The cell loop captured once in a CUDA graph, replayed per call (forward), or graphed fwd+bwd (train)."""
     torch = ctx.torch
@@ -149,23 +172,8 @@ def cuda_graph(ctx: Context, batch: int, steps: int, mode: str) -> Case:
     t0 = time.perf_counter()
     if mode == "forward":
         weights = [w.detach() for w in ctx.torch_model.flat_weights()]
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side), torch.no_grad():
-            traveller_loop(xs, *start, weights, None)  # warm-up outside the capture, as CUDA graphs need
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.no_grad(), torch.cuda.graph(graph):
-            static_out = traveller_loop(xs, *start, weights, None)[0]  # positions [T, B, 2]
-        torch.cuda.synchronize()
-        capture_s = time.perf_counter() - t0
-
-        def call():
-            graph.replay()
-            torch.cuda.synchronize()
-            return static_out
-
-        return Case(call, output=lambda out: to_numpy(out.transpose(0, 1)), compile_s=capture_s)
+        call = graph_call(ctx, lambda: traveller_loop(xs, *start, weights, None)[0])  # positions [T, B, 2]
+        return Case(call, output=lambda out: to_numpy(out.transpose(0, 1)), compile_s=time.perf_counter() - t0)
 
     model = copy.deepcopy(ctx.torch_model).train()
     params = model.flat_weights()

@@ -1,10 +1,13 @@
 """The VAE decoder rows: scheduled sampling ("ss": one coin per token feeds back either the model's argmax
 or the true token), teacher forcing ("tf": nothing fed back, the bound for "ss") and greedy generation
-("greedy": free running), each as torch_ref.SeqVAE (a Python loop over nn.GRU steps) and as jsr.SeqVAE
-(one jitted lax.scan). A train step is the whole VAE loss (encoder, decoder, KL) + Adam.
+("greedy": free running), each as torch_ref.SeqVAE (a Python loop over nn.GRU steps), that loop captured in a
+CUDA graph (GPU only), and jsr.SeqVAE (one jitted lax.scan). A train step is the whole VAE loss (encoder,
+decoder, KL) + Adam.
 """
 from __future__ import annotations
 
+import copy
+import time
 from collections.abc import Callable
 
 import jax.numpy as jnp
@@ -14,7 +17,7 @@ from flax import nnx
 import jax_scan_rnn as jsr
 from jax_scan_rnn.bench.context import Case, Context, Skip
 from jax_scan_rnn.bench.jax_methods import library_case
-from jax_scan_rnn.bench.torch_methods import torch_case
+from jax_scan_rnn.bench.torch_methods import adam_call, graph_call, to_numpy, torch_case
 from jax_scan_rnn.data.smiles import EOS, SPECIAL_TOKENS
 
 
@@ -96,6 +99,75 @@ def torch_row(task: str) -> Callable[[Context, int, int, str], Case]:
         return torch_case(ctx, mode, vae.torch_model, forward, loss)
 
     return build
+
+
+def scheduled_decoder(torch, model, tokens, mask):
+    """A module whose `forward(z [B, Z]) -> logits [B, T, V]` equals `model.decode(z, tokens, replace_mask=mask)`
+    (argmax mode): `model.feedback_loop` with decode's feed and none of decode's checks, which read the token
+    ids' range on the host and so cannot be captured in a CUDA graph."""
+    def one_hot(ids):
+        return torch.nn.functional.one_hot(ids.long(), model.vocab_size).to(model.dtype)
+
+    teacher = one_hot(tokens)  # teacher[:, t] is fed to step t+1 where the coin says so
+
+    class Decoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model  # its parameters are the module's, for make_graphed_callables
+
+        def forward(self, z):
+            def feed(t, logits_t):
+                return torch.where(mask[:, t + 1, None], one_hot(logits_t.argmax(dim=-1)), teacher[:, t])
+
+            return self.model.feedback_loop(z, tokens.shape[1], feed)
+
+    return Decoder()
+
+
+def torch_graph_row(task: str) -> Callable[[Context, int, int, str], Case]:
+    """`torch_row(task)` with the decoder loop captured once in a CUDA graph and replayed (GPU only).
+
+    Forward: "greedy" graphs `generate(z, T)` whole, "ss" the scheduled-sampling loop (`scheduled_decoder`).
+    Train ("ss"): the decoder's forward and backward graphed by `torch.cuda.make_graphed_callables`; the
+    encoder (packed sequences, whose lengths live on the host), the KL and Adam run eagerly around it.
+    """
+
+    def build(ctx: Context, batch: int, steps: int, mode: str) -> Case:
+        torch = ctx.torch
+        if not ctx.on_gpu:
+            raise Skip("needs a CUDA GPU (torch.cuda.is_available() is False on this machine)")
+        vae = _vae(ctx)
+        d = {k: torch.from_numpy(v).to(ctx.torch_device) for k, v in vae.data(batch, steps).items()}
+        t0 = time.perf_counter()
+        if mode == "forward":
+            model = vae.torch_model
+            if task == "greedy":
+                call = graph_call(ctx, lambda: model.generate(d["z"], steps))
+            else:
+                decoder = scheduled_decoder(torch, model, d["tokens"], d["mask"])
+                call = graph_call(ctx, lambda: decoder(d["z"]))
+            return Case(call, output=to_numpy, compile_s=time.perf_counter() - t0)
+        model = copy.deepcopy(vae.torch_model).train()
+        graphed = graph_decoder(torch, model, d["tokens"], d["mask"], d["z"])
+        torch.cuda.synchronize()
+        compile_s = time.perf_counter() - t0
+        return Case(adam_call(ctx, model, lambda: model.loss(d["tokens"], d["lengths"], eps=d["eps"],
+                                                             replace_mask=d["mask"])["total"]), compile_s=compile_s)
+
+    return build
+
+
+def graph_decoder(torch, model, tokens, mask, z, make_graphed=None):
+    """Make `model.loss(tokens, ..., replace_mask=mask)` decode through a graphed `scheduled_decoder`:
+    `model.decode` becomes that module (forward and backward captured by `make_graphed`, by default
+    `torch.cuda.make_graphed_callables`, with a z [B, Z] like the encoder's as its sample). Returns the module.
+    Only for the benchmark's own copy of a model: it replaces that instance's `decode`."""
+    make_graphed = make_graphed or torch.cuda.make_graphed_callables
+    decoder = scheduled_decoder(torch, model, tokens, mask)
+    # allow_unused_input: the encoder's parameters belong to the module but get no gradient from the decoder
+    graphed = make_graphed(decoder, (z.detach().clone().requires_grad_(),), allow_unused_input=True)
+    model.decode = lambda z, tokens, **_: graphed(z)
+    return graphed
 
 
 def jax_row(task: str) -> Callable[[Context, int, int, str], Case]:
