@@ -108,6 +108,13 @@ except Exception as e:  # noqa: BLE001
 print("rdkit:", "yes" if find_spec("rdkit") else "MISSING", "| MOSES data:", "yes" if find_spec("moses") else "MISSING")
 EOF
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee -a "$LOG"
+# A first call of the library, so that a JAX it does not run with costs seconds, not the whole run.
+if ! $PY -c 'import jax.numpy as jnp; from flax import nnx; import jax_scan_rnn as jsr
+m = jsr.LSTM(3, 4, 1, batch_first=True, rngs=nnx.Rngs(0)); print("preflight: jsr.LSTM", m(jnp.ones((2, 5, 3)))[0].shape)' \
+    2>&1 | tee -a "$LOG"; then
+    say "preflight failed: this package does not run with this Python's JAX (above); nothing else was run"
+    exit 1
+fi
 KIND=$($PY -c 'from jax_scan_rnn.bench.machine import host_kind; print(host_kind())' 2>>"$LOG")
 BENCH=($PY -m jax_scan_rnn.bench --out "$WORK/bench" --no-plots)
 CLI=($PY -m jax_scan_rnn.cli)
