@@ -1,32 +1,34 @@
 #!/usr/bin/env bash
-# Everything the GPU issue measures, in one run of at most 8 minutes that writes at most 8 files.
+# Everything the GPU issue measures, in one prepared run that writes at most 8 files.
 #
 #   bash benchmarks/gpu.sh --prepare      # here, once: what a machine without a package index lacks, into .gpu/
 #   OUT=/some/dir bash benchmarks/gpu.sh  # the run (a lent device machine sets $OUT; default runs/gpu-sh)
+#   STEPS="parity vae" OUT=... bash benchmarks/gpu.sh   # only those steps (names below)
 #   python benchmarks/render_bench.py /some/dir/gpu-h200*.json --out benchmarks/results   # tables and plots
 #
 # Needs a Python with jax[cuda], flax, optax, orbax and a CUDA torch; this package need not be installed (the
 # repository root goes on PYTHONPATH). --prepare puts rdkit's wheel for Python 3.12 (the device's) and MOSES's
 # training file (from this machine's molsets, laid out as molsets lays it out) under .gpu/, which the device
 # call carries: the VAE steps need both, and the device machine reaches no package index.
-# Steps, most wanted first, each under a hard time limit (seconds) so that one slow step cannot eat the rest:
-#   1. (90) float32, TF32 off (jax.default_matmul_precision("highest"), torch allow_tf32=False and
-#      NVIDIA_TF32_OVERRIDE=0): the Traveller at T=1000, B in {1, 64, 1024}, with compile times: the seed's
-#      loop, the cell loop eager and as a CUDA graph, nn.LSTM (the bound), jsr's scans, the limits (torch.compile
-#      and TorchScript rows left out: their compiles would take the step's minutes);
-#   2. (40 + 25) the VAE rows at the training size (B=128, T=60, H=256), torch_ref's loop, that loop in a CUDA
-#      graph and jsr; then greedy generation of 10,000 sequences, the same three;
-#   3. (60) pytest parity_tests on the GPU (float32 and float64; matmul precision pinned by the tests, TF32 off);
-#   4. (40 + 20) the unroll and hoisting sweeps behind unroll="auto" and hoist_inputs="auto";
-#   5. (55) `jax-scan-rnn train traveller` with its defaults (wall time, the out-of-sample table);
-#   6. (90 + 25) `jax-scan-rnn train vae` with its defaults (B=128, H=256, MOSES's data, 1,800 updates), then
-#      `sample vae --greedy -n 10000` from it: its wall time and the samples' validity and uniqueness;
-#   7. (25) bfloat16 where it applies (the loops, lax.scan, nn.LSTM / jsr.LSTM, the limits).
-# Files under $OUT (8): <kind>.json, <kind>-vae-b128.json, <kind>-vae-gen10k.json, <kind>-bf16.json (the
-# suite's results; render_bench.py makes their tables and plots), train-traveller-<kind>.json and
-# train-vae-<kind>.json (benchmarks/timed_run.py: wall time, memory, the run's evaluation), tune-scan-<kind>.json
-# (the sweeps) and gpu-run.log (everything printed). Without a GPU the same steps run at tiny sizes on the CPU,
-# GPU-only rows marked n/a: a check of the script, not a measurement.
+# Steps, most wanted first, each under a hard time limit (seconds, its Python's ~15 s start-up on the H200
+# included) so that one slow step cannot eat the rest; at most 8.5 minutes in all, less as steps end early:
+#   grid     (105) float32, TF32 off (jax.default_matmul_precision("highest"), torch allow_tf32=False and
+#            NVIDIA_TF32_OVERRIDE=0): the Traveller at T=1000, B in $GRID_BATCHES (1,64,1024), with compile
+#            times: the seed's loop, the cell loop eager and as a CUDA graph, nn.LSTM (the bound), jsr's scans,
+#            the limits (torch.compile and TorchScript rows left out: their compiles would take minutes);
+#   vae      (75) the VAE rows at T=60, H=256, B=128 (the training size) and B=10000 (generation): torch_ref's
+#            loop, that loop in a CUDA graph, and jsr;
+#   parity   (85) pytest parity_tests (float32 and float64; TF32 off in both frameworks, parity_tests/conftest.py);
+#   unroll   (50), hoist (30): the sweeps behind unroll="auto" and hoist_inputs="auto" ($SWEEP_CONFIGS);
+#   traveller (40) `jax-scan-rnn train traveller` with its defaults (wall time, the out-of-sample table);
+#   train-vae (80 + 25) `jax-scan-rnn train vae` with its defaults (B=128, H=256, MOSES's data, 1,800 updates),
+#            then `sample vae --greedy -n 10000` from it: wall time, the samples' validity and uniqueness;
+#   bf16     (35) bfloat16 where it applies (the loops, lax.scan, nn.LSTM / jsr.LSTM, the limits).
+# Files under $OUT (8 at most): <kind>.json, <kind>-vae.json, <kind>-bf16.json (the suite's results;
+# render_bench.py makes their tables and plots), train-traveller-<kind>.json and train-vae-<kind>.json
+# (benchmarks/timed_run.py: wall time, memory, the run's evaluation), unroll-<kind>.json, hoist-<kind>.json and
+# gpu-run.log (everything printed). Without a GPU the same steps run at tiny sizes on the CPU, GPU-only rows
+# marked n/a: a check of the script, not a measurement.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -47,6 +49,16 @@ print(os.path.join(s.submodule_search_locations[0], "dataset", "data", "train.cs
     echo "carry .gpu in the device call"
     exit 0
 fi
+
+STEPS="${STEPS:-grid vae parity unroll hoist traveller train-vae bf16}"
+for step in $STEPS; do
+    case " grid vae parity unroll hoist traveller train-vae bf16 " in
+        *" $step "*) ;;
+        *) echo "STEPS: expected names among grid vae parity unroll hoist traveller train-vae bf16, got '$step'" >&2
+           exit 2 ;;
+    esac
+done
+want() { [[ " $STEPS " == *" $1 "* ]]; }
 
 OUT="${OUT:-$ROOT/runs/gpu-sh}"
 mkdir -p "$OUT"
@@ -119,67 +131,62 @@ KIND=$($PY -c 'from jax_scan_rnn.bench.machine import host_kind; print(host_kind
 BENCH=($PY -m jax_scan_rnn.bench --out "$WORK/bench" --no-plots)
 CLI=($PY -m jax_scan_rnn.cli)
 
+
 if [ "$GPU" = yes ]; then
-    SUITE=(--seq-lens 1000 --batch-sizes 1,64,1024 --sweep-seq-lens 10 --max-call-s 1.5 --budget-s 55)
-    VAE=(--vae-batch-sizes 128 --vae-seq-lens 60 --batch-sizes 1 --seq-lens 100 --budget-s 25)
-    GEN=(--vae-batch-sizes 10000 --vae-seq-lens 60 --batch-sizes 1 --seq-lens 100 --repeats 3 --max-call-s 30
-         --budget-s 15)
-    BF16=(--seq-lens 1000 --batch-sizes 1,64,1024 --sweep-seq-lens 5 --max-call-s 1 --budget-s 12)
+    GRID=(--seq-lens 1000 --batch-sizes "${GRID_BATCHES:-1,64,1024}" --sweep-seq-lens 10 --max-call-s 1 --budget-s 70)
+    VAE=(--vae-batch-sizes 128,10000 --vae-seq-lens 60 --batch-sizes 1 --seq-lens 10 --sweep-seq-lens 10
+         --max-call-s 5 --budget-s 45)
+    BF16=(--seq-lens 1000 --batch-sizes 1,64,1024 --sweep-seq-lens 5 --max-call-s 1 --budget-s 15)
     PARITY=(-n 8)
-    SWEEP=(1x64 1024x64)
+    read -ra SWEEP <<<"${SWEEP_CONFIGS:-1x64 64x64 1024x64}"
     TRAVELLER=()
     TRAIN_VAE=()
     GREEDY_N=10000
 else
     say "no GPU visible to both JAX and torch: the same steps at tiny sizes on the CPU (a check of this script)"
-    SUITE=(--seq-lens 20 --batch-sizes 1 --sweep-seq-lens 5 --repeats 3 --budget-s 10)
-    VAE=(--vae-batch-sizes 4 --vae-seq-lens 6 --batch-sizes 1 --seq-lens 10 --repeats 3 --budget-s 10)
-    GEN=(--vae-batch-sizes 16 --vae-seq-lens 6 --batch-sizes 1 --seq-lens 10 --repeats 3 --budget-s 10)
+    GRID=(--seq-lens 20 --batch-sizes 1 --sweep-seq-lens 5 --repeats 3 --budget-s 10)
+    VAE=(--vae-batch-sizes 4,16 --vae-seq-lens 6 --batch-sizes 1 --seq-lens 10 --sweep-seq-lens 5 --repeats 3
+         --budget-s 10)
     BF16=(--seq-lens 20 --batch-sizes 1 --sweep-seq-lens 5 --repeats 3 --budget-s 5)
     PARITY=(-n 2 -k "lstm and forward")
-    SWEEP=(1x16)
+    read -ra SWEEP <<<"${SWEEP_CONFIGS:-1x16}"
     TRAVELLER=(--steps 20 --eval-every 0 --hidden-size 8 --seq-len 16 --train-paths 64 --eval-paths 64)
     TRAIN_VAE=(--steps 20 --limit 2000 --hidden-size 16 --latent-size 4 --eval-every 0 --eval-samples 50)
     GREEDY_N=200
 fi
-SUITE_ROWS=torch-cell,torch-cuda-graph,torch-lstm-seq,jax-scan-u1,jax-scan-u4,jax-scan-auto,jax-user-call,jax-jit-loop,jax-lstm-seq
+GRID_ROWS=torch-cell,torch-cuda-graph,torch-lstm-seq,jax-scan-u1,jax-scan-u4,jax-scan-auto,jax-user-call,jax-jit-loop,jax-lstm-seq
 VAE_ROWS=vae-ss-torch,vae-ss-torch-graph,vae-ss-jax,vae-tf-torch,vae-tf-jax,vae-greedy-torch,vae-greedy-torch-graph,vae-greedy-jax
+keep() { cp "$WORK"/bench/*.json "$OUT"/ 2>/dev/null; }  # each step's results reach $OUT as soon as it ends
 
-# 1. float32, TF32 off. The suite stops starting new cases at --budget-s; the limit is a hard stop.
-NVIDIA_TF32_OVERRIDE=0 run 90 "${BENCH[@]}" --methods $SUITE_ROWS "${SUITE[@]}"
+# The Traveller, float32, TF32 off. The suite stops starting new cases at --budget-s; the limit is a hard stop.
+want grid && { NVIDIA_TF32_OVERRIDE=0 run 105 "${BENCH[@]}" --methods $GRID_ROWS "${GRID[@]}"; keep; }
 
-# 2. the VAE rows: a train step (whole ELBO + Adam) and decoding at B=128, T=60; then 10,000 generations.
-NVIDIA_TF32_OVERRIDE=0 run 40 "${BENCH[@]}" --label vae-b128 --methods $VAE_ROWS "${VAE[@]}"
-NVIDIA_TF32_OVERRIDE=0 run 25 "${BENCH[@]}" --label vae-gen10k --modes forward \
-    --methods vae-greedy-torch,vae-greedy-torch-graph,vae-greedy-jax "${GEN[@]}"
+# The VAE rows: a train step (whole ELBO + Adam) and decoding at B=128, generation at B=10000 (the Traveller's
+# seed and limit rows, which every run has, at T=10 only).
+want vae && { NVIDIA_TF32_OVERRIDE=0 run 75 "${BENCH[@]}" --label vae --methods $VAE_ROWS "${VAE[@]}"; keep; }
 
-# 3. parity on the GPU (each layer and VAE test runs with the input projections hoisted and inside the loop).
+# Parity on the GPU (each layer and VAE test runs with the input projections hoisted and inside the loop).
 # (-o addopts="": the repository's default options are CI's)
-NVIDIA_TF32_OVERRIDE=0 run 60 $PY -m pytest parity_tests -q -rfE -p no:cacheprovider -o addopts="" "${PARITY[@]}"
+want parity && NVIDIA_TF32_OVERRIDE=0 run 85 $PY -m pytest parity_tests -q -rfE -p no:cacheprovider -o addopts="" \
+    "${PARITY[@]}"
 
-# 4. unroll (time per step vs unroll 1..16, forward and train step) and hoisting, on this GPU.
-NVIDIA_TF32_OVERRIDE=0 run 40 $PY benchmarks/tune_scan.py unroll "${SWEEP[@]}" --rounds 2 --out "$WORK/unroll.json"
-NVIDIA_TF32_OVERRIDE=0 run 20 $PY benchmarks/tune_scan.py hoist "${SWEEP[@]}" --out "$WORK/hoist.json"
-$PY - "$WORK" "$OUT/tune-scan-$KIND.json" <<'EOF' 2>&1 | tee -a "$LOG"
-import json, os, sys
-work, out = sys.argv[1:]
-rows = {name: json.load(open(os.path.join(work, f"{name}.json")))
-        for name in ("unroll", "hoist") if os.path.exists(os.path.join(work, f"{name}.json"))}
-json.dump(rows, open(out, "w"), indent=1)
-print(f"sweeps written: {sorted(rows) or 'none'}")
-EOF
+# unroll (time per step vs unroll 1..16, forward and train step) and hoisting, on this GPU.
+want unroll && NVIDIA_TF32_OVERRIDE=0 run 50 $PY benchmarks/tune_scan.py unroll "${SWEEP[@]}" --rounds 2 \
+    --out "$OUT/unroll-$KIND.json"
+want hoist && NVIDIA_TF32_OVERRIDE=0 run 30 $PY benchmarks/tune_scan.py hoist "${SWEEP[@]}" --out "$OUT/hoist-$KIND.json"
 
-# 5. the Traveller as a user trains it: the README's first command, its defaults, a first run (empty cache).
-run 55 $PY benchmarks/timed_run.py --results "$OUT/train-traveller-$KIND.json" \
+# The Traveller as a user trains it: the README's first command, its defaults, a first run (empty cache).
+want traveller && run 40 $PY benchmarks/timed_run.py --results "$OUT/train-traveller-$KIND.json" \
     --report "$WORK/traveller/evaluation.json" -- "${CLI[@]}" train traveller --out "$WORK/traveller" "${TRAVELLER[@]}"
 
-# 6. the VAE as a user trains it (its defaults: B=128, H=256, MOSES's data), then greedy generation from it.
-run 90 $PY benchmarks/timed_run.py --results "$OUT/train-vae-$KIND.json" \
-    --report "$WORK/vae/evaluation.json" -- "${CLI[@]}" train vae --out "$WORK/vae" "${TRAIN_VAE[@]}"
-if [ -d "$WORK/vae/checkpoints" ]; then
-    T0=$(date +%s.%N)
-    run 25 "${CLI[@]}" sample vae --checkpoint "$WORK/vae" --greedy -n $GREEDY_N --output "$WORK/greedy.txt"
-    $PY - "$WORK/greedy.txt" "$T0" "$(date +%s.%N)" <<'EOF' 2>&1 | tee -a "$LOG"
+# The VAE as a user trains it (its defaults: B=128, H=256, MOSES's data), then greedy generation from it.
+if want train-vae; then
+    run 80 $PY benchmarks/timed_run.py --results "$OUT/train-vae-$KIND.json" \
+        --report "$WORK/vae/evaluation.json" -- "${CLI[@]}" train vae --out "$WORK/vae" "${TRAIN_VAE[@]}"
+    if [ -d "$WORK/vae/checkpoints" ]; then
+        T0=$(date +%s.%N)
+        run 25 "${CLI[@]}" sample vae --checkpoint "$WORK/vae" --greedy -n $GREEDY_N --output "$WORK/greedy.txt"
+        $PY - "$WORK/greedy.txt" "$T0" "$(date +%s.%N)" <<'EOF' 2>&1 | tee -a "$LOG"
 import sys
 from importlib.util import find_spec
 path, t0, t1 = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
@@ -195,15 +202,15 @@ if find_spec("rdkit"):
 else:
     print("greedy generation: validity not measured: rdkit is not installed")
 EOF
-else
-    say "6. greedy generation skipped: the VAE run left no checkpoint"
+    else
+        say "greedy generation skipped: the VAE run left no checkpoint"
+    fi
 fi
 
-# 7. bfloat16 where it applies (inputs and compute in bf16, JAX parameters kept in float32).
-run 25 "${BENCH[@]}" --dtype bfloat16 \
-    --methods torch-cell,torch-cuda-graph,torch-lstm-seq,jax-scan-u1,jax-scan-u4,jax-scan-u16,jax-lstm-seq "${BF16[@]}"
+# bfloat16 where it applies (inputs and compute in bf16, JAX parameters kept in float32).
+want bf16 && { run 35 "${BENCH[@]}" --dtype bfloat16 \
+    --methods torch-cell,torch-cuda-graph,torch-lstm-seq,jax-scan-u1,jax-scan-u4,jax-scan-u16,jax-lstm-seq "${BF16[@]}"; keep; }
 
-cp "$WORK"/bench/*.json "$OUT"/ 2>/dev/null
 rm -f "$OUT"/*.lock  # timed_run.py's holds on its results files while it ran (jax_scan_rnn/lock.py), not results
 say "done in $(($(date +%s) - START)) s; files in $OUT:"
 ls -l "$OUT" | tee -a "$LOG"

@@ -46,15 +46,6 @@ B, T = 6, 10
 LENGTHS = [10, 1, 4, 7, 2, 9]  # the full T, a lone <eos>, and everything in between
 
 
-@pytest.fixture(autouse=True)
-def full_precision_matmuls():
-    """CPU computes float32 matmuls exactly anyway; on GPU neither framework may use TF32 here."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    with jax.default_matmul_precision("highest"):
-        yield
-
-
 def make_pair(dtype: str, *, bidirectional=False, concat_z=False, seed=0, hoist_inputs="auto", **sizes):
     """torch_ref.SeqVAE with wide random weights and non-zero biases, and jsr.SeqVAE loaded from it.
 
