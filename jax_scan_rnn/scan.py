@@ -38,14 +38,19 @@ ScanUnroll = int | tuple[int, int]  # one unroll, or (when not differentiated, w
 # layers' train step was fastest there, for a longer compile) and a scan that is not at 1 (the forward pass ran faster
 # at 2 in only one of the cases measured, and compiles sooner at 1); from batch 8 on, no unroll > 1 was faster at every
 # size measured, and 16 trained slowest everywhere (the unrolled body's larger backward keeps more of each step live).
-# GPU: 1 until measured. Measured: docs/measurements.md#unroll.
+# On a GPU (an H200) unroll 4 ran faster than 1 at batch 1 and 1024, forward and train step, and compiled as soon;
+# 8 and 16 gained little more for longer compiles. Other backends (TPU): 1, not measured.
+# Measured: docs/measurements.md#unroll.
 AUTO_UNROLL_CPU_BATCH1 = 2
+AUTO_UNROLL_GPU = 4
 
 
 def auto_unroll(batch: int, backend: str | None = None, *, differentiated: bool = True) -> int:
     """The measured best `unroll` for a scan over a batch of `batch` sequences on `backend` (default: JAX's
     default backend), when JAX differentiates the scan or not. See `AUTO_UNROLL_CPU_BATCH1` for the rule."""
     backend = backend or jax.default_backend()
+    if backend in ("gpu", "cuda", "rocm"):
+        return AUTO_UNROLL_GPU
     return AUTO_UNROLL_CPU_BATCH1 if backend == "cpu" and batch == 1 and differentiated else 1
 
 
@@ -54,7 +59,8 @@ def auto_unroll(batch: int, backend: str | None = None, *, differentiated: bool 
 # was faster at every measured size, for the Traveller, `jsr.LSTM`/`jsr.GRU` and the SeqVAE: the hoisted
 # matmul has a small K, so it is bound by writing its [T, B, G*H] result out of cache, which the loop then
 # streams back, while inside the loop the same product is one more small matmul on data in cache.
-# GPU: not measured yet; hoisting is the usual win there (one large matmul instead of T small launches).
+# On a GPU (an H200, the Traveller) hoisting ran the forward pass faster at batch 1 and 1024 and the train step
+# as fast at batch 1, slower at 1024 (T=100): hoisted, as one large matmul beats T small ones there.
 # Measured: docs/measurements.md#hoisting-input-projections.
 def auto_hoist(backend: str | None = None) -> bool:
     """Whether to hoist input projections out of the time loop on `backend` (default: JAX's default

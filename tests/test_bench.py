@@ -468,3 +468,45 @@ def test_graphed_vae_decoder_is_decode_without_its_checks():
     assert grads_got.keys() == grads_want.keys()
     for name in grads_want:
         torch.testing.assert_close(grads_got[name], grads_want[name], rtol=0, atol=0, msg=name)
+
+
+def test_a_cuda_error_skips_what_can_no_longer_run():
+    """A CUDA-graph row whose capture fails leaves the process's GPU unusable (seen on an H200): the engine
+    builds such rows last in a cell, and marks the rest of the cell and every later cell skipped, saying why,
+    instead of reporting each row's unrelated-looking error."""
+    from types import SimpleNamespace
+
+    from jax_scan_rnn.bench.config import BenchConfig
+    from jax_scan_rnn.bench.context import Case
+    from jax_scan_rnn.bench.engine import _Engine
+    from jax_scan_rnn.bench.methods import Method
+
+    built = []
+
+    def ok(key):
+        def build(ctx, batch, steps, mode):
+            built.append(key)
+            return Case(lambda: None)
+        return build
+
+    def capture_fails(ctx, batch, steps, mode):
+        built.append("graph")
+        raise RuntimeError("CUDA error: operation failed due to a previous error during capture")
+
+    methods = [Method("a", "a", "jax", "compiled", ok("a")),
+               Method("graph", "graph", "torch", "compiled", capture_fails, gpu_only=True),
+               Method("b", "b", "jax", "compiled", ok("b"))]
+    cuda = SimpleNamespace(synchronize=lambda: None, reset_peak_memory_stats=lambda: None,
+                           memory_allocated=lambda: 0, max_memory_allocated=lambda: 0)
+    ctx = SimpleNamespace(on_gpu=True, torch=SimpleNamespace(cuda=cuda, _dynamo=SimpleNamespace(reset=lambda: None)))
+    engine = _Engine(BenchConfig(), ctx, None)
+    rows = engine.cell(methods, "traveller", 1, 10, "forward", "grid")
+    assert built == ["a", "b", "graph"]  # the graph row last
+    assert [r["method"] for r in rows] == ["a", "graph", "b"]  # the table's order kept
+    by_key = {r["method"]: r for r in rows}
+    assert by_key["graph"]["status"] == "error" and "CUDA error" in by_key["graph"]["reason"]
+    for key in ("a", "b"):
+        assert by_key[key]["status"] == "skipped"
+        assert by_key[key]["reason"] == "the GPU is unusable after graph's error (forward, B=1, T=10)"
+    later = engine.cell(methods, "traveller", 64, 10, "forward", "grid")
+    assert built == ["a", "b", "graph"] and {r["status"] for r in later} == {"skipped"}

@@ -88,7 +88,9 @@ def test_auto_unroll_follows_the_measured_rule():
 
     assert scan.auto_unroll(1, "cpu") == scan.AUTO_UNROLL_CPU_BATCH1
     assert scan.auto_unroll(8, "cpu") == 1 and scan.auto_unroll(64, "cpu") == 1
-    assert scan.auto_unroll(1, "gpu") == 1  # not measured there yet
+    assert scan.auto_unroll(1, "gpu") == scan.auto_unroll(1024, "gpu") == scan.AUTO_UNROLL_GPU == 4
+    assert scan.auto_unroll(64, "gpu", differentiated=False) == 4  # a forward pass too, on an H200
+    assert scan.auto_unroll(1, "tpu") == 1  # not measured there
     assert scan.auto_unroll(1, "cpu", differentiated=False) == 1  # a forward pass: as fast, a smaller program
     assert scan.resolve_unroll(3, 1) == (3, 3)
     assert scan.resolve_unroll("auto", 1) == (scan.auto_unroll(1, differentiated=False), scan.auto_unroll(1))

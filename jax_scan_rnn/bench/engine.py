@@ -91,6 +91,7 @@ class _Engine:
         self.progress = progress or (lambda message: None)
         self.start = time.perf_counter()
         self.history: dict[tuple, float] = {}  # (method, mode, B, T) -> seconds per step
+        self.device_lost: str | None = None  # the row whose CUDA error left the GPU unusable to this process
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
@@ -125,13 +126,18 @@ class _Engine:
         # Forget every graph Dynamo compiled so far: each cell's first calls compile from scratch (the
         # compile times are comparable across cells) and no cache limit is reached over the suite.
         self.ctx.torch._dynamo.reset()
-        for method in methods:
+        # CUDA-graph rows are built last: a capture that fails leaves a sticky CUDA error, after which no row
+        # of this process can run (seen on an H200: every later JAX row failed), so it must not stop the others.
+        for method in sorted(methods, key=lambda m: m.gpu_only):
             row = _base_row(method, model, mode, batch, steps, section)
             rows.append(row)
             reason = self.static_skip(method, batch, steps, mode, section)
             if reason:
                 row["status"], row["reason"] = reason
                 row["mode_na"] = mode not in method.modes  # tables leave such rows out
+                continue
+            if self.device_lost:
+                row["status"], row["reason"] = "skipped", f"the GPU is unusable after {self.device_lost}"
                 continue
             if self.elapsed() > self.cfg.budget_s:
                 row["status"], row["reason"] = "skipped", f"suite budget of {self.cfg.budget_s:.0f} s spent"
@@ -153,9 +159,17 @@ class _Engine:
                 row["reason"] = str(why)
             except Exception as err:  # noqa: BLE001 - one failing method must not stop the suite
                 row["status"], row["reason"] = "error", _one_line(err)
+                if "CUDA error" in str(err):  # sticky: the process's CUDA context is gone
+                    self.device_lost = f"{method.key}'s error ({mode}, B={batch}, T={steps})"
             else:
                 live.append((row, case))
             gc.collect()
+        order = {m.key: i for i, m in enumerate(methods)}
+        rows.sort(key=lambda r: order[r["method"]])  # back in the table's order
+        if self.device_lost:  # the rows built before the error cannot run either
+            for row, _ in live:
+                row["status"], row["reason"] = "skipped", f"the GPU is unusable after {self.device_lost}"
+            live.clear()
         self.agreement(rows)
         self.sample(live)
         self.compile_rounds(live)
