@@ -1336,6 +1336,140 @@ def _tuning_run() -> str:
             f"(calibration: {calib})")
 
 
+# ------------------------------------------------------------------------------ one NVIDIA H200 (benchmarks/gpu.sh)
+
+# Two runs of benchmarks/gpu.sh on the lent H200 (its 15 minutes): run 1 measured B=1, the user commands and the
+# sweeps at B=1; run 2 (parity pinned to float32 matmuls) B=64, the VAE rows, parity and the sweeps at B=1024.
+GPU_B1, GPU_B64, GPU_VAE = "gpu-h200-b1.json", "gpu-h200-b64.json", "gpu-h200-vae.json"
+GPU_LOG1, GPU_LOG2 = "gpu-h200-run1.log", "gpu-h200-run2.log"
+
+
+def gpu_log(name: str, pattern: str) -> re.Match:
+    """The first line of a committed device log that matches `pattern` (what a step printed, not a JSON)."""
+    match = re.search(pattern, (RESULTS / name).read_text(), re.M)
+    if match is None:
+        raise KeyError(f"{name}: no line matches {pattern!r}")
+    return match
+
+
+@figure("gpu.machine")
+def _gpu_machine() -> str:
+    host = load(GPU_B1)["host"]
+    return f"one NVIDIA H200, jax {host['jax']} (CUDA), torch {host['torch']}, Python {host['python']}"
+
+
+def _vs(row: dict, other: dict) -> str:
+    return f"{other['per_step_us'] / row['per_step_us']:.1f}x"
+
+
+@figure("gpu.traveller")
+def _gpu_traveller() -> str:
+    lines = ["| T=1000, µs per step | seed loop | torch loop as a CUDA graph | jsr `lax.scan`, unroll 1 | "
+             "jsr, unroll 4 (today's \"auto\") | limit (no time dependency) |", "|---|---:|---:|---:|---:|---:|"]
+    for file, batch, mode in ((GPU_B1, 1, "forward"), (GPU_B1, 1, "train"), (GPU_B64, 64, "forward")):
+        seed, graph, u1, u4 = (bench_row(file, m, mode, batch, 1000)
+                               for m in ("torch-loop", "torch-cuda-graph", "jax-scan-u1", "jax-scan-u4"))
+        limit = min((bench_row(file, m, mode, batch, 1000) for m in ("limit-xla", "limit-torch")),
+                    key=lambda r: r["per_step_us"])
+        lines.append(f"| {mode}, B={batch} | {us(seed['per_step_us'])} | {us(graph['per_step_us'])} | "
+                     f"{us(u1['per_step_us'])} | {us(u4['per_step_us'])} (**{_vs(u4, graph)}** the graph, "
+                     f"{_vs(u4, seed)} the seed) | {us(limit['per_step_us'])} ({limit['method']}) |")
+    return "\n".join(lines)
+
+
+@figure("gpu.missing")
+def _gpu_missing() -> str:
+    train_graph = next(r for r in load(GPU_B64)["rows"] if (r["method"], r["mode"]) == ("torch-cuda-graph", "train"))
+    b1024 = [r for r in load(GPU_B64)["rows"] if r["B"] == 1024]
+    gen = [r for r in load(GPU_VAE)["rows"] if r["B"] == 10000]
+    assert all(r["status"] != "ok" for r in b1024 + gen)
+    return (f"B=1024 ({b1024[0]['reason']}), the B=64 train step (its CUDA-graph capture failed, \"{train_graph['reason']}\", "
+            f"and the GPU was unusable to that process after it) and the B=10,000 VAE rows ({gen[0]['reason']})")
+
+
+@figure("gpu.vae")
+def _gpu_vae() -> str:
+    def row(method: str, mode: str) -> dict:
+        return bench_row(GPU_VAE, method, mode, 128, 60)
+
+    ss = {k: row(f"vae-ss-{k}", "train") for k in ("jax", "torch-graph", "torch")}
+    fw = {k: row(f"vae-ss-{k}", "forward") for k in ("jax", "torch-graph", "torch")}
+    tf = {k: row(f"vae-tf-{k}", "train") for k in ("jax", "torch")}
+    return (f"a scheduled-sampling train step (whole ELBO + Adam) {us(ss['jax']['per_step_us'])} per time step in JAX "
+            "(unroll 1, the GPU default when it was measured) "
+            f"against {us(ss['torch-graph']['per_step_us'])} for torch_ref's loop as a CUDA graph "
+            f"(**{_vs(ss['jax'], ss['torch-graph'])}**) and {us(ss['torch']['per_step_us'])} eager "
+            f"({_vs(ss['jax'], ss['torch'])}); its decoder alone {us(fw['jax']['per_step_us'])} against "
+            f"{us(fw['torch-graph']['per_step_us'])} graphed ({_vs(fw['jax'], fw['torch-graph'])}) and "
+            f"{us(fw['torch']['per_step_us'])} eager ({_vs(fw['jax'], fw['torch'])}); teacher forcing (the bound, "
+            f"no feedback) {us(tf['jax']['per_step_us'])} in JAX, {us(tf['torch']['per_step_us'])} with torch's fused "
+            f"`nn.GRU`")
+
+
+@figure("gpu.compile")
+def _gpu_compile() -> str:
+    fwd, train = (bench_row(GPU_B1, "jax-scan-u4", m, 1, 1000)["compile_s"] for m in ("forward", "train"))
+    graph = bench_row(GPU_B1, "torch-cuda-graph", "train", 1, 1000)["compile_s"]
+    vae = bench_row(GPU_VAE, "vae-ss-jax", "train", 128, 60)["compile_s"]
+    return (f"the Traveller's forward pass {fwd:.2f} s and train step {train:.2f} s at B=1, T=1000 (unroll 4; torch's "
+            f"graphed train step: {graph:.1f} s to capture); the VAE's scheduled-sampling train step {vae:.1f} s")
+
+
+@figure("gpu.commands")
+def _gpu_commands() -> str:
+    trav, vae = (runs(f"train-{k}-gpu-h200.json")[-1] for k in ("traveller", "vae"))
+    cpu_trav = runs(TRAVELLER)[-1]
+    greedy = gpu_log(GPU_LOG1, r"greedy generation: (\d+) samples in ([\d.]+) s")
+    quality = gpu_log(GPU_LOG1, r"greedy generation: validity ([\d.]+), uniqueness ([\d.]+)")
+    samples = vae["report"]["samples"]
+    return (f"(run at unroll 1, before 4 became the GPU default) "
+            f"`jax-scan-rnn train traveller` {trav['wall_s']:.1f} s ({cpu_trav['wall_s']:.1f} s on the 2-core CPU), "
+            f"{trav['report']['learned_over_optimal']:.1%} of the optimal policy; `jax-scan-rnn train vae` "
+            f"{vae['wall_s']:.1f} s for its 1,800 updates, {samples['validity']:.1%} of its prior samples valid, "
+            f"{samples['uniqueness']:.1%} unique; `sample vae --greedy -n {int(greedy.group(1)):,}` {float(greedy.group(2)):.1f} s "
+            f"(start-up and compilation included), {float(quality.group(1)):.1%} valid but {float(quality.group(2)):.1%} "
+            f"unique: greedy decoding from this short run's prior collapses onto a few molecules")
+
+
+@figure("gpu.parity")
+def _gpu_parity() -> str:
+    passed = gpu_log(GPU_LOG2, r"^(\d+) passed.* in ([\d.]+)s")
+    failed = gpu_log(GPU_LOG1, r"^(\d+) failed, (\d+) passed")
+    return (f"{passed.group(1)} of the 192 parity tests passed in float32 and float64, none failed (the last 2 were still "
+            f"running at the step's limit); before every parity test pinned float32 matmuls, {failed.group(1)} failed: "
+            f"JAX's default float32 matmul on this GPU is TF32")
+
+
+def _sweep(file: str, key: str, arms: tuple) -> dict:
+    return {(r["config"], r[key]): r for r in load(file) if r[key] in arms}
+
+
+@figure("gpu.unroll")
+def _gpu_unroll() -> str:
+    rows = _sweep("unroll-gpu-h200.json", "unroll", (1, 2, 4, 8, 16))
+
+    def cell(config: str, mode: str) -> str:
+        return ", ".join(f"{rows[config, u][mode + '_us']:.3g} at {u}" for u in (1, 4, 16))
+
+    parts = []
+    for config, label in (("1x64", "B=1, T=1000"), ("1024x64", "B=1024, T=100")):
+        parts.append(f"{label}: forward {cell(config, 'forward')}, train {cell(config, 'train')} µs per step, forward "
+                     f"compile {rows[config, 1]['compile_s']:.2f} s at 1, {rows[config, 4]['compile_s']:.2f} s at 4, "
+                     f"{rows[config, 16]['compile_s']:.2f} s at 16")
+    return "; ".join(parts)
+
+
+@figure("gpu.hoist")
+def _gpu_hoist() -> str:
+    rows = _sweep("hoist-gpu-h200.json", "hoist_inputs", (True, False))
+
+    def cell(config: str, mode: str) -> str:
+        return f"{rows[config, True][mode + '_us']:.3g} hoisted, {rows[config, False][mode + '_us']:.3g} inside"
+
+    return "; ".join(f"{label}: forward {cell(config, 'forward')}, train {cell(config, 'train')} µs per step"
+                     for config, label in (("1x64", "B=1, T=1000"), ("1024x64", "B=1024, T=100")))
+
+
 # ------------------------------------------------------------------------------ render / check
 
 

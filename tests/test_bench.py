@@ -510,3 +510,22 @@ def test_a_cuda_error_skips_what_can_no_longer_run():
         assert by_key[key]["reason"] == "the GPU is unusable after graph's error (forward, B=1, T=10)"
     later = engine.cell(methods, "traveller", 64, 10, "forward", "grid")
     assert built == ["a", "b", "graph"] and {r["status"] for r in later} == {"skipped"}
+
+
+def test_render_bench_writes_a_device_runs_tables_under_a_label(tiny, tmp_path, capsys):
+    """benchmarks/render_bench.py (a --no-plots run's JSON, from a device machine): the same Markdown as the run
+    wrote, under --label if given (the run's own label kept), and never over an earlier run's files."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        import render_bench
+    finally:
+        sys.path.pop(0)
+    _, results, paths, _ = tiny
+    assert render_bench.main([str(paths["json"]), "--out", str(tmp_path)]) == 0
+    assert (tmp_path / paths["md"].name).read_text() == paths["md"].read_text()
+    assert (tmp_path / paths["png_forward"].name).exists()
+    assert render_bench.main([str(paths["json"]), "--out", str(tmp_path), "--no-plots", "--label", "b64"]) == 0
+    relabelled = json.loads((tmp_path / f"{bench.host_kind()}-b64.json").read_text())
+    assert relabelled["config"]["label"] == "b64" and relabelled["config"]["label_run"] == "tiny"
+    assert render_bench.main([str(paths["json"]), "--out", str(tmp_path), "--no-plots"]) == 2
+    assert "already holds" in capsys.readouterr().err
