@@ -11,20 +11,25 @@
 # training file (from this machine's molsets, laid out as molsets lays it out) under .gpu/, which the device
 # call carries: the VAE steps need both, and the device machine reaches no package index.
 # Steps, most wanted first, each under a hard time limit (seconds, its Python's ~15 s start-up on the H200
-# included) so that one slow step cannot eat the rest; at most 8.5 minutes in all, less as steps end early:
-#   grid     (105) float32, TF32 off (jax.default_matmul_precision("highest"), torch allow_tf32=False and
+# included) so that one slow step cannot eat the rest. The default steps take at most ~9.5 minutes (one device call
+# holds 10); two H200 runs (2026-12-04, benchmarks/results/gpu-h200-run*.log) sized them, and found that 8 minutes
+# do not hold them all at these sizes:
+#   grid     (120) float32, TF32 off (jax.default_matmul_precision("highest"), torch allow_tf32=False and
 #            NVIDIA_TF32_OVERRIDE=0): the Traveller at T=1000, B in $GRID_BATCHES (1,64,1024), with compile
-#            times: the seed's loop, the cell loop eager and as a CUDA graph, nn.LSTM (the bound), jsr's scans,
-#            the limits (torch.compile and TorchScript rows left out: their compiles would take minutes);
-#   vae      (75) the VAE rows at T=60, H=256, B=128 (the training size) and B=10000 (generation): torch_ref's
-#            loop, that loop in a CUDA graph, and jsr;
-#   parity   (85) pytest parity_tests (float32 and float64; TF32 off in both frameworks, parity_tests/conftest.py);
-#   unroll   (50), hoist (30): the sweeps behind unroll="auto" and hoist_inputs="auto" ($SWEEP_CONFIGS);
-#   traveller (40) `jax-scan-rnn train traveller` with its defaults (wall time, the out-of-sample table);
-#   train-vae (80 + 25) `jax-scan-rnn train vae` with its defaults (B=128, H=256, MOSES's data, 1,800 updates),
+#            times: the seed's loop, the cell loop as a CUDA graph, nn.LSTM (the bound), jsr's scan at unroll 1, 4
+#            and "auto", the limits (the other rows left out to fit: torch.compile's and TorchScript's compiles
+#            alone would take minutes);
+#   vae      (60) the VAE rows at T=60, H=256, B=128 (the training size): scheduled sampling and teacher forcing,
+#            torch_ref's loop, that loop in a CUDA graph, and jsr, forward and train step;
+#   gen      (45) greedy generation of 10,000 sequences (B=10000, T=60), the same three;
+#   parity   (95) pytest parity_tests (float32 and float64; TF32 off in both frameworks, parity_tests/conftest.py);
+#   unroll   (60), hoist (25): the sweeps behind unroll="auto" and hoist_inputs="auto" ($SWEEP_CONFIGS);
+#   traveller (35) `jax-scan-rnn train traveller` with its defaults (wall time, the out-of-sample table);
+#   train-vae (75 + 20) `jax-scan-rnn train vae` with its defaults (B=128, H=256, MOSES's data, 1,800 updates),
 #            then `sample vae --greedy -n 10000` from it: wall time, the samples' validity and uniqueness;
-#   bf16     (35) bfloat16 where it applies (the loops, lax.scan, nn.LSTM / jsr.LSTM, the limits).
-# Files under $OUT (8 at most): <kind>.json, <kind>-vae.json, <kind>-bf16.json (the suite's results;
+#   bf16     (30) bfloat16 where it applies (the loops, lax.scan, nn.LSTM / jsr.LSTM, the limits); not a default
+#            step (STEPS="... bf16"): the float32 steps fill the call.
+# Files under $OUT (8 at most): <kind>.json, <kind>-vae.json, <kind>-gen10k.json or <kind>-bf16.json (the suite's results;
 # render_bench.py makes their tables and plots), train-traveller-<kind>.json and train-vae-<kind>.json
 # (benchmarks/timed_run.py: wall time, memory, the run's evaluation), unroll-<kind>.json, hoist-<kind>.json and
 # gpu-run.log (everything printed). Without a GPU the same steps run at tiny sizes on the CPU, GPU-only rows
@@ -50,11 +55,11 @@ print(os.path.join(s.submodule_search_locations[0], "dataset", "data", "train.cs
     exit 0
 fi
 
-STEPS="${STEPS:-grid vae parity unroll hoist traveller train-vae bf16}"
+STEPS="${STEPS:-grid vae gen parity unroll hoist traveller train-vae}"
 for step in $STEPS; do
-    case " grid vae parity unroll hoist traveller train-vae bf16 " in
+    case " grid vae gen parity unroll hoist traveller train-vae bf16 " in
         *" $step "*) ;;
-        *) echo "STEPS: expected names among grid vae parity unroll hoist traveller train-vae bf16, got '$step'" >&2
+        *) echo "STEPS: expected names among grid vae gen parity unroll hoist traveller train-vae bf16, got '$step'" >&2
            exit 2 ;;
     esac
 done
@@ -133,20 +138,23 @@ CLI=($PY -m jax_scan_rnn.cli)
 
 
 if [ "$GPU" = yes ]; then
-    GRID=(--seq-lens 1000 --batch-sizes "${GRID_BATCHES:-1,64,1024}" --sweep-seq-lens 10 --max-call-s 1 --budget-s 70)
-    VAE=(--vae-batch-sizes 128,10000 --vae-seq-lens 60 --batch-sizes 1 --seq-lens 10 --sweep-seq-lens 10
-         --max-call-s 5 --budget-s 45)
+    GRID=(--seq-lens 1000 --batch-sizes "${GRID_BATCHES:-1,64,1024}" --sweep-seq-lens 10 --max-call-s 1 --repeats 3
+          --budget-s 85)
+    VAE=(--vae-batch-sizes 128 --vae-seq-lens 60 --batch-sizes 1 --seq-lens 10 --sweep-seq-lens 10 --repeats 3
+         --max-call-s 5 --budget-s 35)
+    GEN=(--vae-batch-sizes 10000 --vae-seq-lens 60 --batch-sizes 1 --seq-lens 10 --sweep-seq-lens 10 --repeats 3
+         --max-call-s 5 --budget-s 20)
     BF16=(--seq-lens 1000 --batch-sizes 1,64,1024 --sweep-seq-lens 5 --max-call-s 1 --budget-s 15)
     PARITY=(-n 8)
-    read -ra SWEEP <<<"${SWEEP_CONFIGS:-1x64 64x64 1024x64}"
+    read -ra SWEEP <<<"${SWEEP_CONFIGS:-1x64 1024x64}"
     TRAVELLER=()
     TRAIN_VAE=()
     GREEDY_N=10000
 else
     say "no GPU visible to both JAX and torch: the same steps at tiny sizes on the CPU (a check of this script)"
     GRID=(--seq-lens 20 --batch-sizes 1 --sweep-seq-lens 5 --repeats 3 --budget-s 10)
-    VAE=(--vae-batch-sizes 4,16 --vae-seq-lens 6 --batch-sizes 1 --seq-lens 10 --sweep-seq-lens 5 --repeats 3
-         --budget-s 10)
+    VAE=(--vae-batch-sizes 4 --vae-seq-lens 6 --batch-sizes 1 --seq-lens 10 --sweep-seq-lens 5 --repeats 3 --budget-s 10)
+    GEN=(--vae-batch-sizes 16 --vae-seq-lens 6 --batch-sizes 1 --seq-lens 10 --sweep-seq-lens 5 --repeats 3 --budget-s 10)
     BF16=(--seq-lens 20 --batch-sizes 1 --sweep-seq-lens 5 --repeats 3 --budget-s 5)
     PARITY=(-n 2 -k "lstm and forward")
     read -ra SWEEP <<<"${SWEEP_CONFIGS:-1x16}"
@@ -154,38 +162,41 @@ else
     TRAIN_VAE=(--steps 20 --limit 2000 --hidden-size 16 --latent-size 4 --eval-every 0 --eval-samples 50)
     GREEDY_N=200
 fi
-GRID_ROWS=torch-cell,torch-cuda-graph,torch-lstm-seq,jax-scan-u1,jax-scan-u4,jax-scan-auto,jax-user-call,jax-jit-loop,jax-lstm-seq
-VAE_ROWS=vae-ss-torch,vae-ss-torch-graph,vae-ss-jax,vae-tf-torch,vae-tf-jax,vae-greedy-torch,vae-greedy-torch-graph,vae-greedy-jax
+GRID_ROWS=torch-cuda-graph,torch-lstm-seq,jax-scan-u1,jax-scan-u4,jax-scan-auto
+VAE_ROWS=vae-ss-torch,vae-ss-torch-graph,vae-ss-jax,vae-tf-torch,vae-tf-jax
+GEN_ROWS=vae-greedy-torch,vae-greedy-torch-graph,vae-greedy-jax
 keep() { cp "$WORK"/bench/*.json "$OUT"/ 2>/dev/null; }  # each step's results reach $OUT as soon as it ends
 
 # The Traveller, float32, TF32 off. The suite stops starting new cases at --budget-s; the limit is a hard stop.
-want grid && { NVIDIA_TF32_OVERRIDE=0 run 105 "${BENCH[@]}" --methods $GRID_ROWS "${GRID[@]}"; keep; }
+want grid && { NVIDIA_TF32_OVERRIDE=0 run 120 "${BENCH[@]}" --methods $GRID_ROWS "${GRID[@]}"; keep; }
 
-# The VAE rows: a train step (whole ELBO + Adam) and decoding at B=128, generation at B=10000 (the Traveller's
-# seed and limit rows, which every run has, at T=10 only).
-want vae && { NVIDIA_TF32_OVERRIDE=0 run 75 "${BENCH[@]}" --label vae --methods $VAE_ROWS "${VAE[@]}"; keep; }
+# The VAE rows: a train step (whole ELBO + Adam) and decoding at B=128; then generation at B=10000 (the
+# Traveller's seed and limit rows, which every run has, at T=10 only).
+want vae && { NVIDIA_TF32_OVERRIDE=0 run 60 "${BENCH[@]}" --label vae --methods $VAE_ROWS "${VAE[@]}"; keep; }
+want gen && { NVIDIA_TF32_OVERRIDE=0 run 45 "${BENCH[@]}" --label gen10k --modes forward --methods $GEN_ROWS "${GEN[@]}"
+    keep; }
 
 # Parity on the GPU (each layer and VAE test runs with the input projections hoisted and inside the loop).
 # (-o addopts="": the repository's default options are CI's)
-want parity && NVIDIA_TF32_OVERRIDE=0 run 85 $PY -m pytest parity_tests -q -rfE -p no:cacheprovider -o addopts="" \
+want parity && NVIDIA_TF32_OVERRIDE=0 run 95 $PY -m pytest parity_tests -q -rfE -p no:cacheprovider -o addopts="" \
     "${PARITY[@]}"
 
 # unroll (time per step vs unroll 1..16, forward and train step) and hoisting, on this GPU.
-want unroll && NVIDIA_TF32_OVERRIDE=0 run 50 $PY benchmarks/tune_scan.py unroll "${SWEEP[@]}" --rounds 2 \
+want unroll && NVIDIA_TF32_OVERRIDE=0 run 60 $PY benchmarks/tune_scan.py unroll "${SWEEP[@]}" --rounds 2 \
     --out "$OUT/unroll-$KIND.json"
-want hoist && NVIDIA_TF32_OVERRIDE=0 run 30 $PY benchmarks/tune_scan.py hoist "${SWEEP[@]}" --out "$OUT/hoist-$KIND.json"
+want hoist && NVIDIA_TF32_OVERRIDE=0 run 25 $PY benchmarks/tune_scan.py hoist "${SWEEP[@]}" --out "$OUT/hoist-$KIND.json"
 
 # The Traveller as a user trains it: the README's first command, its defaults, a first run (empty cache).
-want traveller && run 40 $PY benchmarks/timed_run.py --results "$OUT/train-traveller-$KIND.json" \
+want traveller && run 35 $PY benchmarks/timed_run.py --results "$OUT/train-traveller-$KIND.json" \
     --report "$WORK/traveller/evaluation.json" -- "${CLI[@]}" train traveller --out "$WORK/traveller" "${TRAVELLER[@]}"
 
 # The VAE as a user trains it (its defaults: B=128, H=256, MOSES's data), then greedy generation from it.
 if want train-vae; then
-    run 80 $PY benchmarks/timed_run.py --results "$OUT/train-vae-$KIND.json" \
+    run 75 $PY benchmarks/timed_run.py --results "$OUT/train-vae-$KIND.json" \
         --report "$WORK/vae/evaluation.json" -- "${CLI[@]}" train vae --out "$WORK/vae" "${TRAIN_VAE[@]}"
     if [ -d "$WORK/vae/checkpoints" ]; then
         T0=$(date +%s.%N)
-        run 25 "${CLI[@]}" sample vae --checkpoint "$WORK/vae" --greedy -n $GREEDY_N --output "$WORK/greedy.txt"
+        run 20 "${CLI[@]}" sample vae --checkpoint "$WORK/vae" --greedy -n $GREEDY_N --output "$WORK/greedy.txt"
         $PY - "$WORK/greedy.txt" "$T0" "$(date +%s.%N)" <<'EOF' 2>&1 | tee -a "$LOG"
 import sys
 from importlib.util import find_spec
@@ -208,7 +219,7 @@ EOF
 fi
 
 # bfloat16 where it applies (inputs and compute in bf16, JAX parameters kept in float32).
-want bf16 && { run 35 "${BENCH[@]}" --dtype bfloat16 \
+want bf16 && { run 30 "${BENCH[@]}" --dtype bfloat16 \
     --methods torch-cell,torch-cuda-graph,torch-lstm-seq,jax-scan-u1,jax-scan-u4,jax-scan-u16,jax-lstm-seq "${BF16[@]}"; keep; }
 
 rm -f "$OUT"/*.lock  # timed_run.py's holds on its results files while it ran (jax_scan_rnn/lock.py), not results
