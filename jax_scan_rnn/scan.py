@@ -60,7 +60,7 @@ def auto_unroll(batch: int, backend: str | None = None, *, differentiated: bool 
 # matmul has a small K, so it is bound by writing its [T, B, G*H] result out of cache, which the loop then
 # streams back, while inside the loop the same product is one more small matmul on data in cache.
 # On a GPU (an H200, the Traveller) hoisting ran the forward pass faster at batch 1 and 1024 and the train step
-# as fast at batch 1, slower at 1024 (T=100): hoisted, as one large matmul beats T small ones there.
+# as fast at batch 1, ~10% slower at 1024 (T=100): hoisted, one rule per backend (the VAE and layers: not measured).
 # Measured: docs/measurements.md#hoisting-input-projections.
 def auto_hoist(backend: str | None = None) -> bool:
     """Whether to hoist input projections out of the time loop on `backend` (default: JAX's default

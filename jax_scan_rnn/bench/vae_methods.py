@@ -148,7 +148,7 @@ def torch_graph_row(task: str) -> Callable[[Context, int, int, str], Case]:
                 call = graph_call(ctx, lambda: decoder(d["z"]))
             return Case(call, output=to_numpy, compile_s=time.perf_counter() - t0)
         model = copy.deepcopy(vae.torch_model).train()
-        graphed = graph_decoder(torch, model, d["tokens"], d["mask"], d["z"])
+        graph_decoder(torch, model, d["tokens"], d["mask"], d["z"])
         torch.cuda.synchronize()
         compile_s = time.perf_counter() - t0
         return Case(adam_call(ctx, model, lambda: model.loss(d["tokens"], d["lengths"], eps=d["eps"],
