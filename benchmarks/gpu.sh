@@ -42,7 +42,6 @@ PY="${PYTHON:-python3}"
 if [ "${1:-}" = --prepare ]; then
     set -e
     rm -rf .gpu && mkdir -p .gpu/wheels .gpu/site/moses/dataset/data
-    grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >>.git/info/exclude
     $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .gpu/wheels rdkit
     TRAIN=$($PY -c 'import importlib.util, os; s = importlib.util.find_spec("moses")
