@@ -45,7 +45,7 @@ if [ "${1:-}" = --prepare ]; then
     $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .gpu/wheels rdkit
     TRAIN=$($PY -c 'import importlib.util, os; s = importlib.util.find_spec("moses")
-print(os.path.join(s.submodule_search_locations[0], "dataset", "data", "train.csv.gz"))') \
+print(os.path.join(s.submodule_search_locations[0], "dataset", "data", "train.csv.gz"))' 2>/dev/null) \
         || { echo "--prepare: MOSES's data is not installed here: pip install --no-deps molsets" >&2; exit 2; }
     cp "$TRAIN" .gpu/site/moses/dataset/data/
     : >.gpu/site/moses/__init__.py  # only found (importlib.util.find_spec), never imported
