@@ -224,6 +224,13 @@ EVALUATION_FILE = "evaluation.json"  # a training run's final report, under --ou
 POSITIONS_FILE = "positions.png"  # the Traveller's positions plot, under --out
 
 
+def run_files(out: Path) -> str:
+    """The line that names what training wrote under `out`: its log and its curves (or why they are not drawn)."""
+    from jax_scan_rnn.runlog import CURVES_FILE, METRICS_FILE
+
+    return f"metrics: {out / METRICS_FILE}  curves: {drawn(out / CURVES_FILE)}"
+
+
 def refuse_run_file(path: str | None, flag: str) -> None:
     """An output must not be a file that a training run keeps in its directory (its log, report, plots, lock
     or anything under checkpoints/): another command's output would replace the run's own. A run directory
@@ -474,7 +481,7 @@ def cmd_train_traveller(args: argparse.Namespace) -> int:
     print()
     print(traveller_heading(task, table))
     print(task_lib.format_table(table))
-    print(f"\nmetrics: {out / 'metrics.jsonl'}  curves: {drawn(out / 'curves.png')}  positions: {plot}")
+    print(f"\n{run_files(out)}  positions: {plot}")
     return 0
 
 
@@ -748,7 +755,7 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
             (out / EVALUATION_FILE).write_text(strict_json(report, indent=2) + "\n")
     print()
     print_vae_report(report)
-    print(f"\nmetrics: {out / 'metrics.jsonl'}  curves: {drawn(out / 'curves.png')}  report: {out / EVALUATION_FILE}")
+    print(f"\n{run_files(out)}  report: {out / EVALUATION_FILE}")
     return 0
 
 

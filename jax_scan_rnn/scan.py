@@ -49,7 +49,7 @@ def auto_unroll(batch: int, backend: str | None = None, *, differentiated: bool 
     """The measured best `unroll` for a scan over a batch of `batch` sequences on `backend` (default: JAX's
     default backend), when JAX differentiates the scan or not. See `AUTO_UNROLL_CPU_BATCH1` for the rule."""
     backend = backend or jax.default_backend()
-    if backend in ("gpu", "cuda", "rocm"):
+    if backend in ("gpu", "cuda"):
         return AUTO_UNROLL_GPU
     return AUTO_UNROLL_CPU_BATCH1 if backend == "cpu" and batch == 1 and differentiated else 1
 

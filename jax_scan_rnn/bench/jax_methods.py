@@ -20,7 +20,7 @@ from flax import nnx
 import jax_scan_rnn as jsr
 from jax_scan_rnn import cells, xla_flags
 from jax_scan_rnn.bench.config import LIMIT_CHUNK_ROWS
-from jax_scan_rnn.bench.context import Case, Context, Skip, TooCostly
+from jax_scan_rnn.bench.context import Case, Context, TooCostly
 from jax_scan_rnn.bench.machine import available_memory
 from jax_scan_rnn.data.trading import net_utility
 from jax_scan_rnn.scan import auto_unroll
