@@ -650,15 +650,17 @@ def write_atomically(path: str, write: Callable, binary: bool = False) -> None:
     os.replace(tmp.name, target)
 
 
-@command("export traveller")
-def cmd_export_traveller(args: argparse.Namespace) -> int:
-    """The weights as a PyTorch state_dict that the seed's class (and torch_ref.Traveller) loads."""
-    import jax_scan_rnn as jsr
+SIDE_FILE_SUFFIX = ".json"  # an export's side file: FILE.json next to FILE
+
+
+def write_export(state_dict: dict, args: argparse.Namespace, side: dict | None) -> Path | None:
+    """`state_dict` ({torch key: np.ndarray}) to --output in --format, and `side` (if any) as JSON to FILE.json, each
+    written atomically. Returns the side file's path. The side file may not be a training run's own file either
+    (`--output RUN/evaluation` would replace the run's evaluation.json): refused before anything is written."""
     from jax_scan_rnn.convert import save_safetensors
 
-    check_output_file(args.output)
-    model, task, stats = load_traveller(args)
-    state_dict = jsr.torch_state_dict(model)
+    if side is not None:
+        refuse_run_file(args.output + SIDE_FILE_SUFFIX, "--output (its side file)")
     if args.format == "torch":
         from jax_scan_rnn.optional import require
 
@@ -667,13 +669,51 @@ def cmd_export_traveller(args: argparse.Namespace) -> int:
                          binary=True)
     else:
         write_atomically(args.output, lambda f: save_safetensors(state_dict, f.name), binary=True)
+    if side is None:
+        return None
+    path = Path(args.output + SIDE_FILE_SUFFIX)  # named after the export: another export's file is never replaced
+    write_atomically(str(path), lambda f: f.write(json.dumps(side, indent=2) + "\n"))
+    return path
+
+
+@command("export traveller")
+def cmd_export_traveller(args: argparse.Namespace) -> int:
+    """The weights as a PyTorch state_dict that the seed's class (and torch_ref.Traveller) loads."""
+    import jax_scan_rnn as jsr
+
+    check_output_file(args.output)
+    model, task, stats = load_traveller(args)
+    side = write_export(jsr.torch_state_dict(model), args, None if stats is None else stats.to_json())
     lstm = model.lstm_layers
     print(f"state_dict of torch_ref.Traveller({model.num_inputs}, {lstm.hidden_size}, {lstm.num_layers}, "
           f"{task.dropout}, num_assets={model.num_assets}) -> {args.output}")
-    if stats is not None:
-        side = Path(args.output + ".json")  # next to it, named after it: another export's file is never replaced
-        write_atomically(str(side), lambda f: f.write(json.dumps(stats.to_json(), indent=2) + "\n"))
+    if side is not None:
         print(f"the model reads features standardised with the training period's mean and std: {side}")
+    return 0
+
+
+@command("export vae")
+def cmd_export_vae(args: argparse.Namespace) -> int:
+    """The weights as a PyTorch state_dict that torch_ref.SeqVAE loads, and in FILE.json what they are of no use
+    without: torch_ref.SeqVAE's arguments and the vocabulary (token id -> character) the model reads and writes."""
+    import jax_scan_rnn as jsr
+
+    check_output_file(args.output)
+    model, vocab, task = load_vae(args)
+    arguments = {"vocab_size": model.vocab_size, "hidden_size": model.hidden_size, "latent_size": model.latent_size,
+                 "num_layers": model.num_layers, "decoder_hidden_size": model.decoder_hidden_size,
+                 "decoder_layers": model.decoder_layers, "bidirectional": model.bidirectional,
+                 "concat_z": model.concat_z}
+    side = write_export(jsr.torch_state_dict(model), args, {
+        "model": "torch_ref.SeqVAE", "arguments": arguments,
+        # Vocabulary.from_json(json.dumps(this)) rebuilds it; a molecule is one id per character, then <eos>.
+        "vocabulary": json.loads(vocab.to_json()),
+        "max_length": task.max_length, "kekule": task.writes_kekule, "decoder_only": task.decoder_only})
+    shown = ", ".join(f"{k}={v}" for k, v in arguments.items())
+    print(f"state_dict of torch_ref.SeqVAE({shown}) -> {args.output}")
+    print(f"its arguments and vocabulary (token id -> character; ids 0-2: <pad>, <sos>, <eos>): {side}")
+    if task.decoder_only:
+        print("a CharRNN (--decoder-only): it decodes from z = 0, the encoder was not trained")
     return 0
 
 
@@ -978,11 +1018,13 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
                     help="continue from this state (a previous run's --final-state) instead of the zero state")
     rt.add_argument("--final-state", default=None, metavar="NPZ", help="save the state after the last row here")
     export = model_commands(sub, "export", "a trained model's weights for PyTorch")
-    et = export.add_parser("traveller", help="a state_dict that the seed's class and torch_ref.Traveller load")
-    trained_run_arguments(et)
-    et.add_argument("--format", required=True, choices=("torch", "safetensors"),
-                    help="torch: torch.save of the state_dict (.pt); safetensors: a .safetensors file")
-    et.add_argument("--output", required=True, metavar="FILE", help="the file to write")
+    for name, help in (("traveller", "a state_dict that the seed's class and torch_ref.Traveller load"),
+                       ("vae", "a state_dict that torch_ref.SeqVAE loads; its arguments and vocabulary in FILE.json")):
+        ex = export.add_parser(name, help=help)
+        trained_run_arguments(ex)
+        ex.add_argument("--format", required=True, choices=("torch", "safetensors"),
+                        help="torch: torch.save of the state_dict (.pt); safetensors: a .safetensors file")
+        ex.add_argument("--output", required=True, metavar="FILE", help="the file to write")
 
     evaluate = model_commands(sub, "evaluate", "evaluate a trained model")
     ev = evaluate.add_parser("traveller", help="out-of-sample utility table and a positions plot")

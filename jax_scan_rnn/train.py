@@ -502,7 +502,9 @@ def restore_model(out_dir: str | os.PathLike, model: nnx.Module, step: int | Non
     """Load the model part of a `fit` checkpoint under `out_dir` into `model` (in place).
 
     The model must have the structure it was trained with (rebuild it from the checkpoint's metadata first).
-    The optimiser state is not loaded. Returns the `Restored` record (step, metadata, path).
+    The optimiser state is not loaded. Returns the `Restored` record (step, metadata, path). The model then
+    holds JAX arrays placed as its own were: the checkpoint's NumPy arrays would work under `jax.jit` but not
+    eagerly (a NumPy weight indexed by a traced token id inside a scan fails).
     """
     restored = ckpt.restore(Path(out_dir) / CHECKPOINT_DIR, step)
     names, leaves, treedef = ckpt.named_leaves(nnx.state(model), "model")
@@ -514,6 +516,6 @@ def restore_model(out_dir: str | os.PathLike, model: nnx.Module, step: int | Non
         if tuple(np.shape(value)) != tuple(np.shape(leaf)):
             raise ckpt.CheckpointError(f"checkpoint {restored.path}: leaf {name!r} has shape "
                                        f"{tuple(np.shape(value))}, the model expects {tuple(np.shape(leaf))}")
-        values.append(value)
+        values.append(jax.device_put(value, leaf.sharding if isinstance(leaf, jax.Array) else None))
     nnx.update(model, jax.tree.unflatten(treedef, values))
     return restored

@@ -31,6 +31,7 @@ from jax_scan_rnn.train import (
     make_eval_fn,
     make_lr_schedule_for,
     make_optimizer,
+    restore_model,
 )
 
 W_TRUE = jnp.array([[1.0], [-2.0], [0.5], [3.0]])
@@ -326,6 +327,13 @@ def test_fit_converges_and_writes_logs_plots_checkpoints(tmp_path):
     assert ckpt.steps(tmp_path / CHECKPOINT_DIR) == [75, 150]
     meta = ckpt.read_metadata(tmp_path / CHECKPOINT_DIR)
     assert meta["model"] == {"in": 4, "out": 1} and meta["train_config"]["steps"] == 150
+    # restore_model: the newest checkpoint's weights, as JAX arrays (NumPy ones fail where eager code indexes
+    # them with a traced value, as the SeqVAE's decoder does with its token ids).
+    fresh = nnx.Linear(4, 1, rngs=nnx.Rngs(1))
+    assert restore_model(tmp_path, fresh).step == 150
+    for got, want in zip(jax.tree.leaves(nnx.state(fresh)), jax.tree.leaves(nnx.state(model))):
+        assert isinstance(got, jax.Array), type(got)
+        np.testing.assert_array_equal(got, want)
 
     # Refuses to mix a new run into a directory that holds checkpoints.
     with pytest.raises(ValueError, match="^out_dir:.*resume=True"):

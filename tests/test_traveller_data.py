@@ -208,6 +208,19 @@ def test_export_loads_into_the_seeds_class_and_gives_the_same_positions(run, fmt
     np.testing.assert_allclose(got[0], want.numpy(), rtol=0, atol=POSITION_ATOL)
 
 
+def test_an_export_whose_side_file_is_a_runs_own_file_is_refused(run, capsys):
+    """`--output RUN/evaluation`: the export itself is no file of the run, but its side file (FILE.json) would
+    replace the run's evaluation.json; refused in one line, before anything is written."""
+    _, out, _, _ = run
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert main(["export", "traveller", "--checkpoint", str(out), "--format", "torch", "--output",
+                 str(out / "evaluation")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"--output (its side file): {out / 'evaluation.json'} belongs to" in err
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
 def test_init_from_a_torch_state_dict_starts_there(tmp_path, capsys):
     torch, Seed = seed_class()
     write_csv(tmp_path / "p.csv", *market_rows())

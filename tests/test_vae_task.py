@@ -119,6 +119,7 @@ def test_cli_train_sample_evaluate(corpus, tmp_path, capsys):
         assert main([command, "vae", "--checkpoint", str(out), "-n", "100000000000"]) == 2
         err = capsys.readouterr().err.strip()
         assert "the samples (-n): needs about" in err and len(err.splitlines()) == 1, err
+    check_export_loads_into_torch_ref(out, model, tmp_path, capsys)
     # --metrics moses: MOSES's table, our row beside the published ones, saying what it compared against.
     pytest.importorskip("fcd_torch")
     assert main(["evaluate", "vae", "--checkpoint", str(out), "-n", "10", "--metrics", "moses", "--output",
@@ -132,6 +133,43 @@ def test_cli_train_sample_evaluate(corpus, tmp_path, capsys):
 
     if find_spec("moses") is not None:  # molsets installed (CI installs it): its test set is the reference
         assert row["reference"].startswith("MOSES test set"), row["reference"]
+
+
+# The export against the model it came from, float32 in both frameworks: the same sums in another order
+# (parity_tests/test_vae_parity.py's float32 loss tolerance).
+EXPORT_LOSS_RTOL = 1e-5
+
+
+def check_export_loads_into_torch_ref(out, model, tmp_path, capsys):
+    """`export vae`: torch_ref.SeqVAE built from FILE.json's arguments loads the state_dict (strict), and on molecules
+    encoded with FILE.json's vocabulary gives the JAX model's loss; the side file never replaces a run's own."""
+    torch = pytest.importorskip("torch")
+    import torch_ref
+    from jax_scan_rnn.data.smiles import Vocabulary
+
+    target = tmp_path / "vae.pt"
+    capsys.readouterr()
+    assert main(["export", "vae", "--checkpoint", str(out), "--format", "torch", "--output", str(target)]) == 0
+    assert "state_dict of torch_ref.SeqVAE(vocab_size=" in capsys.readouterr().out
+    side = json.loads((tmp_path / "vae.pt.json").read_text())
+    assert side["arguments"]["decoder_hidden_size"] == 12 and side["arguments"]["decoder_layers"] == 2
+    twin = torch_ref.SeqVAE(**side["arguments"])
+    twin.load_state_dict(torch.load(target, weights_only=True))  # strict: every key, nothing else
+    vocab = Vocabulary.from_json(json.dumps(side["vocabulary"]))
+    tokens, lengths = vocab.encode(SMILES[:6], side["max_length"])
+    eps = np.zeros((6, side["arguments"]["latent_size"]), np.float32)
+    with torch.no_grad():
+        want = twin.loss(torch.from_numpy(tokens), torch.from_numpy(lengths), eps=torch.from_numpy(eps))
+    got = model.loss(tokens, lengths, eps=eps)
+    for key in ("recon", "kl"):
+        w, g = float(want[key]), float(got[key])
+        assert abs(g - w) <= EXPORT_LOSS_RTOL * max(1.0, abs(w)), f"loss[{key!r}]: {g!r} (jax) vs {w!r} (torch)"
+    before = (out / "evaluation.json").read_bytes()
+    assert main(["export", "vae", "--checkpoint", str(out), "--format", "safetensors", "--output",
+                 str(out / "evaluation")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--output (its side file): " in err and "belongs to the training run" in err and len(err.splitlines()) == 1
+    assert (out / "evaluation.json").read_bytes() == before and not (out / "evaluation").exists()
 
 
 @pytest.mark.slow  # exact resume is covered by tests/test_train.py; this checks the VAE's CLI wiring of it
