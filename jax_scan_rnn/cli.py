@@ -324,6 +324,19 @@ def _flat(settings: dict, prefix: str = "") -> dict:
     return out
 
 
+def saved_metadata(out: Path) -> dict | None:
+    """The metadata of the run in `out`'s newest checkpoint that verifies (the one `fit` resumes from), or None."""
+    from jax_scan_rnn import checkpoint
+    from jax_scan_rnn.train import CHECKPOINT_DIR
+
+    for step in reversed(checkpoint.steps(out / CHECKPOINT_DIR)):
+        try:
+            return checkpoint.read_metadata(out / CHECKPOINT_DIR, step)
+        except checkpoint.CheckpointError:
+            continue
+    return None
+
+
 def check_resume(out: Path, args: argparse.Namespace, task, cfg) -> None:
     """--resume: the settings saved with the run against this command's. A difference is refused, naming each
     changed option, unless --override is given; then the changes are printed and training continues. The saved
@@ -333,13 +346,7 @@ def check_resume(out: Path, args: argparse.Namespace, task, cfg) -> None:
 
     if not args.resume:
         return
-    saved = None
-    for step in reversed(checkpoint.steps(out / CHECKPOINT_DIR)):  # the newest that verifies, as fit resumes
-        try:
-            saved = checkpoint.read_metadata(out / CHECKPOINT_DIR, step)
-            break
-        except checkpoint.CheckpointError:
-            continue
+    saved = saved_metadata(out)
     if saved is None:  # none that verifies: fit says so (CheckpointError); none at all: a fresh start, said
         if not checkpoint.steps(out / CHECKPOINT_DIR):  # (the same command can then start and restart a job)
             print(f"--resume: {out} holds no checkpoint yet: training from step 0")
@@ -700,10 +707,9 @@ def cmd_export_vae(args: argparse.Namespace) -> int:
 
     check_output_file(args.output)
     model, vocab, task = load_vae(args)
-    arguments = {"vocab_size": model.vocab_size, "hidden_size": model.hidden_size, "latent_size": model.latent_size,
-                 "num_layers": model.num_layers, "decoder_hidden_size": model.decoder_hidden_size,
-                 "decoder_layers": model.decoder_layers, "bidirectional": model.bidirectional,
-                 "concat_z": model.concat_z}
+    from jax_scan_rnn.tasks import vae as task_lib
+
+    arguments = task_lib.model_arguments(task, vocab.size)
     side = write_export(jsr.torch_state_dict(model), args, {
         "model": "torch_ref.SeqVAE", "arguments": arguments,
         # Vocabulary.from_json(json.dumps(this)) rebuilds it; a molecule is one id per character, then <eos>.
@@ -770,8 +776,17 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
     dp = data_parallel(args, task.batch_size)
     if args.preset:
         print(f"preset {args.preset}: {task_lib.PRESETS[args.preset].summary}; explicit flags override it")
+    init_from = None
+    if args.init_from is not None:  # read and checked before the data: a wrong file or size is one line
+        with flag_names():
+            init_from = task_lib.InitFrom.read(args.init_from)
+            init_from.check(task)
     refuse_a_finished_run(out, args.resume)  # before the data: MOSES's 300,000 molecules take half a minute
-    dataset = task_lib.load_dataset(task)
+    saved = saved_metadata(out) if args.resume else None
+    if saved is not None:  # a resumed run starts from its checkpoint, whose token ids its own vocabulary gives
+        init_from = None
+    vocab = smiles.Vocabulary.from_json(saved["vocab"]) if saved and "vocab" in saved else init_from and init_from.vocab
+    dataset = task_lib.load_dataset(task, vocab)
     check_memory("the final evaluation's samples (--eval-samples)",
                  task_lib.sample_bytes(task, dataset.vocab.size, task.eval_samples))
     skipped = ", ".join(f"{k} {v}" for k, v in dataset.skipped.items()) or "none"
@@ -785,10 +800,11 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
                                                     f"{min(task_lib.EVAL_RECONSTRUCT, len(dataset.valid))}")
         print(f"the bar's eval figures: loss on {min(task_lib.EVAL_LOSS, len(dataset.valid))} validation molecules"
               f"{accuracy}; the final report uses the test set")
-        model, dataset, _ = task_lib.train(
-            task, cfg, out, resume=args.resume, callback=ProgressBar(), dataset=dataset,
-            data_sharding=dp.data, state_sharding=dp.replicated,
-        )
+        with flag_names():  # --init-from's errors name the flag
+            model, dataset, _ = task_lib.train(
+                task, cfg, out, resume=args.resume, callback=ProgressBar(), dataset=dataset, init_from=init_from,
+                data_sharding=dp.data, state_sharding=dp.replicated,
+            )
         print(vae_evaluation_banner(task, len(dataset.test)), flush=True)
         report = task_lib.evaluate(model, dataset, task, seed=args.seed)
         if first_process():
@@ -996,6 +1012,10 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         train_defaults = {**TRAIN_DEFAULTS, **(preset.train if preset else {})}
         add_train_arguments(vae, VAETask, train_defaults, out="runs/vae",
                             task_defaults=dict(preset.task) if preset else None)
+        vae.add_argument("--init-from", default=None, metavar="FILE",
+                         help="start from a torch_ref.SeqVAE state_dict (.pt/.pth/.safetensors) with its side file "
+                              "FILE.json (its arguments and vocabulary), as export vae writes them, instead of random "
+                              "weights; the data is read with its vocabulary")
 
     sample = model_commands(sub, "sample", "generate from a trained model")
     sv = sample.add_parser("vae", help="SMILES from the prior z ~ N(0, I), in one jitted call")

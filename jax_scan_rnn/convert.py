@@ -221,3 +221,29 @@ def load_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
         raise ValueError(
             f"load_safetensors: {path!r} is not a whole .safetensors file (truncated or corrupt): {err}"
         ) from err
+
+
+def read_state_dict_file(path: str | os.PathLike, argname: str = "path") -> dict[str, Any]:
+    """The state_dict in a `.pt`/`.pth` file (`torch.save`; read with `weights_only=True`, torch needed) or a
+    `.safetensors` file, as `{key: tensor or np.ndarray}` for `load_torch_state_dict`.
+
+    Raises FileNotFoundError (no file), ValueError (another suffix, or a file that is not a whole state_dict),
+    each naming `argname` and the file."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{argname}: no file at {path}")
+    suffix = os.path.splitext(path)[1]
+    if suffix == ".safetensors":
+        try:
+            return load_safetensors(path)
+        except ValueError as err:
+            raise ValueError(f"{argname}: {err}") from None
+    if suffix not in (".pt", ".pth"):
+        raise ValueError(f"{argname}: expected a .pt, .pth or .safetensors file, got {os.path.basename(path)}")
+    from jax_scan_rnn.optional import require
+
+    torch = require("torch", "reading a .pt state_dict")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # pickle and zip errors of every kind: the file is the problem
+        raise ValueError(f"{argname}: {path} is not a readable torch state_dict ({type(err).__name__}: {err})") from None

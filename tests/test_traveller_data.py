@@ -11,7 +11,7 @@ import pytest
 import jax_scan_rnn as jsr
 from jax_scan_rnn import checkpoint
 from jax_scan_rnn.cli import main
-from jax_scan_rnn.data import market_data, trading
+from jax_scan_rnn.data import trading
 from jax_scan_rnn.tasks import traveller as task_lib
 from jax_scan_rnn.train import TrainConfig
 

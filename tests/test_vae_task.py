@@ -145,6 +145,8 @@ def check_export_loads_into_torch_ref(out, model, tmp_path, capsys):
     encoded with FILE.json's vocabulary gives the JAX model's loss; the side file never replaces a run's own."""
     torch = pytest.importorskip("torch")
     import torch_ref
+
+    import jax_scan_rnn as jsr
     from jax_scan_rnn.data.smiles import Vocabulary
 
     target = tmp_path / "vae.pt"
@@ -164,12 +166,86 @@ def check_export_loads_into_torch_ref(out, model, tmp_path, capsys):
     for key in ("recon", "kl"):
         w, g = float(want[key]), float(got[key])
         assert abs(g - w) <= EXPORT_LOSS_RTOL * max(1.0, abs(w)), f"loss[{key!r}]: {g!r} (jax) vs {w!r} (torch)"
+    # And back (train vae --init-from): the same weights, bit for bit, under the same vocabulary.
+    init = task_lib.InitFrom.read(target)
+    _, _, task = task_lib.load(out)
+    init.check(task)
+    back = task_lib.build_model(task, init.vocab.size, seed=1)
+    init.load_into(back)
+    for (key, a), b in zip(sorted(jsr.torch_state_dict(back).items()), [v for _, v in sorted(jsr.torch_state_dict(model).items())]):
+        np.testing.assert_array_equal(a, b, err_msg=key)
     before = (out / "evaluation.json").read_bytes()
     assert main(["export", "vae", "--checkpoint", str(out), "--format", "safetensors", "--output",
                  str(out / "evaluation")]) == 2
     err = capsys.readouterr().err.strip()
     assert "--output (its side file): " in err and "belongs to the training run" in err and len(err.splitlines()) == 1
     assert (out / "evaluation.json").read_bytes() == before and not (out / "evaluation").exists()
+
+
+def torch_twin_files(tmp_path, task, vocab):
+    """A torch_ref.SeqVAE of `task`'s sizes saved as `export vae` saves one: FILE (the state_dict) and FILE.json."""
+    torch = pytest.importorskip("torch")
+    import torch_ref
+
+    arguments = task_lib.model_arguments(task, vocab.size)
+    torch.manual_seed(0)
+    twin = torch_ref.SeqVAE(**arguments)
+    path = tmp_path / "twin.pt"
+    torch.save(twin.state_dict(), path)
+    side = {"model": "torch_ref.SeqVAE", "arguments": arguments, "vocabulary": json.loads(vocab.to_json())}
+    (tmp_path / "twin.pt.json").write_text(json.dumps(side))
+    return twin, path
+
+
+def test_init_from_a_torch_ref_vae_starts_there_and_reads_the_data_with_its_vocabulary(corpus, tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    import jax_scan_rnn as jsr
+    from jax_scan_rnn.data.smiles import Vocabulary
+    from jax_scan_rnn.train import TrainConfig
+
+    task = tiny(corpus)
+    tokens = task_lib.load_dataset(task).vocab.tokens
+    no_sulphur = Vocabulary(tuple(t for t in tokens if t != "S"))  # a model that never wrote an S
+    twin, path = torch_twin_files(tmp_path, task, no_sulphur)
+    started = {}
+    monkeypatch.setattr(task_lib, "fit", lambda model, *args, metadata, **kwargs: started.update(model=model,
+                                                                                               metadata=metadata))
+    _, dataset, _ = task_lib.train(task, TrainConfig(steps=1), init_from=task_lib.InitFrom.read(path))
+    assert dataset.vocab == no_sulphur
+    assert not any("S" in s for s in dataset.train + dataset.valid + dataset.test)
+    assert dataset.skipped["unseen_character"] == sum("S" in s for s in SMILES)  # 10: from train, valid and test
+    got = jsr.torch_state_dict(started["model"])
+    for key, value in twin.state_dict().items():
+        np.testing.assert_array_equal(got[key], value.numpy(), err_msg=key)
+    assert started["metadata"]["init_from"]["path"] == str(path)
+    assert started["metadata"]["vocab"] == no_sulphur.to_json()
+    # Another size, no side file, a broken side file: one error each, naming the file and what differs.
+    with pytest.raises(ValueError, match=r"^init_from: .*twin.pt holds a model with hidden_size=16, latent_size=4; "
+                                         r"this run's has hidden_size=32, latent_size=3: set them"):
+        task_lib.train(replace(task, hidden_size=32, latent_size=3, decoder_hidden_size=16), TrainConfig(steps=1),
+                       init_from=task_lib.InitFrom.read(path))
+    (tmp_path / "twin.pt.json").rename(tmp_path / "elsewhere.json")
+    with pytest.raises(FileNotFoundError, match=r"^init_from: no .*twin.pt.json beside .*twin.pt: the model's "
+                                                r"arguments and vocabulary"):
+        task_lib.InitFrom.read(path)
+    (tmp_path / "twin.pt.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"^init_from: .*twin.pt.json is not the side file `export vae` writes"):
+        task_lib.InitFrom.read(path)
+
+
+def test_cli_init_from_another_size_exits_2_naming_the_flags_before_the_data(corpus, tmp_path, monkeypatch, capsys):
+    from jax_scan_rnn.data.smiles import Vocabulary
+
+    _, path = torch_twin_files(tmp_path, tiny(corpus), Vocabulary(("<pad>", "<sos>", "<eos>", "C")))
+    monkeypatch.setattr(task_lib, "load_dataset", lambda *a: pytest.fail("read the data of a refused run"))
+    out = tmp_path / "run"
+    assert main(["train", "vae", "--data", str(corpus), "--hidden-size", "16", "--latent-size", "8", "--init-from",
+                 str(path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("--init-from: " + str(path) + " holds a model with --latent-size 4; this run's has "
+                        "--latent-size 8: set them to the file's"), err
+    assert not out.exists()
 
 
 @pytest.mark.slow  # exact resume is covered by tests/test_train.py; this checks the VAE's CLI wiring of it

@@ -26,7 +26,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -364,21 +363,10 @@ def load_init(model: Traveller, path: str | Path) -> dict:
     """Load a PyTorch state_dict file into `model`; returns {path, sha256} for the run's metadata."""
     import hashlib
 
-    from jax_scan_rnn.convert import load_safetensors, load_torch_state_dict
+    from jax_scan_rnn.convert import load_torch_state_dict, read_state_dict_file
 
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"init_from: no file at {path}")
-    if path.suffix == ".safetensors":
-        state_dict = load_safetensors(path)
-    elif path.suffix in (".pt", ".pth"):
-        torch = require("torch", "reading a .pt state_dict")
-        try:
-            state_dict = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as err:  # pickle and zip errors of every kind: the file is the problem
-            raise ValueError(f"init_from: {path} is not a readable torch state_dict ({type(err).__name__}: {err})") from None
-    else:
-        raise ValueError(f"init_from: expected a .pt, .pth or .safetensors file, got {path.name}")
+    state_dict = read_state_dict_file(path, "init_from")
     try:
         load_torch_state_dict(model, state_dict)
     except (KeyError, ValueError, TypeError) as err:

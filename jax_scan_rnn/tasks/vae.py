@@ -319,8 +319,9 @@ def min_sequences(batch_size: int) -> int:
     return smiles.min_split_size(SPLIT_FRACTIONS, (batch_size, MIN_VALID, MIN_TEST))
 
 
-def load_dataset(task: VAETask) -> Dataset:
-    """Load, split (train/valid/test = `SPLIT_FRACTIONS`, 90/5/5) and build the vocabulary from the training part.
+def load_dataset(task: VAETask, vocab: smiles.Vocabulary | None = None) -> Dataset:
+    """Load, split (train/valid/test = `SPLIT_FRACTIONS`, 90/5/5) and build the vocabulary from the training part
+    (or take `vocab`, a model's own: then training molecules with characters outside it are dropped too).
 
     A data file is parsed as SMILES with rdkit (the "rdkit" source's code), its invalid lines skipped and
     counted as "unparsable", and kept as written (not canonicalised); with `task.smiles_check=False` only the
@@ -369,7 +370,22 @@ def load_dataset(task: VAETask) -> Dataset:
     if task.augment:
         variants = [[s, *(v for v in smiles.randomized_smiles(s, task.augment, i, task.max_length, task.writes_kekule)
                           if v != s)] for i, s in enumerate(train_seqs)]
-    vocab = smiles.Vocabulary.build([v for vs in variants for v in vs] if variants else train_seqs)
+    dropped_train = 0
+    if vocab is None:
+        vocab = smiles.Vocabulary.build([v for vs in variants for v in vs] if variants else train_seqs)
+    else:  # a given vocabulary: a molecule it cannot write is dropped, a way of writing one (augment) too
+        known = set(vocab.tokens)
+        kept = [i for i, s in enumerate(train_seqs) if set(s) <= known]
+        dropped_train = len(train_seqs) - len(kept)
+        train_seqs = [train_seqs[i] for i in kept]
+        if variants:
+            variants = [[v for v in variants[i] if set(v) <= known] for i in kept]
+        if len(train_seqs) < task.batch_size:
+            raise ValueError(
+                f"--data {task.data}: {len(train_seqs)} training sequences remain once those with characters outside "
+                f"the model's vocabulary are dropped ({dropped_train}); needs at least one batch (--batch-size "
+                f"{task.batch_size})")
+
     # Validation/test sequences with characters unseen in training cannot be encoded: drop and count them.
     def encodable(seqs):
         kept = [s for s in seqs if set(s) <= set(vocab.tokens)]
@@ -377,13 +393,13 @@ def load_dataset(task: VAETask) -> Dataset:
 
     valid_seqs, dropped_v = encodable(valid_seqs)
     test_seqs, dropped_t = encodable(test_seqs)
-    if dropped_v + dropped_t:
-        skipped["unseen_character"] = dropped_v + dropped_t
+    if dropped_train + dropped_v + dropped_t:
+        skipped["unseen_character"] = dropped_train + dropped_v + dropped_t
     if len(valid_seqs) < MIN_VALID or len(test_seqs) < MIN_TEST:
         raise ValueError(
             f"--data {task.data}: of its {usable} usable sequences, {len(valid_seqs)} validation and "
             f"{len(test_seqs)} test sequences remain once those with characters absent from the training part are "
-            f"dropped (unseen_character {dropped_v + dropped_t}); needs at least {MIN_VALID} validation and "
+            f"dropped (unseen_character {dropped_train + dropped_v + dropped_t}); needs at least {MIN_VALID} validation and "
             f"{MIN_TEST} test sequences (skipped: {skipped_text})"
         )
     loaded_canonical = None if canonical_of is None else frozenset(canonical_of[s] for s in train_seqs)
@@ -391,10 +407,74 @@ def load_dataset(task: VAETask) -> Dataset:
     return Dataset(vocab, train_seqs, valid_seqs, test_seqs, skipped, variants, loaded_canonical, limit_reached)
 
 
+def model_arguments(task: VAETask, vocab_size: int) -> dict[str, Any]:
+    """The model's constructor arguments, the same for `SeqVAE` and `torch_ref.SeqVAE` (the decoder's sizes
+    resolved: None means the encoder's)."""
+    return {"vocab_size": vocab_size, "hidden_size": task.hidden_size, "latent_size": task.latent_size,
+            "num_layers": task.num_layers,
+            "decoder_hidden_size": task.hidden_size if task.decoder_hidden_size is None else task.decoder_hidden_size,
+            "decoder_layers": task.num_layers if task.decoder_layers is None else task.decoder_layers,
+            "bidirectional": task.bidirectional, "concat_z": task.concat_z}
+
+
 def build_model(task: VAETask, vocab_size: int, seed: int = 0) -> SeqVAE:
-    return SeqVAE(vocab_size, task.hidden_size, task.latent_size, task.num_layers,
-                  decoder_hidden_size=task.decoder_hidden_size, decoder_layers=task.decoder_layers,
-                  bidirectional=task.bidirectional, concat_z=task.concat_z, rngs=nnx.Rngs(seed))
+    return SeqVAE(**model_arguments(task, vocab_size), rngs=nnx.Rngs(seed))
+
+
+@dataclass(frozen=True)
+class InitFrom:
+    """A `torch_ref.SeqVAE` to start training from (`--init-from FILE`): its state_dict, and the vocabulary its
+    token ids index, from the side file FILE.json that `export vae` writes beside it."""
+
+    path: Path
+    state_dict: Mapping[str, Any]
+    vocab: smiles.Vocabulary
+    arguments: dict[str, Any]
+
+    @classmethod
+    def read(cls, path: str | Path) -> InitFrom:
+        """Raises FileNotFoundError or ValueError naming `init_from` and the file."""
+        import json
+
+        from jax_scan_rnn.convert import read_state_dict_file
+
+        path = Path(path)
+        state_dict = read_state_dict_file(path, "init_from")
+        side = Path(f"{path}.json")
+        if not side.is_file():
+            raise FileNotFoundError(f"init_from: no {side} beside {path}: the model's arguments and vocabulary, "
+                                    "as `jax-scan-rnn export vae` writes them")
+        try:
+            data = json.loads(side.read_text())
+            vocab = smiles.Vocabulary.from_json(json.dumps(data["vocabulary"]))
+            arguments = dict(data["arguments"])
+        except (ValueError, KeyError, TypeError) as err:
+            raise ValueError(f"init_from: {side} is not the side file `export vae` writes "
+                             f"({type(err).__name__}: {err})") from None
+        return cls(path, state_dict, vocab, arguments)
+
+    def check(self, task: VAETask) -> None:
+        """The file's model must be the one `task` builds: each size that differs is named with its value."""
+        wanted = model_arguments(task, self.vocab.size)
+        differ = [k for k in wanted if self.arguments.get(k) != wanted[k]]
+        if differ:
+            raise ValueError(
+                f"init_from: {self.path} holds a model with "
+                + ", ".join(f"{k}={self.arguments.get(k)}" for k in differ) + "; this run's has "
+                + ", ".join(f"{k}={wanted[k]}" for k in differ) + ": set them to the file's")
+
+    def load_into(self, model: SeqVAE) -> dict[str, str]:
+        """Its weights into `model`; returns {path, sha256} for the run's metadata."""
+        import hashlib
+
+        from jax_scan_rnn.convert import load_torch_state_dict
+
+        try:
+            load_torch_state_dict(model, self.state_dict)
+        except (KeyError, ValueError, TypeError) as err:
+            message = err.args[0] if isinstance(err, KeyError) else str(err)
+            raise ValueError(f"init_from: {self.path} does not fit torch_ref.SeqVAE(**its arguments) ({message})") from None
+        return {"path": str(self.path), "sha256": hashlib.sha256(self.path.read_bytes()).hexdigest()}
 
 
 def encode(vocab: smiles.Vocabulary, sequences: list[str], max_length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -565,11 +645,21 @@ def evaluate(model: SeqVAE, dataset: Dataset, task: VAETask, *, seed: int = 0) -
 
 
 def train(task: VAETask, cfg: TrainConfig, out_dir: str | Path | None = None, *, resume: bool = False, callback=None,
-          dataset: Dataset | None = None, **fit_kwargs):
-    """Train a fresh VAE (or resume `out_dir`); returns `(model, dataset, history)`."""
-    dataset = load_dataset(task) if dataset is None else dataset
+          dataset: Dataset | None = None, init_from: InitFrom | None = None, **fit_kwargs):
+    """Train a fresh VAE (or resume `out_dir`); returns `(model, dataset, history)`.
+
+    `init_from`: start from its weights instead of a random initialisation (a resumed run starts from its
+    checkpoint); the dataset is then read with its vocabulary (`load_dataset(task, init_from.vocab)`)."""
+    if init_from is not None:
+        init_from.check(task)
+    dataset = load_dataset(task, init_from and init_from.vocab) if dataset is None else dataset
+    if init_from is not None and dataset.vocab != init_from.vocab:
+        raise ValueError(f"dataset: expected one read with the vocabulary of init_from {init_from.path}, got another")
     seed = cfg.seed  # the run's one seed: initialisation, batch order, per-step noise
     model = build_model(task, dataset.vocab.size, seed)
+    metadata = {"model": "vae", "task": task.to_json(), "vocab": dataset.vocab.to_json(), "seed": seed}
+    if init_from is not None:
+        metadata["init_from"] = init_from.load_into(model)
     valid_tokens, valid_lengths = encode(dataset.vocab, dataset.valid[:EVAL_LOSS], task.max_length)
 
     def eval_fn(m: SeqVAE) -> dict[str, float]:
@@ -590,7 +680,7 @@ def train(task: VAETask, cfg: TrainConfig, out_dir: str | Path | None = None, *,
         eval_fn=eval_fn,
         resume=resume,
         callback=callback,
-        metadata={"model": "vae", "task": task.to_json(), "vocab": dataset.vocab.to_json(), "seed": seed},
+        metadata=metadata,
         **fit_kwargs,
     )
     return model, dataset, history
