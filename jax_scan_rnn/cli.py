@@ -93,9 +93,25 @@ def compilation_cache_status() -> str:
     return f"{folder} (JAX_COMPILATION_CACHE_DIR)"
 
 
+CHECK_ATOL = 1e-5  # float32 on both sides: the same sums in another order (the parity tests' float32 tolerance)
+
+
+def max_diff(torch_value, jax_value) -> float:
+    """max |a - b| over a tensor and an array, or over the leaves of two tuples (a model state) of them; inf where
+    two shapes differ (no broadcasting)."""
+    import numpy as np
+
+    if isinstance(torch_value, tuple):
+        return max(max_diff(t, j) for t, j in zip(torch_value, jax_value, strict=True))
+    a, b = torch_value.detach().numpy(), np.asarray(jax_value)
+    return float(np.abs(a - b).max()) if a.shape == b.shape else math.inf
+
+
 @command("check")
 def cmd_check(args: argparse.Namespace) -> int:
-    """Random torch.nn.LSTM/GRU -> convert -> compare outputs, final states and a weight round trip."""
+    """Random weights in torch_ref's models (torch.nn.LSTM/GRU, the Traveller, the SeqVAE) -> convert -> the same
+    outputs and states in JAX, and the weights back bit for bit."""
+    import jax
     import numpy as np
     from flax import nnx
 
@@ -107,27 +123,47 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
+    rngs = nnx.Rngs(args.seed)
+    x = rng.standard_normal((4, args.steps, 8)).astype(np.float32)  # [B, T, I]
+    vocab, length = 20, min(args.steps, 100)  # the SeqVAE: molecule-sized sequences of V = 20 token ids
+    tokens = rng.integers(3, vocab, (4, length)).astype(np.int64)
+    lengths = rng.integers(1, length + 1, 4)
+    tokens[np.arange(4), lengths - 1] = 2  # <eos>
+    tokens[np.arange(length) >= lengths[:, None]] = 0  # <pad>
+
+    def rnn(name: str, layers: int):  # torch's defaults, as a user writes them: time-major x [T, B, I]
+        return (getattr(torch_ref, name)(8, 32, layers), getattr(jsr, name)(8, 32, layers, rngs=rngs),
+                lambda m: m(torch.from_numpy(x.swapaxes(0, 1))), lambda m: jsr.jit(m)(x.swapaxes(0, 1)))
+
+    def vae(model, tokens, lengths):  # the teacher-forced logits [B, T, V] from mu, and (mu, logvar)
+        mu, logvar = model.encode(tokens, lengths)
+        return model.decode(mu, tokens), (mu, logvar)
+
+    cases = [(f"{name} {layers}", rnn(name, layers)) for name in ("LSTM", "GRU") for layers in (1, 2)] + [
+        ("Traveller 2", (torch_ref.Traveller(8, 32, 2, 0.0),
+                         jsr.Traveller(num_inputs=8, hidden_size=32, num_layers=2, dropout=0.0, rngs=rngs),
+                         lambda m: m(torch.from_numpy(x)), lambda m: jsr.jit(m)(x))),
+        ("SeqVAE 2", (torch_ref.SeqVAE(vocab, 32, 8, 2), jsr.SeqVAE(vocab, 32, 8, 2, rngs=rngs),
+                      lambda m: vae(m, torch.from_numpy(tokens), torch.from_numpy(lengths)),
+                      lambda m: vae(jsr.jit(m), tokens, lengths))),
+    ]
     ok = True
-    print(f"{'model':<6} {'layers':>6} {'T':>5} {'max |out diff|':>15} {'max |state diff|':>17} {'round trip':>10}")
-    for name in ("LSTM", "GRU"):
-        for layers in (1, 2):
-            # torch's defaults on both sides, as a user writes them: time-major x [T, B, I].
-            ref = getattr(torch_ref, name)(8, 32, layers)
-            ours = getattr(jsr, name)(8, 32, layers, rngs=nnx.Rngs(args.seed))
-            jsr.load_torch_state_dict(ours, ref.state_dict())
-            x = rng.standard_normal((args.steps, 4, 8)).astype(np.float32)
-            with torch.no_grad():
-                t_out, t_state = ref(torch.from_numpy(x))
-            j_out, j_state = jsr.jit(ours)(x)
-            out_err = float(np.abs(t_out.numpy() - np.asarray(j_out)).max())
-            t_leaves = t_state if isinstance(t_state, tuple) else (t_state,)
-            j_leaves = j_state if isinstance(j_state, tuple) else (j_state,)
-            state_err = max(float(np.abs(t.numpy() - np.asarray(j)).max()) for t, j in zip(t_leaves, j_leaves))
-            back = jsr.torch_state_dict(ours)
-            exact = all(np.array_equal(back[k], v.numpy()) for k, v in ref.state_dict().items())
-            ok &= out_err <= 1e-5 and state_err <= 1e-5 and exact
-            print(f"{name:<6} {layers:>6} {args.steps:>5} {out_err:>15.2e} {state_err:>17.2e} {str(exact):>10}")
-    print("parity self-check:", "PASSED" if ok else "FAILED (float32 tolerance 1e-5)")
+    print(f"{'model':<12} {'T':>5} {'max |out diff|':>15} {'max |state diff|':>17} {'round trip':>10}")
+    for name, (ref, ours, run_torch, run_jax) in cases:
+        jsr.load_torch_state_dict(ours, ref.state_dict())
+        with torch.no_grad():
+            t_out, t_state = run_torch(ref)
+        # float32 matmuls as torch computes them: JAX's default on a GPU is TF32, ~1e-4 off (the parity tests pin it too)
+        with jax.default_matmul_precision("highest"):
+            j_out, j_state = run_jax(ours)
+        out_err, state_err = max_diff(t_out, j_out), max_diff(t_state, j_state)
+        back = jsr.torch_state_dict(ours)
+        exact = all(np.array_equal(back[k], v.numpy()) for k, v in ref.state_dict().items())
+        ok &= out_err <= CHECK_ATOL and state_err <= CHECK_ATOL and exact
+        steps = length if name.startswith("SeqVAE") else args.steps
+        print(f"{name:<12} {steps:>5} {out_err:>15.2e} {state_err:>17.2e} {str(exact):>10}")
+    print("parity self-check:", "PASSED" if ok else f"FAILED (float32 tolerance {CHECK_ATOL:g})",
+          f"(JAX on {jax.default_backend()}, float32 matmuls at full precision)")
     return 0 if ok else 1
 
 

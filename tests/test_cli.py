@@ -25,9 +25,24 @@ def test_info_lists_devices_and_versions(capsys):
         assert key in out
 
 
-def test_check_passes(capsys):
+def test_check_passes_for_every_model_with_jaxs_float32_matmuls_at_full_precision(capsys, monkeypatch):
+    import jax
+
+    import jax_scan_rnn as jsr
+
+    precisions, jit = [], jsr.jit
+
+    def recording_jit(model):  # what the JAX side computes under (a GPU's default, TF32, is not torch's float32)
+        precisions.append(jax.config.jax_default_matmul_precision)
+        return jit(model)
+
+    monkeypatch.setattr(jsr, "jit", recording_jit)
     assert main(["check", "--steps", "50"]) == 0
-    assert "PASSED" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "PASSED" in out
+    for row in ("LSTM 1", "LSTM 2", "GRU 1", "GRU 2", "Traveller 2", "SeqVAE 2"):
+        assert f"\n{row} " in out, row
+    assert len(precisions) >= 6 and set(precisions) == {"highest"}, precisions
 
 
 def test_unknown_command_or_option_exits_2_with_one_line():
