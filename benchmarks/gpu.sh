@@ -28,7 +28,9 @@
 #   train-vae (75 + 20) `jax-scan-rnn train vae` with its defaults (B=128, H=256, MOSES's data, 1,800 updates),
 #            then `sample vae --greedy -n 10000` from it: wall time, the samples' validity and uniqueness;
 #   bf16     (30) bfloat16 where it applies (the loops, lax.scan, nn.LSTM / jsr.LSTM, the limits); not a default
-#            step (STEPS="... bf16"): the float32 steps fill the call.
+#            step (STEPS="... bf16"): the float32 steps fill the call;
+#   check    (40) `jax-scan-rnn check` as a user runs it (JAX's float32 matmuls pinned, as on the CPU); not a default
+#            step either (its output goes to gpu-run.log).
 # Files under $OUT (8 at most): <kind>.json, <kind>-vae.json, <kind>-gen10k.json or <kind>-bf16.json (the suite's results;
 # render_bench.py makes their tables and plots), train-traveller-<kind>.json and train-vae-<kind>.json
 # (benchmarks/timed_run.py: wall time, memory, the run's evaluation), unroll-<kind>.json, hoist-<kind>.json and
@@ -56,9 +58,9 @@ fi
 
 STEPS="${STEPS:-grid vae gen parity unroll hoist traveller train-vae}"
 for step in $STEPS; do
-    case " grid vae gen parity unroll hoist traveller train-vae bf16 " in
+    case " grid vae gen parity unroll hoist traveller train-vae bf16 check " in
         *" $step "*) ;;
-        *) echo "STEPS: expected names among grid vae gen parity unroll hoist traveller train-vae bf16, got '$step'" >&2
+        *) echo "STEPS: expected names among grid vae gen parity unroll hoist traveller train-vae bf16 check, got '$step'" >&2
            exit 2 ;;
     esac
 done
@@ -149,6 +151,7 @@ if [ "$GPU" = yes ]; then
     TRAVELLER=()
     TRAIN_VAE=()
     GREEDY_N=10000
+    CHECK=()
 else
     say "no GPU visible to both JAX and torch: the same steps at tiny sizes on the CPU (a check of this script)"
     GRID=(--seq-lens 20 --batch-sizes 1 --sweep-seq-lens 5 --repeats 3 --budget-s 10)
@@ -160,6 +163,7 @@ else
     TRAVELLER=(--steps 20 --eval-every 0 --hidden-size 8 --seq-len 16 --train-paths 64 --eval-paths 64)
     TRAIN_VAE=(--steps 20 --limit 2000 --hidden-size 16 --latent-size 4 --eval-every 0 --eval-samples 50)
     GREEDY_N=200
+    CHECK=(--steps 50)
 fi
 GRID_ROWS=torch-cuda-graph,torch-lstm-seq,jax-scan-u1,jax-scan-u4,jax-scan-auto
 VAE_ROWS=vae-ss-torch,vae-ss-torch-graph,vae-ss-jax,vae-tf-torch,vae-tf-jax
@@ -216,6 +220,9 @@ EOF
         say "greedy generation skipped: the VAE run left no checkpoint"
     fi
 fi
+
+# The user's parity self-check, on this device (the parity step above is the thorough one).
+want check && run 40 "${CLI[@]}" check "${CHECK[@]}"
 
 # bfloat16 where it applies (inputs and compute in bf16, JAX parameters kept in float32).
 want bf16 && { run 30 "${BENCH[@]}" --dtype bfloat16 \
