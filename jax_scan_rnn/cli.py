@@ -741,11 +741,10 @@ def cmd_export_vae(args: argparse.Namespace) -> int:
     """The weights as a PyTorch state_dict that torch_ref.SeqVAE loads, and in FILE.json what they are of no use
     without: torch_ref.SeqVAE's arguments and the vocabulary (token id -> character) the model reads and writes."""
     import jax_scan_rnn as jsr
+    from jax_scan_rnn.tasks import vae as task_lib
 
     check_output_file(args.output)
     model, vocab, task = load_vae(args)
-    from jax_scan_rnn.tasks import vae as task_lib
-
     arguments = task_lib.model_arguments(task, vocab.size)
     side = write_export(jsr.torch_state_dict(model), args, {
         "model": "torch_ref.SeqVAE", "arguments": arguments,
