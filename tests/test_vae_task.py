@@ -192,7 +192,8 @@ def torch_twin_files(tmp_path, task, vocab):
     twin = torch_ref.SeqVAE(**arguments)
     path = tmp_path / "twin.pt"
     torch.save(twin.state_dict(), path)
-    side = {"model": "torch_ref.SeqVAE", "arguments": arguments, "vocabulary": json.loads(vocab.to_json())}
+    side = {"model": "torch_ref.SeqVAE", "arguments": arguments, "vocabulary": json.loads(vocab.to_json()),
+            "kekule": task.writes_kekule}
     (tmp_path / "twin.pt.json").write_text(json.dumps(side))
     return twin, path
 
@@ -225,6 +226,11 @@ def test_init_from_a_torch_ref_vae_starts_there_and_reads_the_data_with_its_voca
                                          r"this run's has hidden_size=32, latent_size=3: set them"):
         task_lib.train(replace(task, hidden_size=32, latent_size=3, decoder_hidden_size=16), TrainConfig(steps=1),
                        init_from=task_lib.InitFrom.read(path))
+    side = json.loads((tmp_path / "twin.pt.json").read_text())
+    (tmp_path / "twin.pt.json").write_text(json.dumps({**side, "kekule": not task.writes_kekule}))
+    with pytest.raises(ValueError, match=r"^init_from: .*twin.pt holds a model that learnt molecules as written "
+                                         r"\(aromatic\); this run writes them in Kekulé form: pass --no-kekule"):
+        task_lib.InitFrom.read(path).check(task)
     (tmp_path / "twin.pt.json").rename(tmp_path / "elsewhere.json")
     with pytest.raises(FileNotFoundError, match=r"^init_from: no .*twin.pt.json beside .*twin.pt: the model's "
                                                 r"arguments and vocabulary"):

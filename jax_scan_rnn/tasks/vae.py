@@ -430,6 +430,7 @@ class InitFrom:
     state_dict: Mapping[str, Any]
     vocab: smiles.Vocabulary
     arguments: dict[str, Any]
+    kekule: bool | None = None  # whether its model learnt molecules in Kekulé form (None: the side file does not say)
 
     @classmethod
     def read(cls, path: str | Path) -> InitFrom:
@@ -451,7 +452,8 @@ class InitFrom:
         except (ValueError, KeyError, TypeError) as err:
             raise ValueError(f"init_from: {side} is not the side file `export vae` writes "
                              f"({type(err).__name__}: {err})") from None
-        return cls(path, state_dict, vocab, arguments)
+        kekule = data.get("kekule")
+        return cls(path, state_dict, vocab, arguments, kekule if isinstance(kekule, bool) else None)
 
     def check(self, task: VAETask) -> None:
         """The file's model must be the one `task` builds: each size that differs is named with its value."""
@@ -462,6 +464,12 @@ class InitFrom:
                 f"init_from: {self.path} holds a model with "
                 + ", ".join(f"{k}={self.arguments.get(k)}" for k in differ) + "; this run's has "
                 + ", ".join(f"{k}={wanted[k]}" for k in differ) + ": set them to the file's")
+        if self.kekule is not None and self.kekule != task.writes_kekule:
+            # Otherwise every molecule written the other way would be dropped as unseen (aromatic c, n, o, s).
+            forms = {True: "in Kekulé form", False: "as written (aromatic)"}
+            raise ValueError(f"init_from: {self.path} holds a model that learnt molecules {forms[self.kekule]}; this "
+                             f"run writes them {forms[task.writes_kekule]}: "
+                             + ("leave out --no-kekule" if self.kekule else "pass --no-kekule"))
 
     def load_into(self, model: SeqVAE) -> dict[str, str]:
         """Its weights into `model`; returns {path, sha256} for the run's metadata."""
