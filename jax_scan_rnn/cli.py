@@ -374,10 +374,23 @@ def saved_metadata(out: Path) -> dict | None:
     return None
 
 
-def check_resume(out: Path, args: argparse.Namespace, task, cfg) -> None:
+def data_change(saved: dict, now: dict) -> str | None:
+    """What differs between the `DataStats` a Traveller run saved (JSON) and those of the data read now, or None."""
+    if saved == now:
+        return None
+    for key, what in (("num_steps", "steps per path"), ("train_end", "training steps"), ("asset_names", "assets")):
+        if saved.get(key) != now.get(key):
+            return f"{what} {saved.get(key)!r} -> {now.get(key)!r}"
+    return "its training period's mean, std or covariance"
+
+
+def check_resume(out: Path, args: argparse.Namespace, task, cfg, data_stats: dict | None = None) -> None:
     """--resume: the settings saved with the run against this command's. A difference is refused, naming each
     changed option, unless --override is given; then the changes are printed and training continues. The saved
-    task is read back by `type(task).from_json`, so a field the run predates counts with the value it ran with."""
+    task is read back by `type(task).from_json`, so a field the run predates counts with the value it ran with.
+    `data_stats`: a Traveller's `DataStats.to_json()` of the data read now: a data file that changed since the run
+    started (rows appended, values revised) counts as a changed setting too, since training would go on with
+    another split and standardisation."""
     from jax_scan_rnn import checkpoint
     from jax_scan_rnn.train import CHECKPOINT_DIR
 
@@ -397,6 +410,10 @@ def check_resume(out: Path, args: argparse.Namespace, task, cfg) -> None:
     before = flags({**saved_task, **saved.get("train_config", {})})
     now = flags({**task.to_json(), **dataclasses.asdict(cfg)})
     changed = [f"{name} {before[name]!r} -> {now[name]!r}" for name in now if name in before and before[name] != now[name]]
+    if data_stats is not None and "data_stats" in saved:
+        what = data_change(saved["data_stats"], json.loads(json.dumps(data_stats)))  # JSON both: lists, floats alike
+        if what is not None:
+            changed.append(f"the data in --data {task.data} ({what})")
     if not changed:
         return
     if not args.override:
@@ -504,7 +521,7 @@ def cmd_train_traveller(args: argparse.Namespace) -> int:
     out = Path(args.out)
     dp = data_parallel(args, task.batch_size)
     with output_directory(out, args.resume):
-        check_resume(out, args, task, cfg)
+        check_resume(out, args, task, cfg, None if data is None else stats.to_json())
         market = "your data" if data is not None else f"the simulated market, {task.market.num_assets} assets"
         print(f"training the Traveller ({task.objective} objective, {market}) for {args.steps} steps on {dp.size} "
               f"device(s) -> {out}")

@@ -208,6 +208,32 @@ def test_export_loads_into_the_seeds_class_and_gives_the_same_positions(run, fmt
     np.testing.assert_allclose(got[0], want.numpy(), rtol=0, atol=POSITION_ATOL)
 
 
+def test_resume_on_a_data_file_that_changed_is_refused_unless_overridden(run, capsys):
+    """Rows appended or a value revised since the run started: training would go on with another split and
+    standardisation, so --resume names it as a changed setting (exit 2, one line, the run untouched)."""
+    folder, out, features, returns = run
+    path = folder / "prices.csv"
+    original = path.read_bytes()
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    args = ["train", "traveller", "--data", str(path), "--feature-cols", "f*", "--return-cols", "r_*", "--steps", "40",
+            "--lr", "0.01", *TINY, "--out", str(out), "--resume"]
+    capsys.readouterr()
+    try:
+        write_csv(path, *market_rows(steps=STEPS + 50))  # 50 more rows
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "the run in" in err, err
+        assert f"(the data in --data {path} (steps per path {STEPS} -> {STEPS + 50}))" in err, err
+        revised = features.copy()
+        revised[3, 0] += 1.0  # one value of the training period
+        write_csv(path, revised, returns)
+        assert main(args) == 2
+        assert f"(the data in --data {path} (its training period's mean, std or covariance))" in capsys.readouterr().err
+    finally:
+        path.write_bytes(original)
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
 def test_an_export_whose_side_file_is_a_runs_own_file_is_refused(run, capsys):
     """`--output RUN/evaluation`: the export itself is no file of the run, but its side file (FILE.json) would
     replace the run's evaluation.json; refused in one line, before anything is written."""
