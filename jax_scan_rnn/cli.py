@@ -384,13 +384,13 @@ def data_change(saved: dict, now: dict) -> str | None:
     return "its training period's mean, std or covariance"
 
 
-def check_resume(out: Path, args: argparse.Namespace, task, cfg, data_stats: dict | None = None) -> None:
+def check_resume(out: Path, args: argparse.Namespace, task, cfg, data: dict | None = None) -> None:
     """--resume: the settings saved with the run against this command's. A difference is refused, naming each
     changed option, unless --override is given; then the changes are printed and training continues. The saved
     task is read back by `type(task).from_json`, so a field the run predates counts with the value it ran with.
-    `data_stats`: a Traveller's `DataStats.to_json()` of the data read now: a data file that changed since the run
-    started (rows appended, values revised) counts as a changed setting too, since training would go on with
-    another split and standardisation."""
+    `data`: what the run saved of its data, as read now (a Traveller's `{"data_stats": DataStats.to_json()}`, the
+    VAE's `{"data_sha256": Dataset.digest()}`): a data file that changed since the run started (rows appended,
+    values revised) counts as a changed setting too, since training would go on with other data."""
     from jax_scan_rnn import checkpoint
     from jax_scan_rnn.train import CHECKPOINT_DIR
 
@@ -410,10 +410,15 @@ def check_resume(out: Path, args: argparse.Namespace, task, cfg, data_stats: dic
     before = flags({**saved_task, **saved.get("train_config", {})})
     now = flags({**task.to_json(), **dataclasses.asdict(cfg)})
     changed = [f"{name} {before[name]!r} -> {now[name]!r}" for name in now if name in before and before[name] != now[name]]
-    if data_stats is not None and "data_stats" in saved:
-        what = data_change(saved["data_stats"], json.loads(json.dumps(data_stats)))  # JSON both: lists, floats alike
-        if what is not None:
-            changed.append(f"the data in --data {task.data} ({what})")
+    for key, value in (data or {}).items():
+        if key in saved:  # a run that predates the record: nothing to compare
+            value = json.loads(json.dumps(value))  # JSON, as saved: lists and floats alike
+            if key == "data_stats":
+                what = data_change(saved[key], value)
+            else:
+                what = None if saved[key] == value else "its molecules"
+            if what is not None:
+                changed.append(f"the data in --data {task.data} ({what})")
     if not changed:
         return
     if not args.override:
@@ -521,7 +526,7 @@ def cmd_train_traveller(args: argparse.Namespace) -> int:
     out = Path(args.out)
     dp = data_parallel(args, task.batch_size)
     with output_directory(out, args.resume):
-        check_resume(out, args, task, cfg, None if data is None else stats.to_json())
+        check_resume(out, args, task, cfg, None if data is None else {"data_stats": stats.to_json()})
         market = "your data" if data is not None else f"the simulated market, {task.market.num_assets} assets"
         print(f"training the Traveller ({task.objective} objective, {market}) for {args.steps} steps on {dp.size} "
               f"device(s) -> {out}")
@@ -847,7 +852,7 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
           f"sequences, vocabulary {dataset.vocab.size}; skipped: {skipped}"
           + (f"; read up to --limit {task.limit}" if dataset.limit_reached else ""))
     with output_directory(out, args.resume):
-        check_resume(out, args, task, cfg)
+        check_resume(out, args, task, cfg, {"data_sha256": dataset.digest()})
         print(f"training the VAE ({task.decoding} decoding) for {args.steps} steps on {dp.size} device(s) -> {out}")
         accuracy = ("" if task.decoder_only else f", free-running (greedy, from mu) accuracy on "
                                                     f"{min(task_lib.EVAL_RECONSTRUCT, len(dataset.valid))}")

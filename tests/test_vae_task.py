@@ -267,6 +267,15 @@ def test_cli_resume_continues_the_run(corpus, tmp_path, monkeypatch, capsys):
     assert main([*args, "--steps", "8", "--resume", "--override"]) == 0  # more steps: a changed option
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["split"] == "train"] == [2, 4, 6, 8]
+    # The file revised since: other molecules in the split, named as a changed setting, the run untouched.
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    corpus.write_text(corpus.read_text() + "CCCCCCCCCCCO\nCCCCCCCCCCCN\n")
+    capsys.readouterr()
+    assert main([*args, "--steps", "8", "--resume"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"other settings (the data in --data {corpus} (its molecules)); give the same options, or "
+                        "add --override to continue with the new ones") and len(err.splitlines()) == 1, err
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
 def test_word_dropout_and_per_token_reconstruction_in_the_training_loss(corpus):

@@ -300,6 +300,13 @@ class Dataset:
     loaded_canonical: frozenset[str] | None = None
     limit_reached: bool = False  # reading stopped at `VAETask.limit` usable sequences: the data may hold more
 
+    def digest(self) -> str:
+        """sha256 of the train, validation and test molecules in order: saved with a run, so that `--resume` on data
+        that changed since (a revised file) is named rather than trained on silently."""
+        import hashlib
+
+        return hashlib.sha256("\0".join("\n".join(part) for part in (self.train, self.valid, self.test)).encode()).hexdigest()
+
     @cached_property
     def canonical_train(self) -> frozenset[str]:
         """Novelty's reference: the training molecules' canonical SMILES, computed once (rdkit parses every one:
@@ -665,7 +672,8 @@ def train(task: VAETask, cfg: TrainConfig, out_dir: str | Path | None = None, *,
         raise ValueError(f"dataset: expected one read with the vocabulary of init_from {init_from.path}, got another")
     seed = cfg.seed  # the run's one seed: initialisation, batch order, per-step noise
     model = build_model(task, dataset.vocab.size, seed)
-    metadata = {"model": "vae", "task": task.to_json(), "vocab": dataset.vocab.to_json(), "seed": seed}
+    metadata = {"model": "vae", "task": task.to_json(), "vocab": dataset.vocab.to_json(), "seed": seed,
+                "data_sha256": dataset.digest()}
     if init_from is not None:
         metadata["init_from"] = init_from.load_into(model)
     valid_tokens, valid_lengths = encode(dataset.vocab, dataset.valid[:EVAL_LOSS], task.max_length)
