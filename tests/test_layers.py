@@ -270,7 +270,8 @@ def test_hand_written_gate_derivatives_are_jaxs_own(cls, kwargs, monkeypatch):
     hessians = {}
     for hand in (True, False):
         monkeypatch.setattr(cells, "HAND_WRITTEN_VJP", hand)
-        hessians[hand] = jax.hessian(lambda x: loss(params, x))(x_small)
+        # jitted: the same Hessian program, compiled whole rather than op by op (eagerly each op compiles alone)
+        hessians[hand] = jax.jit(jax.hessian(lambda x: loss(params, x)))(x_small)
     err = float(jnp.max(jnp.abs(hessians[True] - hessians[False])) / jnp.max(jnp.abs(hessians[False])))
     assert err < HAND_VJP_RTOL, f"d2 loss / dx2: relative error {err:.2e}"
     # Forward mode straight through the rule needs JAX's derivative (a custom_vjp has none): the error says
