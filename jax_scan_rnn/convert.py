@@ -246,4 +246,5 @@ def read_state_dict_file(path: str | os.PathLike, argname: str = "path") -> dict
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # pickle and zip errors of every kind: the file is the problem
-        raise ValueError(f"{argname}: {path} is not a readable torch state_dict ({type(err).__name__}: {err})") from None
+        raise ValueError(f"{argname}: {path} is not a readable torch state_dict "
+                         f"({type(err).__name__}: {err})") from None

@@ -172,8 +172,9 @@ def check_export_loads_into_torch_ref(out, model, tmp_path, capsys):
     init.check(task)
     back = task_lib.build_model(task, init.vocab.size, seed=1)
     init.load_into(back)
-    for (key, a), b in zip(sorted(jsr.torch_state_dict(back).items()), [v for _, v in sorted(jsr.torch_state_dict(model).items())]):
-        np.testing.assert_array_equal(a, b, err_msg=key)
+    want = jsr.torch_state_dict(model)
+    for key, value in jsr.torch_state_dict(back).items():
+        np.testing.assert_array_equal(value, want[key], err_msg=key)
     before = (out / "evaluation.json").read_bytes()
     assert main(["export", "vae", "--checkpoint", str(out), "--format", "safetensors", "--output",
                  str(out / "evaluation")]) == 2

@@ -305,7 +305,8 @@ class Dataset:
         that changed since (a revised file) is named rather than trained on silently."""
         import hashlib
 
-        return hashlib.sha256("\0".join("\n".join(part) for part in (self.train, self.valid, self.test)).encode()).hexdigest()
+        text = "\0".join("\n".join(part) for part in (self.train, self.valid, self.test))
+        return hashlib.sha256(text.encode()).hexdigest()
 
     @cached_property
     def canonical_train(self) -> frozenset[str]:
@@ -406,8 +407,8 @@ def load_dataset(task: VAETask, vocab: smiles.Vocabulary | None = None) -> Datas
         raise ValueError(
             f"--data {task.data}: of its {usable} usable sequences, {len(valid_seqs)} validation and "
             f"{len(test_seqs)} test sequences remain once those with characters absent from the training part are "
-            f"dropped (unseen_character {dropped_train + dropped_v + dropped_t}); needs at least {MIN_VALID} validation and "
-            f"{MIN_TEST} test sequences (skipped: {skipped_text})"
+            f"dropped (unseen_character {dropped_train + dropped_v + dropped_t}); needs at least {MIN_VALID} validation "
+            f"and {MIN_TEST} test sequences (skipped: {skipped_text})"
         )
     loaded_canonical = None if canonical_of is None else frozenset(canonical_of[s] for s in train_seqs)
     limit_reached = task.limit is not None and len(loaded.sequences) == task.limit
@@ -488,7 +489,8 @@ class InitFrom:
             load_torch_state_dict(model, self.state_dict)
         except (KeyError, ValueError, TypeError) as err:
             message = err.args[0] if isinstance(err, KeyError) else str(err)
-            raise ValueError(f"init_from: {self.path} does not fit torch_ref.SeqVAE(**its arguments) ({message})") from None
+            raise ValueError(f"init_from: {self.path} does not fit torch_ref.SeqVAE(**its arguments) "
+                             f"({message})") from None
         return {"path": str(self.path), "sha256": hashlib.sha256(self.path.read_bytes()).hexdigest()}
 
 
