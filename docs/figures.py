@@ -1440,34 +1440,32 @@ def _gpu_parity() -> str:
             f"JAX's default float32 matmul on this GPU is TF32")
 
 
-def _sweep(file: str, key: str, arms: tuple) -> dict:
-    return {(r["config"], r[key]): r for r in load(file) if r[key] in arms}
+GPU_SWEEP_CONFIGS = (("1x64", "B=1, T=1000"), ("1024x64", "B=1024, T=100"))  # gpu.sh's SWEEP_CONFIGS, as run
+
+
+def _sweep(file: str, key: str, arms: tuple, cell: Callable[[dict, str, str], str],
+           extra: Callable[[dict, str], str] = lambda rows, config: "") -> str:
+    """Each GPU sweep configuration's line, "B=1, T=1000: forward <cell>, train <cell> µs per step<extra>", joined:
+    `cell(rows, config, mode)` renders a mode's arms, `rows` keyed by (config, arm)."""
+    rows = {(r["config"], r[key]): r for r in load(file) if r[key] in arms}
+    return "; ".join(f"{label}: forward {cell(rows, config, 'forward')}, train {cell(rows, config, 'train')} µs per "
+                     f"step{extra(rows, config)}" for config, label in GPU_SWEEP_CONFIGS)
 
 
 @figure("gpu.unroll")
 def _gpu_unroll() -> str:
-    rows = _sweep("unroll-gpu-h200.json", "unroll", (1, 2, 4, 8, 16))
-
-    def cell(config: str, mode: str) -> str:
-        return ", ".join(f"{rows[config, u][mode + '_us']:.3g} at {u}" for u in (1, 4, 16))
-
-    parts = []
-    for config, label in (("1x64", "B=1, T=1000"), ("1024x64", "B=1024, T=100")):
-        parts.append(f"{label}: forward {cell(config, 'forward')}, train {cell(config, 'train')} µs per step, forward "
-                     f"compile {rows[config, 1]['compile_s']:.2f} s at 1, {rows[config, 4]['compile_s']:.2f} s at 4, "
-                     f"{rows[config, 16]['compile_s']:.2f} s at 16")
-    return "; ".join(parts)
+    shown = (1, 4, 16)
+    return _sweep("unroll-gpu-h200.json", "unroll", shown,
+                  lambda rows, config, mode: ", ".join(f"{rows[config, u][mode + '_us']:.3g} at {u}" for u in shown),
+                  lambda rows, config: ", forward compile " + ", ".join(
+                      f"{rows[config, u]['compile_s']:.2f} s at {u}" for u in shown))
 
 
 @figure("gpu.hoist")
 def _gpu_hoist() -> str:
-    rows = _sweep("hoist-gpu-h200.json", "hoist_inputs", (True, False))
-
-    def cell(config: str, mode: str) -> str:
-        return f"{rows[config, True][mode + '_us']:.3g} hoisted, {rows[config, False][mode + '_us']:.3g} inside"
-
-    return "; ".join(f"{label}: forward {cell(config, 'forward')}, train {cell(config, 'train')} µs per step"
-                     for config, label in (("1x64", "B=1, T=1000"), ("1024x64", "B=1024, T=100")))
+    return _sweep("hoist-gpu-h200.json", "hoist_inputs", (True, False),
+                  lambda rows, config, mode: f"{rows[config, True][mode + '_us']:.3g} hoisted, "
+                                             f"{rows[config, False][mode + '_us']:.3g} inside")
 
 
 # ------------------------------------------------------------------------------ render / check

@@ -389,7 +389,7 @@ def check_resume(out: Path, args: argparse.Namespace, task, cfg, data: dict | No
     changed option, unless --override is given; then the changes are printed and training continues. The saved
     task is read back by `type(task).from_json`, so a field the run predates counts with the value it ran with.
     `data`: what the run saved of its data, as read now (a Traveller's `{"data_stats": DataStats.to_json()}`, the
-    VAE's `{"data_sha256": Dataset.digest()}`): a data file that changed since the run started (rows appended,
+    VAE's `{"data_sha256": Dataset.digest}`): a data file that changed since the run started (rows appended,
     values revised) counts as a changed setting too, since training would go on with other data."""
     from jax_scan_rnn import checkpoint
     from jax_scan_rnn.train import CHECKPOINT_DIR
@@ -852,7 +852,7 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
           f"sequences, vocabulary {dataset.vocab.size}; skipped: {skipped}"
           + (f"; read up to --limit {task.limit}" if dataset.limit_reached else ""))
     with output_directory(out, args.resume):
-        check_resume(out, args, task, cfg, {"data_sha256": dataset.digest()})
+        check_resume(out, args, task, cfg, {"data_sha256": dataset.digest})
         print(f"training the VAE ({task.decoding} decoding) for {args.steps} steps on {dp.size} device(s) -> {out}")
         accuracy = ("" if task.decoder_only else f", free-running (greedy, from mu) accuracy on "
                                                     f"{min(task_lib.EVAL_RECONSTRUCT, len(dataset.valid))}")

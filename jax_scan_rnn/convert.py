@@ -248,3 +248,20 @@ def read_state_dict_file(path: str | os.PathLike, argname: str = "path") -> dict
     except Exception as err:  # pickle and zip errors of every kind: the file is the problem
         raise ValueError(f"{argname}: {path} is not a readable torch state_dict "
                          f"({type(err).__name__}: {err})") from None
+
+
+def load_state_dict_file(module: nnx.Module, state_dict: Mapping[str, Any], path: str | os.PathLike, argname: str,
+                         sizes: str) -> dict[str, str]:
+    """`load_torch_state_dict(module, state_dict)` for the state_dict read from the file `path`
+    (`read_state_dict_file`): one that does not fit raises ValueError naming `argname`, the file and `sizes` (what
+    must match). Returns `{path, sha256}`: what a run's metadata keeps of the file it started from."""
+    import hashlib
+
+    try:
+        load_torch_state_dict(module, state_dict)
+    except (KeyError, ValueError, TypeError) as err:
+        message = err.args[0] if isinstance(err, KeyError) else str(err)
+        raise ValueError(f"{argname}: {os.fspath(path)} does not fit this model ({message}); its sizes must match "
+                         f"{sizes}") from None
+    with open(path, "rb") as f:
+        return {"path": os.fspath(path), "sha256": hashlib.file_digest(f, "sha256").hexdigest()}

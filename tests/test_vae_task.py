@@ -232,6 +232,14 @@ def test_init_from_a_torch_ref_vae_starts_there_and_reads_the_data_with_its_voca
     with pytest.raises(ValueError, match=r"^init_from: .*twin.pt holds a model that learnt molecules as written "
                                          r"\(aromatic\); this run writes them in Kekulé form: pass --no-kekule"):
         task_lib.InitFrom.read(path).check(task)
+    (tmp_path / "twin.pt.json").write_text(json.dumps(side))
+    torch = pytest.importorskip("torch")
+    import torch_ref
+
+    torch.save(torch_ref.SeqVAE(**{**side["arguments"], "hidden_size": 8}).state_dict(), path)  # not what it says
+    with pytest.raises(ValueError, match=r"^init_from: .*twin.pt does not fit this model \(.*\); its sizes must "
+                                         r"match the arguments in its side file"):
+        task_lib.train(task, TrainConfig(steps=1), init_from=task_lib.InitFrom.read(path))
     (tmp_path / "twin.pt.json").rename(tmp_path / "elsewhere.json")
     with pytest.raises(FileNotFoundError, match=r"^init_from: no .*twin.pt.json beside .*twin.pt: the model's "
                                                 r"arguments and vocabulary"):

@@ -361,19 +361,10 @@ def train(
 
 def load_init(model: Traveller, path: str | Path) -> dict:
     """Load a PyTorch state_dict file into `model`; returns {path, sha256} for the run's metadata."""
-    import hashlib
+    from jax_scan_rnn.convert import load_state_dict_file, read_state_dict_file
 
-    from jax_scan_rnn.convert import load_torch_state_dict, read_state_dict_file
-
-    path = Path(path)
-    state_dict = read_state_dict_file(path, "init_from")
-    try:
-        load_torch_state_dict(model, state_dict)
-    except (KeyError, ValueError, TypeError) as err:
-        message = err.args[0] if isinstance(err, KeyError) else str(err)
-        raise ValueError(f"init_from: {path} does not fit this model ({message}); its sizes must match "
-                         "hidden_size, num_layers and the data's features and assets") from None
-    return {"path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    return load_state_dict_file(model, read_state_dict_file(path, "init_from"), path, "init_from",
+                                "hidden_size, num_layers and the data's features and assets")
 
 
 def load(out_dir: str | Path, step: int | None = None) -> tuple[Traveller, TravellerTask, DataStats | None]:

@@ -300,9 +300,10 @@ class Dataset:
     loaded_canonical: frozenset[str] | None = None
     limit_reached: bool = False  # reading stopped at `VAETask.limit` usable sequences: the data may hold more
 
+    @cached_property
     def digest(self) -> str:
         """sha256 of the train, validation and test molecules in order: saved with a run, so that `--resume` on data
-        that changed since (a revised file) is named rather than trained on silently."""
+        that changed since (a revised file) is named rather than trained on silently. Computed once."""
         import hashlib
 
         text = "\0".join("\n".join(part) for part in (self.train, self.valid, self.test))
@@ -481,17 +482,9 @@ class InitFrom:
 
     def load_into(self, model: SeqVAE) -> dict[str, str]:
         """Its weights into `model`; returns {path, sha256} for the run's metadata."""
-        import hashlib
+        from jax_scan_rnn.convert import load_state_dict_file
 
-        from jax_scan_rnn.convert import load_torch_state_dict
-
-        try:
-            load_torch_state_dict(model, self.state_dict)
-        except (KeyError, ValueError, TypeError) as err:
-            message = err.args[0] if isinstance(err, KeyError) else str(err)
-            raise ValueError(f"init_from: {self.path} does not fit torch_ref.SeqVAE(**its arguments) "
-                             f"({message})") from None
-        return {"path": str(self.path), "sha256": hashlib.sha256(self.path.read_bytes()).hexdigest()}
+        return load_state_dict_file(model, self.state_dict, self.path, "init_from", "the arguments in its side file")
 
 
 def encode(vocab: smiles.Vocabulary, sequences: list[str], max_length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -675,7 +668,7 @@ def train(task: VAETask, cfg: TrainConfig, out_dir: str | Path | None = None, *,
     seed = cfg.seed  # the run's one seed: initialisation, batch order, per-step noise
     model = build_model(task, dataset.vocab.size, seed)
     metadata = {"model": "vae", "task": task.to_json(), "vocab": dataset.vocab.to_json(), "seed": seed,
-                "data_sha256": dataset.digest()}
+                "data_sha256": dataset.digest}
     if init_from is not None:
         metadata["init_from"] = init_from.load_into(model)
     valid_tokens, valid_lengths = encode(dataset.vocab, dataset.valid[:EVAL_LOSS], task.max_length)
