@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything the GPU issue measures, in one prepared run that writes at most 8 files.
+# Everything the GPU issue measures, as named steps under hard time limits; a run writes at most 8 files.
 #
 #   bash benchmarks/gpu.sh --prepare      # here, once: what a machine without a package index lacks, into .gpu/
 #   OUT=/some/dir bash benchmarks/gpu.sh  # the run (a lent device machine sets $OUT; default runs/gpu-sh)
@@ -11,18 +11,20 @@
 # training file (from this machine's molsets, laid out as molsets lays it out) under .gpu/, which the device
 # call carries: the VAE steps need both, and the device machine reaches no package index.
 # Steps, most wanted first, each under a hard time limit (seconds, its Python's ~15 s start-up on the H200
-# included) so that one slow step cannot eat the rest. The default steps take at most ~9.5 minutes (one device call
-# holds 10); two H200 runs (2026-12-04, benchmarks/results/gpu-h200-run*.log) sized them, and found that 8 minutes
-# do not hold them all at these sizes:
+# included) so that one slow step cannot eat the rest. Five H200 runs (2026-12-04, benchmarks/results/gpu-h200-run*.log)
+# sized them; together the default steps take ~11 minutes, more than one device call holds (10), so a session runs
+# them as two calls, as the second session did:
+#   STEPS="grid vae gen check" GRID_S=150 GRID_BATCHES=64,1024 bash benchmarks/gpu.sh   # ~5.5 min
+#   STEPS="parity traveller train-vae" bash benchmarks/gpu.sh                             # ~5 min
 #   grid     (120, $GRID_S) float32, TF32 off (jax.default_matmul_precision("highest"), torch allow_tf32=False and
 #            NVIDIA_TF32_OVERRIDE=0): the Traveller at T=1000, B in $GRID_BATCHES (1,64,1024), with compile
 #            times: the seed's loop, the cell loop as a CUDA graph, nn.LSTM (the bound), jsr's scan at unroll 1, 4
 #            and "auto", the limits (the other rows left out to fit: torch.compile's and TorchScript's compiles
 #            alone would take minutes);
-#   vae      (60) the VAE rows at T=60, H=256, B=128 (the training size): scheduled sampling and teacher forcing,
+#   vae      (85) the VAE rows at T=60, H=256, B=128 (the training size): scheduled sampling and teacher forcing,
 #            torch_ref's loop, that loop in a CUDA graph, and jsr, forward and train step;
 #   gen      (45) greedy generation of 10,000 sequences (B=10000, T=60), the same three;
-#   parity   (95) pytest parity_tests (float32 and float64; TF32 off in both frameworks, parity_tests/conftest.py);
+#   parity   (150) pytest parity_tests (float32 and float64; TF32 off in both frameworks, parity_tests/conftest.py);
 #   unroll   (60), hoist (25): the sweeps behind unroll="auto" and hoist_inputs="auto" ($SWEEP_CONFIGS);
 #   traveller (35) `jax-scan-rnn train traveller` with its defaults (wall time, the out-of-sample table);
 #   train-vae (75 + 20) `jax-scan-rnn train vae` with its defaults (B=128, H=256, MOSES's data, 1,800 updates),
@@ -144,7 +146,7 @@ if [ "$GPU" = yes ]; then
     GRID=(--seq-lens 1000 --batch-sizes "${GRID_BATCHES:-1,64,1024}" --sweep-seq-lens 10 --max-call-s 1 --repeats 3
           --budget-s $((GRID_S - 35)))
     VAE=(--vae-batch-sizes 128 --vae-seq-lens 60 --batch-sizes 1 --seq-lens 10 --sweep-seq-lens 10 --repeats 3
-         --max-call-s 5 --budget-s 35)
+         --max-call-s 5 --budget-s 60)
     GEN=(--vae-batch-sizes 10000 --vae-seq-lens 60 --batch-sizes 1 --seq-lens 10 --sweep-seq-lens 10 --repeats 3
          --max-call-s 5 --budget-s 20)
     BF16=(--seq-lens 1000 --batch-sizes 1,64,1024 --sweep-seq-lens 5 --max-call-s 1 --budget-s 15)
@@ -177,13 +179,13 @@ want grid && { NVIDIA_TF32_OVERRIDE=0 run "$GRID_S" "${BENCH[@]}" --methods $GRI
 
 # The VAE rows: a train step (whole ELBO + Adam) and decoding at B=128; then generation at B=10000 (the
 # Traveller's seed and limit rows, which every run has, at T=10 only).
-want vae && { NVIDIA_TF32_OVERRIDE=0 run 60 "${BENCH[@]}" --label vae --methods $VAE_ROWS "${VAE[@]}"; keep; }
+want vae && { NVIDIA_TF32_OVERRIDE=0 run 85 "${BENCH[@]}" --label vae --methods $VAE_ROWS "${VAE[@]}"; keep; }
 want gen && { NVIDIA_TF32_OVERRIDE=0 run 45 "${BENCH[@]}" --label gen10k --modes forward --methods $GEN_ROWS "${GEN[@]}"
     keep; }
 
 # Parity on the GPU (each layer and VAE test runs with the input projections hoisted and inside the loop).
 # (-o addopts="": the repository's default options are CI's)
-want parity && NVIDIA_TF32_OVERRIDE=0 run 95 $PY -m pytest parity_tests -q -rfE -p no:cacheprovider -o addopts="" \
+want parity && NVIDIA_TF32_OVERRIDE=0 run 150 $PY -m pytest parity_tests -q -rfE -p no:cacheprovider -o addopts="" \
     "${PARITY[@]}"
 
 # unroll (time per step vs unroll 1..16, forward and train step) and hoisting, on this GPU.

@@ -1338,10 +1338,13 @@ def _tuning_run() -> str:
 
 # ------------------------------------------------------------------------------ one NVIDIA H200 (benchmarks/gpu.sh)
 
-# Two runs of benchmarks/gpu.sh on the lent H200 (its 15 minutes): run 1 measured B=1, the user commands and the
-# sweeps at B=1; run 2 (parity pinned to float32 matmuls) B=64, the VAE rows, parity and the sweeps at B=1024.
-GPU_B1, GPU_B64, GPU_VAE = "gpu-h200-b1.json", "gpu-h200-b64.json", "gpu-h200-vae.json"
-GPU_LOG1, GPU_LOG2 = "gpu-h200-run1.log", "gpu-h200-run2.log"
+# benchmarks/gpu.sh on the lent H200, two sessions of 15 minutes. Session 1: run 1 measured B=1, the user commands
+# and the sweeps at B=1; run 2 (parity pinned to float32 matmuls) B=64, the VAE rows, parity and the sweeps at
+# B=1024. Session 2 (today's code: unroll 4 on GPUs): run 3 the grid at B=64 and 1024, generation at B=10,000 and
+# `jax-scan-rnn check`; run 4 parity and the two user commands; run 5 the VAE rows again, with a budget they fit.
+GPU_B1, GPU_GRID = "gpu-h200-b1.json", "gpu-h200-b64-b1024.json"
+GPU_VAE, GPU_GEN = "gpu-h200-vae.json", "gpu-h200-gen10k.json"
+GPU_LOG1, GPU_LOG2, GPU_LOG3, GPU_LOG4 = (f"gpu-h200-run{n}.log" for n in (1, 2, 3, 4))
 
 
 def gpu_log(name: str, pattern: str) -> re.Match:
@@ -1354,6 +1357,8 @@ def gpu_log(name: str, pattern: str) -> re.Match:
 
 @figure("gpu.machine")
 def _gpu_machine() -> str:
+    hosts = {(h["jax"], h["torch"], h["python"]) for h in (load(f)["host"] for f in (GPU_B1, GPU_GRID, GPU_VAE, GPU_GEN))}
+    assert len(hosts) == 1, hosts  # one software stack in every file quoted
     host = load(GPU_B1)["host"]
     return f"one NVIDIA H200, jax {host['jax']} (CUDA), torch {host['torch']}, Python {host['python']}"
 
@@ -1362,29 +1367,42 @@ def _vs(row: dict, other: dict) -> str:
     return f"{other['per_step_us'] / row['per_step_us']:.1f}x"
 
 
+def _measured(file: str, method: str, mode: str, batch: int, steps: int) -> dict | None:
+    """`bench_row`, or None where the run has the row but could not measure it (`_gpu_missing` says why)."""
+    try:
+        return bench_row(file, method, mode, batch, steps)
+    except KeyError:
+        return None
+
+
+GPU_TRAVELLER_CELLS = ((GPU_B1, 1), (GPU_GRID, 64), (GPU_GRID, 1024))  # (file, batch), each forward and train
+GPU_TRAVELLER_METHODS = ("torch-loop", "torch-cuda-graph", "jax-scan-u1", "jax-scan-u4", "limit-xla", "limit-torch")
+
+
 @figure("gpu.traveller")
 def _gpu_traveller() -> str:
     lines = ["| T=1000, µs per step | seed loop | torch loop as a CUDA graph | jsr `lax.scan`, unroll 1 | "
              "jsr, unroll 4 (today's \"auto\") | limit (no time dependency) |", "|---|---:|---:|---:|---:|---:|"]
-    for file, batch, mode in ((GPU_B1, 1, "forward"), (GPU_B1, 1, "train"), (GPU_B64, 64, "forward")):
-        seed, graph, u1, u4 = (bench_row(file, m, mode, batch, 1000)
-                               for m in ("torch-loop", "torch-cuda-graph", "jax-scan-u1", "jax-scan-u4"))
-        limit = min((bench_row(file, m, mode, batch, 1000) for m in ("limit-xla", "limit-torch")),
-                    key=lambda r: r["per_step_us"])
-        lines.append(f"| {mode}, B={batch} | {us(seed['per_step_us'])} | {us(graph['per_step_us'])} | "
-                     f"{us(u1['per_step_us'])} | {us(u4['per_step_us'])} (**{_vs(u4, graph)}** the graph, "
-                     f"{_vs(u4, seed)} the seed) | {us(limit['per_step_us'])} ({limit['method']}) |")
+    for file, batch in GPU_TRAVELLER_CELLS:
+        for mode in ("forward", "train"):
+            seed, graph, u1, u4, *limits = (_measured(file, m, mode, batch, 1000) for m in GPU_TRAVELLER_METHODS)
+            limit = min(filter(None, limits), key=lambda r: r["per_step_us"])
+            versus = [f"**{_vs(u4, graph)}** the graph"] if graph else []
+            versus += [f"{_vs(u4, seed)} the seed"] if seed else []
+            cell = lambda row: us(row["per_step_us"]) if row else "n/a"
+            lines.append(f"| {mode}, B={batch} | {cell(seed)} | {cell(graph)} | {cell(u1)} | {cell(u4)}"
+                         + (f" ({', '.join(versus)})" if versus else "")
+                         + f" | {cell(limit)} ({limit['method']}; jsr "
+                         f"{u4['per_step_us'] / limit['per_step_us']:.3g}x it) |")
     return "\n".join(lines)
 
 
 @figure("gpu.missing")
 def _gpu_missing() -> str:
-    train_graph = next(r for r in load(GPU_B64)["rows"] if (r["method"], r["mode"]) == ("torch-cuda-graph", "train"))
-    b1024 = [r for r in load(GPU_B64)["rows"] if r["B"] == 1024]
-    gen = [r for r in load(GPU_VAE)["rows"] if r["B"] == 10000]
-    assert all(r["status"] != "ok" for r in b1024 + gen)
-    return (f"B=1024 ({b1024[0]['reason']}), the B=64 train step (its CUDA-graph capture failed, \"{train_graph['reason']}\", "
-            f"and the GPU was unusable to that process after it) and the B=10,000 VAE rows ({gen[0]['reason']})")
+    gaps = [(r, load(file)["methods"][r["method"]]["label"]) for file, batch in GPU_TRAVELLER_CELLS
+            for r in load(file)["rows"]
+            if (r["B"], r["T"]) == (batch, 1000) and r["method"] in GPU_TRAVELLER_METHODS and r["status"] != "ok"]
+    return "; ".join(f"{r['mode']} B={r['B']}, {label}: {r['reason']}" for r, label in gaps)
 
 
 @figure("gpu.vae")
@@ -1396,7 +1414,6 @@ def _gpu_vae() -> str:
     fw = {k: row(f"vae-ss-{k}", "forward") for k in ("jax", "torch-graph", "torch")}
     tf = {k: row(f"vae-tf-{k}", "train") for k in ("jax", "torch")}
     return (f"a scheduled-sampling train step (whole ELBO + Adam) {us(ss['jax']['per_step_us'])} per time step in JAX "
-            "(unroll 1, the GPU default when it was measured) "
             f"against {us(ss['torch-graph']['per_step_us'])} for torch_ref's loop as a CUDA graph "
             f"(**{_vs(ss['jax'], ss['torch-graph'])}**) and {us(ss['torch']['per_step_us'])} eager "
             f"({_vs(ss['jax'], ss['torch'])}); its decoder alone {us(fw['jax']['per_step_us'])} against "
@@ -1406,24 +1423,36 @@ def _gpu_vae() -> str:
             f"`nn.GRU`")
 
 
+@figure("gpu.generation")
+def _gpu_generation() -> str:
+    gen = {k: bench_row(GPU_GEN, f"vae-greedy-{k}", "forward", 10000, 60) for k in ("jax", "torch-graph", "torch")}
+    return (f"greedy generation of 10,000 sequences at once (B=10,000, T=60): {us(gen['jax']['per_step_us'])} per time "
+            f"step in JAX, {gen['jax']['per_step_us'] * 60 / 1e3:.1f} ms for all 10,000 once compiled, against "
+            f"{us(gen['torch-graph']['per_step_us'])} for torch_ref's generation loop as a CUDA graph "
+            f"(**{_vs(gen['jax'], gen['torch-graph'])}**) and {us(gen['torch']['per_step_us'])} eager "
+            f"({_vs(gen['jax'], gen['torch'])})")
+
+
 @figure("gpu.compile")
 def _gpu_compile() -> str:
     fwd, train = (bench_row(GPU_B1, "jax-scan-u4", m, 1, 1000)["compile_s"] for m in ("forward", "train"))
     graph = bench_row(GPU_B1, "torch-cuda-graph", "train", 1, 1000)["compile_s"]
+    big = bench_row(GPU_GRID, "jax-scan-u4", "train", 1024, 1000)["compile_s"]
     vae = bench_row(GPU_VAE, "vae-ss-jax", "train", 128, 60)["compile_s"]
+    gen = bench_row(GPU_GEN, "vae-greedy-jax", "forward", 10000, 60)["compile_s"]
     return (f"the Traveller's forward pass {fwd:.2f} s and train step {train:.2f} s at B=1, T=1000 (unroll 4; torch's "
-            f"graphed train step: {graph:.1f} s to capture); the VAE's scheduled-sampling train step {vae:.1f} s")
+            f"graphed train step: {graph:.1f} s to capture), its train step at B=1024 {big:.1f} s; the VAE's "
+            f"scheduled-sampling train step {vae:.1f} s, its generation at B=10,000 {gen:.1f} s")
 
 
 @figure("gpu.commands")
 def _gpu_commands() -> str:
     trav, vae = (runs(f"train-{k}-gpu-h200.json")[-1] for k in ("traveller", "vae"))
     cpu_trav = runs(TRAVELLER)[-1]
-    greedy = gpu_log(GPU_LOG1, r"greedy generation: (\d+) samples in ([\d.]+) s")
-    quality = gpu_log(GPU_LOG1, r"greedy generation: validity ([\d.]+), uniqueness ([\d.]+)")
+    greedy = gpu_log(GPU_LOG4, r"greedy generation: (\d+) samples in ([\d.]+) s")
+    quality = gpu_log(GPU_LOG4, r"greedy generation: validity ([\d.]+), uniqueness ([\d.]+)")
     samples = vae["report"]["samples"]
-    return (f"(run at unroll 1, before 4 became the GPU default) "
-            f"`jax-scan-rnn train traveller` {trav['wall_s']:.1f} s ({cpu_trav['wall_s']:.1f} s on the 2-core CPU), "
+    return (f"`jax-scan-rnn train traveller` {trav['wall_s']:.1f} s ({cpu_trav['wall_s']:.1f} s on the 2-core CPU), "
             f"{trav['report']['learned_over_optimal']:.1%} of the optimal policy; `jax-scan-rnn train vae` "
             f"{vae['wall_s']:.1f} s for its 1,800 updates, {samples['validity']:.1%} of its prior samples valid, "
             f"{samples['uniqueness']:.1%} unique; `sample vae --greedy -n {int(greedy.group(1)):,}` {float(greedy.group(2)):.1f} s "
@@ -1434,10 +1463,15 @@ def _gpu_commands() -> str:
 @figure("gpu.parity")
 def _gpu_parity() -> str:
     passed = gpu_log(GPU_LOG2, r"^(\d+) passed.* in ([\d.]+)s")
+    later = gpu_log(GPU_LOG4, r"^(\d+) passed.* in ([\d.]+)s")
     failed = gpu_log(GPU_LOG1, r"^(\d+) failed, (\d+) passed")
-    return (f"{passed.group(1)} of the 192 parity tests passed in float32 and float64, none failed (the last 2 were still "
-            f"running at the step's limit); before every parity test pinned float32 matmuls, {failed.group(1)} failed: "
-            f"JAX's default float32 matmul on this GPU is TF32")
+    check = gpu_log(GPU_LOG3, r"^parity self-check: (\w+)")
+    diffs = [float(d) for d in re.findall(r"^\w+ \d+ +\d+ +([\d.e+-]+) ", (RESULTS / GPU_LOG3).read_text(), re.M)]
+    return (f"{passed.group(1)} of the 192 parity tests passed in float32 and float64, none failed (the last "
+            f"{192 - int(passed.group(1))} were still running at the step's limit; in a later run {later.group(1)} "
+            f"passed before it, none failed); before every parity test pinned float32 matmuls, {failed.group(1)} "
+            f"failed: JAX's default float32 matmul on this GPU is TF32. `jax-scan-rnn check` on the GPU: "
+            f"{check.group(1)}, {len(diffs)} models' outputs within {max(diffs):.1e} of torch's")
 
 
 GPU_SWEEP_CONFIGS = (("1x64", "B=1, T=1000"), ("1024x64", "B=1024, T=100"))  # gpu.sh's SWEEP_CONFIGS, as run
@@ -1459,6 +1493,18 @@ def _gpu_unroll() -> str:
                   lambda rows, config, mode: ", ".join(f"{rows[config, u][mode + '_us']:.3g} at {u}" for u in shown),
                   lambda rows, config: ", forward compile " + ", ".join(
                       f"{rows[config, u]['compile_s']:.2f} s at {u}" for u in shown))
+
+
+@figure("gpu.unroll_rows")
+def _gpu_unroll_rows() -> str:
+    """jax-scan-u1 against -u4 in the benchmark's T=1000 rows, where both were measured."""
+    cells = []
+    for file, batch in GPU_TRAVELLER_CELLS:
+        for mode in ("forward", "train"):
+            u1, u4 = (_measured(file, f"jax-scan-u{u}", mode, batch, 1000) for u in (1, 4))
+            if u1 and u4:
+                cells.append(f"{mode} B={batch} {u1['per_step_us']:.3g} at 1, {u4['per_step_us']:.3g} at 4")
+    return "; ".join(cells) + " µs per step"
 
 
 @figure("gpu.hoist")
