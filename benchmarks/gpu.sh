@@ -16,6 +16,7 @@
 # them as two calls, as the second session did:
 #   STEPS="grid vae gen check" GRID_S=150 GRID_BATCHES=64,1024 bash benchmarks/gpu.sh   # ~5.5 min
 #   STEPS="parity traveller train-vae" bash benchmarks/gpu.sh                             # ~5 min
+# and, where minutes are left, STEPS="compile" (~3.5 min), which the second session had no time for.
 #   grid     (120, $GRID_S) float32, TF32 off (jax.default_matmul_precision("highest"), torch allow_tf32=False and
 #            NVIDIA_TF32_OVERRIDE=0): the Traveller at T=1000, B in $GRID_BATCHES (1,64,1024), with compile
 #            times: the seed's loop, the cell loop as a CUDA graph, nn.LSTM (the bound), jsr's scan at unroll 1, 4
@@ -32,12 +33,14 @@
 #   bf16     (30) bfloat16 where it applies (the loops, lax.scan, nn.LSTM / jsr.LSTM, the limits); not a default
 #            step (STEPS="... bf16"): the float32 steps fill the call;
 #   check    (40) `jax-scan-rnn check` as a user runs it (JAX's float32 matmuls pinned, as on the CPU); not a default
-#            step either (its output goes to gpu-run.log).
+#            step either (its output goes to gpu-run.log);
+#   compile  (200) `tune_scan.py gpu-compile`: compile and run time under XLA:GPU's autotuning options, one process
+#            per option (the H200's compiles grew with the batch, up to ~16 s); not a default step.
 # Files under $OUT (8 at most): <kind>.json, <kind>-vae.json, <kind>-gen10k.json or <kind>-bf16.json (the suite's results;
 # render_bench.py makes their tables and plots), train-traveller-<kind>.json and train-vae-<kind>.json
-# (benchmarks/timed_run.py: wall time, memory, the run's evaluation), unroll-<kind>.json, hoist-<kind>.json and
-# gpu-run.log (everything printed). Without a GPU the same steps run at tiny sizes on the CPU, GPU-only rows
-# marked n/a: a check of the script, not a measurement.
+# (benchmarks/timed_run.py: wall time, memory, the run's evaluation), unroll-<kind>.json, hoist-<kind>.json,
+# gpu-compile-<kind>.json and gpu-run.log (everything printed). Without a GPU the same steps run at tiny sizes on
+# the CPU, GPU-only rows marked n/a: a check of the script, not a measurement.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -62,9 +65,9 @@ STEPS="${STEPS:-grid vae gen parity unroll hoist traveller train-vae}"
 GRID_S="${GRID_S:-120}"  # the grid step's hard limit; the suite stops starting cases 35 s before it
 [[ "$GRID_S" =~ ^[0-9]+$ ]] && [ "$GRID_S" -ge 60 ] || { echo "GRID_S: expected whole seconds >= 60, got '$GRID_S'" >&2; exit 2; }
 for step in $STEPS; do
-    case " grid vae gen parity unroll hoist traveller train-vae bf16 check " in
+    case " grid vae gen parity unroll hoist traveller train-vae bf16 check compile " in
         *" $step "*) ;;
-        *) echo "STEPS: expected names among grid vae gen parity unroll hoist traveller train-vae bf16 check, got '$step'" >&2
+        *) echo "STEPS: expected names among grid vae gen parity unroll hoist traveller train-vae bf16 check compile, got '$step'" >&2
            exit 2 ;;
     esac
 done
@@ -227,6 +230,9 @@ fi
 
 # The user's parity self-check, on this device (the parity step above is the thorough one).
 want check && run 40 "${CLI[@]}" check "${CHECK[@]}"
+
+# What XLA:GPU's autotuning costs at compile time and gains at run time (on a CPU: tiny cases, a check).
+want compile && NVIDIA_TF32_OVERRIDE=0 run 200 $PY benchmarks/tune_scan.py gpu-compile --out "$OUT/gpu-compile-$KIND.json"
 
 # bfloat16 where it applies (inputs and compute in bf16, JAX parameters kept in float32).
 want bf16 && { run 30 "${BENCH[@]}" --dtype bfloat16 \

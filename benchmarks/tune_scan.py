@@ -11,6 +11,7 @@
     python benchmarks/tune_scan.py opt-level      # compile and run time: XLA's LLVM -O3 (default) vs -O1
     python benchmarks/tune_scan.py compile-options  # XLA options that shorten compiles, on top of the library's
     python benchmarks/tune_scan.py gemv           # batch-1 matrix-vector code: GEMV tiling x vector width
+    python benchmarks/tune_scan.py gpu-compile    # on a GPU: compile and run time under XLA:GPU's autotuning options
 
 `flag` backs the figures quoted in `jax_scan_rnn/xla_flags.py`; `unroll` the rule behind `unroll="auto"`
 (`jax_scan_rnn/scan.py`, `AUTO_UNROLL_CPU_BATCH1`), `unroll-layers` the same rule for the layers without
@@ -27,6 +28,9 @@ compile time (every round), warm time per step (arms interleaved), and the outpu
 Traveller at H=32 and H=128, whose matrix-vector products are 4x smaller and 4x larger), compiled as the library does
 (-O1) under each `GEMV_TILINGS` (a process-wide XLA option: one process per value, rotated over `--rounds`
 rounds) at each `VECTOR_WIDTHS` (a per-compile option: interleaved in the process).
+`gpu-compile` compiles the same cases (and the Traveller at B=1024, generation at B=10,000) under each
+`GPU_COMPILE_ARMS` (per-compile options, but each arm in a process of its own: XLA keeps autotuning results
+per process); on a CPU it runs `CPU_CHECK_CASES` at tiny sizes, a check of the script.
 Each figure: the minimum over 3 rounds (`hoist-layers` and `unroll`: 5 rounds, the arms interleaved) of the median
 of n calls after warm-up calls, divided by T (us per time step). Runs on whatever JAX backend is present;
 takes ~2-5 minutes per subcommand on a 2-core CPU.
@@ -550,15 +554,101 @@ def run_remat_dropout(batch: int = 64, hidden: int = 64, layers: int = 3, rate: 
     return rows
 
 
+# XLA:GPU options that may shorten compiles, each alone, against XLA's defaults. On the H200 the library's programs
+# compiled far slower than on a 2-core CPU, and slower the larger the batch (the VAE train step ~16 s, generation at
+# B=10,000 ~11 s, the Traveller's train step 2.4 s at B=1 and 15 s at B=1024: README, GPU), which points at XLA's
+# GEMM and fusion autotuning, run per matmul shape at compile time. Off, lighter (no correctness check, data
+# uninitialised), and Triton's GEMMs (one source of autotuning candidates) off:
+GPU_COMPILE_ARMS = {
+    "default": {},
+    "autotune-0": {"xla_gpu_autotune_level": 0},
+    "autotune-1": {"xla_gpu_autotune_level": 1},
+    "no-triton-gemm": {"xla_gpu_enable_triton_gemm": False},
+}
+# (case, B, T, modes) as `_opt_level_functions` builds them; on a CPU (a check of the script) at tiny sizes.
+GPU_COMPILE_CASES = [("traveller", 1, 1000, ("forward", "train")), ("traveller", 1024, 1000, ("forward", "train")),
+                     ("vae", 128, 60, ("greedy", "train")), ("vae", 10000, 60, ("greedy",))]
+CPU_CHECK_CASES = [("traveller", 1, 20, ("forward", "train")), ("vae", 8, 6, ("greedy", "train"))]
+
+
+def gpu_compile_worker(arm: str, outputs: str) -> list[dict]:
+    """In a process of its own (XLA keeps autotuning results per process), the cases compiled in turn with
+    `GPU_COMPILE_ARMS[arm]`, as a user's process compiles its programs: each one's compile and warm time; every
+    output leaf saved to `outputs` (npz)."""
+    import jax
+    import numpy as np
+
+    jax.jit(lambda x: x @ x).lower(np.ones((8, 8), np.float32)).compile()  # the backend's own start-up, not timed
+    cases = GPU_COMPILE_CASES if jax.default_backend() == "gpu" else CPU_CHECK_CASES
+    rows, saved = [], {}
+    for case, batch, steps, modes in cases:
+        functions = _opt_level_functions(case, batch, steps)
+        for mode in modes:
+            fn, args = functions[mode]
+            key = f"{case} B={batch} T={steps} {mode}"
+            try:
+                compiled, compile_s = _compile(fn, args, GPU_COMPILE_ARMS[arm])
+            except Exception as err:  # noqa: BLE001 - an option this XLA does not know: the row says so
+                rows.append({"case": key, "arm": arm, "error": f"{type(err).__name__}: {err}"[:300]})
+                continue
+            for j, leaf in enumerate(jax.tree.leaves(jax.device_get(compiled(*args)))):
+                saved[f"{key} {j}"] = np.asarray(leaf)
+            rows.append({"case": key, "arm": arm, "compile_s": compile_s,
+                         "us_per_step": _time_interleaved([(compiled, args)], steps, rounds=3)[0],
+                         "backend": jax.default_backend()})
+    np.savez(outputs, **saved)
+    return rows
+
+
+def run_gpu_compile(rounds: int) -> list[dict]:
+    """Each arm of `GPU_COMPILE_ARMS` in processes of its own, rotated over `rounds`; per case and arm: the compile
+    of each round, the median warm time, and the largest output difference from the default arm's (round 1)."""
+    import tempfile
+
+    import numpy as np
+
+    runs, outputs = [], {}
+    with tempfile.TemporaryDirectory() as folder:
+        for r in range(rounds):
+            for arm in GPU_COMPILE_ARMS:
+                path = os.path.join(folder, f"{arm}-{r}.npz")
+                out = subprocess.run([sys.executable, __file__, "_gpu_compile_worker", arm, path],
+                                     capture_output=True, text=True, check=True)
+                runs += json.loads(out.stdout.strip().splitlines()[-1])
+                if r == 0:
+                    with np.load(path) as data:
+                        outputs[arm] = dict(data)
+    rows = []
+    for key in dict.fromkeys(r["case"] for r in runs):
+        for arm in GPU_COMPILE_ARMS:
+            mine = [r for r in runs if (r["case"], r["arm"]) == (key, arm)]
+            if "error" in mine[0]:
+                rows.append(mine[0])
+                print(f"{key:32s} {arm:15s} {mine[0]['error']}", flush=True)
+                continue
+            reference, got = outputs["default"], outputs[arm]
+            diff = max((float(np.max(np.abs(reference[k].astype(np.float64) - got[k]), initial=0))
+                        for k in reference if k.startswith(f"{key} ")), default=float("nan"))
+            row = {"case": key, "arm": arm, "options": GPU_COMPILE_ARMS[arm],
+                   "compile_s": [r["compile_s"] for r in mine],
+                   "us_per_step": float(np.median([r["us_per_step"] for r in mine])), "max_abs_diff": diff,
+                   "backend": mine[0]["backend"]}
+            rows.append(row)
+            print(f"{key:32s} {arm:15s} compile {' '.join(f'{c:6.2f}' for c in row['compile_s'])} s  warm "
+                  f"{row['us_per_step']:9.2f} us/step  max |out - default's| {diff:.1e}", flush=True)
+    return rows
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=["flag", "unroll", "unroll-layers", "hoist", "hoist-layers", "remat-dropout",
-                                         "opt-level", "compile-options", "gemv", "_flag_worker", "_gemv_worker"])
+                                         "opt-level", "compile-options", "gemv", "gpu-compile", "_flag_worker", "_gemv_worker",
+                                         "_gpu_compile_worker"])
     parser.add_argument("configs", nargs="*", help="BxH or BxH:f64 (default: the module's lists)")
     parser.add_argument("--out", type=results_file, help="also write the rows as JSON here")
     parser.add_argument("--threshold", type=int, help="flag: this small-loop threshold instead of the library's")
     parser.add_argument("--rounds", type=positive_int, default=None,
-                        help="gemv: processes per tiling, rotated (default 3); unroll, unroll-layers: interleaved "
+                        help="gemv: processes per tiling, rotated (default 3); gpu-compile: processes per arm (default 1); unroll, unroll-layers: interleaved "
                              "rounds (default 5)")
     args = parser.parse_args(argv)
     if args.what == "_flag_worker":
@@ -566,6 +656,9 @@ def main(argv=None) -> None:
         return
     if args.what == "_gemv_worker":
         print(json.dumps(gemv_worker(int(args.configs[0]), args.configs[1])))
+        return
+    if args.what == "_gpu_compile_worker":
+        print(json.dumps(gpu_compile_worker(*args.configs)))
         return
     if args.what == "flag":
         rows = run_flag(args.configs or FLAG_CONFIGS, args.threshold)
@@ -589,6 +682,8 @@ def main(argv=None) -> None:
         rows = run_compile_options()
     elif args.what == "gemv":
         rows = run_gemv(args.rounds or 3)
+    elif args.what == "gpu-compile":
+        rows = run_gpu_compile(args.rounds or 1)
     else:
         rows = run_unroll(args.configs or UNROLL_CONFIGS, args.rounds or 5)
     if args.out:

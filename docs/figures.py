@@ -1445,6 +1445,18 @@ def _gpu_compile() -> str:
             f"scheduled-sampling train step {vae:.1f} s, its generation at B=10,000 {gen:.1f} s")
 
 
+@figure("gpu.compile_vs_cpu")
+def _gpu_compile_vs_cpu() -> str:
+    """jsr's compile seconds on the H200 against the 2-core CPU's, where both measured the same row."""
+    pairs = (("the VAE's scheduled-sampling train step (B=128, T=60)", GPU_VAE, VAE_TRAIN, "vae-ss-jax", "train", 128, 60),
+             ("its greedy generation at B=10,000", GPU_GEN, VAE_GEN, "vae-greedy-jax", "forward", 10000, 60))
+    cells = [f"{what} {bench_row(gpu, m, mode, b, t)['compile_s']:.1f} s on the H200 against "
+             f"{bench_row(cpu, m, mode, b, t)['compile_s']:.2f} s on the CPU" for what, gpu, cpu, m, mode, b, t in pairs]
+    trav = [f"{bench_row(file, 'jax-scan-u4', 'train', batch, 1000)['compile_s']:.1f} s at B={batch}"
+            for file, batch in GPU_TRAVELLER_CELLS]
+    return "; ".join(cells) + "; the Traveller's train step (T=1000) " + ", ".join(trav) + " on the GPU"
+
+
 @figure("gpu.commands")
 def _gpu_commands() -> str:
     trav, vae = (runs(f"train-{k}-gpu-h200.json")[-1] for k in ("traveller", "vae"))
