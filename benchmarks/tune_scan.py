@@ -446,6 +446,30 @@ GEMV_CASES = OPT_LEVEL_CASES + [("traveller-h32", 1, 1000), ("traveller-h128", 1
 VECTOR_WIDTHS = (256, 512)
 
 
+def _run_workers(workers: dict, rounds: int) -> tuple[list[dict], dict]:
+    """Each of `workers` (label -> (this script's arguments, environment or None)) in a process of its own, every
+    round in turn, with an npz path appended for its outputs: all the rows they printed, and each label's
+    first-round outputs."""
+    import tempfile
+
+    import numpy as np
+
+    runs, outputs = [], {}
+    with tempfile.TemporaryDirectory() as folder:
+        for r in range(rounds):
+            for label, (argv, env) in workers.items():
+                path = os.path.join(folder, f"{label}-{r}.npz")
+                out = subprocess.run([sys.executable, __file__, *argv, path], env=env, capture_output=True, text=True)
+                if out.returncode:  # its own error, not just "returned non-zero exit status 1"
+                    sys.exit(f"tune_scan.py: the worker {' '.join(argv)} failed (exit {out.returncode}):\n"
+                             f"{out.stderr[-3000:]}")
+                runs += json.loads(out.stdout.strip().splitlines()[-1])
+                if r == 0:
+                    with np.load(path) as data:
+                        outputs[label] = dict(data)
+    return runs, outputs
+
+
 def gemv_worker(tiling: int, outputs: str) -> list[dict]:
     """In this process (XLA_FLAGS already carries `tiling`): each case's compile and warm time at each width;
     every output leaf saved to `outputs` (npz) for the parent to compare."""
@@ -473,27 +497,17 @@ def gemv_worker(tiling: int, outputs: str) -> list[dict]:
 def run_gemv(rounds: int) -> list[dict]:
     """Rotate the tilings' processes over `rounds`; per case, tiling and width: the compile of each round,
     the median over rounds of the warm time, and the largest output difference from XLA's defaults'."""
-    import tempfile
-
     import numpy as np
 
     from jax_scan_rnn.xla_flags import GEMV_TILING_OPTION, OPT_OUT_ENV, SMALL_LOOP_BYTES, SMALL_LOOP_OPTION
     from jax_scan_rnn.xla_flags import with_backend_options
 
-    runs, outputs = [], {}
-    with tempfile.TemporaryDirectory() as folder:
-        for r in range(rounds):
-            for tiling in GEMV_TILINGS:
-                path = os.path.join(folder, f"{tiling}-{r}.npz")
-                # Both options given, so the library's own values (xla_flags.configure) stay out.
-                flags = with_backend_options("", {SMALL_LOOP_OPTION: SMALL_LOOP_BYTES, GEMV_TILING_OPTION: tiling})
-                env = dict(os.environ, XLA_FLAGS=flags, **{OPT_OUT_ENV: "1"})
-                out = subprocess.run([sys.executable, __file__, "_gemv_worker", str(tiling), path], env=env,
-                                     capture_output=True, text=True, check=True)
-                runs += json.loads(out.stdout.strip().splitlines()[-1])
-                if r == 0:
-                    with np.load(path) as data:
-                        outputs[tiling] = dict(data)
+    def env(tiling: int) -> dict:  # both options given, so the library's own values (xla_flags.configure) stay out
+        flags = with_backend_options("", {SMALL_LOOP_OPTION: SMALL_LOOP_BYTES, GEMV_TILING_OPTION: tiling})
+        return dict(os.environ, XLA_FLAGS=flags, **{OPT_OUT_ENV: "1"})
+
+    runs, outputs = _run_workers({tiling: (["_gemv_worker", str(tiling)], env(tiling)) for tiling in GEMV_TILINGS},
+                                 rounds)
     rows = []
     for key in dict.fromkeys(r["case"] for r in runs):
         for tiling in GEMV_TILINGS:
@@ -603,21 +617,9 @@ def gpu_compile_worker(arm: str, outputs: str) -> list[dict]:
 def run_gpu_compile(rounds: int) -> list[dict]:
     """Each arm of `GPU_COMPILE_ARMS` in processes of its own, rotated over `rounds`; per case and arm: the compile
     of each round, the median warm time, and the largest output difference from the default arm's (round 1)."""
-    import tempfile
-
     import numpy as np
 
-    runs, outputs = [], {}
-    with tempfile.TemporaryDirectory() as folder:
-        for r in range(rounds):
-            for arm in GPU_COMPILE_ARMS:
-                path = os.path.join(folder, f"{arm}-{r}.npz")
-                out = subprocess.run([sys.executable, __file__, "_gpu_compile_worker", arm, path],
-                                     capture_output=True, text=True, check=True)
-                runs += json.loads(out.stdout.strip().splitlines()[-1])
-                if r == 0:
-                    with np.load(path) as data:
-                        outputs[arm] = dict(data)
+    runs, outputs = _run_workers({arm: (["_gpu_compile_worker", arm], None) for arm in GPU_COMPILE_ARMS}, rounds)
     rows = []
     for key in dict.fromkeys(r["case"] for r in runs):
         for arm in GPU_COMPILE_ARMS:
