@@ -470,6 +470,26 @@ def test_graphed_vae_decoder_is_decode_without_its_checks():
         torch.testing.assert_close(grads_got[name], grads_want[name], rtol=0, atol=0, msg=name)
 
 
+def test_a_torch_train_row_trains_a_copy_whose_rnn_weights_are_flattened_again(monkeypatch):
+    """A deep copy gives each nn.GRU/nn.LSTM weight a storage of its own, which cuDNN would pack into one buffer at
+    every call of a timed step: `train_copy` flattens every RNN module of the copy (on a CPU a no-op, so the call
+    itself is what is checked) and leaves the shared model's weights where they were."""
+    torch = pytest.importorskip("torch")
+    import torch_ref
+    from jax_scan_rnn.bench.torch_methods import train_copy
+
+    model = torch_ref.SeqVAE(12, 8, 3, 1).eval()
+    flattened = []
+    monkeypatch.setattr(torch.nn.RNNBase, "flatten_parameters", lambda self: flattened.append(self))
+    copy = train_copy(argparse.Namespace(torch=torch), model)
+    rnns = [m for m in copy.modules() if isinstance(m, torch.nn.RNNBase)]
+    assert rnns and [id(m) for m in flattened] == [id(m) for m in rnns]
+    assert copy.training and not model.training
+    for (name, mine), (_, shared) in zip(copy.named_parameters(), model.named_parameters()):
+        assert mine.data_ptr() != shared.data_ptr(), name
+        torch.testing.assert_close(mine, shared, rtol=0, atol=0, msg=name)
+
+
 def test_a_cuda_error_skips_what_can_no_longer_run():
     """A CUDA-graph row whose capture fails leaves the process's GPU unusable (seen on an H200): the engine
     builds such rows last in a cell, and marks the rest of the cell and every later cell skipped, saying why,

@@ -6,7 +6,6 @@ decoder, KL) + Adam.
 """
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable
 
@@ -17,7 +16,7 @@ from flax import nnx
 import jax_scan_rnn as jsr
 from jax_scan_rnn.bench.context import Case, Context, Skip
 from jax_scan_rnn.bench.jax_methods import library_case
-from jax_scan_rnn.bench.torch_methods import adam_call, graph_call, to_numpy, torch_case
+from jax_scan_rnn.bench.torch_methods import adam_call, graph_call, to_numpy, torch_case, train_copy
 from jax_scan_rnn.data.smiles import EOS, SPECIAL_TOKENS
 
 
@@ -147,7 +146,7 @@ def torch_graph_row(task: str) -> Callable[[Context, int, int, str], Case]:
                 decoder = scheduled_decoder(torch, model, d["tokens"], d["mask"])
                 call = graph_call(ctx, lambda: decoder(d["z"]))
             return Case(call, output=to_numpy, compile_s=time.perf_counter() - t0)
-        model = copy.deepcopy(vae.torch_model).train()
+        model = train_copy(ctx, vae.torch_model)
         graph_decoder(torch, model, d["tokens"], d["mask"], d["z"])
         torch.cuda.synchronize()
         compile_s = time.perf_counter() - t0
