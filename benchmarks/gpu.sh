@@ -16,7 +16,8 @@
 # them as two calls, as the second session did:
 #   STEPS="grid vae gen check" GRID_S=150 GRID_BATCHES=64,1024 bash benchmarks/gpu.sh   # ~5.5 min
 #   STEPS="parity traveller train-vae" bash benchmarks/gpu.sh                             # ~5 min
-# and, where minutes are left, STEPS="compile" (~3.5 min), which the second session had no time for.
+# and next, STEPS="vae compile" (~5 min): the VAE's torch train rows again (the bench's `train_copy`, which keeps
+# cuDNN from repacking their weights every step, came after session 2) and XLA:GPU's autotuning options.
 #   grid     (120, $GRID_S) float32, TF32 off (jax.default_matmul_precision("highest"), torch allow_tf32=False and
 #            NVIDIA_TF32_OVERRIDE=0): the Traveller at T=1000, B in $GRID_BATCHES (1,64,1024), with compile
 #            times: the seed's loop, the cell loop as a CUDA graph, nn.LSTM (the bound), jsr's scan at unroll 1, 4
