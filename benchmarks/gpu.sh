@@ -16,7 +16,7 @@
 # them as two calls, as the second session did:
 #   STEPS="grid vae gen check" GRID_S=150 GRID_BATCHES=64,1024 bash benchmarks/gpu.sh   # ~5.5 min
 #   STEPS="parity traveller train-vae" bash benchmarks/gpu.sh                             # ~5 min
-# and next, STEPS="vae compile" (~5 min): the VAE's torch train rows again (the bench's `train_copy`, which keeps
+# and next, STEPS="vae compile" (~6 min, the compile step's processes estimated from the compiles above): the VAE's torch train rows again (the bench's `train_copy`, which keeps
 # cuDNN from repacking their weights every step, came after session 2) and XLA:GPU's autotuning options.
 #   grid     (120, $GRID_S) float32, TF32 off (jax.default_matmul_precision("highest"), torch allow_tf32=False and
 #            NVIDIA_TF32_OVERRIDE=0): the Traveller at T=1000, B in $GRID_BATCHES (1,64,1024), with compile
@@ -35,7 +35,7 @@
 #            step (STEPS="... bf16"): the float32 steps fill the call;
 #   check    (40) `jax-scan-rnn check` as a user runs it (JAX's float32 matmuls pinned, as on the CPU); not a default
 #            step either (its output goes to gpu-run.log);
-#   compile  (200) `tune_scan.py gpu-compile`: compile and run time under XLA:GPU's autotuning options, one process
+#   compile  (300) `tune_scan.py gpu-compile`: compile and run time under XLA:GPU's autotuning options, one process
 #            per option (the H200's compiles grew with the batch, up to ~16 s); not a default step.
 # Files under $OUT (8 at most): <kind>.json, <kind>-vae.json, <kind>-gen10k.json or <kind>-bf16.json (the suite's results;
 # render_bench.py makes their tables and plots), train-traveller-<kind>.json and train-vae-<kind>.json
@@ -233,7 +233,7 @@ fi
 want check && run 40 "${CLI[@]}" check "${CHECK[@]}"
 
 # What XLA:GPU's autotuning costs at compile time and gains at run time (on a CPU: tiny cases, a check).
-want compile && NVIDIA_TF32_OVERRIDE=0 run 200 $PY benchmarks/tune_scan.py gpu-compile --out "$OUT/gpu-compile-$KIND.json"
+want compile && NVIDIA_TF32_OVERRIDE=0 run 300 $PY benchmarks/tune_scan.py gpu-compile --out "$OUT/gpu-compile-$KIND.json"
 
 # bfloat16 where it applies (inputs and compute in bf16, JAX parameters kept in float32).
 want bf16 && { run 30 "${BENCH[@]}" --dtype bfloat16 \

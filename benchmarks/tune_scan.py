@@ -463,7 +463,11 @@ def _run_workers(workers: dict, rounds: int) -> tuple[list[dict], dict]:
                 if out.returncode:  # its own error, not just "returned non-zero exit status 1"
                     sys.exit(f"tune_scan.py: the worker {' '.join(argv)} failed (exit {out.returncode}):\n"
                              f"{out.stderr[-3000:]}")
-                runs += json.loads(out.stdout.strip().splitlines()[-1])
+                rows = json.loads(out.stdout.strip().splitlines()[-1])
+                runs += rows
+                # As each process ends, so that a run stopped at a time limit still leaves its figures in the log.
+                print(f"{label} (round {r + 1}): " + "; ".join(
+                    f"{row['case']} compile {row['compile_s']:.2f} s" for row in rows if "compile_s" in row), flush=True)
                 if r == 0:
                     with np.load(path) as data:
                         outputs[label] = dict(data)
