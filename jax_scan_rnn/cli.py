@@ -384,19 +384,21 @@ def data_change(saved: dict, now: dict) -> str | None:
     return "its training period's mean, std or covariance"
 
 
-def check_resume(out: Path, args: argparse.Namespace, task, cfg, data: dict | None = None) -> None:
+def check_resume(out: Path, args: argparse.Namespace, task, cfg, data: dict | None = None,
+                 saved: dict | None = None) -> None:
     """--resume: the settings saved with the run against this command's. A difference is refused, naming each
     changed option, unless --override is given; then the changes are printed and training continues. The saved
     task is read back by `type(task).from_json`, so a field the run predates counts with the value it ran with.
     `data`: what the run saved of its data, as read now (a Traveller's `{"data_stats": DataStats.to_json()}`, the
     VAE's `{"data_sha256": Dataset.digest}`): a data file that changed since the run started (rows appended,
-    values revised) counts as a changed setting too, since training would go on with other data."""
+    values revised) counts as a changed setting too, since training would go on with other data. `saved`: the run's
+    metadata where the caller has read it already (`saved_metadata(out)` verifies the whole checkpoint)."""
     from jax_scan_rnn import checkpoint
     from jax_scan_rnn.train import CHECKPOINT_DIR
 
     if not args.resume:
         return
-    saved = saved_metadata(out)
+    saved = saved_metadata(out) if saved is None else saved
     if saved is None:  # none that verifies: fit says so (CheckpointError); none at all: a fresh start, said
         if not checkpoint.steps(out / CHECKPOINT_DIR):  # (the same command can then start and restart a job)
             print(f"--resume: {out} holds no checkpoint yet: training from step 0")
@@ -716,17 +718,14 @@ def write_atomically(path: str, write: Callable, binary: bool = False) -> None:
     os.replace(tmp.name, target)
 
 
-SIDE_FILE_SUFFIX = ".json"  # an export's side file: FILE.json next to FILE
-
-
 def write_export(state_dict: dict, args: argparse.Namespace, side: dict | None) -> Path | None:
     """`state_dict` ({torch key: np.ndarray}) to --output in --format, and `side` (if any) as JSON to FILE.json, each
     written atomically. Returns the side file's path. The side file may not be a training run's own file either
     (`--output RUN/evaluation` would replace the run's evaluation.json): refused before anything is written."""
-    from jax_scan_rnn.convert import save_safetensors
+    from jax_scan_rnn.convert import save_safetensors, side_file
 
     if side is not None:
-        refuse_run_file(args.output + SIDE_FILE_SUFFIX, "--output (its side file)")
+        refuse_run_file(str(side_file(args.output)), "--output (its side file)")
     if args.format == "torch":
         from jax_scan_rnn.optional import require
 
@@ -737,7 +736,7 @@ def write_export(state_dict: dict, args: argparse.Namespace, side: dict | None) 
         write_atomically(args.output, lambda f: save_safetensors(state_dict, f.name), binary=True)
     if side is None:
         return None
-    path = Path(args.output + SIDE_FILE_SUFFIX)  # named after the export: another export's file is never replaced
+    path = side_file(args.output)
     write_atomically(str(path), lambda f: f.write(json.dumps(side, indent=2) + "\n"))
     return path
 
@@ -852,7 +851,7 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
           f"sequences, vocabulary {dataset.vocab.size}; skipped: {skipped}"
           + (f"; read up to --limit {task.limit}" if dataset.limit_reached else ""))
     with output_directory(out, args.resume):
-        check_resume(out, args, task, cfg, {"data_sha256": dataset.digest})
+        check_resume(out, args, task, cfg, {"data_sha256": dataset.digest}, saved)
         print(f"training the VAE ({task.decoding} decoding) for {args.steps} steps on {dp.size} device(s) -> {out}")
         accuracy = ("" if task.decoder_only else f", free-running (greedy, from mu) accuracy on "
                                                     f"{min(task_lib.EVAL_RECONSTRUCT, len(dataset.valid))}")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import jax.numpy as jnp
@@ -221,6 +222,13 @@ def load_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
         raise ValueError(
             f"load_safetensors: {path!r} is not a whole .safetensors file (truncated or corrupt): {err}"
         ) from err
+
+
+def side_file(path: str | os.PathLike) -> Path:
+    """The side file of an exported state_dict FILE: FILE.json beside it (what the weights are of no use without:
+    the Traveller's feature statistics, the SeqVAE's arguments and vocabulary). Named after the export, so another
+    export's side file is never replaced."""
+    return Path(f"{os.fspath(path)}.json")
 
 
 def read_state_dict_file(path: str | os.PathLike, argname: str = "path") -> dict[str, Any]:

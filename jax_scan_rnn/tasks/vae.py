@@ -379,11 +379,11 @@ def load_dataset(task: VAETask, vocab: smiles.Vocabulary | None = None) -> Datas
     if task.augment:
         variants = [[s, *(v for v in smiles.randomized_smiles(s, task.augment, i, task.max_length, task.writes_kekule)
                           if v != s)] for i, s in enumerate(train_seqs)]
-    dropped_train = 0
-    if vocab is None:
+    dropped_train, given = 0, vocab is not None
+    if not given:
         vocab = smiles.Vocabulary.build([v for vs in variants for v in vs] if variants else train_seqs)
-    else:  # a given vocabulary: a molecule it cannot write is dropped, a way of writing one (augment) too
-        known = set(vocab.tokens)
+    known = set(vocab.tokens)
+    if given:  # a molecule the given vocabulary cannot write is dropped, a way of writing one (augment) too
         kept = [i for i, s in enumerate(train_seqs) if set(s) <= known]
         dropped_train = len(train_seqs) - len(kept)
         train_seqs = [train_seqs[i] for i in kept]
@@ -397,7 +397,7 @@ def load_dataset(task: VAETask, vocab: smiles.Vocabulary | None = None) -> Datas
 
     # Validation/test sequences with characters unseen in training cannot be encoded: drop and count them.
     def encodable(seqs):
-        kept = [s for s in seqs if set(s) <= set(vocab.tokens)]
+        kept = [s for s in seqs if set(s) <= known]
         return kept, len(seqs) - len(kept)
 
     valid_seqs, dropped_v = encodable(valid_seqs)
@@ -446,11 +446,11 @@ class InitFrom:
         """Raises FileNotFoundError or ValueError naming `init_from` and the file."""
         import json
 
-        from jax_scan_rnn.convert import read_state_dict_file
+        from jax_scan_rnn.convert import read_state_dict_file, side_file
 
         path = Path(path)
         state_dict = read_state_dict_file(path, "init_from")
-        side = Path(f"{path}.json")
+        side = side_file(path)
         if not side.is_file():
             raise FileNotFoundError(f"init_from: no {side} beside {path}: the model's arguments and vocabulary, "
                                     "as `jax-scan-rnn export vae` writes them")
