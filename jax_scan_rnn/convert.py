@@ -147,7 +147,8 @@ def load_torch_state_dict(module: nnx.Module, state_dict: Mapping[str, Any]) -> 
 
     Raises:
       TypeError: `state_dict` is not a mapping, or a value is not floating.
-      KeyError: missing or unexpected keys (all of them are named).
+      KeyError: missing or unexpected keys (all of them are named, and a key prefix that explains them:
+        `module.` of a DataParallel checkpoint, a larger model's, or a submodule's keys alone).
       ValueError: a shape mismatch (key, expected and given shape), or a NaN/inf, given or made by the
         cast (a float64 1e300 into float32): loading it would only show up later as a NaN loss.
     """
@@ -157,9 +158,8 @@ def load_torch_state_dict(module: nnx.Module, state_dict: Mapping[str, Any]) -> 
     missing = [k for k in expected_keys if k not in state_dict]
     unexpected = [k for k in state_dict if k not in set(expected_keys)]
     if missing or unexpected:
-        raise KeyError(
-            f"state_dict: keys do not match {type(module).__name__}: missing {missing}, unexpected {unexpected}"
-        )
+        raise KeyError(f"state_dict: keys do not match {type(module).__name__}: missing {missing}, unexpected "
+                       f"{unexpected}{_prefix_hint(expected_keys, list(state_dict))}")
     updates, casts = [], {}
     for key, param, transpose in layout:
         value = _to_numpy(key, state_dict[key])
@@ -181,6 +181,21 @@ def load_torch_state_dict(module: nnx.Module, state_dict: Mapping[str, Any]) -> 
         warnings.warn(_cast_warning(casts), UserWarning, stacklevel=2)
     for param, value in updates:
         param[...] = value
+
+
+def _prefix_hint(expected: list[str], given: list[str]) -> str:
+    """The usual cause of a key mismatch, said: every expected key is in `given` under one prefix (a model
+    wrapped in DataParallel saves `module.`-prefixed keys; a larger model holds this one as `rnn.`), or
+    `given` is every expected key without one (the state_dict of a submodule of `module`)."""
+    for keys, inside in ((given, expected), (expected, given)):
+        key = next((k for k in keys if inside and k.endswith(inside[0]) and k != inside[0]), None)
+        prefix = key and key[: -len(inside[0])]
+        if prefix and {prefix + k for k in inside} <= set(keys):
+            if keys is given:
+                return (f"; every expected key is there with the prefix {prefix!r}: pass "
+                        f"{{k.removeprefix({prefix!r}): v for k, v in state_dict.items() if k.startswith({prefix!r})}}")
+            return f"; given are the keys of its submodule {prefix[:-1]!r} alone: load them into that submodule"
+    return ""
 
 
 def save_safetensors(state_dict: Mapping[str, Any], path: str | os.PathLike) -> None:

@@ -49,6 +49,28 @@ def test_unexpected_key_names_it():
         jsr.load_torch_state_dict(ours, sd)
 
 
+def test_a_prefixed_state_dict_names_the_prefix_and_how_to_strip_it():
+    """A DataParallel checkpoint (`module.` keys), a larger model's (`rnn.` keys beside others), and a submodule's
+    keys given for the whole: the error says which, and the way it names for the first two loads."""
+    ref, ours = pair()
+    sd = ref.state_dict()
+    for prefix, extra in (("module.", {}), ("rnn.", {"head.weight": torch.zeros(2, 16)})):
+        wrapped = {prefix + k: v for k, v in sd.items()} | extra
+        with pytest.raises(KeyError, match=f"every expected key is there with the prefix '{prefix}'"):
+            jsr.load_torch_state_dict(ours, wrapped)
+        jsr.load_torch_state_dict(ours, {k.removeprefix(prefix): v for k, v in wrapped.items() if k.startswith(prefix)})
+        assert_unchanged(ours, {k: v.numpy() for k, v in sd.items()})
+
+    class Net(nnx.Module):
+        def __init__(self):
+            self.rnn = ours
+
+    with pytest.raises(KeyError, match="given are the keys of its submodule 'rnn' alone"):
+        jsr.load_torch_state_dict(Net(), sd)
+    with pytest.raises(KeyError, match=r"unexpected \[\]\W*$"):  # no prefix explains a missing key: no hint
+        jsr.load_torch_state_dict(ours, {k: v for k, v in sd.items() if k != "bias_hh_l1"})
+
+
 def test_wrong_shape_names_key_and_shapes_and_changes_nothing():
     ref, ours = pair()
     before = params_of(ours)
