@@ -14,8 +14,8 @@
     jax-scan-rnn evaluate vae --checkpoint runs/vae
     jax-scan-rnn bench [--quick]      # scan vs loop timings, tables and plots
 
-Errors in arguments or data (ValueError, TypeError, KeyError, FileNotFoundError) are printed as one
-line on stderr and exit with code 2, like argparse's own usage errors.
+Errors in arguments or data (ValueError, TypeError, KeyError, FileNotFoundError), and a `JAX_PLATFORMS` that
+JAX cannot start, are printed as one line on stderr and exit with code 2, like argparse's own usage errors.
 """
 from __future__ import annotations
 
@@ -1139,6 +1139,21 @@ def given_options(argv: Sequence[str]) -> set[str]:
     return set(vars(parser.parse_args(argv)))
 
 
+def backend_error(err: BaseException) -> str | None:
+    """The line that says JAX could not start the platform `JAX_PLATFORMS` names (its GPU build not installed, a
+    misspelt name), or None for any other error. JAX raises it where it starts its backends, as a RuntimeError,
+    or for `cuda` without JAX's CUDA build as a bare AssertionError (JAX 0.10)."""
+    import traceback
+
+    frames = traceback.extract_tb(err.__traceback__)
+    if not (isinstance(err, (RuntimeError, AssertionError)) and frames and Path(frames[-1].filename).name == "xla_bridge.py"):
+        return None
+    detail = str(err).split(" (set JAX_PLATFORMS", 1)[0].strip() or f"{type(err).__name__} in JAX's xla_bridge"
+    return (f"JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS', '')!r}: JAX could not start it ({detail}); install "
+            "JAX's build for that device (a GPU: pip install -e '.[cuda12]', see the README's GPU section), or unset "
+            "JAX_PLATFORMS to use the devices JAX finds (jax-scan-rnn info lists them)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(argv).parse_args(argv)
@@ -1173,6 +1188,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"jax-scan-rnn {name}: error: out of memory ({what}); choose smaller sizes (--help lists them)",
                   file=sys.stderr)
             return 1
+        no_backend = backend_error(err)
+        if no_backend is not None:
+            print(f"jax-scan-rnn {name}: error: {no_backend}", file=sys.stderr)
+            return 2
         if not isinstance(err, (ValueError, TypeError, KeyError, FileNotFoundError, ImportError, CheckpointError)):
             raise
         message = err.args[0] if isinstance(err, KeyError) and err.args else err

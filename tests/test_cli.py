@@ -1,7 +1,9 @@
 """The command line: version, info, the parity self-check, and one-line errors with exit code 2."""
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import subprocess
 import sys
 
@@ -358,23 +360,30 @@ def test_probes_through_the_installed_cli_as_a_user_runs_it(tmp_path):
     small.write_text("CCO\nc1ccccc1\nnot-a-molecule\n")
     a_file = tmp_path / "a-file"
     a_file.write_text("keep me\n")
-    probes = [  # (argv, exit code, text in the one line)
+    probes = [  # (argv, exit code, text in the one line[, JAX_PLATFORMS])
         (["train", "traveller", "--lr", "1e300", *TINY_TRAVELLER[2:], "--out", str(tmp_path / "lr")], 1,
          "non-finite parameters or optimizer state after the update at step 1"),
+        # JAX's own errors, a traceback without the CLI's line: a RuntimeError for an unknown platform, and for
+        # cuda without JAX's CUDA build an AssertionError (jax 0.10)
+        (["train", "traveller", *TINY_TRAVELLER[2:], "--out", str(tmp_path / "cpux")], 2,
+         "JAX_PLATFORMS='cpux': JAX could not start it (Unable to initialize backend 'cpux'", "cpux"),
+        *[(["info"], 2, "JAX_PLATFORMS='cuda': JAX could not start it", "cuda")
+          for _ in range(not any(importlib.util.find_spec(f"jax_cuda{v}_plugin") for v in (12, 13)))],
         (["sample", "vae", "--checkpoint", str(tmp_path), "--temperature", "0"], 2,
          "argument --temperature: expected a finite number > 0, got 0"),
         (["train", "vae", "--data", str(small), "--out", str(tmp_path / "vae")], 2, f"--data {small}: holds 2 usable"),
         (["train", "traveller", *TINY_TRAVELLER[2:], "--out", str(a_file)], 2,
          f"--out: expected a directory, got the file {a_file}"),
     ]
-    for argv, code, text in probes:
+    for argv, code, text, *platforms in probes:
+        env = {**os.environ, "JAX_PLATFORMS": platforms[0]} if platforms else None
         result = subprocess.run([sys.executable, "-m", "jax_scan_rnn.cli", *argv], capture_output=True, text=True,
-                                timeout=300)
+                                timeout=300, env=env)
         lines = [line for line in result.stderr.splitlines() if line.strip() and "%|" not in line]
         assert result.returncode == code, (argv, result.stderr[-2000:])
         assert text in lines[-1], (argv, lines)
     assert a_file.read_text() == "keep me\n"
-    assert not (tmp_path / "vae").exists()
+    assert not (tmp_path / "vae").exists() and not (tmp_path / "cpux").exists()
     assert not list((tmp_path / "lr" / "checkpoints").glob("step_*"))
 
 
