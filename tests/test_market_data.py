@@ -1,6 +1,7 @@
 """Reading, checking, splitting and standardising a user's own market data (jax_scan_rnn.data.market_data)."""
 import csv
 import json
+import re
 
 import numpy as np
 import pytest
@@ -225,6 +226,11 @@ def test_bad_files(tmp_path):
     (tmp_path / "ragged.csv").write_text("mom,ret\n1,2\n3\n")
     with pytest.raises(ValueError, match=r"ragged\.csv: line 3 has 1 fields, the header 2"):
         read(tmp_path / "ragged.csv", feature_cols=["mom"], return_cols=["ret"])
+    for sep in ";\t":  # a spreadsheet's export where the comma is the decimal mark
+        (tmp_path / "other.csv").write_text(f"mom{sep}ret\n1{sep}2\n")
+        message = f"other.csv: expected comma-separated columns, got one column {f'mom{sep}ret'!r} (separated by {sep!r}?)"
+        with pytest.raises(ValueError, match=re.escape(message)):
+            read(tmp_path / "other.csv", feature_cols=["mom"], return_cols=["ret"])
 
 
 def test_bad_npz(tmp_path):

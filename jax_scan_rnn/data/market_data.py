@@ -286,6 +286,10 @@ def _read_csv(path: Path):
     with open(path, newline="", encoding="utf-8-sig") as f:  # -sig: Excel writes a byte-order mark
         reader = csv.reader(f)
         header = [h.strip() for h in next(reader, [])]
+        other = [sep for sep in ";\t|" if len(header) == 1 and sep in header[0]]
+        if other:  # a spreadsheet's export in a locale whose decimal mark is the comma
+            raise ValueError(f"{path.name}: expected comma-separated columns, got one column {header[0]!r} "
+                             f"(separated by {other[0]!r}?): save the file with commas")
         rows, lines = [], []
         for row in filter(None, reader):  # skips blank lines
             if len(row) != len(header):
