@@ -1,5 +1,6 @@
 """Tests for SMILES / text loading, the character vocabulary, splitting and batching (data/smiles/)."""
 
+import gzip
 import importlib.util
 import subprocess
 import sys
@@ -81,6 +82,25 @@ def test_file_source_counts_bad_lines_by_reason(tmp_path):
     kept_all = load_sequences(str(path), max_length=10, dedupe=False)
     assert kept_all.sequences.count("CCO") == 2
     assert load_sequences(str(path), max_length=10, limit=1).sequences == ["CCO"]
+
+
+def test_a_table_is_read_by_its_smiles_column(tmp_path):
+    """A .csv/.tsv (.gz too) with a header: the column named smiles in any case, quoted fields with a newline
+    inside (ZINC's), rows without it counted; without such a column, one error naming the file and its header.
+    Not read as a table without `smiles=True` (whole lines, as any text)."""
+    rows = 'id,SMILES,label\n1,CCO,a\n2,"c1ccccc1\n",b\n3,,c\n4\n5,C(,d\n'
+    (tmp_path / "mols.csv").write_text(rows)
+    (tmp_path / "mols.tsv").write_text(rows.replace(",", "\t"))
+    with gzip.open(tmp_path / "mols.csv.gz", "wt") as f:
+        f.write(rows.replace("SMILES", "smiles"))
+    for name in ("mols.csv", "mols.tsv", "mols.csv.gz"):
+        got = load_sequences(tmp_path / name, smiles=True)
+        assert got.sequences == ["CCO", "c1ccccc1"] and got.skipped == {"empty": 2, "unparsable": 1}, (name, got)
+    assert load_sequences(tmp_path / "mols.csv").sequences[:2] == ["id,SMILES,label", "1,CCO,a"]
+    (tmp_path / "prices.csv").write_text("date,close\n1,2\n")
+    with pytest.raises(ValueError, match=r"source: expected a column named 'smiles' \(in any case\) in the header "
+                                         r"of .*prices\.csv, got \['date', 'close'\]"):
+        load_sequences(tmp_path / "prices.csv", smiles=True)
 
 
 def test_file_source_arguments_are_checked(tmp_path):

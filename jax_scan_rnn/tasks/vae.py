@@ -61,7 +61,8 @@ class VAETask:
     """Data, model size and training objective of a VAE run (every field is a `train vae` flag)."""
 
     data: str = option("moses", "moses (MOSES's 1.58M training molecules: pip install --no-deps molsets), rdkit (the "
-                                "14,734 drug-like SMILES shipped with rdkit) or a text file with one sequence per line")
+                                "14,734 drug-like SMILES shipped with rdkit), a text file with one sequence per line, or a "
+                                ".csv/.tsv whose header names a 'smiles' column")
     smiles_check: bool = option(True, "parse a --data file's lines as SMILES (rdkit) and skip invalid ones; "
                                       "--no-smiles-check: the file is not chemistry")
     max_length: int = option(smiles.DEFAULT_MAX_LENGTH, "longer sequences are skipped (counted)", lo=1)
@@ -344,8 +345,10 @@ def load_dataset(task: VAETask, vocab: smiles.Vocabulary | None = None) -> Datas
     try:
         loaded = smiles.load_sequences(task.data, max_length=task.max_length, limit=task.limit, smiles=file_smiles,
                                        canonicalize=False if file_smiles else None)
-    except FileNotFoundError as err:  # a missing file, or MOSES's data not installed: the library names `source`
-        raise FileNotFoundError(f"--data {task.data}: {str(err).removeprefix('source: ')}") from None
+    except (FileNotFoundError, ValueError) as err:
+        if not str(err).startswith("source: "):  # a missing file, MOSES's data not installed, a table without a
+            raise  # SMILES column: the library names `source`, the user knows --data
+        raise type(err)(f"--data {task.data}: {str(err).removeprefix('source: ')}") from None
     sequences, skipped = loaded.sequences, dict(loaded.skipped)
     canonical_of = None  # Kekulé form -> canonical SMILES, for novelty (one parse gives both)
     if task.writes_kekule:  # every part in one form: the test set is reconstructed as the model learnt to write

@@ -12,7 +12,8 @@ Sources (`load_sequences`):
   (`pip install --no-deps molsets`).
 - anything else: a path to a text file with one sequence per line (`smiles=True` to parse the first
   whitespace-separated field of each line as SMILES with the same code as the "rdkit" source, skipping
-  invalid ones as "unparsable", and canonicalise it unless `canonicalize=False`).
+  invalid ones as "unparsable", and canonicalise it unless `canonicalize=False`), or with `smiles=True` a
+  `.csv`/`.tsv` table whose header names a "smiles" column (any case), as MOSES's own files do.
   `is_builtin_source` tells the two kinds apart.
 
 Loading is a pipeline of generators: the source's fields, then (SMILES only) parse, filter and
@@ -35,6 +36,7 @@ import tempfile
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from jax_scan_rnn.optional import require
 from jax_scan_rnn.validate import boolean, instance, integer
@@ -304,14 +306,40 @@ def moses_split(source: str, name: str = "source") -> str:
     return split_name
 
 
+TABLE_SUFFIXES = {".csv": ",", ".tsv": "\t"}  # a table's delimiter by its file's suffix (before any ".gz")
+
+
+def is_table(path: str) -> bool:
+    """Whether `path` names a CSV or TSV file (".gz" allowed), whose SMILES are a column under a header."""
+    return Path(path.removesuffix(".gz")).suffix.lower() in TABLE_SUFFIXES
+
+
+def _table_fields(path: str, skipped: Counter) -> Iterator[str]:
+    """The column named "smiles" (in any case: MOSES's "SMILES", ZINC's "smiles") of a CSV or TSV file with a
+    header row, as the csv module reads it (quoted fields, even those holding a newline, as ZINC's do); rows
+    without that field are counted as "empty"."""
+    delimiter = TABLE_SUFFIXES[Path(path.removesuffix(".gz")).suffix.lower()]
+    with (gzip.open if path.endswith(".gz") else open)(path, "rt", encoding="utf-8-sig", errors="replace",
+                                                       newline="") as handle:
+        rows = csv.reader(handle, delimiter=delimiter)
+        header = next(rows, [])
+        names = [name.strip().lower() for name in header]
+        if "smiles" not in names:
+            raise ValueError(f"source: expected a column named 'smiles' (in any case) in the header of {path}, got "
+                             f"{header}")
+        column = names.index("smiles")
+        for row in rows:
+            field = row[column].strip() if column < len(row) else ""
+            if field:
+                yield field
+            else:
+                skipped["empty"] += 1
+
+
 def _moses_fields(source: str, skipped: Counter) -> tuple[tuple[str, ...], Iterator[str]]:
     """(path read, SMILES fields) of the MOSES set `source` names ("moses" is "moses:train")."""
     path = _moses_file(moses_split(source))
-    lines = _read_lines(path)
-    header = (lines[0] if lines else b"").decode("utf-8", "replace").strip().split(",")
-    if "SMILES" not in header:
-        raise ValueError(f"source: expected a 'SMILES' column in {path}, got header {header!r}")
-    return (path,), _fields(lines[1:], header.index("SMILES"), ",", skipped)
+    return (path,), _table_fields(path, skipped)
 
 
 def _molecules(items: Iterable[str], canonicalize: bool, molecule_filter: MoleculeFilter | None,
@@ -357,7 +385,8 @@ def load_sequences(
         source: "rdkit" (SMILES files shipped with rdkit), "moses" / "moses:train" / "moses:test" /
             "moses:test_scaffolds" (MOSES sets from `pip install --no-deps molsets`), or a path to a
             text file (".gz" allowed) with one sequence per line (write "./rdkit" for a file that is
-            named like a source).
+            named like a source); with `smiles=True`, a ".csv" or ".tsv" file is a table whose header
+            names a "smiles" column (in any case), as MOSES's and ZINC's are.
         max_length: longest sequence kept, in characters (= tokens, <eos> excluded); longer: "too_long".
         smiles: parse each line with rdkit (unparsable lines: "unparsable"). None: True for "rdkit",
             False for MOSES (curated and valid; parsing 1.6 M molecules takes minutes) and for a file.
@@ -394,7 +423,9 @@ def load_sequences(
     elif is_moses:
         paths, items = _moses_fields(source, skipped)
     elif os.path.isfile(source):
-        paths, items = (source,), _fields(_read_lines(source), 0 if smiles else None, None, skipped)
+        items = (_table_fields(source, skipped) if smiles and is_table(source)
+                 else _fields(_read_lines(source), 0 if smiles else None, None, skipped))
+        paths = (source,)
     else:
         raise FileNotFoundError(
             f"source: expected 'rdkit', 'moses', 'moses:<split>' or an existing file, got {source!r}"
