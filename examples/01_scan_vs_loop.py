@@ -22,12 +22,15 @@ the folder printed on the last line.
 """
 # %% Config
 import argparse
+import sys
 from pathlib import Path
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--quick", action="store_true", help="T=50 and 3 repeats: a smoke test (the test suite's)")
 parser.add_argument("--out", default="examples/out/01_scan_vs_loop", help="where times.md and times.png go")
-args, _ = parser.parse_known_args()  # known args only: the cells also run in a notebook kernel
+args, unknown = parser.parse_known_args()
+if unknown and "ipykernel" not in sys.modules:  # a notebook kernel passes its own (-f kernel.json)
+    parser.error(f"unrecognized arguments: {' '.join(unknown)}")
 
 SEQ_LEN = 50 if args.quick else 1000  # T: time steps
 BATCH = 1  # B: paths (the seed has one)

@@ -15,6 +15,7 @@ examples/out/02_train_traveller (or --out).
 """
 # %% Config
 import argparse
+import sys
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -31,7 +32,9 @@ from jax_scan_rnn.train import TrainStep
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--quick", action="store_true", help="60 updates on small data: a smoke test (the test suite's)")
 parser.add_argument("--out", default="examples/out/02_train_traveller", help="where the PNGs go")
-args, _ = parser.parse_known_args()  # known args only: the cells also run in a notebook kernel
+args, unknown = parser.parse_known_args()
+if unknown and "ipykernel" not in sys.modules:  # a notebook kernel passes its own (-f kernel.json)
+    parser.error(f"unrecognized arguments: {' '.join(unknown)}")
 
 STEPS = 60 if args.quick else 600  # optimiser steps
 PRINT_EVERY = 20 if args.quick else 100  # steps between progress lines (a multiple of 10)

@@ -22,6 +22,7 @@ examples/out/03_smiles_vae (or --out).
 """
 # %% Config
 import argparse
+import sys
 import dataclasses
 import json
 from pathlib import Path
@@ -33,7 +34,9 @@ from jax_scan_rnn.train import TrainConfig
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--quick", action="store_true", help="12 steps on 600 molecules: a smoke test")
 parser.add_argument("--out", default="examples/out/03_smiles_vae", help="where results.json and the PNG go")
-args, _ = parser.parse_known_args()  # known args only: the cells also run in a notebook kernel
+args, unknown = parser.parse_known_args()
+if unknown and "ipykernel" not in sys.modules:  # a notebook kernel passes its own (-f kernel.json)
+    parser.error(f"unrecognized arguments: {' '.join(unknown)}")
 
 STEPS = 12 if args.quick else 600  # optimiser steps per run (`train vae` runs 1800)
 BASE = vae_task.VAETask(

@@ -35,7 +35,9 @@ parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--quick", action="store_true", help="2 folds and a few updates (the test's smoke run)")
 parser.add_argument("--out", default="examples/out/04_traveller_real_data", help="the run folder")
 parser.add_argument("--results", default=None, help="also write traveller_real_data.{json,md,png} here")
-args, _ = parser.parse_known_args()  # known args only: the cells also run in a notebook kernel
+args, unknown = parser.parse_known_args()
+if unknown and "ipykernel" not in sys.modules:  # a notebook kernel passes its own (-f kernel.json)
+    parser.error(f"unrecognized arguments: {' '.join(unknown)}")
 
 try:
     from arch.data import nasdaq, sp500
