@@ -818,6 +818,8 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
     if not args.smiles_check and smiles.is_builtin_source(args.data):
         raise ValueError(f"--no-smiles-check: expected only with a --data file that is not chemistry, got --data "
                          f"{args.data}, a built-in source (always SMILES)")
+    if not smiles.is_builtin_source(args.data):  # saved with the run: evaluate finds it from any working directory
+        args.data = os.path.abspath(args.data)
     refuse_unread(args, [
         (task_lib.SCHEDULED_ONLY, args.decoding == "teacher", "with --decoding scheduled", "teacher forcing does not read it"),
         (("kl_warmup",), args.kl_schedule == "constant", "with --kl-schedule linear or sigmoid", "constant has no warm-up"),
@@ -905,11 +907,15 @@ def cmd_sample_vae(args: argparse.Namespace) -> int:
 
 @command("evaluate vae")
 def cmd_evaluate_vae(args: argparse.Namespace) -> int:
+    from jax_scan_rnn.data import smiles
     from jax_scan_rnn.tasks import vae as task_lib
 
     check_output_file(args.output)
     model, vocab, task = load_vae(args)
     check_memory("the samples (-n)", task_lib.sample_bytes(task, vocab.size, args.n))
+    if not smiles.is_builtin_source(task.data) and not Path(task.data).is_file():
+        raise FileNotFoundError(f"--checkpoint: the run's data file {task.data} is gone (its test molecules are "
+                                "scored, its training molecules make novelty); `sample vae` needs no data")
     dataset = task_lib.load_dataset(task)
     if dataset.vocab != vocab:
         raise ValueError(f"--checkpoint: its vocabulary differs from the one rebuilt from {task.data!r}")

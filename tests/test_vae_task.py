@@ -89,9 +89,10 @@ def test_bad_task_arguments():
 # default run keeps the VAE CLI's option and file checks (tests/test_cli.py) and the task's training, which the
 # CLI calls (`task_lib.train`, the saved-run test below).
 @pytest.mark.slow
-def test_cli_train_sample_evaluate(corpus, tmp_path, capsys):
+def test_cli_train_sample_evaluate(corpus, tmp_path, capsys, monkeypatch):
     out = tmp_path / "run"
-    args = ["train", "vae", "--data", str(corpus), "--hidden-size", "16", "--latent-size", "4", "--batch-size", "8",
+    monkeypatch.chdir(corpus.parent)  # --data as a relative path: saved absolute, evaluate reads it from elsewhere
+    args = ["train", "vae", "--data", corpus.name, "--hidden-size", "16", "--latent-size", "4", "--batch-size", "8",
             "--decoding", "scheduled", "--ss-midpoint", "5", "--steps", "12", "--log-every", "4", "--eval-every", "0",
             "--checkpoint-every", "6", "--eval-samples", "20", "--decoder-hidden-size", "12", "--decoder-layers", "2",
             "--recon-reduction", "token", "--out", str(out)]
@@ -111,14 +112,20 @@ def test_cli_train_sample_evaluate(corpus, tmp_path, capsys):
     model, _, saved = task_lib.load(out)  # the saved task rebuilds the model: the decoder's own size included
     assert (saved.decoder_hidden_size, saved.decoder_layers, saved.recon_reduction) == (12, 2, "token")
     assert (model.hidden_size, model.decoder_hidden_size, model.decoder_layers) == (16, 12, 2)
+    assert saved.data == str(corpus)
     assert main(["sample", "vae", "--checkpoint", str(out), "-n", "7", "--output", str(tmp_path / "s.txt")]) == 0
     assert len((tmp_path / "s.txt").read_text().splitlines()) == 7
+    monkeypatch.chdir(out)
     assert main(["evaluate", "vae", "--checkpoint", str(out), "-n", "10"]) == 0
     assert "prior samples, greedy (n=10)" in capsys.readouterr().out
     for command in ("sample", "evaluate"):  # more samples than memory holds: one line before the work, no crash
         assert main([command, "vae", "--checkpoint", str(out), "-n", "100000000000"]) == 2
         err = capsys.readouterr().err.strip()
         assert "the samples (-n): needs about" in err and len(err.splitlines()) == 1, err
+    corpus.rename(tmp_path / "moved.smi")  # the run's data file gone: one line naming it, not a --data it never had
+    assert main(["evaluate", "vae", "--checkpoint", str(out), "-n", "10"]) == 2
+    assert f"--checkpoint: the run's data file {corpus} is gone" in capsys.readouterr().err
+    (tmp_path / "moved.smi").rename(corpus)
     check_export_loads_into_torch_ref(out, model, tmp_path, capsys)
     # --metrics moses: MOSES's table, our row beside the published ones, saying what it compared against.
     pytest.importorskip("fcd_torch")
