@@ -818,8 +818,8 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
     if not args.smiles_check and smiles.is_builtin_source(args.data):
         raise ValueError(f"--no-smiles-check: expected only with a --data file that is not chemistry, got --data "
                          f"{args.data}, a built-in source (always SMILES)")
-    if not smiles.is_builtin_source(args.data):  # saved with the run: evaluate finds it from any working directory
-        args.data = os.path.abspath(args.data)
+    if not smiles.is_builtin_source(args.data) and os.path.isfile(args.data):  # saved with the run: evaluate finds
+        args.data = os.path.abspath(args.data)  # it from any working directory (a missing one is named as typed)
     refuse_unread(args, [
         (task_lib.SCHEDULED_ONLY, args.decoding == "teacher", "with --decoding scheduled", "teacher forcing does not read it"),
         (("kl_warmup",), args.kl_schedule == "constant", "with --kl-schedule linear or sigmoid", "constant has no warm-up"),
