@@ -472,7 +472,8 @@ def data_parallel(args: argparse.Namespace, batch_size: int):
         raise ValueError(f"--devices: expected at most the {jax.device_count()} device(s) JAX sees (jax-scan-rnn info "
                          f"lists them), got {args.devices}")
     dp = DataParallel.create(args.devices)
-    dp.check_batch_size(batch_size)
+    with flag_names():  # "batch_size: expected a multiple of the 2 devices ..." -> --batch-size
+        dp.check_batch_size(batch_size)
     return dp
 
 

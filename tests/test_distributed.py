@@ -68,7 +68,7 @@ def test_four_devices_reproduce_one_device_and_share_checkpoints(tmp_path):
 def test_batch_must_split_evenly(tmp_path):
     result = run_cli(*train_args(tmp_path / "x", 3, 2))
     assert result.returncode == 2
-    assert "batch_size: expected a multiple of the 3 devices it is split over, got 16" in result.stderr
+    assert "error: --batch-size: expected a multiple of the 3 devices it is split over, got 16" in result.stderr
 
 
 def test_more_devices_than_exist_is_an_error(tmp_path):
