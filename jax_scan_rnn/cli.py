@@ -361,16 +361,21 @@ def _flat(settings: dict, prefix: str = "") -> dict:
     return out
 
 
-def saved_metadata(out: Path) -> dict | None:
-    """The metadata of the run in `out`'s newest checkpoint that verifies (the one `fit` resumes from), or None."""
+def saved_metadata(out: Path, model: str) -> dict | None:
+    """The metadata of the run in `out`'s newest checkpoint that verifies (the one `fit` resumes from), or None.
+    ValueError naming --out when that run trained another model than `model` ("traveller", "vae")."""
     from jax_scan_rnn import checkpoint
     from jax_scan_rnn.train import CHECKPOINT_DIR
 
     for step in reversed(checkpoint.steps(out / CHECKPOINT_DIR)):
         try:
-            return checkpoint.read_metadata(out / CHECKPOINT_DIR, step)
+            saved = checkpoint.read_metadata(out / CHECKPOINT_DIR, step)
         except checkpoint.CheckpointError:
             continue
+        if saved.get("model", model) != model:
+            raise ValueError(f"--out: {out} holds a run of the {saved['model']} model, not of the {model}; resume it "
+                             f"with train {saved['model']}, or choose another --out")
+        return saved
     return None
 
 
@@ -392,13 +397,13 @@ def check_resume(out: Path, args: argparse.Namespace, task, cfg, data: dict | No
     `data`: what the run saved of its data, as read now (a Traveller's `{"data_stats": DataStats.to_json()}`, the
     VAE's `{"data_sha256": Dataset.digest}`): a data file that changed since the run started (rows appended,
     values revised) counts as a changed setting too, since training would go on with other data. `saved`: the run's
-    metadata where the caller has read it already (`saved_metadata(out)` verifies the whole checkpoint)."""
+    metadata where the caller has read it already (`saved_metadata` verifies the whole checkpoint)."""
     from jax_scan_rnn import checkpoint
     from jax_scan_rnn.train import CHECKPOINT_DIR
 
     if not args.resume:
         return
-    saved = saved_metadata(out) if saved is None else saved
+    saved = saved_metadata(out, args.model) if saved is None else saved
     if saved is None:  # none that verifies: fit says so (CheckpointError); none at all: a fresh start, said
         if not checkpoint.steps(out / CHECKPOINT_DIR):  # (the same command can then start and restart a job)
             print(f"--resume: {out} holds no checkpoint yet: training from step 0")
@@ -842,7 +847,7 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
             init_from = task_lib.InitFrom.read(args.init_from)
             init_from.check(task)
     refuse_a_finished_run(out, args.resume)  # before the data: MOSES's 300,000 molecules take half a minute
-    saved = saved_metadata(out) if args.resume else None
+    saved = saved_metadata(out, args.model) if args.resume else None
     if saved is not None:  # a resumed run starts from its checkpoint, whose token ids its own vocabulary gives
         init_from = None
     vocab = smiles.Vocabulary.from_json(saved["vocab"]) if saved and "vocab" in saved else init_from and init_from.vocab

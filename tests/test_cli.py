@@ -235,6 +235,20 @@ def test_a_run_inside_another_runs_checkpoints_is_refused(tiny_run, capsys):
     assert not inner.exists()
 
 
+def test_resuming_another_models_run_is_one_line_before_any_work(tiny_run, monkeypatch, capsys):
+    """train vae --resume into a Traveller run's --out: named, before the molecules are read, the run untouched."""
+    from jax_scan_rnn.tasks import vae as task_lib
+
+    before = {p: p.read_bytes() for p in tiny_run.rglob("*") if p.is_file()}
+    monkeypatch.setattr(task_lib, "load_dataset", lambda *a: pytest.fail("read the data of a refused run"))
+    capsys.readouterr()
+    assert main(["train", "vae", "--out", str(tiny_run), "--resume"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"--out: {tiny_run} holds a run of the traveller model, not of the vae; resume it with train "
+                        "traveller, or choose another --out") and len(err.splitlines()) == 1, err
+    assert {p: p.read_bytes() for p in tiny_run.rglob("*") if p.is_file()} == before
+
+
 def test_a_folder_of_ones_own_called_checkpoints_is_not_a_run(tiny_run, tmp_path, capsys):
     mine = tmp_path / "checkpoints"
     mine.mkdir()

@@ -292,6 +292,9 @@ def test_cli_resume_continues_the_run(corpus, tmp_path, monkeypatch, capsys):
     assert err.endswith(f"other settings (the data in --data {corpus} (its molecules)); give the same options, or "
                         "add --override to continue with the new ones") and len(err.splitlines()) == 1, err
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert main(["train", "traveller", "--out", str(out), "--resume"]) == 2  # the other model's command: named
+    assert f"--out: {out} holds a run of the vae model, not of the traveller" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
 def test_word_dropout_and_per_token_reconstruction_in_the_training_loss(corpus):
