@@ -2,6 +2,7 @@
 
 import gzip
 import importlib.util
+import io
 import subprocess
 import sys
 
@@ -156,6 +157,44 @@ def test_kekule_forms_are_canonical_kekule_and_canonical_smiles_in_workers_or_no
     assert sm.kekule_forms(given) == expected
     monkeypatch.delattr(sm.sources.os, "sched_getaffinity")  # macOS has none: os.cpu_count() instead
     assert sm.kekule_forms(given) == expected
+
+
+def test_ctrl_c_during_kekule_forms_is_quiet_in_the_workers_and_stops_every_one(monkeypatch):
+    """A terminal's Ctrl-C reaches every worker: each exits 130 without a traceback (the CLI says it, once). The
+    caller's KeyboardInterrupt (or any error) kills the workers still running instead of leaving them orphaned."""
+    from jax_scan_rnn.data.smiles import sources
+
+    def interrupted(chunk):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sources, "_kekule_chunk", interrupted)
+    monkeypatch.setattr(sources.sys, "stdin", io.StringIO("CCO\n"))
+    with pytest.raises(SystemExit) as stopped:
+        sources._kekule_worker()
+    assert stopped.value.code == 130
+
+    killed = []
+
+    class Worker:  # the first is waited on when Ctrl-C comes; the second still runs
+        def __init__(self, *args, **kwargs):
+            self.index = len(killed)
+            killed.append(False)
+
+        def wait(self):
+            raise KeyboardInterrupt
+
+        def poll(self):
+            return None
+
+        def kill(self):
+            killed[self.index] = True
+
+    monkeypatch.setattr(sources, "KEKULE_PARALLEL_FROM", 1)
+    monkeypatch.setattr(sources.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(sources.subprocess, "Popen", Worker)
+    with pytest.raises(KeyboardInterrupt):
+        sources.kekule_forms(["CCO", "CCN", "CCC", "CCS"])
+    assert killed == [True, True]
 
 
 def test_special_tokens_have_one_definition():

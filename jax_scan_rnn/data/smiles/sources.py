@@ -117,7 +117,10 @@ def _kekule_chunk(chunk: list[str]) -> list[tuple[str, str] | None]:
 
 def _kekule_worker() -> None:
     """A `kekule_forms` worker: SMILES on stdin, one per line; "KEKULE CANONICAL" or an empty line out."""
-    forms = _kekule_chunk(sys.stdin.read().split("\n"))  # not splitlines: a "\r" inside a line must not split it
+    try:
+        forms = _kekule_chunk(sys.stdin.read().split("\n"))  # not splitlines: a "\r" inside a line must not split it
+    except KeyboardInterrupt:  # a terminal's Ctrl-C reaches every worker too: the caller's process says it, once
+        sys.exit(130)
     sys.stdout.write("".join("\n" if f is None else f"{f[0]} {f[1]}\n" for f in forms))
 
 
@@ -144,6 +147,7 @@ def kekule_forms(sequences: Sequence[str]) -> list[tuple[str, str] | None]:
             given.write("\n".join(sequences[start:start + size]).encode())
             given.seek(0)
             running.append((subprocess.Popen([sys.executable, "-c", code], stdin=given, stdout=got, env=env), got))
+        files.callback(lambda: [worker.kill() for worker, _ in running if worker.poll() is None])  # on an error
         forms: list[tuple[str, str] | None] = []
         for worker, got in running:
             if worker.wait() != 0:
@@ -309,16 +313,15 @@ def moses_split(source: str, name: str = "source") -> str:
 TABLE_SUFFIXES = {".csv": ",", ".tsv": "\t"}  # a table's delimiter by its file's suffix (before any ".gz")
 
 
-def is_table(path: str) -> bool:
-    """Whether `path` names a CSV or TSV file (".gz" allowed), whose SMILES are a column under a header."""
-    return Path(path.removesuffix(".gz")).suffix.lower() in TABLE_SUFFIXES
+def _table_delimiter(path: str) -> str | None:
+    """The delimiter of a CSV or TSV file (".gz" allowed), whose SMILES are a column under a header, or None."""
+    return TABLE_SUFFIXES.get(Path(path.removesuffix(".gz")).suffix.lower())
 
 
-def _table_fields(path: str, skipped: Counter) -> Iterator[str]:
+def _table_fields(path: str, delimiter: str, skipped: Counter) -> Iterator[str]:
     """The column named "smiles" (in any case: MOSES's "SMILES", ZINC's "smiles") of a CSV or TSV file with a
     header row, as the csv module reads it (quoted fields, even those holding a newline, as ZINC's do); rows
     without that field are counted as "empty"."""
-    delimiter = TABLE_SUFFIXES[Path(path.removesuffix(".gz")).suffix.lower()]
     with (gzip.open if path.endswith(".gz") else open)(path, "rt", encoding="utf-8-sig", errors="replace",
                                                        newline="") as handle:
         rows = csv.reader(handle, delimiter=delimiter)
@@ -339,7 +342,7 @@ def _table_fields(path: str, skipped: Counter) -> Iterator[str]:
 def _moses_fields(source: str, skipped: Counter) -> tuple[tuple[str, ...], Iterator[str]]:
     """(path read, SMILES fields) of the MOSES set `source` names ("moses" is "moses:train")."""
     path = _moses_file(moses_split(source))
-    return (path,), _table_fields(path, skipped)
+    return (path,), _table_fields(path, ",", skipped)
 
 
 def _molecules(items: Iterable[str], canonicalize: bool, molecule_filter: MoleculeFilter | None,
@@ -423,9 +426,9 @@ def load_sequences(
     elif is_moses:
         paths, items = _moses_fields(source, skipped)
     elif os.path.isfile(source):
-        items = (_table_fields(source, skipped) if smiles and is_table(source)
-                 else _fields(_read_lines(source), 0 if smiles else None, None, skipped))
-        paths = (source,)
+        delimiter = _table_delimiter(source) if smiles else None
+        paths, items = (source,), (_table_fields(source, delimiter, skipped) if delimiter
+                                   else _fields(_read_lines(source), 0 if smiles else None, None, skipped))
     else:
         raise FileNotFoundError(
             f"source: expected 'rdkit', 'moses', 'moses:<split>' or an existing file, got {source!r}"
