@@ -169,7 +169,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 class ProgressBar:
-    """`fit` callback: a tqdm bar over optimiser steps, with the latest loss and evaluation."""
+    """`fit` callback: a tqdm bar over optimiser steps, with the latest loss and evaluation. As a context manager
+    it closes the bar on the way out, so that an interrupted run's one line is the last thing on the terminal."""
 
     def __init__(self):
         from tqdm import tqdm
@@ -177,6 +178,13 @@ class ProgressBar:
         self.tqdm = tqdm
         self.bar = None
         self.postfix: dict[str, str] = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
     def __call__(self, event: dict) -> None:
         kind = event["event"]
@@ -538,9 +546,9 @@ def cmd_train_traveller(args: argparse.Namespace) -> int:
         market = "your data" if data is not None else f"the simulated market, {task.market.num_assets} assets"
         print(f"training the Traveller ({task.objective} objective, {market}) for {args.steps} steps on {dp.size} "
               f"device(s) -> {out}")
-        with flag_names():  # --init-from's errors name the flag
+        with flag_names(), ProgressBar() as progress:  # --init-from's errors name the flag
             model, history, stats = task_lib.train(
-                task, cfg, out, resume=args.resume, callback=ProgressBar(), init_from=args.init_from, data=data,
+                task, cfg, out, resume=args.resume, callback=progress, init_from=args.init_from, data=data,
                 data_sharding=dp.data, state_sharding=dp.replicated,
             )
         # every process computes: the model's arrays span them all
@@ -865,9 +873,9 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
                                                     f"{min(task_lib.EVAL_RECONSTRUCT, len(dataset.valid))}")
         print(f"the bar's eval figures: loss on {min(task_lib.EVAL_LOSS, len(dataset.valid))} validation molecules"
               f"{accuracy}; the final report uses the test set")
-        with flag_names():  # --init-from's errors name the flag
+        with flag_names(), ProgressBar() as progress:  # --init-from's errors name the flag
             model, dataset, _ = task_lib.train(
-                task, cfg, out, resume=args.resume, callback=ProgressBar(), dataset=dataset, init_from=init_from,
+                task, cfg, out, resume=args.resume, callback=progress, dataset=dataset, init_from=init_from,
                 data_sharding=dp.data, state_sharding=dp.replicated,
             )
         print(vae_evaluation_banner(task, len(dataset.test)), flush=True)

@@ -312,13 +312,16 @@ def test_evaluate_whose_plot_cannot_be_written_prints_its_table_then_one_line(tm
 def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, tmp_path, capsys):
     from jax_scan_rnn.tasks import traveller as task_lib
 
-    def interrupted(*args, **kwargs):
+    def interrupted(*args, callback, **kwargs):  # with the progress bar drawn: the line comes after it, last
+        callback({"event": "start", "step": 0, "steps": 10, "resumed_from": None})
+        callback({"event": "log", "step": 3, "loss": 0.5})
         raise KeyboardInterrupt
 
     monkeypatch.setattr(task_lib, "train", interrupted)
     assert main([*TINY_TRAVELLER, "--out", str(tmp_path / "run")]) == 130
-    err = capsys.readouterr().err.strip()
-    assert err == "jax-scan-rnn train traveller: interrupted; every completed checkpoint is kept (continue with --resume)"
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert "3/10" in lines[-2] and lines[-1] == (
+        "jax-scan-rnn train traveller: interrupted; every completed checkpoint is kept (continue with --resume)"), lines
 
 
 @pytest.mark.parametrize("error", [MemoryError("Unable to allocate 41.4 GiB for an array"),
