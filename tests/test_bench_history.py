@@ -3,8 +3,6 @@ file that the README quotes (docs/figures.py, `bench.headline_history`) holds th
 import json
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
 HISTORY = BENCHMARKS / "results/bench-history-cpu-2core.json"
