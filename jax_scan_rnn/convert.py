@@ -159,7 +159,7 @@ def load_torch_state_dict(module: nnx.Module, state_dict: Mapping[str, Any]) -> 
     unexpected = [k for k in state_dict if k not in set(expected_keys)]
     if missing or unexpected:
         raise KeyError(f"state_dict: keys do not match {type(module).__name__}: missing {missing}, unexpected "
-                       f"{unexpected}{_prefix_hint(expected_keys, list(state_dict))}")
+                       f"{unexpected}{_prefix_hint(expected_keys, state_dict)}")
     updates, casts = [], {}
     for key, param, transpose in layout:
         value = _to_numpy(key, state_dict[key])
@@ -183,10 +183,15 @@ def load_torch_state_dict(module: nnx.Module, state_dict: Mapping[str, Any]) -> 
         param[...] = value
 
 
-def _prefix_hint(expected: list[str], given: list[str]) -> str:
-    """The usual cause of a key mismatch, said: every expected key is in `given` under one prefix (a model
-    wrapped in DataParallel saves `module.`-prefixed keys; a larger model holds this one as `rnn.`), or
-    `given` is every expected key without one (the state_dict of a submodule of `module`)."""
+def _prefix_hint(expected: list[str], state_dict: Mapping[str, Any]) -> str:
+    """The usual cause of a key mismatch, said: a value of `state_dict` is the state_dict (a training checkpoint,
+    `{"model_state_dict": ..., "optimizer_state_dict": ..., "epoch": ...}`); every expected key is in it under one
+    prefix (a model wrapped in DataParallel saves `module.`-prefixed keys; a larger model holds this one as `rnn.`);
+    or it is every expected key without one (the state_dict of a submodule of `module`)."""
+    given = list(state_dict)
+    for key, value in state_dict.items():
+        if isinstance(value, Mapping) and set(expected) <= set(value):
+            return f"; state_dict[{key!r}] holds every expected key (a training checkpoint's model part): load that"
     for keys, inside in ((given, expected), (expected, given)):
         key = next((k for k in keys if inside and k.endswith(inside[0]) and k != inside[0]), None)
         prefix = key and key[: -len(inside[0])]

@@ -50,8 +50,9 @@ def test_unexpected_key_names_it():
 
 
 def test_a_prefixed_state_dict_names_the_prefix_and_how_to_strip_it():
-    """A DataParallel checkpoint (`module.` keys), a larger model's (`rnn.` keys beside others), and a submodule's
-    keys given for the whole: the error says which, and the way it names for the first two loads."""
+    """A DataParallel checkpoint (`module.` keys), a larger model's (`rnn.` keys beside others), a submodule's keys
+    given for the whole, a training checkpoint holding the state_dict: the error says which, and the way it names
+    for the first two loads."""
     ref, ours = pair()
     sd = ref.state_dict()
     for prefix, extra in (("module.", {}), ("rnn.", {"head.weight": torch.zeros(2, 16)})):
@@ -67,6 +68,9 @@ def test_a_prefixed_state_dict_names_the_prefix_and_how_to_strip_it():
 
     with pytest.raises(KeyError, match="given are the keys of its submodule 'rnn' alone"):
         jsr.load_torch_state_dict(Net(), sd)
+    checkpoint = {"epoch": 3, "model_state_dict": sd, "optimizer_state_dict": {"state": {}}}  # torch's tutorial's
+    with pytest.raises(KeyError, match=r"state_dict\['model_state_dict'\] holds every expected key"):
+        jsr.load_torch_state_dict(ours, checkpoint)
     with pytest.raises(KeyError, match=r"unexpected \[\]\W*$"):  # no prefix explains a missing key: no hint
         jsr.load_torch_state_dict(ours, {k: v for k, v in sd.items() if k != "bias_hh_l1"})
 
