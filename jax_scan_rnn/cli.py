@@ -1159,6 +1159,24 @@ def given_options(argv: Sequence[str]) -> set[str]:
     return set(vars(parser.parse_args(argv)))
 
 
+def interrupted(args: argparse.Namespace) -> str:
+    """What a Ctrl-C leaves: a training run's committed checkpoints (atomic: an interrupted save leaves the
+    previous one intact), or none yet; other commands write their outputs atomically, so none is half written."""
+    if args.command != "train":
+        return "interrupted"
+    from jax_scan_rnn import checkpoint
+    from jax_scan_rnn.train import CHECKPOINT_DIR
+
+    try:
+        done = checkpoint.steps(Path(args.out) / CHECKPOINT_DIR)
+    except Exception:  # noqa: BLE001 (Ctrl-C came while JAX was still being imported: nothing was trained)
+        return "interrupted"
+    if not done:
+        return (f"interrupted before the first checkpoint (--checkpoint-every {args.checkpoint_every}): nothing to "
+                "resume")
+    return f"interrupted; every completed checkpoint is kept, the last at step {done[-1]} (continue with --resume)"
+
+
 def backend_error(err: BaseException) -> str | None:
     """The line that says JAX could not start the platform `JAX_PLATFORMS` names (its GPU build not installed, a
     misspelt name), or None for any other error. JAX raises it where it starts its backends, as a RuntimeError,
@@ -1192,9 +1210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[name](args)
     except KeyboardInterrupt:
-        # Checkpoints are committed atomically: an interrupted save leaves the previous one intact.
-        print(f"\njax-scan-rnn {name}: interrupted; every completed checkpoint is kept (continue with --resume)",
-              file=sys.stderr)
+        print(f"\njax-scan-rnn {name}: {interrupted(args)}", file=sys.stderr)
         return 130
     except Exception as err:
         from jax_scan_rnn.checkpoint import CheckpointError  # here: importing them at start-up imports JAX

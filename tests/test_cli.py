@@ -309,7 +309,7 @@ def test_evaluate_whose_plot_cannot_be_written_prints_its_table_then_one_line(tm
     assert f"--plot: cannot write {blocker / 'p.png'} (" in captured.err.strip().splitlines()[-1]
 
 
-def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, tmp_path, capsys):
+def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, tmp_path, capsys, tiny_run):
     from jax_scan_rnn.tasks import traveller as task_lib
 
     def interrupted(*args, callback, **kwargs):  # with the progress bar drawn: the line comes after it, last
@@ -320,8 +320,18 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(task_lib, "train", interrupted)
     assert main([*TINY_TRAVELLER, "--out", str(tmp_path / "run")]) == 130
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert "3/10" in lines[-2] and lines[-1] == (
-        "jax-scan-rnn train traveller: interrupted; every completed checkpoint is kept (continue with --resume)"), lines
+    assert "3/10" in lines[-2] and lines[-1] == ("jax-scan-rnn train traveller: interrupted before the first "
+                                                 "checkpoint (--checkpoint-every 250): nothing to resume"), lines
+    assert main([*TINY_TRAVELLER, "--out", str(tiny_run), "--resume"]) == 130  # a run with checkpoints: the last named
+    assert capsys.readouterr().err.strip().splitlines()[-1] == ("jax-scan-rnn train traveller: interrupted; every "
+                                                                "completed checkpoint is kept, the last at step 2 "
+                                                                "(continue with --resume)")
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(task_lib, "load", stopped)  # another command: nothing to resume, nothing said of it
+    assert main(["evaluate", "traveller", "--checkpoint", str(tiny_run)]) == 130
+    assert capsys.readouterr().err.strip() == "jax-scan-rnn evaluate traveller: interrupted"
 
 
 @pytest.mark.parametrize("error", [MemoryError("Unable to allocate 41.4 GiB for an array"),
