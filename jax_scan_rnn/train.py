@@ -74,7 +74,7 @@ class TrainConfig:
     eval_every: int = option(500, "updates between evaluations (and at the end); 0: only at the end", lo=0)
     checkpoint_every: int = option(1000, "updates between checkpoints (and at the end); 0: only at the end", lo=0)
     keep_checkpoints: int = option(3, "newest checkpoints kept on disk", lo=1)
-    seed: int = option(0, "the run's seed: initialisation, dropout, batch order and the tasks' noise", lo=0)
+    seed: int = option(0, "the run's seed: initialisation, dropout, batch order and the tasks' noise", lo=0, hi=validate.SEED_MAX)
 
     def __post_init__(self) -> None:
         check(self, "TrainConfig.")

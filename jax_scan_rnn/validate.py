@@ -21,6 +21,11 @@ from collections.abc import Iterable
 from numbers import Integral, Real
 from typing import Any
 
+# The largest seed an option takes: an unsigned 32-bit int, every tool's range (NumPy's legacy seeding too), and two
+# of them added (a task's data seed and the run's) stay far inside the int64 that JAX's keys take (a larger
+# --seed crashed there with an OverflowError).
+SEED_MAX = 2**32 - 1
+
 
 def integer(name: str, value: Any, lo: int | None = None, hi: int | None = None, *, none: bool = False,
             also: Iterable[Any] = ()) -> Any:

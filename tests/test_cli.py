@@ -108,7 +108,12 @@ TINY_TRAVELLER = ["train", "traveller", "--steps", "2", "--hidden-size", "4", "-
      "the final evaluation's samples (--eval-samples): needs about"),
     (["train", "traveller", "--batch-size", "100000"], "--batch-size: expected at most --train-paths 8192, got 100000"),
     (["train", "traveller", "--override"], "--override: expected only with --resume"),
-    (["train", "traveller", "--seed", "-1"], "argument --seed: expected an int >= 0, got -1"),
+    (["train", "traveller", "--seed", "-1"], "argument --seed: expected an int in [0, 4294967295], got -1"),
+    # Seeds past int64 crashed inside JAX (OverflowError); the range is every seed option's, and the other commands'
+    (["train", "vae", "--data-seed", str(2**64)], f"argument --data-seed: expected an int in [0, 4294967295], got {2**64}"),
+    (["check", "--seed", "-1"], "argument --seed: expected an int in [0, 4294967295], got -1"),
+    (["sample", "vae", "--checkpoint", "nowhere", "--seed", str(2**64)],
+     f"argument --seed: expected an int in [0, 4294967295], got {2**64}"),
     # A flag that the run would not read is refused, not silently without effect.
     (["train", "traveller", "--valid-fraction", "0.3"],
      "--valid-fraction: expected only together with --data FILE (the simulated market does not read it), got 0.3"),

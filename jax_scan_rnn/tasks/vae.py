@@ -24,7 +24,7 @@ import numpy as np
 from flax import nnx
 
 from jax_scan_rnn import metrics
-from jax_scan_rnn import schedules
+from jax_scan_rnn import schedules, validate
 from jax_scan_rnn.compiled import jit
 from jax_scan_rnn.options import check, option
 from jax_scan_rnn.data import smiles
@@ -111,8 +111,8 @@ class VAETask:
                                    "1.0 is the ELBO proper, but collapses the latent; 0.2 for more valid samples, "
                                    "docs/vae_experiments.md)", lo=0)
     free_bits: float = option(0.0, "KL free bits per latent dimension (0: off)", lo=0)
-    split_seed: int = option(0, "seed of the train/validation/test split", lo=0)
-    data_seed: int = option(0, "seed of the batch order and of the per-step noise (added to --seed)", lo=0)
+    split_seed: int = option(0, "seed of the train/validation/test split", lo=0, hi=validate.SEED_MAX)
+    data_seed: int = option(0, "seed of the batch order and of the per-step noise (added to --seed)", lo=0, hi=validate.SEED_MAX)
     eval_samples: int = option(1000, "prior samples drawn by the final evaluation", lo=1)
     eval_sequences: int = option(500, "test sequences reconstructed by the final evaluation (it interpolates between "
                                       "two)", lo=MIN_TEST)
