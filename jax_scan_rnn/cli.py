@@ -33,7 +33,7 @@ from pathlib import Path
 
 from jax_scan_rnn import options
 from jax_scan_rnn.optional import available
-from jax_scan_rnn.runlog import strict_json
+from jax_scan_rnn.runlog import strict_json, write_atomically
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
 
@@ -715,23 +715,6 @@ def write_positions_csv(file, positions, assets) -> None:
             writer.writerow([path, step, *(f"{v:.8g}" for v in row)])
 
 
-def write_atomically(path: str, write: Callable, binary: bool = False) -> None:
-    """`write(open file)` into a temporary file in the same folder, then rename it to `path`: a failed or
-    interrupted write never leaves half a file, nor spoils an older one."""
-    import tempfile
-
-    target = Path(path)
-    with tempfile.NamedTemporaryFile("wb" if binary else "w", dir=target.parent, prefix=f".{target.name}.",
-                                     delete=False, **({} if binary else {"newline": ""})) as tmp:
-        try:
-            write(tmp)
-        except BaseException:
-            tmp.close()
-            os.unlink(tmp.name)
-            raise
-    os.replace(tmp.name, target)
-
-
 def write_export(state_dict: dict, args: argparse.Namespace, side: dict | None) -> Path | None:
     """`state_dict` ({torch key: np.ndarray}) to --output in --format, and `side` (if any) as JSON to FILE.json, each
     written atomically. Returns the side file's path. The side file may not be a training run's own file either
@@ -881,7 +864,7 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
         print(vae_evaluation_banner(task, len(dataset.test)), flush=True)
         report = task_lib.evaluate(model, dataset, task, seed=args.seed)
         if first_process():
-            (out / EVALUATION_FILE).write_text(strict_json(report, indent=2) + "\n")
+            write_atomically(out / EVALUATION_FILE, lambda f: f.write(strict_json(report, indent=2) + "\n"))
     print()
     print_vae_report(report)
     print(f"\n{run_files(out)}  report: {out / EVALUATION_FILE}")
@@ -1174,7 +1157,8 @@ def given_options(argv: Sequence[str]) -> set[str]:
 
 def interrupted(args: argparse.Namespace) -> str:
     """What a Ctrl-C leaves: a training run's committed checkpoints (atomic: an interrupted save leaves the
-    previous one intact), or none yet; other commands write their outputs atomically, so none is half written."""
+    previous one intact), or none yet; another command has nothing to resume (its output files are written
+    atomically: an interrupted one leaves none, or the older one)."""
     if args.command != "train":
         return "interrupted"
     from jax_scan_rnn import checkpoint

@@ -189,9 +189,9 @@ def _prefix_hint(expected: list[str], state_dict: Mapping[str, Any]) -> str:
     prefix (a model wrapped in DataParallel saves `module.`-prefixed keys; a larger model holds this one as `rnn.`);
     or it is every expected key without one (the state_dict of a submodule of `module`)."""
     given = list(state_dict)
-    for key, value in state_dict.items():
+    for name, value in state_dict.items():
         if isinstance(value, Mapping) and set(expected) <= set(value):
-            return f"; state_dict[{key!r}] holds every expected key (a training checkpoint's model part): load that"
+            return f"; state_dict[{name!r}] holds every expected key (a training checkpoint's model part): load that"
     for keys, inside in ((given, expected), (expected, given)):
         key = next((k for k in keys if inside and k.endswith(inside[0]) and k != inside[0]), None)
         prefix = key and key[: -len(inside[0])]

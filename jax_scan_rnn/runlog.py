@@ -9,11 +9,30 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 METRICS_FILE = "metrics.jsonl"  # one JSON row per log / eval, under out_dir
 CURVES_FILE = "curves.png"  # loss / lr / metric curves, written at the end of fit
+
+
+def write_atomically(path: str | os.PathLike, write: Callable[[IO], object], binary: bool = False) -> None:
+    """`write(open file)` into a temporary file beside `path`, flushed to disk, then renamed to `path` in one step:
+    a failed or interrupted write never leaves half a file, nor spoils an older one (a report, an export, a
+    benchmark's results, the log cut back on resume). The file gets the permissions `open` gives (the umask's)."""
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb" if binary else "w", **({} if binary else {"newline": ""})) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def strict_json(obj, **kwargs) -> str:
@@ -74,12 +93,7 @@ class RunLog:
         self.rows = [r for r in _read_rows(self.path) if r["step"] <= step]
         if not self.write:
             return
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "w") as f:  # replaced in one rename: a crash leaves the old file or the new one
-            f.writelines(json.dumps(r) + "\n" for r in self.rows)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        write_atomically(self.path, lambda f: f.writelines(json.dumps(r) + "\n" for r in self.rows))
 
     def __enter__(self) -> RunLog:
         if self.write:

@@ -173,6 +173,29 @@ def test_decoder_only_says_which_typed_vae_flags_have_no_effect(tmp_path, capsys
                parse_constant=lambda name: pytest.fail(f"evaluation.json holds {name}"))
 
 
+def test_outputs_are_replaced_whole_or_not_at_all(tmp_path):
+    """runlog.write_atomically, behind every report, export, benchmark result and the log cut back on resume: a
+    write that fails (or is interrupted) leaves the older file as it was and no temporary file; one that succeeds
+    has the permissions a plain open gives (a temporary file's 0600 would have hidden a report from its group)."""
+    from jax_scan_rnn.runlog import write_atomically
+
+    target = tmp_path / "report.json"
+    target.write_text("older\n")
+
+    def fails(f):
+        f.write("half")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        write_atomically(target, fails)
+    assert target.read_text() == "older\n" and [p.name for p in tmp_path.iterdir()] == ["report.json"]
+    (tmp_path / "plain").write_text("")
+    write_atomically(target, lambda f: f.write("newer\n"))
+    assert target.read_text() == "newer\n" and target.stat().st_mode == (tmp_path / "plain").stat().st_mode
+    write_atomically(tmp_path / "b.bin", lambda f: f.write(b"\x00\x01"), binary=True)
+    assert (tmp_path / "b.bin").read_bytes() == b"\x00\x01"
+
+
 def test_undefined_metrics_are_null_in_reports_and_n_a_on_screen():
     """The uniqueness and novelty of samples none of which is valid are undefined (metrics return nan)."""
     from jax_scan_rnn.cli import fraction

@@ -12,6 +12,7 @@ import numpy as np
 
 from jax_scan_rnn.bench.config import AUTO_KEY, LIMIT_KEYS, SEED_KEY
 from jax_scan_rnn.optional import require
+from jax_scan_rnn.runlog import write_atomically
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -48,8 +49,10 @@ def write_results(results: dict, out_dir: str | os.PathLike, *, plots: bool = Tr
     paths = {"json": out / f"{stem}.json", "md": out / f"{stem}.md"}
     if plots:
         paths.update(_plot(results, out, stem))
-    paths["json"].write_text(json.dumps(results, indent=1, default=_json_default) + "\n")
-    paths["md"].write_text(markdown(results, {k: p.name for k, p in paths.items() if k.startswith("png")}))
+    # Each replaced in one rename: an interrupted run leaves the earlier results whole (committed ones too)
+    write_atomically(paths["json"], lambda f: f.write(json.dumps(results, indent=1, default=_json_default) + "\n"))
+    md = markdown(results, {k: p.name for k, p in paths.items() if k.startswith("png")})
+    write_atomically(paths["md"], lambda f: f.write(md))
     return paths
 
 

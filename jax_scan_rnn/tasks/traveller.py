@@ -34,7 +34,7 @@ from jax_scan_rnn import validate
 from jax_scan_rnn.compiled import jit
 from jax_scan_rnn.options import check, option
 from jax_scan_rnn.optional import require
-from jax_scan_rnn.runlog import strict_json
+from jax_scan_rnn.runlog import strict_json, write_atomically
 from jax_scan_rnn.data import market_data, trading
 from jax_scan_rnn.train import TrainConfig, fit, restore_model
 from jax_scan_rnn.traveller import Traveller, TravellerState
@@ -474,4 +474,4 @@ def format_table(table: dict) -> str:
 
 
 def save_table(table: dict, path: str | Path) -> None:
-    Path(path).write_text(strict_json(table, indent=2) + "\n")
+    write_atomically(path, lambda f: f.write(strict_json(table, indent=2) + "\n"))
