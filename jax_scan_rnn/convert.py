@@ -39,6 +39,16 @@ from jax_scan_rnn.layers import RNN
 Entry = tuple[str, nnx.Param, bool]
 
 
+def _check_module(module: Any) -> None:
+    """TypeError for anything but an NNX module: a torch module here (the arguments swapped, or torch_state_dict of
+    the torch model) has no NNX parameters to walk, and would give an empty state_dict without a word."""
+    if not isinstance(module, nnx.Module):
+        torch = type(module).__module__.startswith("torch")
+        raise TypeError(f"module: expected a flax.nnx Module (a jax_scan_rnn model), got "
+                        f"{'the torch module ' if torch else ''}{type(module).__name__}"
+                        f"{'; a torch module gives its own weights with .state_dict()' if torch else ''}")
+
+
 def _layout(module: nnx.Module, prefix: str = "") -> Iterator[Entry]:
     if isinstance(module, RNN):
         for k in range(module.num_layers):
@@ -81,6 +91,7 @@ def torch_state_dict(module: nnx.Module) -> dict[str, np.ndarray]:
     The keys are exactly the `state_dict()` keys of the `torch_ref` twin, so
     `twin.load_state_dict({k: torch.from_numpy(v) ...})` loads it with `strict=True`.
     """
+    _check_module(module)
     out = {}
     for key, param, transpose in _layout(module):
         value = np.asarray(param[...])
@@ -146,12 +157,14 @@ def load_torch_state_dict(module: nnx.Module, state_dict: Mapping[str, Any]) -> 
     after an error the module is unchanged.
 
     Raises:
-      TypeError: `state_dict` is not a mapping, or a value is not floating.
+      TypeError: `module` is not an NNX module (a torch one, say), `state_dict` is not a mapping, or a value is
+        not floating.
       KeyError: missing or unexpected keys (all of them are named, and a key prefix that explains them:
         `module.` of a DataParallel checkpoint, a larger model's, or a submodule's keys alone).
       ValueError: a shape mismatch (key, expected and given shape), or a NaN/inf, given or made by the
         cast (a float64 1e300 into float32): loading it would only show up later as a NaN loss.
     """
+    _check_module(module)
     _check_mapping(state_dict)
     layout = list(_layout(module))
     expected_keys = [key for key, _, _ in layout]

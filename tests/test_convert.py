@@ -75,6 +75,17 @@ def test_a_prefixed_state_dict_names_the_prefix_and_how_to_strip_it():
         jsr.load_torch_state_dict(ours, {k: v for k, v in sd.items() if k != "bias_hh_l1"})
 
 
+def test_a_torch_module_in_place_of_the_jax_one_is_named_not_an_empty_state_dict():
+    ref, ours = pair()
+    message = r"module: expected a flax.nnx Module \(a jax_scan_rnn model\), got the torch module LSTM; a torch module"
+    with pytest.raises(TypeError, match=message):
+        jsr.torch_state_dict(ref)  # was {}
+    with pytest.raises(TypeError, match=message):
+        jsr.load_torch_state_dict(ref, jsr.torch_state_dict(ours))  # the arguments swapped
+    with pytest.raises(TypeError, match=r"module: expected a flax.nnx Module \(a jax_scan_rnn model\), got dict$"):
+        jsr.torch_state_dict({})
+
+
 def test_wrong_shape_names_key_and_shapes_and_changes_nothing():
     ref, ours = pair()
     before = params_of(ours)
