@@ -99,7 +99,7 @@ class RNN(nnx.Module):
         validate.real("dropout", dropout, lo=0, hi=1, hi_open=True)
         if dropout and num_layers == 1:  # torch.nn.LSTM/GRU warn alike: nothing lies between layers to drop
             warnings.warn(f"dropout={dropout} does nothing with num_layers=1: it acts between stacked layers only "
-                          "(as torch.nn.LSTM/GRU's)", UserWarning, stacklevel=2)
+                          "(as torch.nn.LSTM/GRU's)", UserWarning, stacklevel=validate.user_stacklevel())
         remat_chunk = validate.integer("remat_chunk", remat_chunk, lo=1, none=True)
         resolve_unroll(unroll, 1)  # validates
         resolve_hoist(hoist_inputs)  # validates

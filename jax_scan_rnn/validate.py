@@ -17,6 +17,8 @@ Options (`choice`, `also`) match by equality, except that a bool matches only a 
 from __future__ import annotations
 
 import math
+import os
+import sys
 from collections.abc import Iterable
 from numbers import Integral, Real
 from typing import Any
@@ -116,6 +118,18 @@ def host_array(value: Any) -> Any:
     if type(value).__module__.startswith("torch"):
         value = value.detach().cpu()
     return np.asarray(value)
+
+
+def user_stacklevel() -> int:
+    """The `warnings.warn` stacklevel, for the function that calls this, that names the user's own line: the first
+    frame outside this package and Flax (an NNX module's constructor runs under Flax's metaclass, and a model
+    builds its layers: a fixed stacklevel named a line of Flax's or of the model)."""
+    inside = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.path.abspath(sys.modules["flax"].__file__))
+              if "flax" in sys.modules else None)
+    frame, level = sys._getframe(1), 1
+    while frame is not None and any(d and frame.f_code.co_filename.startswith(d + os.sep) for d in inside):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _bounds(lo: int | None, hi: int | None) -> str:

@@ -152,8 +152,9 @@ def test_dropout_only_in_training_mode(cls):
 @pytest.mark.parametrize("cls", KINDS)
 def test_dropout_with_one_layer_warns_as_torch_does(cls, recwarn):
     """Inter-layer dropout has nothing to act on in a one-layer stack: torch.nn.LSTM/GRU warn, and so does jsr."""
-    with pytest.warns(UserWarning, match=r"dropout=0.5 does nothing with num_layers=1"):
+    with pytest.warns(UserWarning, match=r"dropout=0.5 does nothing with num_layers=1") as caught:
         cls(3, 8, num_layers=1, dropout=0.5, rngs=nnx.Rngs(0))
+    assert [w.filename for w in caught] == [__file__]  # the user's line, not Flax's constructor's (its metaclass)
     recwarn.clear()
     cls(3, 8, num_layers=2, dropout=0.5, rngs=nnx.Rngs(0))
     cls(3, 8, num_layers=1, dropout=0.0, rngs=nnx.Rngs(0))
