@@ -22,9 +22,9 @@ examples/out/03_smiles_vae (or --out).
 """
 # %% Config
 import argparse
-import sys
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 from jax_scan_rnn.cli import ProgressBar

@@ -31,7 +31,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from jax_scan_rnn import options
+from jax_scan_rnn import options, validate
 from jax_scan_rnn.optional import available
 from jax_scan_rnn.runlog import strict_json, write_atomically
 
@@ -973,17 +973,8 @@ def positive_int_list(text: str) -> tuple[int, ...]:
     return values
 
 
-def seed(text: str) -> int:
-    """`--seed` of the commands that are not generated from a dataclass: the options' range (`validate.SEED_MAX`)."""
-    from jax_scan_rnn.validate import SEED_MAX
-
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an int, got {text!r}") from None
-    if not 0 <= value <= SEED_MAX:
-        raise argparse.ArgumentTypeError(f"expected an int in [0, {SEED_MAX}], got {text}")
-    return value
+# `check --seed` and `sample vae --seed`: the seed options' range and message, from the parser `options` gives them
+SEED = options.argument_type(int, lo=0, hi=validate.SEED_MAX)
 
 
 def positive_float(text: str) -> float:
@@ -1057,7 +1048,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     sub.add_parser("info", help="devices and library versions")
     check = sub.add_parser("check", help="parity self-check against torch.nn on random weights")
     check.add_argument("--steps", type=positive_int, default=500, help="sequence length T (default: 500)")
-    check.add_argument("--seed", type=seed, default=0, help="random seed (default: 0)")
+    check.add_argument("--seed", type=SEED, default=0, help="random seed (default: 0)")
     bench_parser = sub.add_parser("bench", help="time scan against every kind of loop (benchmarks/)")
     if words[:1] == ["bench"]:
         from jax_scan_rnn import bench
@@ -1097,7 +1088,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     sv.add_argument("--temperature", type=positive_float, default=1.0, help="sampling temperature (default: 1.0)")
     sv.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (default: 0, off)")
     sv.add_argument("--greedy", action="store_true", help="argmax decoding instead of sampling")
-    sv.add_argument("--seed", type=seed, default=0, help="random seed (default: 0)")
+    sv.add_argument("--seed", type=SEED, default=0, help="random seed (default: 0)")
     sv.add_argument("--output", default=None, help="write the samples here, one per line (default: stdout)")
 
     run = model_commands(sub, "run", "positions from a trained model for new data")
@@ -1161,10 +1152,10 @@ def interrupted(args: argparse.Namespace) -> str:
     atomically: an interrupted one leaves none, or the older one)."""
     if args.command != "train":
         return "interrupted"
-    from jax_scan_rnn import checkpoint
-    from jax_scan_rnn.train import CHECKPOINT_DIR
-
     try:
+        from jax_scan_rnn import checkpoint
+        from jax_scan_rnn.train import CHECKPOINT_DIR
+
         done = checkpoint.steps(Path(args.out) / CHECKPOINT_DIR)
     except Exception:  # noqa: BLE001 (Ctrl-C came while JAX was still being imported: nothing was trained)
         return "interrupted"

@@ -107,6 +107,12 @@ def add_arguments(group: Any, cls: type, defaults: dict[str, Any] | None = None,
         group.add_argument(flag(cls, field.name), **kwargs)
 
 
+def argument_type(kind: type, **meta: Any):
+    """The argparse `type` an option of `kind` with `option`'s bounds or choices (`meta`) gets, for a flag that is
+    not a dataclass field (`check --seed`): the same checks and the same one-line message."""
+    return _parser(kind, False, meta)
+
+
 def _parser(kind: type, none: bool, meta: Any):
     """Text -> checked value, for argparse: a bad value exits 2 with "argument --flag: expected ..., got TEXT"."""
 

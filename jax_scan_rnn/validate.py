@@ -124,10 +124,10 @@ def user_stacklevel() -> int:
     """The `warnings.warn` stacklevel, for the function that calls this, that names the user's own line: the first
     frame outside this package and Flax (an NNX module's constructor runs under Flax's metaclass, and a model
     builds its layers: a fixed stacklevel named a line of Flax's or of the model)."""
-    inside = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.path.abspath(sys.modules["flax"].__file__))
-              if "flax" in sys.modules else None)
+    inside = tuple(os.path.dirname(os.path.abspath(module.__file__)) + os.sep
+                   for module in (sys.modules[__package__], sys.modules.get("flax")) if module is not None)
     frame, level = sys._getframe(1), 1
-    while frame is not None and any(d and frame.f_code.co_filename.startswith(d + os.sep) for d in inside):
+    while frame is not None and frame.f_code.co_filename.startswith(inside):
         frame, level = frame.f_back, level + 1
     return level
 
