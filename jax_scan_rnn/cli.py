@@ -730,7 +730,7 @@ def write_export(state_dict: dict, args: argparse.Namespace, side: dict | None) 
         write_atomically(args.output, lambda f: torch.save({k: torch.from_numpy(v) for k, v in state_dict.items()}, f),
                          binary=True)
     else:
-        write_atomically(args.output, lambda f: save_safetensors(state_dict, f.name), binary=True)
+        save_safetensors(state_dict, args.output)  # atomically, as every output
     if side is None:
         return None
     path = side_file(args.output)

@@ -219,18 +219,21 @@ def _prefix_hint(expected: list[str], state_dict: Mapping[str, Any]) -> str:
 def save_safetensors(state_dict: Mapping[str, Any], path: str | os.PathLike) -> None:
     """Write a state_dict (numpy arrays or torch tensors) as `.safetensors`, readable by torch/safetensors.
 
-    Each value keeps its dtype (bfloat16 included). Raises OSError naming `path` when it cannot be written
-    (a directory, a missing folder, no permission).
+    Each value keeps its dtype (bfloat16 included). Written atomically (`runlog.write_atomically`: an
+    interrupted save leaves no half file), with the permissions a plain `open` gives (safetensors' own `save_file`
+    leaves its files readable by their owner only). Raises OSError naming `path` when it cannot be written (a
+    directory, a missing folder, no permission).
     """
-    from safetensors import SafetensorError
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save
+
+    from jax_scan_rnn.runlog import write_atomically
 
     _check_mapping(state_dict)
-    arrays = {k: np.ascontiguousarray(_to_numpy(k, v)) for k, v in state_dict.items()}
+    data = save({k: np.ascontiguousarray(_to_numpy(k, v)) for k, v in state_dict.items()})
     try:
-        save_file(arrays, os.fspath(path))
-    except SafetensorError as err:  # values are checked above, so it is the file system; the message lacks the path
-        raise OSError(f"save_safetensors: cannot write {os.fspath(path)!r}: {err}") from err
+        write_atomically(path, lambda f: f.write(data), binary=True)
+    except OSError as err:  # the file system's message names the temporary file, not `path`
+        raise OSError(f"save_safetensors: cannot write {os.fspath(path)!r}: {err.strerror or err}") from err
 
 
 def load_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:

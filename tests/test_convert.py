@@ -246,6 +246,14 @@ def test_a_damaged_safetensors_file_is_a_value_error_naming_the_path(tmp_path, d
         jsr.load_safetensors(path)
 
 
+def test_a_saved_file_has_the_permissions_of_a_plain_file(tmp_path):
+    """safetensors' own save_file leaves 0600 (its temporary file's mode): a weights file hidden from its group."""
+    jsr.save_safetensors(jsr.torch_state_dict(pair("GRU", 1)[1]), tmp_path / "gru.safetensors")
+    (tmp_path / "plain").write_text("")
+    assert (tmp_path / "gru.safetensors").stat().st_mode == (tmp_path / "plain").stat().st_mode
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gru.safetensors", "plain"]
+
+
 def test_saving_where_no_file_can_be_written_names_the_path(tmp_path):
     sd = jsr.torch_state_dict(pair("GRU", 1)[1])
     for path in [tmp_path, tmp_path / "no_such_folder" / "gru.safetensors"]:
