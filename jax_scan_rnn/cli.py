@@ -246,15 +246,15 @@ def output_directory(out: Path, resume: bool):
 
 
 def refuse_a_finished_run(out: Path, resume: bool) -> None:
-    """ValueError naming --out when it holds checkpoints and --resume is not given. `output_directory` checks it
-    under the directory's lock; a command whose data takes long to load checks it before, too."""
-    from jax_scan_rnn import checkpoint
-    from jax_scan_rnn.train import CHECKPOINT_DIR
+    """ValueError naming --out when it holds an earlier run (`train.earlier_run`: checkpoints, or the log of a run
+    stopped before its first) and --resume is not given. `output_directory` checks it under the directory's lock;
+    a command whose data takes long to load checks it before, too."""
+    from jax_scan_rnn.train import earlier_run
 
-    done = checkpoint.steps(out / CHECKPOINT_DIR)
-    if done and not resume:
-        raise ValueError(f"--out: {out} already holds a run (checkpoints at steps {done}); pass --resume to "
-                         "continue it, or choose another --out")
+    found = earlier_run(out)
+    if found and not resume:
+        raise ValueError(f"--out: {out} already holds a run ({found}); pass --resume to continue it, or choose "
+                         "another --out")
 
 
 NOT_DRAWN = "not drawn (pip install 'jax-scan-rnn[plot]')"
@@ -414,7 +414,11 @@ def check_resume(out: Path, args: argparse.Namespace, task, cfg, data: dict | No
     saved = saved_metadata(out, args.model) if saved is None else saved
     if saved is None:  # none that verifies: fit says so (CheckpointError); none at all: a fresh start, said
         if not checkpoint.steps(out / CHECKPOINT_DIR):  # (the same command can then start and restart a job)
-            print(f"--resume: {out} holds no checkpoint yet: training from step 0")
+            from jax_scan_rnn.train import earlier_run
+
+            log = earlier_run(out)
+            print(f"--resume: {out} holds no checkpoint yet: training from step 0"
+                  + (f" (replacing {log})" if log else ""))
         return
     saved_task = type(task).from_json(saved["task"]).to_json() if "task" in saved else {}
 
@@ -1154,14 +1158,17 @@ def interrupted(args: argparse.Namespace) -> str:
         return "interrupted"
     try:
         from jax_scan_rnn import checkpoint
-        from jax_scan_rnn.train import CHECKPOINT_DIR
+        from jax_scan_rnn.runlog import METRICS_FILE
+        from jax_scan_rnn.train import CHECKPOINT_DIR, earlier_run
 
         done = checkpoint.steps(Path(args.out) / CHECKPOINT_DIR)
+        log = earlier_run(args.out)
     except Exception:  # noqa: BLE001 (Ctrl-C came while JAX was still being imported: nothing was trained)
         return "interrupted"
     if not done:
+        kept = f"; its log is kept ({METRICS_FILE}: --resume there starts again from step 0)" if log else ""
         return (f"interrupted before the first checkpoint (--checkpoint-every {args.checkpoint_every}): nothing to "
-                "resume")
+                f"resume{kept}")
     return f"interrupted; every completed checkpoint is kept, the last at step {done[-1]} (continue with --resume)"
 
 

@@ -90,7 +90,7 @@ class RunLog:
         self.file = None
 
     def resume_at(self, step: int) -> None:
-        self.rows = [r for r in _read_rows(self.path) if r["step"] <= step]
+        self.rows = [r for r in read_rows(self.path) if r["step"] <= step]
         if not self.write:
             return
         write_atomically(self.path, lambda f: f.writelines(json.dumps(r) + "\n" for r in self.rows))
@@ -117,7 +117,8 @@ class RunLog:
                        eval=[r for r in self.rows if r.get("split") == "eval"], **kwargs)
 
 
-def _read_rows(path: Path) -> list[dict]:
+def read_rows(path: Path) -> list[dict]:
+    """The rows of the log at `path` (none if there is no file), skipping a last line a crash cut short."""
     rows = []
     if not path.is_file():
         return rows

@@ -45,12 +45,12 @@ from jax_scan_rnn.distributed import put_batch
 from jax_scan_rnn.lock import run_lock
 from jax_scan_rnn.optional import available
 from jax_scan_rnn.options import check, option
-from jax_scan_rnn.runlog import CURVES_FILE, METRICS_FILE, History, RunLog, plot_curves
+from jax_scan_rnn.runlog import CURVES_FILE, METRICS_FILE, History, RunLog, plot_curves, read_rows
 from jax_scan_rnn.schedules import LR_SCHEDULES, make_lr_schedule
 
 __all__ = ["TrainConfig", "History", "NonFiniteLossError", "make_optimizer", "make_lr_schedule_for", "global_norm",
            "clip_by_global_norm", "TrainStep",
-           "make_eval_fn", "fit", "restore_model", "METRICS_FILE", "CURVES_FILE", "CHECKPOINT_DIR"]
+           "make_eval_fn", "fit", "earlier_run", "restore_model", "METRICS_FILE", "CURVES_FILE", "CHECKPOINT_DIR"]
 
 Array = jax.Array
 Batch = Any  # a pytree of arrays
@@ -395,9 +395,9 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
     if resume and out is None:
         raise ValueError("out_dir: expected a directory when resume=True, got None")
     ckdir = out / CHECKPOINT_DIR if out is not None else None
-    if out is not None and not resume and ckpt.steps(ckdir):
-        raise ValueError(f"out_dir: expected no checkpoints when resume=False, got steps {ckpt.steps(ckdir)} in "
-                         f"{ckdir}; pass resume=True to continue that run or choose another out_dir")
+    if out is not None and not resume and earlier_run(out):
+        raise ValueError(f"out_dir: expected no earlier run when resume=False, got {earlier_run(out)}; pass "
+                         "resume=True to continue that run or choose another out_dir")
 
     def put(batch):
         return batch if data_sharding is None else put_batch(batch, data_sharding)
@@ -458,6 +458,22 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
               "reason": "matplotlib is not installed: pip install 'jax-scan-rnn[plot]'"})
     emit({"event": "end", "step": k, "elapsed_s": time.time() - t_start})
     return history
+
+
+def earlier_run(out_dir: str | os.PathLike) -> str | None:
+    """What an earlier run left in `out_dir` that a fresh start would mix with or replace, in words: its
+    checkpoints, or the log of a run stopped before its first checkpoint; None for neither. `fit` refuses such a
+    directory unless `resume=True` (which continues the run, or starts again from step 0 where it has no
+    checkpoint, its log then rewritten)."""
+    out = Path(out_dir)
+    done = ckpt.steps(out / CHECKPOINT_DIR)
+    if done:
+        return f"checkpoints at steps {done}"
+    rows = read_rows(out / METRICS_FILE)
+    if rows:
+        return (f"the log of a run stopped before its first checkpoint ({out / METRICS_FILE}, to step "
+                f"{rows[-1]['step']})")
+    return None
 
 
 def _eval_values(result: Mapping[str, Any]) -> dict[str, float]:

@@ -335,9 +335,32 @@ def test_fit_converges_and_writes_logs_plots_checkpoints(tmp_path):
         assert isinstance(got, jax.Array), type(got)
         np.testing.assert_array_equal(got, want)
 
-    # Refuses to mix a new run into a directory that holds checkpoints.
-    with pytest.raises(ValueError, match="^out_dir:.*resume=True"):
+    # Refuses to mix a new run into a directory that holds checkpoints...
+    with pytest.raises(ValueError, match=r"^out_dir: expected no earlier run when resume=False, got checkpoints at "
+                                         r"steps \[75, 150\];.*resume=True"):
         fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), mse_fn, linear_batch_fn, cfg, out_dir=tmp_path)
+
+
+def test_fit_keeps_the_log_of_a_run_stopped_before_its_first_checkpoint(tmp_path):
+    """...or the log of one that stopped before its first checkpoint: it is another run's data. resume=True
+    starts again from step 0 there."""
+    cfg = TrainConfig(steps=20, learning_rate=5e-2, lr_schedule="constant", log_every=5, checkpoint_every=0)
+
+    def stop(event):
+        if event["event"] == "log" and event["step"] == 10:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), mse_fn, linear_batch_fn, cfg, out_dir=tmp_path, callback=stop)
+    log = (tmp_path / METRICS_FILE).read_text()
+    assert [json.loads(line)["step"] for line in log.splitlines()] == [5, 10]
+    with pytest.raises(ValueError, match=r"^out_dir: expected no earlier run when resume=False, got the log of a run "
+                                         r"stopped before its first checkpoint \(.*metrics.jsonl, to step 10\)"):
+        fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), mse_fn, linear_batch_fn, cfg, out_dir=tmp_path)
+    assert (tmp_path / METRICS_FILE).read_text() == log
+    hist = fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), mse_fn, linear_batch_fn, cfg, out_dir=tmp_path, resume=True)
+    assert hist.resumed_from is None and [r["step"] for r in hist.train] == [5, 10, 15, 20]
+    assert [json.loads(line)["step"] for line in (tmp_path / METRICS_FILE).read_text().splitlines()] == [5, 10, 15, 20]
 
 
 def hist_rows_in_order(hist):

@@ -181,6 +181,41 @@ def test_a_finished_run_is_never_overwritten_and_bad_out_is_one_line(tmp_path, c
     assert f"--out: expected a directory, got the file {a_file}" in capsys.readouterr().err
 
 
+def test_a_run_stopped_before_its_first_checkpoint_keeps_its_log(tmp_path, monkeypatch, capsys):
+    """A Ctrl-C before the first checkpoint leaves the run's log: the next run into that --out is refused (the
+    log is another run's data) unless --resume, which starts again from step 0 and says what it replaces."""
+    out = tmp_path / "run"
+    train = task_lib.train
+
+    def stopped_after_a_log_row(*args, callback, **kwargs):
+        def stop(event):
+            callback(event)
+            if event["event"] == "log":
+                raise KeyboardInterrupt
+        return train(*args, callback=stop, **kwargs)
+
+    cmd = ["train", "traveller", *TINY_RUN, "--steps", "4", "--log-every", "1", "--out", str(out)]
+    monkeypatch.setattr(task_lib, "train", stopped_after_a_log_row)
+    assert main(cmd) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "jax-scan-rnn train traveller: interrupted before the first checkpoint (--checkpoint-every 250): nothing to "
+        "resume; its log is kept (metrics.jsonl: --resume there starts again from step 0)")
+    monkeypatch.setattr(task_lib, "train", train)
+    log = (out / "metrics.jsonl").read_text()
+    assert json.loads(log.splitlines()[0])["step"] == 1
+    assert main(cmd) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"jax-scan-rnn train traveller: error: --out: {out} already holds a run (the log of a run stopped "
+                   f"before its first checkpoint ({out / 'metrics.jsonl'}, to step 1)); pass --resume to continue "
+                   "it, or choose another --out"), err
+    assert (out / "metrics.jsonl").read_text() == log
+    assert main([*cmd, "--resume"]) == 0
+    assert (f"--resume: {out} holds no checkpoint yet: training from step 0 (replacing the log of a run stopped "
+            f"before its first checkpoint ({out / 'metrics.jsonl'}, to step 1))") in capsys.readouterr().out
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["split"] == "train"] == [1, 2, 3, 4]
+
+
 def test_resume_with_changed_settings_is_refused_unless_overridden(tmp_path, capsys):
     """--resume compares the saved options with the new ones: a change is named and refused (exit 2, the
     run untouched) unless --override, which prints the changes and continues."""
