@@ -324,6 +324,9 @@ class CompiledMethod:
         nested = not _trace_state_clean()  # inside jax.jit/vmap/grad: a jit without compiler options (_compile)
         if self._check is not None and not nested:
             self._check(self._name, args, kwargs)
+        for where, value in [*enumerate(args), *kwargs.items()]:  # JAX would take one apart, then fail rebuilding it
+            validate.not_packed(f"{self._qualname}: argument {where!r}", value,
+                                "pass a padded array (jsr.LSTM and jsr.GRU take lengths= too)")
         if any(type(a) is list for a in args) or any(type(a) is list for a in kwargs.values()):
             args, kwargs = _number_lists_as_arrays(args), _number_lists_as_arrays(kwargs)
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))

@@ -176,6 +176,7 @@ class RNN(nnx.Module):
 
     def check_input(self, x: Array, name: str = "x") -> Array:
         """`x` must be a float array of the layout the module was built for; returns it as a jax array."""
+        self._refuse_packed(x, name)
         x = jnp.asarray(x)
         if not jnp.issubdtype(x.dtype, jnp.floating):
             raise TypeError(f"{name}: expected a floating dtype, got {x.dtype}")
@@ -187,14 +188,24 @@ class RNN(nnx.Module):
             )
         return x
 
+    def _refuse_packed(self, x, name: str = "x") -> None:
+        validate.not_packed(name, x, "pass the padded batch and its lengths: x, lengths = "
+                            f"torch.nn.utils.rnn.pad_packed_sequence(packed, batch_first={self.batch_first}), then "
+                            "model(x, lengths=lengths) (outputs padded with zeros, as pad_packed_sequence gives torch's)")
+
     def check_arguments(self, method: str, args: tuple, kwargs: dict) -> None:
         """What `jsr.jit` checks before a call, which the traced call cannot: host `lengths` (NumPy, a list, a
         torch tensor) in 1..T, with an eager call's error. A `jax.Array` is left to the call (clipped to 0..T,
-        as under `jax.jit`): reading it back would wait for the device."""
-        lengths = kwargs.get("lengths")
-        if method != "__call__" or lengths is None or isinstance(lengths, jax.Array):
+        as under `jax.jit`): reading it back would wait for the device. A torch PackedSequence for `x` is refused
+        as an eager call refuses it (traced, it would fail inside torch's constructor)."""
+        if method != "__call__":
             return
-        shape = np.shape(args[0] if args else kwargs.get("x"))
+        x = args[0] if args else kwargs.get("x")
+        self._refuse_packed(x)
+        lengths = kwargs.get("lengths")
+        if lengths is None or isinstance(lengths, jax.Array):
+            return
+        shape = np.shape(x)
         if len(shape) == 3:  # other shapes: the call raises its own error
             steps, batch = (shape[1], shape[0]) if self.batch_first else shape[:2]
             check_host_lengths(lengths, batch, steps)

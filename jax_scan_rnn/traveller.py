@@ -167,6 +167,8 @@ class Traveller(nnx.Module):
 
     def _check_inputs(self, inputs: Array, layout: str) -> Array:
         validate.choice("layout", layout, LAYOUTS)
+        validate.not_packed("inputs", inputs, "the Traveller takes equal-length paths [B, T, F] (each step's positions "
+                            "feed the next: pad a batch only with steps whose positions you discard)")
         x = jnp.asarray(inputs)
         if not jnp.issubdtype(x.dtype, jnp.floating):
             raise TypeError(f"inputs: expected a floating dtype, got {x.dtype}")

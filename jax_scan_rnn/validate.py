@@ -120,6 +120,13 @@ def host_array(value: Any) -> Any:
     return np.asarray(value)
 
 
+def not_packed(name: str, value: Any, instead: str) -> None:
+    """TypeError naming `name` when `value` is a torch `PackedSequence` (a namedtuple: JAX would take it apart as a
+    pytree and fail inside the model); `instead` says what the model takes."""
+    if type(value).__name__ == "PackedSequence" and type(value).__module__.startswith("torch"):
+        raise TypeError(f"{name}: expected an array, got a torch PackedSequence; {instead}")
+
+
 def user_stacklevel() -> int:
     """The `warnings.warn` stacklevel, for the function that calls this, that names the user's own line: the first
     frame outside this package and Flax (an NNX module's constructor runs under Flax's metaclass, and a model

@@ -225,6 +225,36 @@ def test_lengths_match_packed_sequences(kind, bidirectional, hoist):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_a_packed_sequence_is_refused_with_a_recipe_that_gives_torchs_numbers(kind):
+    """A torch user passes the PackedSequence they give nn.LSTM: refused eagerly and under jsr.jit (JAX would take
+    the namedtuple apart and fail rebuilding it), naming pad_packed_sequence and lengths=; that recipe, run as
+    written, gives torch's outputs on the packed input."""
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+    torch.manual_seed(9)
+    ref = getattr(torch_ref, kind)(4, 6, 2, batch_first=True).double()
+    ours = getattr(jsr, kind)(4, 6, 2, batch_first=True, param_dtype=jnp.float64, rngs=nnx.Rngs(0))
+    jsr.load_torch_state_dict(ours, ref.state_dict())
+    padded = torch.from_numpy(np.random.default_rng(9).standard_normal((3, 12, 4)))
+    packed = pack_padded_sequence(padded, torch.tensor([7, 12, 3]), batch_first=True, enforce_sorted=False)
+    recipe = r"pad_packed_sequence\(packed, batch_first=True\), then model\(x, lengths=lengths\)"
+    for call in (ours, jsr.jit(ours)):
+        with pytest.raises(TypeError, match=r"^x: expected an array, got a torch PackedSequence; .*" + recipe):
+            call(packed)
+    x, lengths = pad_packed_sequence(packed, batch_first=True)
+    j_out, j_state = jsr.jit(ours)(x, lengths=lengths)
+    with torch.no_grad():
+        t_out, t_state = ref(packed)
+    t_out, _ = pad_packed_sequence(t_out, batch_first=True)
+    assert_steps_close(f"{kind} from a PackedSequence: output", j_out, t_out, atol_for(np.float64))
+    for name, j, t in zip(("h", "c"), state_leaves(j_state), state_leaves(t_state)):
+        assert_close(f"{kind} from a PackedSequence: final {name}", j, t, atol_for(np.float64))
+    with pytest.raises(TypeError, match=r"^Traveller.__call__: argument 0: expected an array, got a torch "
+                                        r"PackedSequence; pass a padded array"):
+        jsr.jit(jsr.Traveller(num_inputs=4, hidden_size=4, rngs=nnx.Rngs(0)))(packed)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_bidirectional_without_lengths_matches_torch(kind):
     torch.manual_seed(8)
     ref = getattr(torch_ref, kind)(3, 6, 3, batch_first=True, bidirectional=True).double()
