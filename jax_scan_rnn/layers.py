@@ -153,9 +153,11 @@ class RNN(nnx.Module):
         """
         expected = self.initial_state(batch_size, dtype)
         desc = self._state_desc(None if unbatched else batch_size)
-        exp_struct, got_struct = jax.tree.structure(expected), jax.tree.structure(state)
-        if exp_struct != got_struct:
-            raise ValueError(f"initial_state: expected {desc}, got a value of structure {got_struct}")
+        state = validate.from_torch(state)
+        if type(state) is list and isinstance(expected, tuple):  # torch's LSTM takes [h, c] too
+            state = tuple(state)
+        if jax.tree.structure(expected) != jax.tree.structure(state):
+            raise ValueError(f"initial_state: expected {desc}, got {_described(state)}")
         for e, g in zip(jax.tree.leaves(expected), jax.tree.leaves(state)):
             want = (e.shape[0], e.shape[2]) if unbatched else e.shape
             if tuple(jnp.shape(g)) != want:
@@ -177,7 +179,7 @@ class RNN(nnx.Module):
     def check_input(self, x: Array, name: str = "x") -> Array:
         """`x` must be a float array of the layout the module was built for; returns it as a jax array."""
         self._refuse_packed(x, name)
-        x = jnp.asarray(x)
+        x = jnp.asarray(validate.from_torch(x))
         if not jnp.issubdtype(x.dtype, jnp.floating):
             raise TypeError(f"{name}: expected a floating dtype, got {x.dtype}")
         if x.ndim not in (2, 3) or x.shape[-1] != self.input_size or 0 in x.shape:
@@ -351,6 +353,14 @@ class RNN(nnx.Module):
         if unbatched:
             return seq[:, 0], jax.tree.map(lambda s: s[:, 0], final)
         return (jnp.swapaxes(seq, 0, 1) if self.batch_first else seq), final
+
+
+def _described(value) -> str:
+    """A wrong `initial_state` in words: "one array of shape (2, 3, 16)", "a tuple of 3 ((2, 3, 16), ...)"."""
+    if isinstance(value, (tuple, list)):
+        parts = ", ".join(str(tuple(np.shape(v))) if hasattr(v, "shape") else type(v).__name__ for v in value)
+        return f"a {type(value).__name__} of {len(value)} ({parts})"
+    return f"one array of shape {tuple(np.shape(value))}" if hasattr(value, "shape") else f"a {type(value).__name__}"
 
 
 def check_lengths(lengths, batch_size: int, steps: int) -> Array:

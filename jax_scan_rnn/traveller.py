@@ -146,7 +146,7 @@ class Traveller(nnx.Module):
             expected = (lstm.num_layers - 1, steps, batch, lstm.hidden_size)
             if tuple(jnp.shape(dropout_masks)) != expected:
                 raise ValueError(f"dropout_masks: expected shape {list(expected)}, got {tuple(jnp.shape(dropout_masks))}")
-            dropout_masks = jnp.swapaxes(jnp.asarray(dropout_masks, x.dtype), 0, 1)  # [T, L-1, B, H] for the scan
+            dropout_masks = jnp.swapaxes(jnp.asarray(validate.from_torch(dropout_masks), x.dtype), 0, 1)  # [T, L-1, B, H] for the scan
         positions, state = self._run(x, state, dropout_masks, unroll)
         return (positions[0], state) if layout == "seed" else (positions, state)
 
@@ -158,10 +158,10 @@ class Traveller(nnx.Module):
         The same computation as one step of `__call__`, so stepping through a sequence equals one call
         over it. `state` None starts from the initial state; `dropout_masks` `[L-1, B, H]`, as `__call__`'s.
         """
-        x = jnp.asarray(inputs_t)
+        x = jnp.asarray(validate.from_torch(inputs_t))
         if x.ndim != 2:
             raise ValueError(f"inputs_t: expected shape [B, {self.num_inputs}], got {tuple(x.shape)}")
-        masks = None if dropout_masks is None else jnp.asarray(dropout_masks)[:, None]
+        masks = None if dropout_masks is None else jnp.asarray(validate.from_torch(dropout_masks))[:, None]
         positions, state = self(x[:, None], state, dropout_masks=masks, unroll=1)
         return positions[:, 0], state
 
@@ -169,7 +169,7 @@ class Traveller(nnx.Module):
         validate.choice("layout", layout, LAYOUTS)
         validate.not_packed("inputs", inputs, "the Traveller takes equal-length paths [B, T, F] (each step's positions "
                             "feed the next: pad a batch only with steps whose positions you discard)")
-        x = jnp.asarray(inputs)
+        x = jnp.asarray(validate.from_torch(inputs))
         if not jnp.issubdtype(x.dtype, jnp.floating):
             raise TypeError(f"inputs: expected a floating dtype, got {x.dtype}")
         f = self.num_inputs
@@ -182,6 +182,7 @@ class Traveller(nnx.Module):
         expected = self.initial_state(batch, dtype)
         if state is None:
             return expected
+        state = validate.from_torch(state)
         if not isinstance(state, tuple) or len(state) != len(expected):
             raise ValueError(f"state: expected a TravellerState (h, c, positions) or None, got {type(state).__name__}")
         checked = []

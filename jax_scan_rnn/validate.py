@@ -115,9 +115,22 @@ def host_array(value: Any) -> Any:
     tensor is detached and copied to the host first (NumPy refuses one that requires grad or lives on a GPU)."""
     import numpy as np
 
-    if type(value).__module__.startswith("torch"):
-        value = value.detach().cpu()
-    return np.asarray(value)
+    return np.asarray(_untorched(value))
+
+
+def from_torch(tree: Any) -> Any:
+    """`tree` with each torch tensor in it as `host_array` gives it, everything else as it is: an eager call takes
+    torch tensors (an input, a state `(h, c)`) as `jsr.jit` does, where JAX alone refuses a tensor that requires
+    grad or lives on a GPU, and cannot read a torch dtype."""
+    import jax
+
+    return jax.tree.map(_untorched, tree)
+
+
+def _untorched(value: Any) -> Any:
+    if type(value).__module__.startswith("torch") and hasattr(value, "detach"):
+        return value.detach().cpu().numpy()
+    return value
 
 
 def not_packed(name: str, value: Any, instead: str) -> None:

@@ -341,6 +341,35 @@ def test_torch_tensors_are_traced_data_not_compile_keys():
     assert len(fast._call._fns) == 2
 
 
+def test_eager_calls_take_torch_tensors_as_jsr_jit_does():
+    """An eager call reads torch data as `jsr.jit` does: an input that requires grad, a state `(h, c)` (JAX alone
+    cannot read a torch dtype), torch's `[h, c]` list, the Traveller's input, step and state, the VAE's z."""
+    torch = pytest.importorskip("torch")
+    x = np.random.default_rng(1).normal(size=(5, 2, 3)).astype(np.float32)
+    h = np.random.default_rng(2).normal(size=(1, 2, 4)).astype(np.float32)
+    for kind, state in (("LSTM", (h, 2 * h)), ("GRU", h)):
+        model = getattr(jsr, kind)(3, 4, rngs=nnx.Rngs(0))
+        want = jsr.jit(model)(x, state)
+        as_torch = jax.tree.map(torch.from_numpy, state)
+        for got_state in (as_torch, list(as_torch) if kind == "LSTM" else as_torch):
+            for call in (model, jsr.jit(model)):
+                got = call(torch.from_numpy(x).requires_grad_(), got_state)
+                for name, g, w in zip(("output", "h", "c"), jax.tree.leaves(got), jax.tree.leaves(want)):
+                    _close(g, w, f"{kind} {name} from torch data ({type(got_state).__name__} state)")
+    trav = jsr.Traveller(num_inputs=3, hidden_size=4, rngs=nnx.Rngs(0))
+    trav.eval()
+    xb = np.swapaxes(x, 0, 1)  # [B, T, F]
+    want, state = trav(xb)
+    got, torch_state = trav(torch.from_numpy(xb).requires_grad_())
+    _close(got, want, "Traveller positions from a torch input")
+    torch_state = type(state)(*(torch.tensor(np.asarray(s)) for s in torch_state))
+    _close(trav.step(torch_state, torch.from_numpy(xb[:, 0]))[0], trav.step(state, xb[:, 0])[0],
+           "Traveller.step from a torch state and bar")
+    vae = jsr.SeqVAE(6, 8, 3, 1, rngs=nnx.Rngs(0))
+    z = np.random.default_rng(3).normal(size=(2, 3)).astype(np.float32)
+    np.testing.assert_array_equal(vae.generate(torch.from_numpy(z).requires_grad_(), 4), vae.generate(z, 4))
+
+
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_host_lengths_are_checked_as_an_eager_call_checks_them(bidirectional):
     model = jsr.LSTM(3, 4, batch_first=True, bidirectional=bidirectional, rngs=nnx.Rngs(0))
