@@ -57,8 +57,15 @@ def test_mismatched_initial_state_shape_is_a_value_error():
 
 def test_lstm_initial_state_must_be_a_pair():
     model = jsr.LSTM(3, 5, rngs=nnx.Rngs(0))
-    with pytest.raises(ValueError, match=r"initial_state: expected a tuple \(h, c\)"):
+    with pytest.raises(ValueError, match=r"initial_state: expected a tuple \(h, c\) of \[1, 2, 5\] arrays, got one "
+                                         r"array of shape \(1, 2, 5\)$"):
         model(jnp.ones((6, 2, 3)), jnp.zeros((1, 2, 5)))
+    with pytest.raises(ValueError, match=r"got a tuple of 3 \(\(1, 2, 5\), \(1, 2, 5\), NoneType\)$"):
+        model(jnp.ones((6, 2, 3)), (jnp.zeros((1, 2, 5)), jnp.zeros((1, 2, 5)), None))
+    out, _ = model(jnp.ones((6, 2, 3)), [jnp.zeros((1, 2, 5)), jnp.zeros((1, 2, 5))])  # torch's LSTM takes a list
+    np.testing.assert_array_equal(out, model(jnp.ones((6, 2, 3)))[0])
+    with pytest.raises(ValueError, match=r"initial_state: expected a \[1, 2, 5\] array, got a list of 2"):
+        jsr.GRU(3, 5, rngs=nnx.Rngs(0))(jnp.ones((6, 2, 3)), [jnp.zeros((1, 2, 5))] * 2)
 
 
 def test_gru_initial_state_shape():
