@@ -486,8 +486,11 @@ def data_parallel(args: argparse.Namespace, batch_size: int):
     import jax
 
     if args.devices is not None and args.devices > jax.device_count():
+        cpu = jax.default_backend() == "cpu"  # one CPU device unless XLA is told to split the host
         raise ValueError(f"--devices: expected at most the {jax.device_count()} device(s) JAX sees (jax-scan-rnn info "
-                         f"lists them), got {args.devices}")
+                         f"lists them), got {args.devices}" + (
+                             f"; on a CPU, XLA_FLAGS=--xla_force_host_platform_device_count={args.devices} gives "
+                             "that many" if cpu else ""))
     dp = DataParallel.create(args.devices)
     with flag_names():  # "batch_size: expected a multiple of the 2 devices ..." -> --batch-size
         dp.check_batch_size(batch_size)
