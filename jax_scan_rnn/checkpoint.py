@@ -313,7 +313,8 @@ def restore(directory: str | os.PathLike, step: int | None = None, target: Any =
       target: optional pytree with the structure to restore into (e.g. ``nnx.state(model)``, concrete or
         abstract from ``nnx.eval_shape``/``jax.ShapeDtypeStruct``). Its leaf names, shapes and dtypes must
         match the checkpoint exactly (``ValueError`` naming the leaf otherwise); leaves with a
-        ``.sharding`` are restored with that sharding. Without ``target`` the result is a flat
+        ``.sharding`` are restored with that sharding, the others (and every leaf without ``target``) on this
+        process's first device, whatever devices saved them. Without ``target`` the result is a flat
         ``{leaf name: np.ndarray}`` dict (PRNG keys as typed keys).
       fallback: only with ``step=None``: if the newest checkpoint is invalid, try the next older one,
         and so on; the skipped ones are reported in ``Restored.skipped`` (and left where they are:
@@ -357,7 +358,11 @@ def _load(path: Path, target: Any) -> Any:
 
     handler = ocp.StandardCheckpointHandler()
     try:
-        abstract = None if target is None else _abstract(target, handler.metadata(path / ARRAYS).tree, path)
+        saved = handler.metadata(path / ARRAYS).tree
+        if target is None:
+            abstract = {name: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=_here()) for name, m in saved.items()}
+        else:
+            abstract = _abstract(target, saved, path)
         try:
             raw = handler.restore(path / ARRAYS, args=ocp.args.StandardRestore(abstract))
         except Exception as e:  # orbax/tensorstore failures on a verified checkpoint
@@ -381,13 +386,20 @@ def _abstract(target: Any, saved: Mapping[str, Any], path: Path) -> dict[str, ja
     abstract = {}
     for name, leaf in zip(names, leaves):
         dtype = leaf.dtype if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
-        want = jax.ShapeDtypeStruct(np.shape(leaf), dtype, sharding=getattr(leaf, "sharding", None))
+        want = jax.ShapeDtypeStruct(np.shape(leaf), dtype, sharding=getattr(leaf, "sharding", None) or _here())
         got = jax.eval_shape(jax.random.key_data, want) if _is_prng_key(want) else want  # a key: stored as key_data
         if (got.shape, got.dtype) != (tuple(saved[name].shape), saved[name].dtype):
             raise ValueError(f"target: leaf {name!r} expected shape {tuple(saved[name].shape)} dtype "
                              f"{saved[name].dtype} (as saved in {path}), got shape {got.shape} dtype {got.dtype}")
         abstract[name] = want
     return abstract
+
+
+def _here() -> jax.sharding.Sharding:
+    """Where a leaf without a sharding of its own is restored: this process's first device. orbax alone would
+    rebuild the mesh that saved it, and refuse a checkpoint saved on other devices (a run trained with
+    `--devices 2`, evaluated on a laptop)."""
+    return jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
 
 
 def _is_prng_key(x: Any) -> bool:
