@@ -690,13 +690,19 @@ def cmd_run_traveller(args: argparse.Namespace) -> int:
             raise ValueError(f"--data: {args.data} has {data.num_features} features per step, the model reads "
                              f"{model.num_inputs} (the simulated market's signals)")
         features, assets = data.features, tuple(f"asset_{i}" for i in range(task.market.num_assets))
-    state = None
+    state, weights = None, weights_digest(model)
     if args.initial_state is not None:
         try:
             with np.load(args.initial_state) as saved:
                 state = TravellerState(*(saved[name] for name in TravellerState._fields))
+                producer = {key: str(saved[key]) for key in STATE_PRODUCER if key in saved}  # none before 2026-12
         except (OSError, KeyError, ValueError) as err:
             raise ValueError(f"--initial-state: {args.initial_state} is not a state saved by --final-state ({err})") from None
+        if producer and producer["weights_sha256"] != weights:  # same shapes, other weights: silently wrong positions
+            raise ValueError(f"--initial-state: {args.initial_state} is the state of other weights (saved with "
+                             f"--checkpoint {producer['checkpoint']}; this --checkpoint's weights differ): a state "
+                             "continues only the model that produced it; leave --initial-state out to start from "
+                             "the zero state")
     try:
         positions, state = task_lib.positions(model, features, state)
     except ValueError as err:
@@ -706,10 +712,31 @@ def cmd_run_traveller(args: argparse.Namespace) -> int:
     write_atomically(args.output, lambda f: write_positions_csv(f, positions, assets))
     print(f"positions: {positions.shape[0]} path(s) x {positions.shape[1]} steps x {len(assets)} assets -> {args.output}")
     if args.final_state is not None:
-        write_atomically(args.final_state, lambda f: np.savez(f, **{k: np.asarray(v) for k, v in state._asdict().items()}),
-                         binary=True)
+        source = str(Path(args.checkpoint).absolute()) + ("" if args.step is None else f" --step {args.step}")
+        producer = {"weights_sha256": weights, "checkpoint": source}
+        arrays = {**{k: np.asarray(v) for k, v in state._asdict().items()}, **producer}
+        write_atomically(args.final_state, lambda f: np.savez(f, **arrays), binary=True)
         print(f"state after the last step -> {args.final_state} (continue with --initial-state)")
     return 0
+
+
+STATE_PRODUCER = ("weights_sha256", "checkpoint")  # what a --final-state file records of the model that produced it
+
+
+def weights_digest(model) -> str:
+    """sha256 of the model's parameters (shapes, dtypes and bytes, in order): which weights a saved state belongs to."""
+    import hashlib
+
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    digest = hashlib.sha256()
+    for leaf in jax.tree.leaves(nnx.state(model, nnx.Param)):
+        value = np.ascontiguousarray(leaf)
+        digest.update(f"{value.shape}{value.dtype}".encode())
+        digest.update(value.tobytes())
+    return digest.hexdigest()
 
 
 def write_positions_csv(file, positions, assets) -> None:

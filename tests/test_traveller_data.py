@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from flax import nnx
 
 import jax_scan_rnn as jsr
 from jax_scan_rnn import checkpoint
@@ -148,6 +149,30 @@ def test_run_refuses_a_state_of_another_model_and_a_file_with_other_features(run
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--initial-state: state.h: expected shape [1, 1, 8]" in err, err
     assert not target.exists()  # nothing written half
+    # A state of the same shapes from other weights (another run, another seed) would give wrong positions silently:
+    # the state file names the weights that produced it.
+    from jax_scan_rnn.cli import weights_digest
+
+    state = tmp_path / "state.npz"
+    assert main([*base, "--data", str(folder / "prices.csv"), "--final-state", str(state)]) == 0
+    model, _, _ = task_lib.load(out)
+    saved = dict(np.load(state))
+    assert str(saved["weights_sha256"]) == weights_digest(model) == weights_digest(task_lib.load(out)[0])
+    assert str(saved["checkpoint"]) == str(out.absolute())
+    other = jsr.Traveller(num_inputs=model.num_inputs, hidden_size=8, num_layers=1, rngs=nnx.Rngs(1))
+    assert weights_digest(other) != weights_digest(model)
+    np.savez(state, **{**saved, "weights_sha256": weights_digest(other), "checkpoint": "/elsewhere/run"})
+    capsys.readouterr()
+    target.unlink()
+    assert main([*base, "--data", str(folder / "prices.csv"), "--initial-state", str(state)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"jax-scan-rnn run traveller: error: --initial-state: {state} is the state of other weights (saved with "
+        "--checkpoint /elsewhere/run; this --checkpoint's weights differ): a state continues only the model that "
+        "produced it; leave --initial-state out to start from the zero state")
+    assert not target.exists()
+    np.savez(state, **{k: v for k, v in saved.items() if k in ("h", "c", "positions")})  # a file from before: read
+    assert main([*base, "--data", str(folder / "prices.csv"), "--initial-state", str(state)]) == 0
+    target.unlink()
     write_csv(tmp_path / "three.csv", features[:, :3], returns)
     assert main([*base, "--data", str(tmp_path / "three.csv")]) == 2
     assert "--data: " in capsys.readouterr().err and not target.exists()
