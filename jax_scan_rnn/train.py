@@ -305,7 +305,7 @@ class TrainStep:
 def make_eval_fn(loss_fn: LossFn, batches: list[Batch]) -> Callable[[nnx.Module], dict[str, float]]:
     """An `eval_fn` for `fit`: the mean of `loss` and of every metric over `batches` (equal weight per batch),
     as `{"loss": ..., **metrics}` Python floats. Jitted; the model is left untouched (rng counts included)."""
-    batches = list(batches)
+    batches = [validate.from_torch(b) for b in batches]  # torch tensors: copied to the host once, here
     if not batches:
         raise ValueError("batches: expected at least one evaluation batch, got none")
     validate.function("loss_fn", loss_fn)
@@ -350,7 +350,8 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
         carried and checkpointed. On return (or on any exception) it holds the latest state (for
         `NonFiniteLossError`: the state before the bad update).
       loss_fn: `loss_fn(model, batch) -> (loss, metrics: dict[str, scalar])`, traced once.
-      batch_fn: `batch_fn(i) -> batch` for update `i + 1`; must be a pure function of `i`.
+      batch_fn: `batch_fn(i) -> batch` for update `i + 1`; must be a pure function of `i`. A batch is a pytree
+        of NumPy, JAX or torch arrays (torch tensors are copied to the host, as `jsr.jit` takes them).
       cfg: the `TrainConfig`.
       out_dir: where `metrics.jsonl`, `curves.png` and `checkpoints/` go; None writes nothing.
       eval_fn: `eval_fn(model) -> dict[str, float]`, called every `cfg.eval_every` updates and at the end with
@@ -363,7 +364,9 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
         them. Files in the resumed checkpoint that its manifest does not list are left alone and reported
         (`History.checkpoint_stray_files`, a `checkpoint_stray_files` event). Rows of `metrics.jsonl` after
         the restored step are dropped so the log reads as one run. With no checkpoint, training starts from
-        scratch. Without `resume`, an `out_dir` that holds checkpoints is refused (ValueError): runs never mix.
+        scratch (a log there is rewritten). Without `resume`, an `out_dir` that holds an earlier run
+        (`earlier_run`: checkpoints, or the log of a run stopped before its first) is refused (ValueError): runs
+        never mix, and no run's log is replaced unasked.
       callback: `callback(event: dict)` for progress (the library never prints). Events, each with an "event"
         key: start (step, steps, resumed_from), checkpoint_skipped (step, reason, moved_to),
         checkpoint_stray_files (step, path, files), config_changed (fields: {name: [saved, now]}), log (a
@@ -400,6 +403,7 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
                          "resume=True to continue that run or choose another out_dir")
 
     def put(batch):
+        batch = validate.from_torch(batch)  # a torch DataLoader's tensors: data, as jsr.jit takes them
         return batch if data_sharding is None else put_batch(batch, data_sharding)
 
     first_batch = batch_fn(0)

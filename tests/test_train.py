@@ -341,6 +341,24 @@ def test_fit_converges_and_writes_logs_plots_checkpoints(tmp_path):
         fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), mse_fn, linear_batch_fn, cfg, out_dir=tmp_path)
 
 
+def test_fit_takes_torch_batches_as_numpy_ones():
+    """A torch user's batches (a DataLoader's tensors, one that requires grad too) train as the same NumPy ones do;
+    JAX alone refuses a torch tensor as a jit argument."""
+    torch = pytest.importorskip("torch")
+    cfg = TrainConfig(steps=6, learning_rate=5e-2, lr_schedule="constant", log_every=2)
+
+    def as_torch(i):
+        x, y = (np.array(a) for a in linear_batch_fn(i))
+        return torch.from_numpy(x).requires_grad_(), torch.from_numpy(y)
+
+    losses = []
+    for batch_fn in (lambda i: tuple(np.asarray(a) for a in linear_batch_fn(i)), as_torch):
+        model = nnx.Linear(4, 1, rngs=nnx.Rngs(0))
+        hist = fit(model, mse_fn, batch_fn, cfg, eval_fn=make_eval_fn(mse_fn, [batch_fn(99)]))
+        losses.append([r["loss"] for r in hist.train + hist.eval])
+    assert losses[1] == losses[0]
+
+
 def test_fit_keeps_the_log_of_a_run_stopped_before_its_first_checkpoint(tmp_path):
     """...or the log of one that stopped before its first checkpoint: it is another run's data. resume=True
     starts again from step 0 there."""
