@@ -243,6 +243,13 @@ def test_unknown_character_names_character_and_sequence():
         vocab.encode(["CCCC"], max_len=3)
     with pytest.raises(TypeError, match="sequences"):
         vocab.encode("CCO", max_len=3)
+    with pytest.raises(ValueError, match=r"'l'.*'CCCl' is not in the vocabulary \(expected one of '1COc'\)$"):
+        vocab.encode(["CCCl"], max_len=10)  # a vocabulary with aromatic atoms: no Kekulé hint
+    kekule = Vocabulary.build(["CCO", "C1=CC=CC=C1"])  # a Kekulé run's: aromatic SMILES are named as the cause
+    with pytest.raises(ValueError, match=r"'c' of sequence 0 'c1ccccc1' is not in the vocabulary \(expected one of "
+                                         r"'1=CO'\); it has no aromatic atoms: a model trained on Kekulé SMILES .*"
+                                         r"canonical_smiles\(s, kekule=True\)$"):
+        kekule.encode(["c1ccccc1"], max_len=10)
 
 
 def test_vocabulary_json_round_trip_and_validation():

@@ -116,9 +116,14 @@ class Vocabulary:
         if (ids < 0).any():
             position = int(np.argmax(ids < 0))
             i = int(np.searchsorted(np.cumsum(num_chars), position, side="right"))
+            char, known = chr(codes[position]), "".join(self.tokens[len(SPECIAL_TOKENS) :])
+            # A model trained on Kekulé SMILES (the CLI's default) has no aromatic atoms: say how to write them.
+            kekule = ("; it has no aromatic atoms: a model trained on Kekulé SMILES (the CLI's default) reads "
+                      "molecules written by jax_scan_rnn.data.smiles.canonical_smiles(s, kekule=True)"
+                      if char in "cnosp" and not any(a in known for a in "cnosp") else "")
             raise ValueError(
-                f"sequences: character {chr(codes[position])!r} of sequence {i} {sequences[i]!r} is not "
-                f"in the vocabulary (expected one of {''.join(self.tokens[len(SPECIAL_TOKENS) :])!r})"
+                f"sequences: character {char!r} of sequence {i} {sequences[i]!r} is not in the vocabulary "
+                f"(expected one of {known!r}){kekule}"
             )
         batch = len(sequences)
         tokens = np.full((batch, max_len + 1), PAD, dtype=np.int32)
