@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -79,7 +80,11 @@ def test_every_command_help_renders(command, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main([*command, "--help"])
     assert exit_info.value.code == 0
-    assert "usage: jax-scan-rnn" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "usage: jax-scan-rnn" in text
+    # Each option's help says its default once (a field's own "(default: ...)" beside the generated one read twice).
+    for option in re.split(r" (?=--?[a-z])", " ".join(text.split()))[1:]:
+        assert option.count("(default") <= 1, option
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])

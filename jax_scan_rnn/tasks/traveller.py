@@ -63,24 +63,24 @@ class TravellerTask:
     risk_aversion: float = option(3.0, "gamma of the utility x.r - gamma/2 x'Sigma x - lam/2 dx'Sigma dx", lo=0,
                                   lo_open=True)
     cost_scale: float = option(20.0, "lam of that utility: trading dx costs lam/2 dx'Sigma dx", lo=0)
-    num_assets: int | None = option(None, "assets of the simulated market (default 2, the seed's); with --data "
-                                    "the file's return columns, checked if given", lo=1)
-    data: str | None = option(None, "your own market: a .npz, .csv or .parquet file (default: the simulated "
-                              "market; format in jax_scan_rnn/data/market_data.py)")
+    num_assets: int | None = option(None, "assets of the simulated market; with --data the file's return columns, "
+                                    "checked if given", lo=1, none="2, the seed's; with --data the file's")
+    data: str | None = option(None, "your own market: a .npz, .csv or .parquet file (format in "
+                              "jax_scan_rnn/data/market_data.py)", none="the simulated market")
     feature_cols: str | None = option(None, "with a .csv/.parquet --data: feature columns, comma-separated names or "
-                                      "patterns such as 'vol_*'")
+                                      "patterns such as 'vol_*'", none="none; required for a table")
     return_cols: str | None = option(None, "with a .csv/.parquet --data: return columns, one per asset: the return "
-                                     "earned by the position chosen at that row")
+                                     "earned by the position chosen at that row", none="none; required for a table")
     path_col: str | None = option(None, "with a .csv/.parquet --data: the column naming each row's path (several "
-                                  "paths of equal length)")
+                                  "paths of equal length)", none="the whole file is one path")
     fill: str = option("error", "missing values in --data: error, or ffill, zero, drop (rows)",
                        choices=market_data.FILLS)
     valid_fraction: float = option(0.15, "with --data: the share of each path's steps, after the training period, "
                                    "for validation", lo=0, hi=1, hi_open=True)
     test_fraction: float = option(0.15, "with --data: the last share of each path's steps, held out for the test",
                                   lo=0, hi=1, lo_open=True, hi_open=True)
-    covariance: str | None = option(None, "with --data: the return covariance Sigma [A, A] as .npy/.csv (default: "
-                                    "estimated from the training period)")
+    covariance: str | None = option(None, "with --data: the return covariance Sigma [A, A] as .npy/.csv",
+                                    none="estimated from the training period")
     periods_per_year: float = option(252.0, "with --data: bars per year, to annualise the Sharpe ratio (252: daily)",
                                      lo=0, lo_open=True)
     train_paths: int = option(8192, "simulated training paths, resampled every step", lo=1)
