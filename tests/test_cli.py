@@ -29,6 +29,7 @@ def test_info_lists_devices_and_versions(capsys):
 
 
 def test_check_passes_for_every_model_with_jaxs_float32_matmuls_at_full_precision(capsys, monkeypatch):
+    pytest.importorskip("torch")  # check compares against torch.nn (without it: one line, tests/test_optional.py)
     import jax
 
     import jax_scan_rnn as jsr
