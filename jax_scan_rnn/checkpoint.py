@@ -181,7 +181,13 @@ def save(directory: str | os.PathLike, step: int, state: Any, metadata: Mapping[
         if step in manager.all_steps():  # orbax never overwrites a step
             manager.delete(step)
         items = {ARRAYS: ocp.args.StandardSave(arrays), METADATA: ocp.args.JsonSave(metadata)}
-        manager.save(step, args=ocp.args.Composite(**items), force=True)  # force: also older than the newest
+        try:
+            manager.save(step, args=ocp.args.Composite(**items), force=True)  # force: also older than the newest
+        except ValueError as e:  # tensorstore's OS error (a full disk) comes as a ValueError naming the code
+            code = re.search(r"os_error_code='(\d+)'", str(e))
+            if code is None:
+                raise
+            raise OSError(int(code[1]), os.strerror(int(code[1])), str(step_path(root, step))) from e
         if jax.process_index() == 0:
             _write_manifest(step_path(root, step), step)
         _barrier("manifest")

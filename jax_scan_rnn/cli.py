@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import errno
 import json
 import math
 import os
@@ -312,7 +313,10 @@ def check_output_file(path: str | None, flag: str = "--output") -> None:
         raise ValueError(f"{flag}: expected a file path, got the directory {target}")
     if not target.parent.is_dir():
         raise ValueError(f"{flag}: the directory {target.parent} does not exist")
-    if not os.access(target.parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+    # A regular file is replaced through a temporary file beside it (its folder must be writable); a device or a
+    # link (/dev/stdout) is written through (`runlog.write_atomically`).
+    in_place = target.is_symlink() or (target.exists() and not target.is_file())
+    if (not in_place and not os.access(target.parent, os.W_OK)) or (target.exists() and not os.access(target, os.W_OK)):
         raise ValueError(f"{flag}: cannot write {target} (permission denied)")
 
 
@@ -353,7 +357,8 @@ def flag_names():
         message = str(err)
         head, sep, rest = message.partition(":")
         fields = [name.strip().removeprefix("TrainConfig.") for name in head.split(",")]  # "a, b: ..." names two
-        if sep and all(field.isidentifier() for field in fields):
+        # A field is snake_case; XLA's and tensorstore's "RESOURCE_EXHAUSTED: ..." are not one.
+        if sep and all(re.fullmatch(r"[a-z][a-z0-9_]*", field) for field in fields):
             rest = re.sub(r"\b([a-z_]+)=", lambda m: f"{flag_for(m.group(1))} ", rest)  # "at most steps=10" too
             message = f"{', '.join(map(flag_for, fields))}:{rest}"
         raise type(err)(message) from None
@@ -1181,11 +1186,17 @@ def given_options(argv: Sequence[str]) -> set[str]:
 
 
 def interrupted(args: argparse.Namespace) -> str:
-    """What a Ctrl-C leaves: a training run's committed checkpoints (atomic: an interrupted save leaves the
-    previous one intact), or none yet; another command has nothing to resume (its output files are written
-    atomically: an interrupted one leaves none, or the older one)."""
+    """What a Ctrl-C says: "interrupted", and for a training run what it left (`kept`)."""
+    left = kept(args)
+    return f"interrupted; {left}" if left else "interrupted"
+
+
+def kept(args: argparse.Namespace) -> str | None:
+    """What a training run stopped before its end (Ctrl-C, a full disk) leaves in --out: its committed checkpoints
+    (atomic: an interrupted save leaves the previous one intact), or none yet; None for another command (its output
+    files are written atomically: an interrupted one leaves none, or the older one)."""
     if args.command != "train":
-        return "interrupted"
+        return None
     try:
         from jax_scan_rnn import checkpoint
         from jax_scan_rnn.runlog import METRICS_FILE
@@ -1194,12 +1205,15 @@ def interrupted(args: argparse.Namespace) -> str:
         done = checkpoint.steps(Path(args.out) / CHECKPOINT_DIR)
         log = earlier_run(args.out)
     except Exception:  # noqa: BLE001 (Ctrl-C came while JAX was still being imported: nothing was trained)
-        return "interrupted"
+        return None
     if not done:
-        kept = f"; its log is kept ({METRICS_FILE}: --resume there starts again from step 0)" if log else ""
-        return (f"interrupted before the first checkpoint (--checkpoint-every {args.checkpoint_every}): nothing to "
-                f"resume{kept}")
-    return f"interrupted; every completed checkpoint is kept, the last at step {done[-1]} (continue with --resume)"
+        return (f"no checkpoint was written yet (--checkpoint-every {args.checkpoint_every}): nothing to resume"
+                + (f"; its log is kept ({METRICS_FILE}: --resume there starts again from step 0)" if log else ""))
+    return f"every completed checkpoint is kept, the last at step {done[-1]} (continue with --resume)"
+
+
+# A file system that refuses a write mid-run (full, over quota, read-only, failing): one line, not a traceback.
+DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG, errno.EACCES, errno.EPERM)
 
 
 def backend_error(err: BaseException) -> str | None:
@@ -1247,6 +1261,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(err, MemoryError) or "RESOURCE_EXHAUSTED" in str(err):  # NumPy's, or XLA's on any device
             what = (str(err).strip().splitlines() or [type(err).__name__])[0]
             print(f"jax-scan-rnn {name}: error: out of memory ({what}); choose smaller sizes (--help lists them)",
+                  file=sys.stderr)
+            return 1
+        if isinstance(err, OSError) and err.errno in DISK_ERRORS:
+            where = f" ({err.filename})" if err.filename else ""
+            left = kept(args)
+            print(f"jax-scan-rnn {name}: error: cannot write: {err.strerror}{where}" + (f"; {left}" if left else ""),
                   file=sys.stderr)
             return 1
         no_backend = backend_error(err)

@@ -230,10 +230,7 @@ def save_safetensors(state_dict: Mapping[str, Any], path: str | os.PathLike) -> 
 
     _check_mapping(state_dict)
     data = save({k: np.ascontiguousarray(_to_numpy(k, v)) for k, v in state_dict.items()})
-    try:
-        write_atomically(path, lambda f: f.write(data), binary=True)
-    except OSError as err:  # the file system's message names the temporary file, not `path`
-        raise OSError(f"save_safetensors: cannot write {os.fspath(path)!r}: {err.strerror or err}") from err
+    write_atomically(path, lambda f: f.write(data), binary=True)  # an OSError names `path`
 
 
 def load_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:

@@ -21,17 +21,31 @@ CURVES_FILE = "curves.png"  # loss / lr / metric curves, written at the end of f
 def write_atomically(path: str | os.PathLike, write: Callable[[IO], object], binary: bool = False) -> None:
     """`write(open file)` into a temporary file beside `path`, flushed to disk, then renamed to `path` in one step:
     a failed or interrupted write never leaves half a file, nor spoils an older one (a report, an export, a
-    benchmark's results, the log cut back on resume). The file gets the permissions `open` gives (the umask's)."""
+    benchmark's results, the log cut back on resume). The file gets the permissions `open` gives (the umask's).
+
+    A path that is not a regular file (`/dev/stdout`, `/dev/null`, a FIFO) or is a symbolic link is written through,
+    in place: a rename would replace the node itself (as root, `/dev/null` with a regular file) or the link. An
+    OSError names `path` (`filename`), whichever file the system refused."""
     target = Path(path)
+    mode, options = ("wb", {}) if binary else ("w", {"newline": ""})
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "wb" if binary else "w", **({} if binary else {"newline": ""})) as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+        if target.is_symlink() or (target.exists() and not target.is_file()):
+            with open(target, mode, **options) as f:
+                write(f)
+            return
+        try:
+            with open(tmp, mode, **options) as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    except OSError as err:  # a write that failed (a full disk) names no file, a failed open the temporary one
+        if err.filename in (None, str(tmp)):
+            raise type(err)(err.errno, err.strerror, str(target)) from err
         raise
 
 

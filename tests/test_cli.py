@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from jax_scan_rnn import __version__
@@ -202,6 +203,73 @@ def test_outputs_are_replaced_whole_or_not_at_all(tmp_path):
     assert (tmp_path / "b.bin").read_bytes() == b"\x00\x01"
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="POSIX: a FIFO and a symbolic link")
+def test_a_device_a_fifo_or_a_link_is_written_through_not_replaced(tmp_path):
+    """A rename over `--output /dev/stdout` (or, as root, /dev/null) replaced the node itself with a regular file;
+    such a path, and a link, are written in place. A write the disk refuses names the output, not a temporary file."""
+    import errno
+    import stat
+    import threading
+
+    from jax_scan_rnn.runlog import write_atomically
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
+    reader.start()
+    write_atomically(fifo, lambda f: f.write("through\n"))
+    reader.join(timeout=30)
+    assert got == ["through\n"] and stat.S_ISFIFO(fifo.stat().st_mode)
+    real, link = tmp_path / "real.csv", tmp_path / "link.csv"
+    real.write_text("older\n")
+    link.symlink_to(real)
+    write_atomically(link, lambda f: f.write("newer\n"))
+    assert link.is_symlink() and real.read_text() == "newer\n"
+    if os.path.exists("/dev/full"):  # Linux: every write fails with ENOSPC
+        with pytest.raises(OSError) as error:
+            write_atomically("/dev/full", lambda f: f.write("x" * 100_000))
+        assert (error.value.errno, error.value.filename) == (errno.ENOSPC, "/dev/full")
+        assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "link.csv", "real.csv"]
+
+
+def test_a_full_disk_is_one_line_naming_the_file_and_what_the_run_keeps(tmp_path, monkeypatch, capsys):
+    """tensorstore reports a full disk as a ValueError "RESOURCE_EXHAUSTED: ... [os_error_code='28']": it was read as
+    out of memory, or its words turned into flags ("--RESOURCE-EXHAUSTED"). Now OSError(ENOSPC) naming the
+    checkpoint, and the CLI says so in one line (exit 1) with what the run keeps."""
+    import errno
+
+    import orbax.checkpoint as ocp
+
+    from jax_scan_rnn import checkpoint
+
+    def full(self, step, *args, **kwargs):
+        raise ValueError('RESOURCE_EXHAUSTED: Error writing "loop/count/0" in OCDBT database: Failed to write 303337 '
+                         "bytes to file 19: No space left on device [os_error_code='28']")
+
+    monkeypatch.setattr(ocp.CheckpointManager, "save", full)
+    with pytest.raises(OSError) as error:
+        checkpoint.save(tmp_path / "ck", 3, {"w": np.zeros(2)})
+    assert (error.value.errno, error.value.filename) == (errno.ENOSPC, str(tmp_path / "ck" / "step_00000003"))
+    out = tmp_path / "run"
+    assert main([*TINY_TRAVELLER, "--log-every", "1", "--out", str(out)]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"jax-scan-rnn train traveller: error: cannot write: No space left on device ({out / 'checkpoints'}/"
+        "step_00000002); no checkpoint was written yet (--checkpoint-every 250): nothing to resume; its log is kept "
+        "(metrics.jsonl: --resume there starts again from step 0)")
+
+
+def test_only_snake_case_fields_become_flags():
+    from jax_scan_rnn.cli import flag_names
+
+    for message, shown in (("batch_size: expected at most steps=3", "--batch-size: expected at most --steps 3"),
+                           ("RESOURCE_EXHAUSTED: os_error_code='28'", "RESOURCE_EXHAUSTED: os_error_code='28'")):
+        with pytest.raises(ValueError) as error, flag_names():
+            raise ValueError(message)
+        assert str(error.value) == shown
+
+
 def test_undefined_metrics_are_null_in_reports_and_n_a_on_screen():
     """The uniqueness and novelty of samples none of which is valid are undefined (metrics return nan)."""
     from jax_scan_rnn.cli import fraction
@@ -354,8 +422,8 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, tmp_path, capsys, tiny_run
     monkeypatch.setattr(task_lib, "train", interrupted)
     assert main([*TINY_TRAVELLER, "--out", str(tmp_path / "run")]) == 130
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert "3/10" in lines[-2] and lines[-1] == ("jax-scan-rnn train traveller: interrupted before the first "
-                                                 "checkpoint (--checkpoint-every 250): nothing to resume"), lines
+    assert "3/10" in lines[-2] and lines[-1] == ("jax-scan-rnn train traveller: interrupted; no checkpoint was "
+                                                 "written yet (--checkpoint-every 250): nothing to resume"), lines
     assert main([*TINY_TRAVELLER, "--out", str(tiny_run), "--resume"]) == 130  # a run with checkpoints: the last named
     assert capsys.readouterr().err.strip().splitlines()[-1] == ("jax-scan-rnn train traveller: interrupted; every "
                                                                 "completed checkpoint is kept, the last at step 2 "

@@ -198,8 +198,8 @@ def test_a_run_stopped_before_its_first_checkpoint_keeps_its_log(tmp_path, monke
     monkeypatch.setattr(task_lib, "train", stopped_after_a_log_row)
     assert main(cmd) == 130
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        "jax-scan-rnn train traveller: interrupted before the first checkpoint (--checkpoint-every 250): nothing to "
-        "resume; its log is kept (metrics.jsonl: --resume there starts again from step 0)")
+        "jax-scan-rnn train traveller: interrupted; no checkpoint was written yet (--checkpoint-every 250): nothing "
+        "to resume; its log is kept (metrics.jsonl: --resume there starts again from step 0)")
     monkeypatch.setattr(task_lib, "train", train)
     log = (out / "metrics.jsonl").read_text()
     assert json.loads(log.splitlines()[0])["step"] == 1
