@@ -116,14 +116,22 @@ class RunLog:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.file is not None:
+        if self.file is None:
+            return
+        try:
             self.file.close()
+        except OSError as err:  # closing flushes what a full disk refused again: the first error is the one to see
+            if exc[0] is None:
+                raise type(err)(err.errno, err.strerror, str(self.path)) from err
 
     def add(self, row: dict) -> dict:
         self.rows.append(row)
         if self.file is not None:
-            self.file.write(json.dumps(row) + "\n")
-            self.file.flush()
+            try:
+                self.file.write(json.dumps(row) + "\n")
+                self.file.flush()
+            except OSError as err:  # a full disk: name the log
+                raise type(err)(err.errno, err.strerror, str(self.path)) from err
         return row
 
     def history(self, **kwargs) -> History:

@@ -231,7 +231,16 @@ def test_a_device_a_fifo_or_a_link_is_written_through_not_replaced(tmp_path):
             write_atomically("/dev/full", lambda f: f.write("x" * 100_000))
         assert (error.value.errno, error.value.filename) == (errno.ENOSPC, "/dev/full")
         assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "link.csv", "real.csv"]
+        # The training log on a full disk: its own name, not hidden by closing the file (which fails again).
+        from jax_scan_rnn.runlog import RunLog
+
+        (tmp_path / "run").mkdir()
+        (tmp_path / "run" / "metrics.jsonl").symlink_to("/dev/full")
+        with pytest.raises(OSError) as error, RunLog(tmp_path / "run") as log:
+            log.add({"step": 1, "split": "train", "loss": 0.5})
+        assert (error.value.errno, error.value.filename) == (errno.ENOSPC, str(tmp_path / "run" / "metrics.jsonl"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "link.csv", "real.csv"] + (
+        ["run"] if os.path.exists("/dev/full") else [])
 
 
 def test_a_full_disk_is_one_line_naming_the_file_and_what_the_run_keeps(tmp_path, monkeypatch, capsys):
