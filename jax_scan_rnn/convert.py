@@ -22,6 +22,7 @@ converts with no code of its own. torch is never imported here: a torch tensor i
 """
 from __future__ import annotations
 
+import itertools
 import os
 import warnings
 from collections.abc import Iterator, Mapping
@@ -171,15 +172,17 @@ def load_torch_state_dict(module: nnx.Module, state_dict: Mapping[str, Any]) -> 
     missing = [k for k in expected_keys if k not in state_dict]
     unexpected = [k for k in state_dict if k not in set(expected_keys)]
     if missing or unexpected:
+        hint = _prefix_hint(expected_keys, state_dict) or _arguments_hint(layout, state_dict)
         raise KeyError(f"state_dict: keys do not match {type(module).__name__}: missing {missing}, unexpected "
-                       f"{unexpected}{_prefix_hint(expected_keys, state_dict)}")
+                       f"{unexpected}{hint}")
     updates, casts = [], {}
     for key, param, transpose in layout:
         value = _to_numpy(key, state_dict[key])
         ours = tuple(param[...].shape)
         expected = ours[::-1] if transpose else ours
         if value.shape != expected:
-            raise ValueError(f"state_dict[{key!r}]: expected shape {expected}, got {tuple(value.shape)}")
+            raise ValueError(f"state_dict[{key!r}]: expected shape {expected}, got {tuple(value.shape)}"
+                             f"{_arguments_hint(layout, state_dict)}")
         dtype = param[...].dtype
         with np.errstate(over="ignore", invalid="ignore"):  # an overflow is reported below, naming the key
             # astype copies (even to the same dtype): the module never aliases the caller's (torch's) memory,
@@ -214,6 +217,34 @@ def _prefix_hint(expected: list[str], state_dict: Mapping[str, Any]) -> str:
                         f"{{k.removeprefix({prefix!r}): v for k, v in state_dict.items() if k.startswith({prefix!r})}}")
             return f"; given are the keys of its submodule {prefix[:-1]!r} alone: load them into that submodule"
     return ""
+
+
+def _arguments_hint(layout: list, state_dict: Mapping[str, Any]) -> str:
+    """For the keys of a torch.nn.LSTM/GRU, the constructor each side was built with, when they differ: a porter
+    sees "torch.nn.LSTM(4, 16, num_layers=2) ... jsr.LSTM(4, 8)" instead of working it out from keys and shapes."""
+    theirs = _rnn_arguments({k: tuple(np.shape(v)) for k, v in state_dict.items()})
+    ours = _rnn_arguments({k: tuple(p[...].shape)[::-1] if t else tuple(p[...].shape) for k, p, t in layout})
+    if theirs is None or ours is None or theirs == ours:
+        return ""
+    return f"; the state_dict comes from torch.nn.{theirs}, this model is jsr.{ours}: build it with the same arguments"
+
+
+def _rnn_arguments(shapes: Mapping[str, tuple]) -> str | None:
+    """`LSTM(input_size, hidden_size, ...)` as torch's keys and shapes tell it (the layout in layers.py), or None
+    for other keys."""
+    if len(shapes.get("weight_ih_l0", ())) != 2 or len(shapes.get("weight_hh_l0", ())) != 2:
+        return None
+    projection = shapes.get("weight_hr_l0", (0, 0))
+    hidden = projection[1] if projection[0] else shapes["weight_hh_l0"][1]
+    kind = {4: "LSTM", 3: "GRU"}.get(shapes["weight_ih_l0"][0] // max(hidden, 1))
+    if kind is None:
+        return None
+    layers = next(k for k in itertools.count(1) if f"weight_ih_l{k}" not in shapes)
+    arguments = [str(shapes["weight_ih_l0"][1]), str(hidden)]
+    arguments += [f"num_layers={layers}"] * (layers > 1) + ["bias=False"] * ("bias_ih_l0" not in shapes)
+    arguments += ["bidirectional=True"] * ("weight_ih_l0_reverse" in shapes)
+    arguments += [f"proj_size={projection[0]}"] * (projection[0] > 0)
+    return f"{kind}({', '.join(arguments)})"
 
 
 def save_safetensors(state_dict: Mapping[str, Any], path: str | os.PathLike) -> None:

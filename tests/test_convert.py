@@ -49,6 +49,21 @@ def test_unexpected_key_names_it():
         jsr.load_torch_state_dict(ours, sd)
 
 
+@pytest.mark.parametrize("theirs, ours", [
+    ("LSTM(4, 8, bidirectional=True)", "LSTM(4, 8)"), ("LSTM(4, 8, num_layers=2)", "LSTM(4, 8)"),
+    ("LSTM(4, 8)", "LSTM(4, 8, num_layers=2)"), ("LSTM(4, 8, proj_size=3)", "LSTM(4, 8)"),
+    ("LSTM(4, 16)", "LSTM(4, 8)"), ("GRU(4, 8)", "LSTM(4, 8)"), ("LSTM(4, 8, bias=False)", "LSTM(4, 8)"),
+    ("GRU(3, 8, num_layers=2, bias=False, bidirectional=True)", "GRU(3, 8, num_layers=2, bidirectional=True)"),
+])
+def test_a_torch_rnn_built_otherwise_is_named_with_both_constructors(theirs, ours):
+    """A porter sees which argument differs, not only keys and shapes to decode."""
+    model = eval(f"jsr.{ours[:-1]}, rngs=nnx.Rngs(0))")  # noqa: S307 (the test's own literals)
+    sd = eval(f"torch.nn.{theirs}").state_dict()  # noqa: S307
+    hint = f"; the state_dict comes from torch.nn.{theirs}, this model is jsr.{ours}: build it with the same arguments"
+    with pytest.raises((KeyError, ValueError), match=re.escape(hint)):
+        jsr.load_torch_state_dict(model, sd)
+
+
 def test_a_prefixed_state_dict_names_the_prefix_and_how_to_strip_it():
     """A DataParallel checkpoint (`module.` keys), a larger model's (`rnn.` keys beside others), a submodule's keys
     given for the whole, a training checkpoint holding the state_dict: the error says which, and the way it names
