@@ -248,7 +248,7 @@ def output_directory(out: Path, resume: bool):
 
 def refuse_a_finished_run(out: Path, resume: bool) -> None:
     """ValueError naming --out when it holds an earlier run (`train.earlier_run`: checkpoints, or the log of a run
-    stopped before its first) and --resume is not given. `output_directory` checks it under the directory's lock;
+    that left none) and --resume is not given. `output_directory` checks it under the directory's lock;
     a command whose data takes long to load checks it before, too."""
     from jax_scan_rnn.train import earlier_run
 

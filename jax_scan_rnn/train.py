@@ -365,7 +365,7 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
         (`History.checkpoint_stray_files`, a `checkpoint_stray_files` event). Rows of `metrics.jsonl` after
         the restored step are dropped so the log reads as one run. With no checkpoint, training starts from
         scratch (a log there is rewritten). Without `resume`, an `out_dir` that holds an earlier run
-        (`earlier_run`: checkpoints, or the log of a run stopped before its first) is refused (ValueError): runs
+        (`earlier_run`: checkpoints, or the log of a run that left none) is refused (ValueError): runs
         never mix, and no run's log is replaced unasked.
       callback: `callback(event: dict)` for progress (the library never prints). Events, each with an "event"
         key: start (step, steps, resumed_from), checkpoint_skipped (step, reason, moved_to),
@@ -466,7 +466,7 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
 
 def earlier_run(out_dir: str | os.PathLike) -> str | None:
     """What an earlier run left in `out_dir` that a fresh start would mix with or replace, in words: its
-    checkpoints, or the log of a run stopped before its first checkpoint; None for neither. `fit` refuses such a
+    checkpoints, or the log of a run that left none (stopped before its first); None for neither. `fit` refuses such a
     directory unless `resume=True` (which continues the run, or starts again from step 0 where it has no
     checkpoint, its log then rewritten)."""
     out = Path(out_dir)
@@ -475,7 +475,7 @@ def earlier_run(out_dir: str | os.PathLike) -> str | None:
         return f"checkpoints at steps {done}"
     rows = read_rows(out / METRICS_FILE)
     if rows:
-        return (f"the log of a run stopped before its first checkpoint ({out / METRICS_FILE}, to step "
+        return (f"the log of a run that left no checkpoint ({out / METRICS_FILE}, to step "
                 f"{rows[-1]['step']})")
     return None
 

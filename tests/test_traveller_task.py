@@ -205,13 +205,13 @@ def test_a_run_stopped_before_its_first_checkpoint_keeps_its_log(tmp_path, monke
     assert json.loads(log.splitlines()[0])["step"] == 1
     assert main(cmd) == 2
     err = capsys.readouterr().err.strip()
-    assert err == (f"jax-scan-rnn train traveller: error: --out: {out} already holds a run (the log of a run stopped "
-                   f"before its first checkpoint ({out / 'metrics.jsonl'}, to step 1)); pass --resume to continue "
+    assert err == (f"jax-scan-rnn train traveller: error: --out: {out} already holds a run (the log of a run that "
+                   f"left no checkpoint ({out / 'metrics.jsonl'}, to step 1)); pass --resume to continue "
                    "it, or choose another --out"), err
     assert (out / "metrics.jsonl").read_text() == log
     assert main([*cmd, "--resume"]) == 0
-    assert (f"--resume: {out} holds no checkpoint yet: training from step 0 (replacing the log of a run stopped "
-            f"before its first checkpoint ({out / 'metrics.jsonl'}, to step 1))") in capsys.readouterr().out
+    assert (f"--resume: {out} holds no checkpoint yet: training from step 0 (replacing the log of a run that left "
+            f"no checkpoint ({out / 'metrics.jsonl'}, to step 1))") in capsys.readouterr().out
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["split"] == "train"] == [1, 2, 3, 4]
 
