@@ -625,6 +625,13 @@ def cmd_evaluate_traveller(args: argparse.Namespace) -> int:
     from jax_scan_rnn.train import CHECKPOINT_DIR
 
     refuse_run_file(args.plot, "--plot")
+    if args.plot and Path(args.plot).suffix and available("matplotlib"):  # checked before any work
+        from matplotlib.figure import Figure
+
+        kinds = Figure().canvas.get_supported_filetypes()
+        if Path(args.plot).suffix.lstrip(".").lower() not in kinds:
+            raise ValueError(f"--plot: expected a file ending in one of {', '.join('.' + k for k in sorted(kinds))}, "
+                             f"got {args.plot}")
     model, task, stats = load_traveller(args)
     checkpoint = Path(args.checkpoint)
     step = args.step if args.step is not None else latest_step(checkpoint / CHECKPOINT_DIR)

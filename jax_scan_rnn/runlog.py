@@ -49,6 +49,13 @@ def write_atomically(path: str | os.PathLike, write: Callable[[IO], object], bin
         raise
 
 
+def save_figure(fig, path: str | os.PathLike, dpi: int) -> None:
+    """A matplotlib figure into `path` through `write_atomically` (an interrupted save leaves no half image), in the
+    format its suffix names (PNG by default)."""
+    kind = Path(path).suffix.lstrip(".").lower() or "png"
+    write_atomically(path, lambda f: fig.savefig(f, format=kind, dpi=dpi), binary=True)
+
+
 def strict_json(obj, **kwargs) -> str:
     """`json.dumps(obj)` as strict JSON, which has no NaN: a non-finite float (a metric undefined for this run, such
     as the uniqueness of samples none of which is valid) is written as null."""
@@ -199,4 +206,4 @@ def plot_curves(history: History, path: Path) -> None:
         ax.grid(alpha=0.3)
         if key != "lr":
             ax.legend(fontsize="small")
-    fig.savefig(path, dpi=90)
+    save_figure(fig, path, dpi=90)

@@ -418,6 +418,14 @@ def test_evaluate_whose_plot_cannot_be_written_prints_its_table_then_one_line(tm
     captured = capsys.readouterr()
     assert "Traveller (learned)" in captured.out
     assert f"--plot: cannot write {blocker / 'p.png'} (" in captured.err.strip().splitlines()[-1]
+    # The format is the suffix's: one matplotlib draws, or a line naming --plot before any work.
+    assert main(["evaluate", "traveller", "--checkpoint", str(out), "--plot", str(tmp_path / "p.svg")]) == 0
+    assert (tmp_path / "p.svg").read_text().startswith("<?xml")
+    capsys.readouterr()
+    assert main(["evaluate", "traveller", "--checkpoint", str(out), "--plot", str(tmp_path / "p.xyz")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith("jax-scan-rnn evaluate traveller: error: --plot: expected a "
+                                                          "file ending in one of ")
 
 
 def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, tmp_path, capsys, tiny_run):

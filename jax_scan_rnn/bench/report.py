@@ -12,7 +12,7 @@ import numpy as np
 
 from jax_scan_rnn.bench.config import AUTO_KEY, LIMIT_KEYS, SEED_KEY
 from jax_scan_rnn.optional import require
-from jax_scan_rnn.runlog import write_atomically
+from jax_scan_rnn.runlog import save_figure, write_atomically
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -462,7 +462,7 @@ def _plot(results: dict, out: Path, stem: str) -> dict[str, Path]:
         fig.suptitle(f"Traveller {mode}: time per step vs T ({results['host']['host_kind']}, {cfg['dtype']})")
         fig.tight_layout(rect=(0, 0.04 + 0.03 * math.ceil(len(labels) / 3), 1, 1))
         path = out / f"{stem}-{mode}.png"
-        fig.savefig(path, dpi=110)
+        save_figure(fig, path, dpi=110)
         plt.close(fig)
         paths[f"png_{mode}"] = path
 
@@ -483,7 +483,7 @@ def _plot(results: dict, out: Path, stem: str) -> dict[str, Path]:
         ax.legend(fontsize=8)
     fig.tight_layout()
     path = out / f"{stem}-compile.png"
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
     paths["png_compile"] = path
     return paths

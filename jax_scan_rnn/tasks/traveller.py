@@ -34,7 +34,7 @@ from jax_scan_rnn import validate
 from jax_scan_rnn.compiled import jit
 from jax_scan_rnn.options import check, option
 from jax_scan_rnn.optional import require
-from jax_scan_rnn.runlog import strict_json, write_atomically
+from jax_scan_rnn.runlog import save_figure, strict_json, write_atomically
 from jax_scan_rnn.data import market_data, trading
 from jax_scan_rnn.train import TrainConfig, fit, restore_model
 from jax_scan_rnn.traveller import Traveller, TravellerState
@@ -446,7 +446,7 @@ def _save(fig, path: str | Path) -> Path:
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
     return path
 
