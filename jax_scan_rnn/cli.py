@@ -593,10 +593,13 @@ def load_traveller(args: argparse.Namespace):
     return task_lib.load(run_directory(args.checkpoint, args.step), args.step)
 
 
-def traveller_data(task, stats, path: str | None, *, returns: bool = True):
-    """The run's own data file (path None) or another one, read with the run's columns and checked against
-    what the model was trained on."""
+def traveller_data(task, stats, path: str | None, *, returns: bool = True, fill: str | None = None):
+    """The run's own data file (path None) or another one, read with the run's columns (and its --fill, unless
+    `fill` is given) and checked against what the model was trained on."""
     from jax_scan_rnn.tasks import traveller as task_lib
+
+    if fill is not None:
+        task = dataclasses.replace(task, fill=fill)
 
     if path is None and not Path(task.data).is_file():
         raise FileNotFoundError(f"--checkpoint: the run's data file {task.data} is gone; pass --data FILE to score "
@@ -641,7 +644,7 @@ def cmd_evaluate_traveller(args: argparse.Namespace) -> int:
     default = checkpoint / f"positions-step{step}{'' if scored is None else '-' + scored}.png"
     target = Path(args.plot) if args.plot else default
     if stats is None:
-        for name in ("data", "period"):
+        for name in ("data", "period", "fill"):
             if getattr(args, name) is not None:
                 raise ValueError(f"--{name}: expected only for a run trained on your data (--data); this run "
                                  "trained on the simulated market (use --paths and --horizon)")
@@ -661,7 +664,9 @@ def cmd_evaluate_traveller(args: argparse.Namespace) -> int:
         period = args.period or ("all" if args.data else "test")
         if args.data and period != "all":
             raise ValueError(f"--period: expected 'all' with --data (another file is scored as a whole), got {period}")
-        data = traveller_data(task, stats, args.data)
+        if args.fill and not args.data:
+            raise ValueError("--fill: expected only with --data (the run's own file is read as it was in training)")
+        data = traveller_data(task, stats, args.data, fill=args.fill)
         with flag_names():
             table = task_lib.data_table(model, data, stats, period, task.periods_per_year)
         draw = lambda: task_lib.plot_data(model, data, stats, target, period)  # noqa: E731
@@ -688,7 +693,7 @@ def cmd_run_traveller(args: argparse.Namespace) -> int:
         check_output_file(path, flag)
     model, task, stats = load_traveller(args)
     if stats is not None:
-        data = traveller_data(task, stats, args.data, returns=False)
+        data = traveller_data(task, stats, args.data, returns=False, fill=args.fill)
         features, assets = stats.standardiser(data.features), stats.asset_names
     else:  # trained on the simulated market: its features, as an .npz (`features [N, T, F]`)
         if Path(args.data).suffix != ".npz":
@@ -697,7 +702,7 @@ def cmd_run_traveller(args: argparse.Namespace) -> int:
         if not Path(args.data).is_file():
             raise FileNotFoundError(f"--data: {args.data}: no such file")
         with flag_names():
-            data = market_data.read(args.data, returns=False)
+            data = market_data.read(args.data, returns=False, fill=args.fill or "error")
         if data.num_features != model.num_inputs:
             raise ValueError(f"--data: {args.data} has {data.num_features} features per step, the model reads "
                              f"{model.num_inputs} (the simulated market's signals)")
@@ -1060,6 +1065,9 @@ def model_commands(sub, name: str, help: str):
     return sub.add_parser(name, help=help).add_subparsers(dest="model", required=True, metavar="MODEL")
 
 
+FILL_HELP = "missing values in --data: error, or ffill, zero, drop (rows) (default: the run's own --fill)"
+
+
 def trained_run_arguments(parser: argparse.ArgumentParser) -> None:
     """--checkpoint and --step: which training run (and which of its checkpoints) a command reads."""
     parser.add_argument("--checkpoint", required=True, help="the training output directory (--out of train)")
@@ -1086,6 +1094,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     """The command line. The options of `train ...` and `bench` come from modules that import JAX, so they are
     added only when `argv` names that command: `--version`, `--help` and the other commands start at once."""
     from jax_scan_rnn import __version__
+    from jax_scan_rnn.data import market_data  # NumPy, not JAX: --fill's choices
 
     words = [a for a in argv if not a.startswith("-")][:2]
     parser = Parser(prog="jax-scan-rnn", description="Feedback recurrent networks in JAX, driven by lax.scan.")
@@ -1147,6 +1156,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     rt.add_argument("--initial-state", default=None, metavar="NPZ",
                     help="continue from this state (a previous run's --final-state) instead of the zero state")
     rt.add_argument("--final-state", default=None, metavar="NPZ", help="save the state after the last row here")
+    rt.add_argument("--fill", default=None, choices=market_data.FILLS, help=FILL_HELP)
     export = model_commands(sub, "export", "a trained model's weights for PyTorch")
     for name, help in (("traveller", "a state_dict that the seed's class and torch_ref.Traveller load"),
                        ("vae", "a state_dict that torch_ref.SeqVAE loads; its arguments and vocabulary in FILE.json")):
@@ -1168,6 +1178,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
                     help="run on your data: the period of its file to score (default: test)")
     ev.add_argument("--data", default=None, metavar="FILE",
                     help="run on your data: score this file as a whole instead (read with the run's columns)")
+    ev.add_argument("--fill", default=None, choices=market_data.FILLS, help=f"with --data: {FILL_HELP}")
     ev = evaluate.add_parser("vae", help="reconstruction, prior-sample validity/uniqueness/novelty, KL, interpolation")
     trained_run_arguments(ev)
     ev.add_argument("-n", type=positive_int, default=1000, help="prior samples (default: 1000)")

@@ -71,6 +71,10 @@ def test_features_alone_for_new_bars(tmp_path):
     np.testing.assert_array_equal(read(tmp_path / "new.npz", returns=False).features, FEATURES)
     with pytest.raises(ValueError, match=r"^return_cols: expected None when reading features alone"):
         read(tmp_path / "new.csv", feature_cols=["mom"], return_cols=["ret_*"], returns=False)
+    np.savez(tmp_path / "flat.npz", features=FEATURES[0])  # no 'returns' asked for: none named in the error
+    with pytest.raises(ValueError, match=rf"^flat.npz: 'features' must be a non-empty \[N, T, F\] array; got shape "
+                                         rf"\({T}, 2\)$"):
+        read(tmp_path / "flat.npz", returns=False)
 
 
 def test_npz_default_names_and_int_arrays(tmp_path):

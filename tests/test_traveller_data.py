@@ -178,6 +178,31 @@ def test_run_refuses_a_state_of_another_model_and_a_file_with_other_features(run
     assert "--data: " in capsys.readouterr().err and not target.exists()
 
 
+def test_new_data_with_a_gap_takes_a_fill_policy_of_its_own(run, capsys, tmp_path):
+    """A live file with a missing bar: the run's own policy (error, as trained) names --fill, which `run` and
+    `evaluate --data` now take; without --data, evaluate reads the run's file as it was trained."""
+    folder, out, features, returns = run
+    gappy = features[:30].copy()
+    gappy[7, 1] = np.nan
+    write_csv(tmp_path / "gap.csv", gappy, returns[:30])
+    target = tmp_path / "p.csv"
+    base = ["run", "traveller", "--checkpoint", str(out), "--data", str(tmp_path / "gap.csv"), "--output", str(target)]
+    assert main(base) == 2
+    assert "column 'f1', row 8 (line 9): missing value (1 missing in total) (or choose a --fill policy: ffill, zero, " \
+        "drop)" in capsys.readouterr().err and not target.exists()
+    assert main([*base, "--fill", "ffill"]) == 0
+    filled = gappy.copy()
+    filled[7, 1] = filled[6, 1]
+    write_csv(tmp_path / "filled.csv", filled, returns[:30])
+    assert main([*base[:5], str(tmp_path / "filled.csv"), "--output", str(tmp_path / "q.csv")]) == 0
+    assert read_positions(target).tolist() == read_positions(tmp_path / "q.csv").tolist()
+    evaluate = ["evaluate", "traveller", "--checkpoint", str(out), "--plot", str(tmp_path / "p.png")]
+    assert main([*evaluate, "--data", str(tmp_path / "gap.csv"), "--fill", "zero"]) == 0
+    capsys.readouterr()
+    assert main([*evaluate, "--fill", "zero"]) == 2
+    assert "--fill: expected only with --data" in capsys.readouterr().err
+
+
 def test_run_a_model_trained_on_the_simulated_market_on_an_npz(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["train", "traveller", *TINY, "--steps", "2", "--train-paths", "64", "--eval-paths", "4",

@@ -264,6 +264,8 @@ def _read_npz(path: Path, fill: str, returns: bool = True) -> MarketData:
             r = _numeric(f"{path.name}: array 'returns'", lambda: z["returns"])
         else:
             r = np.zeros(x.shape[:2] + (0,)) if x.ndim == 3 else np.zeros((0, 0, 0))
+        if not returns and (x.ndim != 3 or 0 in x.shape):
+            raise ValueError(f"{path.name}: 'features' must be a non-empty [N, T, F] array; got shape {x.shape}")
         if x.ndim != 3 or r.ndim != 3 or x.shape[:2] != r.shape[:2] or 0 in x.shape + r.shape[: 3 if returns else 2]:
             raise ValueError(f"{path.name}: 'features' and 'returns' must be non-empty [N, T, F] and [N, T, A] with "
                              f"the same N and T; got features {x.shape}, returns {r.shape}")
