@@ -1230,7 +1230,8 @@ def kept(args: argparse.Namespace) -> str | None:
     return f"every completed checkpoint is kept, the last at step {done[-1]} (continue with --resume)"
 
 
-# A file system that refuses a write mid-run (full, over quota, read-only, failing): one line, not a traceback.
+# A file system that refuses a read or a write mid-run (full, over quota, read-only, failing, a file's permissions):
+# one line naming the file, not a traceback.
 DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG, errno.EACCES, errno.EPERM)
 
 
@@ -1276,15 +1277,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(err, NonFiniteLossError):
             print(f"jax-scan-rnn {name}: error: {err}", file=sys.stderr)
             return 1
-        if isinstance(err, MemoryError) or "RESOURCE_EXHAUSTED" in str(err):  # NumPy's, or XLA's on any device
-            what = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            print(f"jax-scan-rnn {name}: error: out of memory ({what}); choose smaller sizes (--help lists them)",
-                  file=sys.stderr)
-            return 1
         if isinstance(err, OSError) and err.errno in DISK_ERRORS:
             where = f" ({err.filename})" if err.filename else ""
             left = kept(args)
-            print(f"jax-scan-rnn {name}: error: cannot write: {err.strerror}{where}" + (f"; {left}" if left else ""),
+            print(f"jax-scan-rnn {name}: error: {err.strerror}{where}" + (f"; {left}" if left else ""), file=sys.stderr)
+            return 1
+        if isinstance(err, MemoryError) or "RESOURCE_EXHAUSTED" in str(err):  # NumPy's, or XLA's on any device
+            what = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            print(f"jax-scan-rnn {name}: error: out of memory ({what}); choose smaller sizes (--help lists them)",
                   file=sys.stderr)
             return 1
         no_backend = backend_error(err)

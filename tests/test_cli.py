@@ -264,7 +264,7 @@ def test_a_full_disk_is_one_line_naming_the_file_and_what_the_run_keeps(tmp_path
     out = tmp_path / "run"
     assert main([*TINY_TRAVELLER, "--log-every", "1", "--out", str(out)]) == 1
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"jax-scan-rnn train traveller: error: cannot write: No space left on device ({out / 'checkpoints'}/"
+        f"jax-scan-rnn train traveller: error: No space left on device ({out / 'checkpoints'}/"
         "step_00000002); no checkpoint was written yet (--checkpoint-every 250): nothing to resume; its log is kept "
         "(metrics.jsonl: --resume there starts again from step 0)")
 
