@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, NoReturn
 
 METRICS_FILE = "metrics.jsonl"  # one JSON row per log / eval, under out_dir
 CURVES_FILE = "curves.png"  # loss / lr / metric curves, written at the end of fit
@@ -44,9 +44,15 @@ def write_atomically(path: str | os.PathLike, write: Callable[[IO], object], bin
             tmp.unlink(missing_ok=True)
             raise
     except OSError as err:  # a write that failed (a full disk) names no file, a failed open the temporary one
-        if err.filename in (None, str(tmp)):
-            raise type(err)(err.errno, err.strerror, str(target)) from err
-        raise
+        _raise_naming(err, target, unless=str(tmp))
+
+
+def _raise_naming(err: OSError, path: Path, unless: str | None = None) -> NoReturn:
+    """Raise `err` as the same error naming `path` (`filename`) when it names no file (or `unless`, a temporary
+    one); else as it is."""
+    if err.errno is None or err.filename not in (None, unless):
+        raise err
+    raise type(err)(err.errno, err.strerror, str(path)) from err
 
 
 def save_figure(fig, path: str | os.PathLike, dpi: int) -> None:
@@ -129,7 +135,7 @@ class RunLog:
             self.file.close()
         except OSError as err:  # closing flushes what a full disk refused again: the first error is the one to see
             if exc[0] is None:
-                raise type(err)(err.errno, err.strerror, str(self.path)) from err
+                _raise_naming(err, self.path)
 
     def add(self, row: dict) -> dict:
         self.rows.append(row)
@@ -138,7 +144,7 @@ class RunLog:
                 self.file.write(json.dumps(row) + "\n")
                 self.file.flush()
             except OSError as err:  # a full disk: name the log
-                raise type(err)(err.errno, err.strerror, str(self.path)) from err
+                _raise_naming(err, self.path)
         return row
 
     def history(self, **kwargs) -> History:
