@@ -600,7 +600,6 @@ def traveller_data(task, stats, path: str | None, *, returns: bool = True, fill:
 
     if fill is not None:
         task = dataclasses.replace(task, fill=fill)
-
     if path is None and not Path(task.data).is_file():
         raise FileNotFoundError(f"--checkpoint: the run's data file {task.data} is gone; pass --data FILE to score "
                                 "another file")
