@@ -464,8 +464,10 @@ def run_directory(text: str, step: int | None = None) -> Path:
     if not path.is_dir():
         raise FileNotFoundError(f"--checkpoint: expected a training output directory (train's --out), got {path}")
     if not (path / CHECKPOINT_DIR).is_dir():
+        inside = path.name == CHECKPOINT_DIR and steps(path)  # the run's checkpoints/ folder itself
         raise FileNotFoundError(f"--checkpoint: expected a training output directory (train's --out), got {path}, "
-                                f"which holds no {CHECKPOINT_DIR}/ folder")
+                                f"which holds no {CHECKPOINT_DIR}/ folder"
+                                + (f"; pass --checkpoint {path.parent}" if inside else ""))
     saved = steps(path / CHECKPOINT_DIR)
     if not saved:
         raise FileNotFoundError(f"--checkpoint {path}: holds no committed checkpoint (training stopped before its "

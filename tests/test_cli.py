@@ -322,6 +322,11 @@ def tiny_run(tmp_path_factory):
     return out
 
 
+def test_a_runs_checkpoints_folder_given_for_the_run_names_the_run(tiny_run, capsys):
+    assert main(["evaluate", "traveller", "--checkpoint", str(tiny_run / "checkpoints")]) == 2
+    assert capsys.readouterr().err.strip().endswith(f"which holds no checkpoints/ folder; pass --checkpoint {tiny_run}")
+
+
 @pytest.mark.parametrize("command, flag, name", [
     (["run", "traveller", "--data", "x.npz"], "--output", "checkpoints/positions.csv"),
     (["export", "traveller", "--format", "torch"], "--output", "metrics.jsonl"),
