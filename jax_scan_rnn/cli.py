@@ -692,6 +692,12 @@ def cmd_run_traveller(args: argparse.Namespace) -> int:
 
     for flag, path in (("--output", args.output), ("--final-state", args.final_state)):
         check_output_file(path, flag)
+    # One file for two of them: the positions would replace the state or the reverse (--initial-state and
+    # --final-state may be one file: a state carried forward in place, read before it is written).
+    for flag, other, path in (("--final-state", "--output", args.final_state), ("--initial-state", "--output",
+                                                                                  args.initial_state)):
+        if path is not None and Path(path).resolve() == Path(args.output).resolve():
+            raise ValueError(f"{flag}: expected another file than {other}, got {path} for both")
     model, task, stats = load_traveller(args)
     if stats is not None:
         data = traveller_data(task, stats, args.data, returns=False, fill=args.fill)

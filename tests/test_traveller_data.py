@@ -173,6 +173,17 @@ def test_run_refuses_a_state_of_another_model_and_a_file_with_other_features(run
     np.savez(state, **{k: v for k, v in saved.items() if k in ("h", "c", "positions")})  # a file from before: read
     assert main([*base, "--data", str(folder / "prices.csv"), "--initial-state", str(state)]) == 0
     target.unlink()
+    # One file for the positions and a state would lose one of them; a state carried forward in place is fine.
+    capsys.readouterr()
+    for flag in ("--final-state", "--initial-state"):
+        assert main([*base, "--data", str(folder / "prices.csv"), flag, str(target)]) == 2
+        assert capsys.readouterr().err.strip().endswith(f"{flag}: expected another file than --output, got {target} "
+                                                        "for both")
+    before = state.read_bytes()
+    assert main([*base, "--data", str(folder / "prices.csv"), "--initial-state", str(state), "--final-state",
+                 str(state)]) == 0
+    assert state.read_bytes() != before and not (tmp_path / f".{state.name}.tmp").exists()
+    target.unlink()
     write_csv(tmp_path / "three.csv", features[:, :3], returns)
     assert main([*base, "--data", str(tmp_path / "three.csv")]) == 2
     assert "--data: " in capsys.readouterr().err and not target.exists()
