@@ -320,6 +320,16 @@ def check_output_file(path: str | None, flag: str = "--output") -> None:
         raise ValueError(f"{flag}: cannot write {target} (permission denied)")
 
 
+def refuse_an_input(path: str | None, flag: str, inputs: dict[str, str | None]) -> None:
+    """ValueError naming `flag` when the output `path` is one of the files the command reads (`inputs`: flag or
+    description -> path): writing it would replace the data, or the state, it was computed from."""
+    if path is None:
+        return
+    for what, source in inputs.items():
+        if source is not None and Path(source).resolve() == Path(path).resolve():
+            raise ValueError(f"{flag}: expected another file than {what}, got {path} for both")
+
+
 def check_simulated_markets(task) -> None:
     """The Traveller's simulated markets, training and held-out, must fit in memory (refused before either is
     built)."""
@@ -692,13 +702,12 @@ def cmd_run_traveller(args: argparse.Namespace) -> int:
 
     for flag, path in (("--output", args.output), ("--final-state", args.final_state)):
         check_output_file(path, flag)
-    # One file for two of them: the positions would replace the state or the reverse (--initial-state and
-    # --final-state may be one file: a state carried forward in place, read before it is written).
-    for flag, other, path in (("--final-state", "--output", args.final_state), ("--initial-state", "--output",
-                                                                                  args.initial_state)):
-        if path is not None and Path(path).resolve() == Path(args.output).resolve():
-            raise ValueError(f"{flag}: expected another file than {other}, got {path} for both")
+    # --initial-state and --final-state may be one file: a state carried forward in place, read before it is written.
+    refuse_an_input(args.output, "--output", {"--data": args.data, "--initial-state": args.initial_state,
+                                              "--final-state": args.final_state})
+    refuse_an_input(args.final_state, "--final-state", {"--data": args.data})
     model, task, stats = load_traveller(args)
+    refuse_an_input(args.output, "--output", {"the run's --data file": task.data})
     if stats is not None:
         data = traveller_data(task, stats, args.data, returns=False, fill=args.fill)
         features, assets = stats.standardiser(data.features), stats.asset_names
@@ -929,6 +938,13 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
     return 0
 
 
+def vae_data_file(task) -> str | None:
+    """The run's --data file, or None for a built-in source ('moses', 'rdkit')."""
+    from jax_scan_rnn.data import smiles
+
+    return None if smiles.is_builtin_source(task.data) else task.data
+
+
 def load_vae(args: argparse.Namespace):
     from jax_scan_rnn.tasks import vae as task_lib
 
@@ -944,6 +960,7 @@ def cmd_sample_vae(args: argparse.Namespace) -> int:
                           "greedy decoding takes each step's most likely token")])
     check_output_file(args.output)
     model, vocab, task = load_vae(args)
+    refuse_an_input(args.output, "--output", {"the run's --data file": vae_data_file(task)})
     check_memory("the samples (-n)", task_lib.sample_bytes(task, vocab.size, args.n))
     model.eval()
     with flag_names():  # the sampler's own checks ("top_k: ...") name the flag
@@ -967,6 +984,7 @@ def cmd_evaluate_vae(args: argparse.Namespace) -> int:
 
     check_output_file(args.output)
     model, vocab, task = load_vae(args)
+    refuse_an_input(args.output, "--output", {"the run's --data file": vae_data_file(task)})
     check_memory("the samples (-n)", task_lib.sample_bytes(task, vocab.size, args.n))
     if not smiles.is_builtin_source(task.data) and not Path(task.data).is_file():
         raise FileNotFoundError(f"--checkpoint: the run's data file {task.data} is gone (its test molecules are "

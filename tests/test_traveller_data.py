@@ -177,8 +177,19 @@ def test_run_refuses_a_state_of_another_model_and_a_file_with_other_features(run
     capsys.readouterr()
     for flag in ("--final-state", "--initial-state"):
         assert main([*base, "--data", str(folder / "prices.csv"), flag, str(target)]) == 2
-        assert capsys.readouterr().err.strip().endswith(f"{flag}: expected another file than --output, got {target} "
+        assert capsys.readouterr().err.strip().endswith(f"--output: expected another file than {flag}, got {target} "
                                                         "for both")
+    # Nor may an output replace the data: this --data file, or the one the run trained on.
+    prices = folder / "prices.csv"
+    before = prices.read_bytes()
+    for data, flag, what in ((prices, "--output", "--data"), (prices, "--final-state", "--data"),
+                             (folder / "later.csv", "--output", "the run's --data file")):
+        argv = ["run", "traveller", "--checkpoint", str(out), "--data", str(data), "--output", str(target), flag,
+                str(prices)]
+        assert main(argv) == 2
+        assert capsys.readouterr().err.strip().endswith(f"{flag}: expected another file than {what}, got {prices} "
+                                                        "for both")
+    assert prices.read_bytes() == before and not target.exists()
     before = state.read_bytes()
     assert main([*base, "--data", str(folder / "prices.csv"), "--initial-state", str(state), "--final-state",
                  str(state)]) == 0

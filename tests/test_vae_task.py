@@ -115,6 +115,13 @@ def test_cli_train_sample_evaluate(corpus, tmp_path, capsys, monkeypatch):
     assert saved.data == str(corpus)
     assert main(["sample", "vae", "--checkpoint", str(out), "-n", "7", "--output", str(tmp_path / "s.txt")]) == 0
     assert len((tmp_path / "s.txt").read_text().splitlines()) == 7
+    capsys.readouterr()
+    before = corpus.read_bytes()
+    for command in ("sample", "evaluate"):  # the samples or the report over the run's own molecules: refused
+        assert main([command, "vae", "--checkpoint", str(out), "-n", "3", "--output", str(corpus)]) == 2
+        assert capsys.readouterr().err.strip().endswith(f"--output: expected another file than the run's --data file, "
+                                                        f"got {corpus} for both")
+    assert corpus.read_bytes() == before
     monkeypatch.chdir(out)
     assert main(["evaluate", "vae", "--checkpoint", str(out), "-n", "10"]) == 0
     assert "prior samples, greedy (n=10)" in capsys.readouterr().out
