@@ -289,17 +289,17 @@ def refuse_run_file(path: str | None, flag: str) -> None:
 
     if path is None:
         return
-    target = Path(path).absolute()
-    for run in target.parents:
-        if (run / CHECKPOINT_DIR).is_dir() and (steps(run / CHECKPOINT_DIR) or (run / METRICS_FILE).is_file()):
-            break
-    else:
-        return
-    inside = target.relative_to(run).parts
-    if inside[0] == CHECKPOINT_DIR or (len(inside) == 1 and inside[0] in (
-            METRICS_FILE, CURVES_FILE, EVALUATION_FILE, POSITIONS_FILE, LOCK_FILE)):
-        raise ValueError(f"{flag}: {path} belongs to the training run in {run} (its own "
-                         f"{'checkpoints' if inside[0] == CHECKPOINT_DIR else inside[0]}); choose another path")
+    for target in {Path(path).absolute(), Path(path).resolve()}:  # a link is written through (write_atomically)
+        for run in target.parents:
+            if (run / CHECKPOINT_DIR).is_dir() and (steps(run / CHECKPOINT_DIR) or (run / METRICS_FILE).is_file()):
+                break
+        else:
+            continue
+        inside = target.relative_to(run).parts
+        if inside[0] == CHECKPOINT_DIR or (len(inside) == 1 and inside[0] in (
+                METRICS_FILE, CURVES_FILE, EVALUATION_FILE, POSITIONS_FILE, LOCK_FILE)):
+            raise ValueError(f"{flag}: {path} belongs to the training run in {run} (its own "
+                             f"{'checkpoints' if inside[0] == CHECKPOINT_DIR else inside[0]}); choose another path")
 
 
 def check_output_file(path: str | None, flag: str = "--output") -> None:

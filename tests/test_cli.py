@@ -322,6 +322,17 @@ def tiny_run(tmp_path_factory):
     return out
 
 
+def test_a_link_to_a_runs_own_file_is_refused_as_the_file_is(tiny_run, tmp_path, capsys):
+    """Outputs that are links are written through (write_atomically): a link into a run must not reach its log."""
+    link = tmp_path / "positions.csv"
+    link.symlink_to(tiny_run / "metrics.jsonl")
+    before = (tiny_run / "metrics.jsonl").read_bytes()
+    assert main(["run", "traveller", "--checkpoint", str(tiny_run), "--data", "x.npz", "--output", str(link)]) == 2
+    assert f"--output: {link} belongs to the training run in {tiny_run} (its own metrics.jsonl)" in \
+        capsys.readouterr().err
+    assert (tiny_run / "metrics.jsonl").read_bytes() == before
+
+
 def test_a_runs_checkpoints_folder_given_for_the_run_names_the_run(tiny_run, capsys):
     assert main(["evaluate", "traveller", "--checkpoint", str(tiny_run / "checkpoints")]) == 2
     assert capsys.readouterr().err.strip().endswith(f"which holds no checkpoints/ folder; pass --checkpoint {tiny_run}")
