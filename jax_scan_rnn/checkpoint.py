@@ -366,7 +366,8 @@ def _load(path: Path, target: Any) -> Any:
     try:
         saved = handler.metadata(path / ARRAYS).tree
         if target is None:
-            abstract = {name: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=_here()) for name, m in saved.items()}
+            here = _here()
+            abstract = {name: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=here) for name, m in saved.items()}
         else:
             abstract = _abstract(target, saved, path)
         try:

@@ -146,7 +146,8 @@ class Traveller(nnx.Module):
             expected = (lstm.num_layers - 1, steps, batch, lstm.hidden_size)
             if tuple(jnp.shape(dropout_masks)) != expected:
                 raise ValueError(f"dropout_masks: expected shape {list(expected)}, got {tuple(jnp.shape(dropout_masks))}")
-            dropout_masks = jnp.swapaxes(jnp.asarray(validate.from_torch(dropout_masks), x.dtype), 0, 1)  # [T, L-1, B, H] for the scan
+            masks = jnp.asarray(validate.from_torch(dropout_masks), x.dtype)
+            dropout_masks = jnp.swapaxes(masks, 0, 1)  # [T, L-1, B, H] for the scan
         positions, state = self._run(x, state, dropout_masks, unroll)
         return (positions[0], state) if layout == "seed" else (positions, state)
 
