@@ -265,6 +265,24 @@ def test_bad_npz(tmp_path):
         read(path)
 
 
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_rows_newest_first_are_refused_by_their_date_column(tmp_path, suffix):
+    """Two interleaved paths each in time order read (the table above); a file written newest first would train on
+    time run backwards, each return paid to a position chosen after it: refused, naming the column and the row."""
+    write = write_csv if suffix == ".csv" else write_parquet
+    check(read_table(write(tmp_path / f"ok{suffix}", table_rows())))
+    newest_first = table_rows()[::-1]
+    with pytest.raises(ValueError, match=r"rows must be in time order \(oldest first\), but column 'date' goes back "
+                                         r"from 2024-01-06 to 2024-01-05 at row 3\b.*must be reversed$"):
+        read_table(write(tmp_path / f"newest{suffix}", newest_first))
+    rows = [[*row[:4], "x", row[5]] for row in table_rows()]  # both paths' rows as one: 01-01, 01-01, ... not back
+    rows[3][0] = "2024-01-01"  # back in time within one path
+    with pytest.raises(ValueError, match=r"goes back from 2024-01-02 to 2024-01-01 at row 4\b"):
+        read_table(write(tmp_path / f"back{suffix}", rows))
+    us_dates = [[f"01/{31 - i:02d}/2024", *row[1:]] for i, row in enumerate(table_rows())]  # not ISO: not checked
+    read_table(write(tmp_path / f"us{suffix}", us_dates))
+
+
 def test_time_slice():
     data = MarketData(FEATURES, RETURNS, ("mom", "vol"), ("a", "b"))
     part = data.time_slice(2, 5)

@@ -14,7 +14,8 @@ chosen at t would be paid a return already realised at t: look-ahead, and a back
 
 Formats of `read`:
     .npz      arrays features [N, T, F] and returns [N, T, A]; optional feature_names [F], asset_names [A]
-    .csv      header row, comma separated, rows in time order (stdlib `csv`)
+    .csv      header row, comma separated, rows in time order, oldest first (stdlib `csv`; a date/time column
+              of ISO dates, if there is one, is checked for it)
     .parquet  the same table as a CSV (needs pyarrow: pip install 'jax-scan-rnn[parquet]')
 For a table, `feature_cols` / `return_cols` select columns by exact name or fnmatch pattern ("ret_*"), in
 the file's column order; `path_col` groups rows into paths, in order of first appearance (default: the
@@ -123,6 +124,7 @@ def read(path, *, feature_cols: Sequence[str] | None = None, return_cols: Sequen
         index: dict = {}
         ids = np.array([index.setdefault(k, len(index)) for k in get(path_col)], np.int64)
         labels = list(index)
+    _check_time_order(path.name, columns, get, ids, where, exclude=[*names, path_col])
     cells = [f"column {c!r}" for c in names]
     return _assemble(path.name, matrix, ids, labels, where, cells, names, len(features), fill)
 
@@ -320,6 +322,37 @@ def _read_parquet(path: Path):
         return col.to_pylist()  # text to parse, or the path ids
 
     return table.column_names, get, lambda i: f"row {i + 1}"
+
+
+DATE_COLUMNS = ("date", "datetime", "time", "timestamp")  # a column of these names (any case) is checked for order
+
+
+def _check_time_order(file: str, columns: list[str], get: Callable, ids: np.ndarray, where: Callable[[int], str],
+                      exclude: list) -> None:
+    """Rows must be in time order: a file written newest first (as many exports are) would train on time run
+    backwards, each return paid to the position chosen after it, without a word. Checked on a date column that is
+    neither a feature nor a return, when every cell is an ISO date or time (or a parquet date); other files are
+    taken as they come."""
+    from datetime import date, datetime
+
+    for name in (c for c in columns if c.lower() in DATE_COLUMNS and c not in exclude):
+        cells = get(name)
+        try:
+            stamps = [cell if isinstance(cell, (date, datetime)) else datetime.fromisoformat(str(cell).strip())
+                      for cell in cells]
+        except (TypeError, ValueError):  # not ISO dates (01/02/2024 reads either way): nothing to check
+            continue
+        last: dict = {}
+        for i, (path, stamp) in enumerate(zip(ids.tolist(), stamps)):
+            try:
+                back = path in last and stamp < stamps[last[path]]
+            except TypeError:  # dates beside times, or zones beside none: not one clock
+                return
+            if back:
+                raise ValueError(f"{file}: rows must be in time order (oldest first), but column {name!r} goes back "
+                                 f"from {cells[last[path]]} to {cells[i]} at {where(i)}; a file written newest first "
+                                 "must be reversed")
+            last[path] = i
 
 
 def _to_float(file: str, name: str, cells, where: Callable[[int], str]) -> np.ndarray:
