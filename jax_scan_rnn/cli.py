@@ -369,7 +369,8 @@ def flag_names():
         fields = [name.strip().removeprefix("TrainConfig.") for name in head.split(",")]  # "a, b: ..." names two
         # A field is snake_case; XLA's and tensorstore's "RESOURCE_EXHAUSTED: ..." are not one.
         if sep and all(re.fullmatch(r"[a-z][a-z0-9_]*", field) for field in fields):
-            rest = re.sub(r"\b([a-z_]+)=", lambda m: f"{flag_for(m.group(1))} ", rest)  # "at most steps=10" too
+            # "at most steps=10" too, not a constructor's "LSTM(6, 8, num_layers=2)" in a hint
+            rest = re.sub(r"(?<!, )(?<!\()\b([a-z_]+)=", lambda m: f"{flag_for(m.group(1))} ", rest)
             message = f"{', '.join(map(flag_for, fields))}:{rest}"
         raise type(err)(message) from None
 
@@ -979,14 +980,14 @@ def cmd_sample_vae(args: argparse.Namespace) -> int:
 
 @command("evaluate vae")
 def cmd_evaluate_vae(args: argparse.Namespace) -> int:
-    from jax_scan_rnn.data import smiles
     from jax_scan_rnn.tasks import vae as task_lib
 
     check_output_file(args.output)
     model, vocab, task = load_vae(args)
-    refuse_an_input(args.output, "--output", {"the run's --data file": vae_data_file(task)})
+    data_file = vae_data_file(task)
+    refuse_an_input(args.output, "--output", {"the run's --data file": data_file})
     check_memory("the samples (-n)", task_lib.sample_bytes(task, vocab.size, args.n))
-    if not smiles.is_builtin_source(task.data) and not Path(task.data).is_file():
+    if data_file and not Path(data_file).is_file():
         raise FileNotFoundError(f"--checkpoint: the run's data file {task.data} is gone (its test molecules are "
                                 "scored, its training molecules make novelty); `sample vae` needs no data")
     dataset = task_lib.load_dataset(task)
@@ -1242,17 +1243,17 @@ def kept(args: argparse.Namespace) -> str | None:
         return None
     try:
         from jax_scan_rnn import checkpoint
-        from jax_scan_rnn.runlog import METRICS_FILE
-        from jax_scan_rnn.train import CHECKPOINT_DIR, earlier_run
+        from jax_scan_rnn.runlog import METRICS_FILE, read_rows
+        from jax_scan_rnn.train import CHECKPOINT_DIR
 
         done = checkpoint.steps(Path(args.out) / CHECKPOINT_DIR)
-        log = earlier_run(args.out)
+        logged = bool(read_rows(Path(args.out) / METRICS_FILE))
     except Exception:  # noqa: BLE001 (Ctrl-C came while JAX was still being imported: nothing was trained)
         return None
-    if not done:
-        return (f"no checkpoint was written yet (--checkpoint-every {args.checkpoint_every}): nothing to resume"
-                + (f"; its log is kept ({METRICS_FILE}: --resume there starts again from step 0)" if log else ""))
-    return f"every completed checkpoint is kept, the last at step {done[-1]} (continue with --resume)"
+    if done:
+        return f"every completed checkpoint is kept, the last at step {done[-1]} (continue with --resume)"
+    return (f"no checkpoint was written yet (--checkpoint-every {args.checkpoint_every}): nothing to resume"
+            + (f"; its log is kept ({METRICS_FILE}: --resume there starts again from step 0)" if logged else ""))
 
 
 # A file system that refuses a read or a write mid-run (full, over quota, read-only, failing, a file's permissions):

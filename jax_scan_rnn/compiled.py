@@ -324,9 +324,6 @@ class CompiledMethod:
         nested = not _trace_state_clean()  # inside jax.jit/vmap/grad: a jit without compiler options (_compile)
         if self._check is not None and not nested:
             self._check(self._name, args, kwargs)
-        for where, value in [*enumerate(args), *kwargs.items()]:  # JAX would take one apart, then fail rebuilding it
-            validate.not_packed(f"{self._qualname}: argument {where!r}", value,
-                                "pass a padded array (jsr.LSTM and jsr.GRU take lengths= too)")
         if any(type(a) is list for a in args) or any(type(a) is list for a in kwargs.values()):
             args, kwargs = _number_lists_as_arrays(args), _number_lists_as_arrays(kwargs)
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
@@ -347,7 +344,10 @@ class CompiledMethod:
             fn = self._fns.get(key)
         except TypeError:
             raise TypeError(self._unhashable_message(args, kwargs)) from None
-        if fn is None:
+        if fn is None:  # a new argument structure: checked here, off the cached path (a refused one is never cached)
+            for where, value in [*enumerate(args), *kwargs.items()]:  # JAX would take one apart, then fail rebuilding
+                validate.not_packed(f"{self._qualname}: argument {where!r}", value,
+                                    "pass a padded array (jsr.LSTM and jsr.GRU take lengths= too)")
             fn = self._fns[key] = self._compile(mode, treedef, leaves, nested)
         out, changed = fn([read() for read in owner._readers], arrays)
         if changed:

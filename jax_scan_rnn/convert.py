@@ -220,13 +220,20 @@ def _prefix_hint(expected: list[str], state_dict: Mapping[str, Any]) -> str:
 
 
 def _arguments_hint(layout: list, state_dict: Mapping[str, Any]) -> str:
-    """For the keys of a torch.nn.LSTM/GRU, the constructor each side was built with, when they differ: a porter
-    sees "torch.nn.LSTM(4, 16, num_layers=2) ... jsr.LSTM(4, 8)" instead of working it out from keys and shapes."""
-    theirs = _rnn_arguments({k: tuple(np.shape(v)) for k, v in state_dict.items()})
-    ours = _rnn_arguments({k: tuple(p[...].shape)[::-1] if t else tuple(p[...].shape) for k, p, t in layout})
-    if theirs is None or ours is None or theirs == ours:
-        return ""
-    return f"; the state_dict comes from torch.nn.{theirs}, this model is jsr.{ours}: build it with the same arguments"
+    """For the keys of a torch.nn.LSTM/GRU (the module's own, or a submodule's, such as the Traveller's
+    `lstm_layers.`), the constructor each side was built with, when they differ: a porter sees "torch.nn.LSTM(4, 16,
+    num_layers=2) ... jsr.LSTM(4, 8)" instead of working it out from keys and shapes."""
+    ours_all = {k: tuple(p[...].shape)[::-1] if t else tuple(p[...].shape) for k, p, t in layout}
+    theirs_all = {k: tuple(np.shape(v)) for k, v in state_dict.items()}
+    for prefix in (k.removesuffix("weight_ih_l0") for k in ours_all if k.endswith("weight_ih_l0")):
+        theirs, ours = (_rnn_arguments({k.removeprefix(prefix): v for k, v in shapes.items() if k.startswith(prefix)})
+                        for shapes in (theirs_all, ours_all))
+        if theirs is None or ours is None or theirs == ours:
+            continue
+        if not prefix:
+            return f"; the state_dict comes from torch.nn.{theirs}, this model is jsr.{ours}: build it with the same arguments"
+        return f"; its {prefix[:-1]!r} is a torch.nn.{theirs}, this model's a {ours}"
+    return ""
 
 
 def _rnn_arguments(shapes: Mapping[str, tuple]) -> str | None:

@@ -273,6 +273,7 @@ def test_only_snake_case_fields_become_flags():
     from jax_scan_rnn.cli import flag_names
 
     for message, shown in (("batch_size: expected at most steps=3", "--batch-size: expected at most --steps 3"),
+                           ("init_from: x (LSTM(6, 8, num_layers=2))", "--init-from: x (LSTM(6, 8, num_layers=2))"),
                            ("RESOURCE_EXHAUSTED: os_error_code='28'", "RESOURCE_EXHAUSTED: os_error_code='28'")):
         with pytest.raises(ValueError) as error, flag_names():
             raise ValueError(message)

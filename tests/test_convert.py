@@ -64,6 +64,15 @@ def test_a_torch_rnn_built_otherwise_is_named_with_both_constructors(theirs, our
         jsr.load_torch_state_dict(model, sd)
 
 
+def test_a_submodules_torch_rnn_built_otherwise_is_named_too():
+    """The same reading for an LSTM inside a model (the Traveller's lstm_layers)."""
+    model = jsr.Traveller(num_inputs=4, hidden_size=8, num_layers=2, rngs=nnx.Rngs(0))
+    sd = torch_ref.Traveller(4, 16, 2, 0.0).state_dict()
+    with pytest.raises(ValueError, match=re.escape("; its 'lstm_layers' is a torch.nn.LSTM(6, 16, num_layers=2), this "
+                                                   "model's a LSTM(6, 8, num_layers=2)")):
+        jsr.load_torch_state_dict(model, sd)
+
+
 def test_a_prefixed_state_dict_names_the_prefix_and_how_to_strip_it():
     """A DataParallel checkpoint (`module.` keys), a larger model's (`rnn.` keys beside others), a submodule's keys
     given for the whole, a training checkpoint holding the state_dict: the error says which, and the way it names

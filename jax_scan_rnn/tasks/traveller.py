@@ -364,25 +364,9 @@ def load_init(model: Traveller, path: str | Path) -> dict:
     """Load a PyTorch state_dict file into `model`; returns {path, sha256} for the run's metadata."""
     from jax_scan_rnn.convert import load_state_dict_file, read_state_dict_file
 
-    state_dict = read_state_dict_file(path, "init_from")
-    lstm = model.lstm_layers
-    ours = f"hidden_size={lstm.hidden_size}, num_layers={lstm.num_layers}, {model.num_inputs} features, " \
-           f"{model.num_assets} assets"
-    theirs = _sizes({k: tuple(np.shape(v)) for k, v in state_dict.items()})
-    return load_state_dict_file(model, state_dict, path, "init_from",
-                                "hidden_size, num_layers and the data's features and assets"
-                                + (f" (the file's: {theirs}; this run's: {ours})" if theirs and theirs != ours else ""))
-
-
-def _sizes(shapes: dict[str, tuple]) -> str | None:
-    """A Traveller state_dict's sizes in words, as `load_init` says this run's, from the seed's layout (`lstm_layers`
-    reads [positions; features], `output_layer` writes one position per asset); None for other keys."""
-    w_ih, w_hh = shapes.get("lstm_layers.weight_ih_l0", ()), shapes.get("lstm_layers.weight_hh_l0", ())
-    out = shapes.get("output_layer.weight", ())
-    if len(w_ih) != 2 or len(w_hh) != 2 or len(out) != 2:
-        return None
-    layers = sum(1 for k in shapes if k.startswith("lstm_layers.weight_ih_l"))
-    return f"hidden_size={w_hh[1]}, num_layers={layers}, {w_ih[1] - out[0]} features, {out[0]} assets"
+    return load_state_dict_file(model, read_state_dict_file(path, "init_from"), path, "init_from",
+                                "hidden_size, num_layers and the data's features and assets (an LSTM's input is "
+                                "the positions, then the features)")
 
 
 def load(out_dir: str | Path, step: int | None = None) -> tuple[Traveller, TravellerTask, DataStats | None]:
