@@ -20,7 +20,9 @@ is process 0's):
    it to ``step_<step>`` (atomic on POSIX) and all processes wait again. The save is synchronous.
 2. Process 0 hashes (and fsyncs) every file and writes ``MANIFEST.json``; the others wait at a barrier.
 3. Only then are checkpoints beyond ``keep`` deleted (orbax's ``delete``: process 0 deletes, all wait),
-   so a crash at any point leaves the previous complete checkpoint in place.
+   so a crash at any point leaves the previous complete checkpoint in place. Each waits until no other
+   process reads it (a ``flock`` on the step directory: shared while read, exclusive while deleted), so
+   ``evaluate`` or ``export`` of a run that is still training never has its checkpoint deleted under it.
 
 A crash in 1 leaves only orbax's temporary directory (ignored; the next :func:`save` deletes it); a crash
 in 2 leaves a step without a valid manifest: partial, and refused like a corrupted one. Every checkpoint
@@ -44,6 +46,7 @@ implementation and come back as typed keys, so ``nnx.Rngs`` round-trips. One job
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -59,8 +62,13 @@ import numpy as np
 
 from jax_scan_rnn import validate
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: no lock between a reader and a deleting writer
+    fcntl = None
+
 __all__ = ["CheckpointError", "Restored", "save", "restore", "steps", "latest_step", "verify", "read_metadata",
-           "step_path", "step_of", "set_aside", "named_leaves"]
+           "step_path", "step_of", "set_aside", "named_leaves", "newest_valid_step"]
 
 FORMAT_VERSION = 2  # of MANIFEST.json and the layout; 2: orbax's CheckpointManager
 MANIFEST, ARRAYS, METADATA = "MANIFEST.json", "arrays", "metadata"
@@ -179,7 +187,7 @@ def save(directory: str | os.PathLike, step: int, state: Any, metadata: Mapping[
     )
     with ocp.CheckpointManager(root, options=options) as manager:
         if step in manager.all_steps():  # orbax never overwrites a step
-            manager.delete(step)
+            _delete(manager, root, step)
         items = {ARRAYS: ocp.args.StandardSave(arrays), METADATA: ocp.args.JsonSave(metadata)}
         try:
             manager.save(step, args=ocp.args.Composite(**items), force=True)  # force: also older than the newest
@@ -194,8 +202,14 @@ def save(directory: str | os.PathLike, step: int, state: Any, metadata: Mapping[
         if keep is not None:  # not orbax's max_to_keep: it deletes before the manifest exists
             older = [s for s in manager.all_steps() if s < step]
             for s in older[: max(0, len(older) - (keep - 1))]:
-                manager.delete(s)
+                _delete(manager, root, s)
     return step_path(root, step)
+
+
+def _delete(manager: Any, root: Path, step: int) -> None:
+    """orbax's delete (process 0 deletes, every process waits), once no other process is reading the step."""
+    with _held(step_path(root, step), exclusive=True) if jax.process_index() == 0 else contextlib.nullcontext():
+        manager.delete(step)
 
 
 def _barrier(name: str) -> None:
@@ -252,11 +266,17 @@ def verify(directory: str | os.PathLike, step: int) -> tuple[str, ...]:
       list and nothing reads (a user's ``notes.txt``, a ``.DS_Store``). They do not make the checkpoint
       invalid; they are returned so the caller can report them.
     """
+    with _held(step_path(directory, step)):
+        return _check(directory, step)
+
+
+def _check(directory: str | os.PathLike, step: int) -> tuple[str, ...]:
     path = step_path(directory, step)
     if not path.is_dir():
         raise CheckpointError(f"checkpoint {path}: no such checkpoint directory")
     if not (path / MANIFEST).is_file():
-        raise CheckpointError(f"checkpoint {path}: {MANIFEST} is missing (incomplete or tampered checkpoint)")
+        raise CheckpointError(f"checkpoint {path}: {MANIFEST} is missing (a save still being written, "
+                              "a crashed save, or a tampered checkpoint)")
     try:
         manifest = json.loads((path / MANIFEST).read_text())
         fmt, mstep = manifest["format"], manifest["step"]
@@ -299,8 +319,9 @@ def read_metadata(directory: str | os.PathLike, step: int | None = None) -> dict
     step = latest_step(root) if step is None else step
     if step is None:
         raise CheckpointError(f"checkpoint directory {root}: no checkpoint found")
-    verify(root, step)
-    return _read_json(step_path(root, step))
+    with _held(step_path(root, step)):
+        verify(root, step)
+        return _read_json(step_path(root, step))
 
 
 def _read_json(path: Path) -> dict:
@@ -335,26 +356,65 @@ def restore(directory: str | os.PathLike, step: int | None = None, target: Any =
         :func:`verify`.
     """
     root = Path(directory).absolute()  # orbax requires absolute paths
+    skipped: tuple[tuple[int, str], ...] = ()
+    newest = step is None and not fallback
     if step is not None:
-        candidates = [validate.integer("step", step, lo=0, none=True)]
-    else:
-        candidates = list(reversed(steps(root)))
-        if not candidates:
-            raise CheckpointError(f"checkpoint directory {root}: no checkpoint found")
-    skipped: list[tuple[int, str]] = []
-    for s in candidates:
+        step = validate.integer("step", step, lo=0)
+    elif fallback:
+        step, skipped = newest_valid_step(root)  # verified there, and once more below: a cheap second read
+    elif (step := latest_step(root)) is None:
+        raise CheckpointError(f"checkpoint directory {root}: no checkpoint found")
+    path = step_path(root, step)
+    with _held(path):
         try:
-            stray = verify(root, s)
+            stray = verify(root, step)
         except CheckpointError as e:
-            if step is None and fallback:
-                skipped.append((s, str(e)))
-                continue
-            if step is None:
-                hint = "pass fallback=True to restore the newest valid checkpoint instead"
-                raise CheckpointError(f"{e}; {hint}") from None
-            raise
-        path = step_path(root, s)
-        return Restored(s, _load(path, target), _read_json(path), path, tuple(skipped), stray)
+            if not newest:
+                raise
+            raise CheckpointError(f"{e}; pass fallback=True to restore the newest valid checkpoint instead") from None
+        return Restored(step, _load(path, target), _read_json(path), path, skipped, stray)
+
+
+@contextlib.contextmanager
+def _held(path: Path, *, exclusive: bool = False):
+    """A `flock` on the step directory itself: shared while it is read, exclusive while :func:`save` deletes it
+    (``keep``), so a job still training never deletes the checkpoint that another process (evaluate, export) is
+    reading; orbax would fail half-way through, and its threads print pages of tracebacks. Nothing is written, so a
+    read-only run directory reads as before. A missing directory is left for :func:`verify` to report."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        yield
+        return
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)  # readers hold it for a read: seconds
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def newest_valid_step(directory: str | os.PathLike) -> tuple[int, tuple[tuple[int, str], ...]]:
+    """The newest checkpoint in ``directory`` that passes :func:`verify`, and ``(step, reason)`` of each newer one
+    that does not (a save still being written by a running job, a crashed or a corrupted one), newest first.
+
+    For readers of a run that may still be training (evaluate, export): the newest committed step can lack its
+    manifest for the moment between orbax's commit and the manifest's write.
+
+    Raises:
+      CheckpointError: no checkpoint, or none is valid.
+    """
+    root = Path(directory).absolute()
+    skipped: list[tuple[int, str]] = []
+    for s in reversed(steps(root)):
+        try:
+            verify(root, s)
+        except CheckpointError as e:
+            skipped.append((s, str(e)))
+            continue
+        return s, tuple(skipped)
+    if not skipped:
+        raise CheckpointError(f"checkpoint directory {root}: no checkpoint found")
     raise CheckpointError(f"checkpoint directory {root}: no valid checkpoint ({'; '.join(r for _, r in skipped)})")
 
 

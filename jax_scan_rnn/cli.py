@@ -391,16 +391,15 @@ def saved_metadata(out: Path, model: str) -> dict | None:
     from jax_scan_rnn import checkpoint
     from jax_scan_rnn.train import CHECKPOINT_DIR
 
-    for step in reversed(checkpoint.steps(out / CHECKPOINT_DIR)):
-        try:
-            saved = checkpoint.read_metadata(out / CHECKPOINT_DIR, step)
-        except checkpoint.CheckpointError:
-            continue
-        if saved.get("model", model) != model:
-            raise ValueError(f"--out: {out} holds a run of the {saved['model']} model, not of the {model}; resume it "
-                             f"with train {saved['model']}, or choose another --out")
-        return saved
-    return None
+    try:
+        step, _ = checkpoint.newest_valid_step(out / CHECKPOINT_DIR)
+    except checkpoint.CheckpointError:
+        return None
+    saved = checkpoint.read_metadata(out / CHECKPOINT_DIR, step)
+    if saved.get("model", model) != model:
+        raise ValueError(f"--out: {out} holds a run of the {saved['model']} model, not of the {model}; resume it "
+                         f"with train {saved['model']}, or choose another --out")
+    return saved
 
 
 def data_change(saved: dict, now: dict) -> str | None:
@@ -600,10 +599,32 @@ def traveller_heading(task, table: dict) -> str:
             f"Sharpe annualised with {task.periods_per_year:g} steps a year")
 
 
-def load_traveller(args: argparse.Namespace):
-    from jax_scan_rnn.tasks import traveller as task_lib
+def load_run(args: argparse.Namespace, model: str) -> tuple:
+    """--checkpoint and --step: what `tasks.<model>.load` returns (`model`: "traveller" or "vae"), then the step it
+    was loaded from. Without --step: the newest checkpoint that verifies, so that a run still training can be read:
+    a newer step that does not (one being saved, whose manifest comes last; a crashed or corrupted one) is named on
+    stderr and skipped; when the step read fails and a newer one has been saved since (the training deletes older
+    ones, --keep-checkpoints), the newest is chosen again."""
+    import importlib
 
-    return task_lib.load(run_directory(args.checkpoint, args.step), args.step)
+    from jax_scan_rnn import checkpoint
+    from jax_scan_rnn.train import CHECKPOINT_DIR
+
+    task_lib = importlib.import_module(f"jax_scan_rnn.tasks.{model}")
+    run = run_directory(args.checkpoint, args.step)
+    if args.step is not None:
+        return *task_lib.load(run, args.step), args.step
+    for attempt in range(3):
+        step, skipped = checkpoint.newest_valid_step(run / CHECKPOINT_DIR)
+        try:
+            loaded = task_lib.load(run, step)
+        except checkpoint.CheckpointError:
+            if attempt == 2 or checkpoint.latest_step(run / CHECKPOINT_DIR) == step:
+                raise
+            continue  # a training still running saved a newer one and deleted this one (--keep-checkpoints)
+        for s, reason in skipped:
+            print(f"--checkpoint: step {s} skipped, loading step {step}: {reason}", file=sys.stderr)
+        return *loaded, step
 
 
 def traveller_data(task, stats, path: str | None, *, returns: bool = True, fill: str | None = None):
@@ -635,9 +656,7 @@ def traveller_data(task, stats, path: str | None, *, returns: bool = True, fill:
 
 @command("evaluate traveller")
 def cmd_evaluate_traveller(args: argparse.Namespace) -> int:
-    from jax_scan_rnn.checkpoint import latest_step
     from jax_scan_rnn.tasks import traveller as task_lib
-    from jax_scan_rnn.train import CHECKPOINT_DIR
 
     refuse_run_file(args.plot, "--plot")
     if args.plot and Path(args.plot).suffix and available("matplotlib"):  # checked before any work
@@ -647,9 +666,8 @@ def cmd_evaluate_traveller(args: argparse.Namespace) -> int:
         if Path(args.plot).suffix.lstrip(".").lower() not in kinds:
             raise ValueError(f"--plot: expected a file ending in one of {', '.join('.' + k for k in sorted(kinds))}, "
                              f"got {args.plot}")
-    model, task, stats = load_traveller(args)
+    model, task, stats, step = load_run(args, "traveller")
     checkpoint = Path(args.checkpoint)
-    step = args.step if args.step is not None else latest_step(checkpoint / CHECKPOINT_DIR)
     scored = None if stats is None else Path(args.data).stem if args.data else args.period or "test"
     # Named by what it shows, never the training's own positions.png: an evaluation of an earlier step or
     # another period must not replace the plot the run left (and one evaluation does not replace another's).
@@ -707,7 +725,7 @@ def cmd_run_traveller(args: argparse.Namespace) -> int:
     refuse_an_input(args.output, "--output", {"--data": args.data, "--initial-state": args.initial_state,
                                               "--final-state": args.final_state})
     refuse_an_input(args.final_state, "--final-state", {"--data": args.data})
-    model, task, stats = load_traveller(args)
+    model, task, stats, step = load_run(args, "traveller")
     refuse_an_input(args.output, "--output", {"the run's --data file": task.data})
     if stats is not None:
         data = traveller_data(task, stats, args.data, returns=False, fill=args.fill)
@@ -746,7 +764,7 @@ def cmd_run_traveller(args: argparse.Namespace) -> int:
     write_atomically(args.output, lambda f: write_positions_csv(f, positions, assets))
     print(f"positions: {positions.shape[0]} path(s) x {positions.shape[1]} steps x {len(assets)} assets -> {args.output}")
     if args.final_state is not None:
-        source = str(Path(args.checkpoint).absolute()) + ("" if args.step is None else f" --step {args.step}")
+        source = f"{Path(args.checkpoint).absolute()} --step {step}"
         producer = {"weights_sha256": weights, "checkpoint": source}
         arrays = {**{k: np.asarray(v) for k, v in state._asdict().items()}, **producer}
         write_atomically(args.final_state, lambda f: np.savez(f, **arrays), binary=True)
@@ -812,11 +830,11 @@ def cmd_export_traveller(args: argparse.Namespace) -> int:
     import jax_scan_rnn as jsr
 
     check_output_file(args.output)
-    model, task, stats = load_traveller(args)
+    model, task, stats, step = load_run(args, "traveller")
     side = write_export(jsr.torch_state_dict(model), args, None if stats is None else stats.to_json())
     lstm = model.lstm_layers
     print(f"state_dict of torch_ref.Traveller({model.num_inputs}, {lstm.hidden_size}, {lstm.num_layers}, "
-          f"{task.dropout}, num_assets={model.num_assets}) -> {args.output}")
+          f"{task.dropout}, num_assets={model.num_assets}), step {step} of {args.checkpoint} -> {args.output}")
     if side is not None:
         print(f"the model reads features standardised with the training period's mean and std: {side}")
     return 0
@@ -830,7 +848,7 @@ def cmd_export_vae(args: argparse.Namespace) -> int:
     from jax_scan_rnn.tasks import vae as task_lib
 
     check_output_file(args.output)
-    model, vocab, task = load_vae(args)
+    model, vocab, task, step = load_run(args, "vae")
     arguments = task_lib.model_arguments(task, vocab.size)
     side = write_export(jsr.torch_state_dict(model), args, {
         "model": "torch_ref.SeqVAE", "arguments": arguments,
@@ -838,7 +856,7 @@ def cmd_export_vae(args: argparse.Namespace) -> int:
         "vocabulary": json.loads(vocab.to_json()),
         "max_length": task.max_length, "kekule": task.writes_kekule, "decoder_only": task.decoder_only})
     shown = ", ".join(f"{k}={v}" for k, v in arguments.items())
-    print(f"state_dict of torch_ref.SeqVAE({shown}) -> {args.output}")
+    print(f"state_dict of torch_ref.SeqVAE({shown}), step {step} of {args.checkpoint} -> {args.output}")
     print(f"its arguments and vocabulary (token id -> character; ids 0-2: <pad>, <sos>, <eos>): {side}")
     if task.decoder_only:
         print("a CharRNN (--decoder-only): it decodes from z = 0, the encoder was not trained")
@@ -946,12 +964,6 @@ def vae_data_file(task) -> str | None:
     return None if smiles.is_builtin_source(task.data) else task.data
 
 
-def load_vae(args: argparse.Namespace):
-    from jax_scan_rnn.tasks import vae as task_lib
-
-    return task_lib.load(run_directory(args.checkpoint, args.step), args.step)
-
-
 @command("sample vae")
 def cmd_sample_vae(args: argparse.Namespace) -> int:
     from jax_scan_rnn import metrics
@@ -960,7 +972,7 @@ def cmd_sample_vae(args: argparse.Namespace) -> int:
     refuse_unread(args, [(("temperature", "top_k"), args.greedy, "without --greedy",
                           "greedy decoding takes each step's most likely token")])
     check_output_file(args.output)
-    model, vocab, task = load_vae(args)
+    model, vocab, task, step = load_run(args, "vae")
     refuse_an_input(args.output, "--output", {"the run's --data file": vae_data_file(task)})
     check_memory("the samples (-n)", task_lib.sample_bytes(task, vocab.size, args.n))
     model.eval()
@@ -983,7 +995,7 @@ def cmd_evaluate_vae(args: argparse.Namespace) -> int:
     from jax_scan_rnn.tasks import vae as task_lib
 
     check_output_file(args.output)
-    model, vocab, task = load_vae(args)
+    model, vocab, task, step = load_run(args, "vae")
     data_file = vae_data_file(task)
     refuse_an_input(args.output, "--output", {"the run's --data file": data_file})
     check_memory("the samples (-n)", task_lib.sample_bytes(task, vocab.size, args.n))

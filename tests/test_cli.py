@@ -445,6 +445,29 @@ def test_evaluate_whose_plot_cannot_be_written_prints_its_table_then_one_line(tm
                                                           "file ending in one of ")
 
 
+def test_a_run_still_saving_is_read_at_its_newest_complete_checkpoint(tmp_path, capsys):
+    """A training still running has, for a moment, a newest step without its manifest (written last): evaluate, export
+    and run read the newest complete one, name the step they skipped, and say the step they used."""
+    out = tmp_path / "run"
+    assert main([*TINY_TRAVELLER, "--checkpoint-every", "1", "--out", str(out)]) == 0
+    (out / "checkpoints" / "step_00000002" / "MANIFEST.json").unlink()  # as between orbax's commit and the manifest
+    capsys.readouterr()
+    assert main(["evaluate", "traveller", "--checkpoint", str(out)]) == 0
+    captured = capsys.readouterr()
+    skipped = "--checkpoint: step 2 skipped, loading step 1: checkpoint "
+    assert skipped in captured.err and "MANIFEST.json is missing (a save still being written" in captured.err
+    assert f"positions plot: {out / 'positions-step1.png'}" in captured.out
+    assert main(["export", "traveller", "--checkpoint", str(out), "--format", "safetensors", "--output",
+                 str(tmp_path / "w.safetensors")]) == 0
+    captured = capsys.readouterr()
+    assert skipped in captured.err and f"), step 1 of {out} -> " in captured.out
+    np.savez(tmp_path / "f.npz", features=np.zeros((1, 3, 4), np.float32))
+    assert main(["run", "traveller", "--checkpoint", str(out), "--data", str(tmp_path / "f.npz"), "--output",
+                 str(tmp_path / "p.csv"), "--final-state", str(tmp_path / "s.npz")]) == 0
+    with np.load(tmp_path / "s.npz") as state:
+        assert str(state["checkpoint"]) == f"{out.absolute()} --step 1"  # the step used, not "the newest" then
+
+
 def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, tmp_path, capsys, tiny_run):
     from jax_scan_rnn.tasks import traveller as task_lib
 

@@ -158,7 +158,7 @@ def test_run_refuses_a_state_of_another_model_and_a_file_with_other_features(run
     model, _, _ = task_lib.load(out)
     saved = dict(np.load(state))
     assert str(saved["weights_sha256"]) == weights_digest(model) == weights_digest(task_lib.load(out)[0])
-    assert str(saved["checkpoint"]) == str(out.absolute())
+    assert str(saved["checkpoint"]) == f"{out.absolute()} --step 40"  # the step used
     other = jsr.Traveller(num_inputs=model.num_inputs, hidden_size=8, num_layers=1, rngs=nnx.Rngs(1))
     assert weights_digest(other) != weights_digest(model)
     np.savez(state, **{**saved, "weights_sha256": weights_digest(other), "checkpoint": "/elsewhere/run"})
