@@ -47,11 +47,14 @@ implementation and come back as typed keys, so ``nnx.Rngs`` round-trips. One job
 from __future__ import annotations
 
 import contextlib
+import errno
+import gc
 import hashlib
 import itertools
 import json
 import os
 import re
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,6 +164,10 @@ def save(directory: str | os.PathLike, step: int, state: Any, metadata: Mapping[
 
     Returns:
       The committed step directory.
+
+    Raises:
+      OSError: the file system refused (``ENOSPC``: before anything is written when the disk cannot hold it, or
+        after orbax failed, its temporary directory then removed), naming the step directory.
     """
     import orbax.checkpoint as ocp
 
@@ -178,6 +185,7 @@ def save(directory: str | os.PathLike, step: int, state: Any, metadata: Mapping[
     arrays = {n: x if isinstance(x, (jax.Array, np.ndarray)) else np.asarray(x) for n, x in zip(names, leaves)}
 
     root = Path(directory).absolute()  # orbax requires absolute paths
+    _check_free_space(root, step, arrays)
     options = ocp.CheckpointManagerOptions(
         step_name_format=_name_format(),
         enable_async_checkpointing=False,  # save() returns with the step committed (exact resume)
@@ -195,7 +203,16 @@ def save(directory: str | os.PathLike, step: int, state: Any, metadata: Mapping[
             code = re.search(r"os_error_code='(\d+)'", str(e))
             if code is None:
                 raise
-            raise OSError(int(code[1]), os.strerror(int(code[1])), str(step_path(root, step))) from e
+            failed = OSError(int(code[1]), os.strerror(int(code[1])), str(step_path(root, step)))
+            failed.__cause__ = e  # raised below, out of this block: orbax's tasks are collected first
+        else:
+            failed = None
+        if failed is not None:
+            if jax.process_count() == 1:  # the half-written step gives its space back at once, not at the next save
+                for tmp in root.glob(f"{step_path(root, step).name}.orbax-checkpoint-tmp*"):
+                    shutil.rmtree(tmp, ignore_errors=True)
+            gc.collect()  # orbax's failed write tasks log their errors now, above the caller's message, not after it
+            raise failed
         if jax.process_index() == 0:
             _write_manifest(step_path(root, step), step)
         _barrier("manifest")
@@ -210,6 +227,26 @@ def _delete(manager: Any, root: Path, step: int) -> None:
     """orbax's delete (process 0 deletes, every process waits), once no other process is reading the step."""
     with _held(step_path(root, step), exclusive=True) if jax.process_index() == 0 else contextlib.nullcontext():
         manager.delete(step)
+
+
+def _check_free_space(root: Path, step: int, arrays: Mapping[str, Any]) -> None:
+    """OSError(ENOSPC) naming the step, before orbax writes anything, when the disk cannot hold the checkpoint: orbax
+    would fail half-way, its threads printing pages of tracebacks. Needed: the newest checkpoint's size on disk (the
+    same arrays, saved before), else half the arrays' bytes (orbax's compression never halves weights: the estimate
+    may be low, then orbax's own failure is reported as before, but never refuses a save that fits). One process
+    only: on several, one refusing alone would leave the others waiting at orbax's barriers."""
+    if jax.process_count() > 1:
+        return
+    previous = latest_step(root)
+    needed = (sum(f.stat().st_size for f in step_path(root, previous).rglob("*") if f.is_file()) if previous is not None
+              else sum(np.asarray(x).nbytes if isinstance(x, np.ndarray) else x.nbytes for x in arrays.values()) // 2)
+    where = root
+    while not where.exists():  # the directory is created by the save: the disk it will be on
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    if free < needed:
+        raise OSError(errno.ENOSPC, f"No space left on device (the checkpoint needs about {needed} bytes, {free} are "
+                      "free)", str(step_path(root, step)))
 
 
 def _barrier(name: str) -> None:

@@ -254,6 +254,9 @@ def test_a_full_disk_is_one_line_naming_the_file_and_what_the_run_keeps(tmp_path
     from jax_scan_rnn import checkpoint
 
     def full(self, step, *args, **kwargs):
+        half = checkpoint.step_path(self.directory, step).with_name(f"step_{step:08d}.orbax-checkpoint-tmp")
+        (half / "arrays").mkdir(parents=True)
+        (half / "arrays" / "written").write_bytes(b"0" * 4096)  # what orbax wrote before the disk filled
         raise ValueError('RESOURCE_EXHAUSTED: Error writing "loop/count/0" in OCDBT database: Failed to write 303337 '
                          "bytes to file 19: No space left on device [os_error_code='28']")
 
@@ -261,12 +264,38 @@ def test_a_full_disk_is_one_line_naming_the_file_and_what_the_run_keeps(tmp_path
     with pytest.raises(OSError) as error:
         checkpoint.save(tmp_path / "ck", 3, {"w": np.zeros(2)})
     assert (error.value.errno, error.value.filename) == (errno.ENOSPC, str(tmp_path / "ck" / "step_00000003"))
+    assert os.listdir(tmp_path / "ck") == []  # the half-written step gives its space back at once
     out = tmp_path / "run"
     assert main([*TINY_TRAVELLER, "--log-every", "1", "--out", str(out)]) == 1
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"jax-scan-rnn train traveller: error: No space left on device ({out / 'checkpoints'}/"
         "step_00000002); no checkpoint was written yet (--checkpoint-every 250): nothing to resume; its log is kept "
         "(metrics.jsonl: --resume there starts again from step 0)")
+
+
+def test_a_disk_too_full_for_the_checkpoint_is_refused_before_orbax_writes(tmp_path, monkeypatch):
+    """orbax failing half-way prints pages of tracebacks from its threads: a disk that cannot hold the checkpoint (the
+    newest one's size; for a first save, half the arrays' bytes) is refused before, naming the step and the sizes."""
+    import errno
+    import shutil
+
+    from jax_scan_rnn import checkpoint
+
+    checkpoint.save(tmp_path, 1, {"w": np.zeros(1000, np.float32)})
+    size = sum(f.stat().st_size for f in checkpoint.step_path(tmp_path, 1).rglob("*") if f.is_file())
+    disk = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path: disk._replace(free=size - 1))
+    with pytest.raises(OSError) as error:
+        checkpoint.save(tmp_path, 2, {"w": np.ones(1000, np.float32)})
+    assert (error.value.errno, error.value.filename) == (errno.ENOSPC, str(checkpoint.step_path(tmp_path, 2)))
+    assert f"the checkpoint needs about {size} bytes, {size - 1} are free" in error.value.strerror
+    assert os.listdir(tmp_path) == ["step_00000001"]
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path: disk._replace(free=1999))
+    with pytest.raises(OSError, match="needs about 2000 bytes, 1999 are free"):  # a first save: half its 4000 bytes
+        checkpoint.save(tmp_path / "fresh" / "ck", 1, {"w": np.zeros(1000, np.float32)})
+    assert not (tmp_path / "fresh").exists()
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path: disk._replace(free=size))
+    checkpoint.save(tmp_path, 2, {"w": np.ones(1000, np.float32)})  # it fits: saved
 
 
 def test_only_snake_case_fields_become_flags():
