@@ -237,13 +237,15 @@ def _check_free_space(root: Path, step: int, arrays: Mapping[str, Any]) -> None:
     only: on several, one refusing alone would leave the others waiting at orbax's barriers."""
     if jax.process_count() > 1:
         return
-    previous = latest_step(root)
-    needed = (sum(f.stat().st_size for f in step_path(root, previous).rglob("*") if f.is_file()) if previous is not None
-              else sum(np.asarray(x).nbytes if isinstance(x, np.ndarray) else x.nbytes for x in arrays.values()) // 2)
+    def size(s: int) -> int:
+        return sum(f.stat().st_size for f in step_path(root, s).rglob("*") if f.is_file())
+
+    saved = steps(root)
+    needed = size(saved[-1]) if saved else sum(x.nbytes for x in arrays.values()) // 2
     where = root
     while not where.exists():  # the directory is created by the save: the disk it will be on
         where = where.parent
-    free = shutil.disk_usage(where).free
+    free = shutil.disk_usage(where).free + (size(step) if step in saved else 0)  # a step saved again: deleted first
     if free < needed:
         raise OSError(errno.ENOSPC, f"No space left on device (the checkpoint needs about {needed} bytes, {free} are "
                       "free)", str(step_path(root, step)))

@@ -296,6 +296,8 @@ def test_a_disk_too_full_for_the_checkpoint_is_refused_before_orbax_writes(tmp_p
     assert not (tmp_path / "fresh").exists()
     monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path: disk._replace(free=size))
     checkpoint.save(tmp_path, 2, {"w": np.ones(1000, np.float32)})  # it fits: saved
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path: disk._replace(free=0))
+    checkpoint.save(tmp_path, 2, {"w": np.ones(1000, np.float32)})  # saved again: the old one's space is reused
 
 
 def test_only_snake_case_fields_become_flags():
