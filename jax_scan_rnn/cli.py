@@ -402,6 +402,31 @@ def saved_metadata(out: Path, model: str) -> dict | None:
     return saved
 
 
+def adopt_saved_settings(args: argparse.Namespace, task_cls: type, preset=None) -> None:
+    """--resume: each task or training option not given on the command line (nor by the given --preset) takes the
+    resumed run's own value, so that `train MODEL --out DIR --resume` continues the run as it was started; an option
+    given is compared with the run's by `check_resume`. The options taken that differ from this command's defaults
+    are said in one line. Nothing happens without --resume or without a valid checkpoint in --out."""
+    from jax_scan_rnn.train import TrainConfig
+
+    if not args.resume:
+        return
+    saved = saved_metadata(Path(args.out), args.model)
+    if saved is None or "task" not in saved:
+        return
+    given = set(args.given) | (set(preset.task) | set(preset.train) if preset else set())
+    values = {**dataclasses.asdict(task_cls.from_json(saved["task"])), **saved.get("train_config", {})}
+    fields = [f.name for cls in (task_cls, TrainConfig) for f in dataclasses.fields(cls) if f.metadata.get("cli")]
+    taken = []
+    for name in fields:
+        if name in values and name not in given and hasattr(args, name) and getattr(args, name) != values[name]:
+            setattr(args, name, values[name])
+            value = values[name]
+            taken.append(f"{flag_for(name)} {value:g}" if isinstance(value, float) else f"{flag_for(name)} {value}")
+    if taken:
+        print(f"--resume: the run's own settings where not given: {', '.join(taken)}")
+
+
 def data_change(saved: dict, now: dict) -> str | None:
     """What differs between the `DataStats` a Traveller run saved (JSON) and those of the data read now, or None."""
     if saved == now:
@@ -543,6 +568,7 @@ def refuse_unread(args: argparse.Namespace, rules: list[UnreadRule]) -> None:
 def cmd_train_traveller(args: argparse.Namespace) -> int:
     from jax_scan_rnn.tasks import traveller as task_lib
 
+    adopt_saved_settings(args, task_lib.TravellerTask)
     if args.data is not None:  # saved with the run: evaluate and run find it from any working directory
         args.data = os.path.abspath(args.data)
     refuse_unread(args, [
@@ -898,6 +924,7 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
     from jax_scan_rnn.data import smiles
     from jax_scan_rnn.tasks import vae as task_lib
 
+    adopt_saved_settings(args, task_lib.VAETask, task_lib.PRESETS[args.preset] if args.preset else None)
     if not args.smiles_check and smiles.is_builtin_source(args.data):
         raise ValueError(f"--no-smiles-check: expected only with a --data file that is not chemistry, got --data "
                          f"{args.data}, a built-in source (always SMILES)")
@@ -1085,9 +1112,10 @@ def add_train_arguments(parser: argparse.ArgumentParser, task: type, defaults: d
                                                "warmup_steps": None, **defaults},
                           shown={"warmup_steps": "min(100, steps / 10)"})
     group.add_argument("--out", default=out, help=f"output directory (default: {out})")
-    group.add_argument("--resume", action="store_true", help="continue from the latest valid checkpoint in --out")
+    group.add_argument("--resume", action="store_true", help="continue from the latest valid checkpoint in --out, with the run's own "
+                       "settings for the options not given")
     group.add_argument("--override", action="store_true",
-                       help="with --resume: continue even if options differ from the run's saved ones (listed)")
+                       help="with --resume: continue even if options given differ from the run's saved ones (listed)")
     group.add_argument(
         "--devices", type=positive_int, default=None,
         help="data-parallel over this many devices: the batch is split, parameters replicated (default: all)",

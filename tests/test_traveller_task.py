@@ -239,3 +239,12 @@ def test_resume_with_changed_settings_is_refused_unless_overridden(tmp_path, cap
     assert main([*changed, "--override"]) == 0
     assert "resuming with changed settings (--override): " in capsys.readouterr().out
     assert main([*base, "--resume"]) == 2  # step 3's checkpoint holds the overridden settings
+    # Options not given are the run's own: `--out DIR --resume` alone continues the run as it was started.
+    capsys.readouterr()
+    assert main(["train", "traveller", "--out", str(out), "--resume", "--steps", "4", "--override"]) == 0
+    said = capsys.readouterr().out
+    assert ("--resume: the run's own settings where not given: --hidden-size 4, --num-layers 1, --batch-size 4, "
+            "--seq-len 16, --lr 0.01, --warmup-steps 0, --eval-every 0, --checkpoint-every 1") in said, said
+    assert "resuming with changed settings (--override): --steps 3 -> 4\n" in said, said  # the one option given
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["step"] == 4 and (out / "checkpoints" / "step_00000004" / "MANIFEST.json").is_file()

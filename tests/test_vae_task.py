@@ -290,11 +290,19 @@ def test_cli_resume_continues_the_run(corpus, tmp_path, monkeypatch, capsys):
     assert main([*args, "--steps", "8", "--resume", "--override"]) == 0  # more steps: a changed option
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["split"] == "train"] == [2, 4, 6, 8]
+    # Options not given are the run's own (its --data file, sizes, batch; not MOSES's data and defaults).
+    capsys.readouterr()
+    assert main(["train", "vae", "--out", str(out), "--resume", "--steps", "10", "--override"]) == 0
+    said = capsys.readouterr().out
+    assert f"--resume: the run's own settings where not given: --data {corpus}, --hidden-size 8, " in said, said
+    assert "resuming with changed settings (--override): --steps 8 -> 10\n" in said, said
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["split"] == "train"] == [2, 4, 6, 8, 10]
     # The file revised since: other molecules in the split, named as a changed setting, the run untouched.
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     corpus.write_text(corpus.read_text() + "CCCCCCCCCCCO\nCCCCCCCCCCCN\n")
     capsys.readouterr()
-    assert main([*args, "--steps", "8", "--resume"]) == 2
+    assert main([*args, "--steps", "10", "--resume"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.endswith(f"other settings (the data in --data {corpus} (its molecules)); give the same options, or "
                         "add --override to continue with the new ones") and len(err.splitlines()) == 1, err
@@ -583,8 +591,8 @@ def test_kekule_writes_every_part_in_kekule_form(corpus):
 
 def test_a_run_saved_before_decoder_layers_existed_keeps_one_decoder_layer(corpus, tmp_path, monkeypatch, capsys):
     """`train vae` now defaults to two decoder layers; a run saved before `decoder_layers` existed had the
-    encoder's layer count. Loading it rebuilds that decoder, and --resume compares against what it ran with
-    (continuing a run after the check is tests/test_vae_task.py::test_cli_resume_continues_the_run's)."""
+    encoder's layer count. Loading it rebuilds that decoder, --resume continues it so, and compares a given
+    --decoder-layers against what it ran with (continuing a run after the check is tests/test_vae_task.py::test_cli_resume_continues_the_run's)."""
     from jax_scan_rnn import checkpoint
 
     from jax_scan_rnn.train import TrainConfig
@@ -605,5 +613,7 @@ def test_a_run_saved_before_decoder_layers_existed_keeps_one_decoder_layer(corpu
     capsys.readouterr()
     argv = ["train", "vae", "--data", str(corpus), "--hidden-size", "8", "--latent-size", "2", "--batch-size", "8",
             "--steps", "1", "--log-every", "1", "--eval-every", "0", "--checkpoint-every", "1", "--out", str(out)]
-    assert main([*argv, "--resume"]) == 2  # today's default, 2 layers: not what the run had
-    assert "--decoder-layers None -> 2" in capsys.readouterr().err  # naming the flag to give
+    assert main([*argv, "--resume", "--decoder-layers", "2"]) == 2  # today's default, given: not what the run had
+    assert "--decoder-layers None -> 2" in capsys.readouterr().err  # naming the flag
+    assert main([*argv, "--resume"]) == 0  # not given: the run's own (the encoder's layer count), said
+    assert "--resume: the run's own settings where not given: --decoder-layers None" in capsys.readouterr().out
