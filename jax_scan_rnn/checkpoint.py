@@ -427,7 +427,10 @@ def _held(path: Path, *, exclusive: bool = False):
         return
     try:
         if fcntl is not None:
-            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)  # readers hold it for a read: seconds
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)  # readers hold it for a read: seconds
+            except OSError:  # NFS emulates flock with POSIX locks, whose exclusive kind a directory cannot take
+                pass  # a best effort there: the read or the delete goes ahead as without the lock
         yield
     finally:
         os.close(fd)  # releases the lock
