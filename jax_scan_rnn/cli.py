@@ -406,13 +406,20 @@ def adopt_saved_settings(args: argparse.Namespace, task_cls: type, preset=None) 
     """--resume: each task or training option not given on the command line (nor by the given --preset) takes the
     resumed run's own value, so that `train MODEL --out DIR --resume` continues the run as it was started; an option
     given is compared with the run's by `check_resume`. The options taken that differ from this command's defaults
-    are said in one line. Nothing happens without --resume or without a valid checkpoint in --out."""
+    are said in one line, and an --init-from, which the checkpoint replaces, in a note. Nothing happens without --resume
+    or without a valid checkpoint in --out."""
     from jax_scan_rnn.train import TrainConfig
 
     if not args.resume:
         return
     saved = saved_metadata(Path(args.out), args.model)
-    if saved is None or "task" not in saved:
+    if saved is None:
+        return
+    if args.init_from is not None:  # the same command starts a requeued job from the file, then resumes it: a note
+        print(f"jax-scan-rnn train {args.model}: note: --init-from {args.init_from} is not read: --resume continues "
+              f"from the run's checkpoint in {args.out}", file=sys.stderr)
+        args.init_from = None
+    if "task" not in saved:
         return
     given = set(args.given) | (set(preset.task) | set(preset.train) if preset else set())
     values = {**dataclasses.asdict(task_cls.from_json(saved["task"])), **saved.get("train_config", {})}
@@ -951,9 +958,7 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
             init_from = task_lib.InitFrom.read(args.init_from)
             init_from.check(task)
     refuse_a_finished_run(out, args.resume)  # before the data: MOSES's 300,000 molecules take half a minute
-    saved = saved_metadata(out, args.model) if args.resume else None
-    if saved is not None:  # a resumed run starts from its checkpoint, whose token ids its own vocabulary gives
-        init_from = None
+    saved = saved_metadata(out, args.model) if args.resume else None  # (its --init-from: not read, said above)
     vocab = smiles.Vocabulary.from_json(saved["vocab"]) if saved and "vocab" in saved else init_from and init_from.vocab
     dataset = task_lib.load_dataset(task, vocab)
     check_memory("the final evaluation's samples (--eval-samples)",

@@ -248,3 +248,10 @@ def test_resume_with_changed_settings_is_refused_unless_overridden(tmp_path, cap
     assert "resuming with changed settings (--override): --steps 3 -> 4\n" in said, said  # the one option given
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["step"] == 4 and (out / "checkpoints" / "step_00000004" / "MANIFEST.json").is_file()
+    # A requeued job's --init-from: read when it started, not when it resumes (the checkpoint replaces it), said.
+    weights = tmp_path / "w.safetensors"
+    assert main(["export", "traveller", "--checkpoint", str(out), "--format", "safetensors", "--output", str(weights)]) == 0
+    capsys.readouterr()
+    assert main(["train", "traveller", "--out", str(out), "--resume", "--init-from", str(weights)]) == 0
+    assert (f"jax-scan-rnn train traveller: note: --init-from {weights} is not read: --resume continues from the run's "
+            f"checkpoint in {out}") in capsys.readouterr().err
