@@ -8,7 +8,8 @@ exits (SIGKILL included), so a crash never leaves a stale lock behind; the file 
 
 Re-entrant within a process (the CLI holds the lock around training and evaluation, and `train.fit` takes
 it again inside), because a second `flock` on a new file descriptor would conflict with the first.
-POSIX only (`fcntl`); elsewhere the lock is a no-op.
+POSIX only (`fcntl`); elsewhere, and on a file system that has no locks (NFS without its lock daemon), the lock is
+a no-op.
 """
 from __future__ import annotations
 
@@ -64,6 +65,12 @@ def run_lock(directory: str | os.PathLike) -> Iterator[Path]:
             f"{path}: another run (PID {holder}) is writing to this directory; wait for it to finish or "
             "choose another output directory"
         ) from None
+    except OSError:  # a file system without locks (NFS without its lock daemon: ENOLCK): as where fcntl is missing
+        os.close(fd)
+        fd = None
+    if fd is None:
+        yield path
+        return
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     _held[path] = fd

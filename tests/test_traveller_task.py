@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import numpy as np
@@ -164,6 +165,24 @@ def test_a_second_process_on_the_same_out_is_refused_naming_the_holder(tmp_path)
     third = subprocess.run(cli, capture_output=True, text=True, timeout=300)
     assert third.returncode == 0, third.stderr
     assert (out / "evaluation.json").exists()
+
+
+def test_a_file_system_without_locks_runs_unlocked(tmp_path, monkeypatch):
+    """NFS without its lock daemon refuses flock (ENOLCK): the run goes ahead as where fcntl is missing, not a
+    traceback; the same for the checkpoints' reader lock."""
+    import errno
+
+    from jax_scan_rnn import checkpoint, lock
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(lock.fcntl, "flock", no_locks)  # the one fcntl module: checkpoint's too
+    with lock.run_lock(tmp_path / "run") as held:
+        assert held == (tmp_path / "run").resolve() and lock._held == {}
+        checkpoint.save(tmp_path / "run", 1, {"w": np.ones(2)})
+        checkpoint.save(tmp_path / "run", 2, {"w": np.ones(2)}, keep=1)  # pruning: the exclusive reader lock
+        assert checkpoint.restore(tmp_path / "run").step == 2
 
 
 def test_a_finished_run_is_never_overwritten_and_bad_out_is_one_line(tmp_path, capsys):
