@@ -61,7 +61,9 @@ def matmul(x: Array, w: Array, compute_dtype=None) -> Array:
     dtype = compute_dtype or x.dtype
     a, b = x.astype(dtype), w.astype(dtype)
     k, n = w.shape
-    if k <= THIN_MATMUL_DIM or (n <= THIN_MATMUL_DIM and math.prod(x.shape[:-1]) <= THIN_OUTPUT_MAX_ROWS):
+    rows = x.shape[:-1]  # symbolic under jax.export's shape polymorphism ("b"): any size, so not a single row
+    single = all(isinstance(r, int) for r in rows) and math.prod(rows) <= THIN_OUTPUT_MAX_ROWS
+    if k <= THIN_MATMUL_DIM or (n <= THIN_MATMUL_DIM and single):
         return jnp.sum(a[..., :, None].astype(x.dtype) * b.astype(x.dtype), axis=-2)
     return jnp.matmul(a, b, preferred_element_type=x.dtype)
 

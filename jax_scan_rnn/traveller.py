@@ -53,6 +53,10 @@ class TravellerState(NamedTuple):
     positions: Array  # [B, A] the last positions, which the next step reads back
 
 
+# A serialized `jax.export` of a stateful call (`trav(x, state)`, `trav.step`) names its state type.
+jax.export.register_namedtuple_serialization(TravellerState, serialized_name="jax_scan_rnn.TravellerState")
+
+
 class Traveller(nnx.Module):
     """Position-feedback LSTM over A assets: `[B, T, F] -> [B, T, A]`, or the seed's `[T, 1, F] -> [T, A]`.
 
