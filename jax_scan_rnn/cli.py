@@ -169,6 +169,31 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+@contextlib.contextmanager
+def sigterm_stops():
+    """Training's `stop`: a SIGTERM (what a cluster's scheduler sends a job before it preempts it, and `kill`'s
+    default) makes `fit` checkpoint the update it has reached and stop (`TrainingStopped`), instead of dying with
+    every update since the last checkpoint lost. A second SIGTERM kills at once, as without this."""
+    import signal
+    import threading
+
+    asked = threading.Event()
+
+    def handler(signum, frame):
+        asked.set()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (the CLI called from a thread): signals stay as they are
+        yield asked.is_set
+        return
+    try:
+        yield asked.is_set
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 class ProgressBar:
     """`fit` callback: a tqdm bar over optimiser steps, with the latest loss and evaluation. As a context manager
     it closes the bar on the way out, so that an interrupted run's one line is the last thing on the terminal."""
@@ -214,13 +239,18 @@ class ProgressBar:
             self.bar.close()
 
 
+def default_warmup(steps: int) -> int:
+    """--warmup-steps when not given: a tenth of the updates, at most 100."""
+    return min(100, steps // 10)
+
+
 def train_config(args: argparse.Namespace):
     """The training options as a TrainConfig, checked (with --resume/--override) before any work."""
     from jax_scan_rnn.train import TrainConfig
 
     if args.override and not args.resume:
         raise ValueError("--override: expected only with --resume (it accepts changed options of a resumed run)")
-    warmup = min(100, args.steps // 10) if args.warmup_steps is None else args.warmup_steps
+    warmup = default_warmup(args.steps) if args.warmup_steps is None else args.warmup_steps
     with flag_names():  # "TrainConfig.warmup_steps: expected at most steps=10" -> the flags' names
         return options.from_args(TrainConfig, args, warmup_steps=warmup)
 
@@ -405,7 +435,8 @@ def saved_metadata(out: Path, model: str) -> dict | None:
 def adopt_saved_settings(args: argparse.Namespace, task_cls: type, preset=None) -> None:
     """--resume: each task or training option not given on the command line (nor by the given --preset) takes the
     resumed run's own value, so that `train MODEL --out DIR --resume` continues the run as it was started; an option
-    given is compared with the run's by `check_resume`. The options taken that differ from this command's defaults
+    given is compared with the run's by `check_resume` (a --warmup-steps not given follows a given --steps, as in a
+    fresh run). The options taken that differ from this command's defaults
     are said in one line, and an --init-from, which the checkpoint replaces, in a note. Nothing happens without --resume
     or without a valid checkpoint in --out."""
     from jax_scan_rnn.train import TrainConfig
@@ -425,11 +456,15 @@ def adopt_saved_settings(args: argparse.Namespace, task_cls: type, preset=None) 
     values = {**dataclasses.asdict(task_cls.from_json(saved["task"])), **saved.get("train_config", {})}
     fields = [f.name for cls in (task_cls, TrainConfig) for f in dataclasses.fields(cls) if f.metadata.get("cli")]
     taken = []
+    if "steps" in given:  # --warmup-steps not given follows a given --steps, as in a fresh run (default_warmup)
+        given.add("warmup_steps")
     for name in fields:
         if name in values and name not in given and hasattr(args, name) and getattr(args, name) != values[name]:
-            setattr(args, name, values[name])
             value = values[name]
-            taken.append(f"{flag_for(name)} {value:g}" if isinstance(value, float) else f"{flag_for(name)} {value}")
+            derived = name == "warmup_steps" and args.warmup_steps is None and default_warmup(args.steps) == value
+            setattr(args, name, value)
+            if not derived:  # (the value this command would have derived anyway goes unsaid)
+                taken.append(f"{flag_for(name)} {value:g}" if isinstance(value, float) else f"{flag_for(name)} {value}")
     if taken:
         print(f"--resume: the run's own settings where not given: {', '.join(taken)}")
 
@@ -603,10 +638,10 @@ def cmd_train_traveller(args: argparse.Namespace) -> int:
         market = "your data" if data is not None else f"the simulated market, {task.market.num_assets} assets"
         print(f"training the Traveller ({task.objective} objective, {market}) for {args.steps} steps on {dp.size} "
               f"device(s) -> {out}")
-        with flag_names(), ProgressBar() as progress:  # --init-from's errors name the flag
+        with flag_names(), ProgressBar() as progress, sigterm_stops() as stop:  # --init-from's errors name the flag
             model, history, stats = task_lib.train(
                 task, cfg, out, resume=args.resume, callback=progress, init_from=args.init_from, data=data,
-                data_sharding=dp.data, state_sharding=dp.replicated,
+                data_sharding=dp.data, state_sharding=dp.replicated, stop=stop,
             )
         # every process computes: the model's arrays span them all
         table = task_lib.evaluate(model, task) if data is None else task_lib.data_table(
@@ -974,10 +1009,10 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
                                                     f"{min(task_lib.EVAL_RECONSTRUCT, len(dataset.valid))}")
         print(f"the bar's eval figures: loss on {min(task_lib.EVAL_LOSS, len(dataset.valid))} validation molecules"
               f"{accuracy}; the final report uses the test set")
-        with flag_names(), ProgressBar() as progress:  # --init-from's errors name the flag
+        with flag_names(), ProgressBar() as progress, sigterm_stops() as stop:  # --init-from's errors name the flag
             model, dataset, _ = task_lib.train(
                 task, cfg, out, resume=args.resume, callback=progress, dataset=dataset, init_from=init_from,
-                data_sharding=dp.data, state_sharding=dp.replicated,
+                data_sharding=dp.data, state_sharding=dp.replicated, stop=stop,
             )
         print(vae_evaluation_banner(task, len(dataset.test)), flush=True)
         report = task_lib.evaluate(model, dataset, task, seed=args.seed)
@@ -1343,11 +1378,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except Exception as err:
         from jax_scan_rnn.checkpoint import CheckpointError  # here: importing them at start-up imports JAX
-        from jax_scan_rnn.train import NonFiniteLossError
+        from jax_scan_rnn.train import NonFiniteLossError, TrainingStopped
 
         if isinstance(err, NonFiniteLossError):
             print(f"jax-scan-rnn {name}: error: {err}", file=sys.stderr)
             return 1
+        if isinstance(err, TrainingStopped):
+            print(f"\njax-scan-rnn {name}: stopped by SIGTERM at step {err.step}; checkpoint {err.checkpoint} written: "
+                  "the same command with --resume continues from it", file=sys.stderr)
+            return 128 + 15  # the status of a process SIGTERM ended
         if isinstance(err, OSError) and err.errno in DISK_ERRORS:
             where = f" ({err.filename})" if err.filename else ""
             left = kept(args)

@@ -48,7 +48,7 @@ from jax_scan_rnn.options import check, option
 from jax_scan_rnn.runlog import CURVES_FILE, METRICS_FILE, History, RunLog, plot_curves, read_rows
 from jax_scan_rnn.schedules import LR_SCHEDULES, make_lr_schedule
 
-__all__ = ["TrainConfig", "History", "NonFiniteLossError", "make_optimizer", "make_lr_schedule_for", "global_norm",
+__all__ = ["TrainConfig", "History", "NonFiniteLossError", "TrainingStopped", "make_optimizer", "make_lr_schedule_for", "global_norm",
            "clip_by_global_norm", "TrainStep",
            "make_eval_fn", "fit", "earlier_run", "restore_model", "METRICS_FILE", "CURVES_FILE", "CHECKPOINT_DIR"]
 
@@ -99,6 +99,33 @@ class NonFiniteLossError(RuntimeError):
             f"non-finite {what} at step {step} (the update computed from batch_fn({step - 1})): loss={loss!r}, "
             f"grad_norm={grad_norm!r}; training stopped, the model holds the parameters after step {step - 1}, "
             f"and {kept}")
+
+
+class TrainingStopped(Exception):
+    """`fit` stopped before `cfg.steps` because its `stop()` said so (the CLI's: a SIGTERM, which a cluster's
+    scheduler sends before it preempts a job), after writing a checkpoint of the update it had reached."""
+
+    def __init__(self, step: int, checkpoint: Path | None):
+        self.step = step  # the last update done
+        self.checkpoint = checkpoint  # its checkpoint, or None without an out_dir
+        super().__init__(f"stopped as asked at step {step}; " + (
+            f"its checkpoint {checkpoint} is written: resuming continues from it" if checkpoint is not None
+            else "nothing was written (no out_dir)"))
+
+
+def _stop_now(stop: Callable[[], bool] | None, k: int, cfg: TrainConfig) -> bool:
+    """Whether `fit` stops after update `k`. Several processes must stop (and checkpoint) at one step, or the
+    others wait at the checkpoint's barriers: they agree at log steps (`cfg.log_every`) with one collective there,
+    any process's request stopping all; one process asks every update (reading a flag)."""
+    if stop is None:
+        return False
+    if jax.process_count() == 1:
+        return bool(stop())
+    if k % cfg.log_every:
+        return False
+    from jax.experimental import multihost_utils
+
+    return bool(np.any(multihost_utils.process_allgather(np.asarray(bool(stop())))))
 
 
 def make_lr_schedule_for(cfg: TrainConfig) -> optax.Schedule:
@@ -342,7 +369,7 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
         out_dir: str | os.PathLike | None = None, eval_fn: Callable[[nnx.Module], Mapping[str, float]] | None = None,
         resume: bool = False, callback: Callable[[dict], None] | None = None,
         metadata: Mapping[str, Any] | None = None, data_sharding: jax.sharding.Sharding | None = None,
-        state_sharding: jax.sharding.Sharding | None = None) -> History:
+        state_sharding: jax.sharding.Sharding | None = None, stop: Callable[[], bool] | None = None) -> History:
     """Train `model` in place for `cfg.steps` updates of Adam(W) on `loss_fn`, with `TrainStep`.
 
     Args:
@@ -378,6 +405,10 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
       data_sharding: if given, every batch is placed with it (e.g. batch-sharded for data parallelism; on
         several processes each contributes the rows of its own devices, `distributed.put_batch`).
       state_sharding: if given, the training state is placed with it (e.g. replicated) before the loop.
+      stop: `stop() -> bool`, asked after every update (with several processes: at log steps, all stopping when
+        one asks); when it says True before the last update, `fit` writes a checkpoint of that update (with an
+        `out_dir`) and raises `TrainingStopped`, so a preempted job loses no update: `resume=True` continues
+        there, exactly as the uninterrupted run would have gone on.
 
     While it runs, `fit` holds `out_dir` (`lock.run_lock`, on the first process of a multi-process run).
 
@@ -385,11 +416,13 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
       NonFiniteLossError: at the first update whose loss, gradient norm or updated state is not finite.
       lock.RunDirectoryLocked: another process holds `out_dir`.
       checkpoint.CheckpointError: `resume` found checkpoints, but none valid.
+      TrainingStopped: `stop()` said so; its checkpoint is written.
     """
     t_start = time.time()
     validate.instance("cfg", cfg, TrainConfig)
     validate.function("batch_fn", batch_fn)
     validate.function("eval_fn", eval_fn, none=True)
+    validate.function("stop", stop, none=True)
     emit = validate.function("callback", callback, none=True) or (lambda event: None)
     metadata = {**(metadata or {})}
     if "train_config" in metadata:
@@ -423,10 +456,12 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
             for k in range(start + 1, cfg.steps + 1):
                 carry = step(carry, put(first_batch if k == 1 else batch_fn(k - 1)))
                 final = k == cfg.steps
+                stopping = not final and _stop_now(stop, k, cfg)
                 do_log = k % cfg.log_every == 0 or final
                 do_eval = eval_fn is not None and ((cfg.eval_every and k % cfg.eval_every == 0) or final)
-                do_ckpt = ckdir is not None and ((cfg.checkpoint_every and k % cfg.checkpoint_every == 0) or final)
-                if not (do_log or do_eval or do_ckpt):
+                do_ckpt = ckdir is not None and ((cfg.checkpoint_every and k % cfg.checkpoint_every == 0) or final
+                                                 or stopping)
+                if not (do_log or do_eval or do_ckpt or stopping):
                     continue
                 host = step.read(carry)
                 if host["bad"]["step"] >= 0:
@@ -452,6 +487,8 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
                     path = ckpt.save(ckdir, k, {"train_state": step.tree(carry["state"]), "loop": carry["window"]},
                                      {**metadata, "train_config": asdict(cfg)}, keep=cfg.keep_checkpoints)
                     emit({"event": "checkpoint", "step": k, "path": str(path)})
+                if stopping:
+                    raise TrainingStopped(k, None if ckdir is None else ckpt.step_path(ckdir, k))
     finally:
         step.write(carry)
     history = log.history(step=k, out_dir=out, **resumed)

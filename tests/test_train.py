@@ -433,6 +433,37 @@ def test_resume_is_bit_exact(tmp_path, log_every):
     assert ckpt.steps(tmp_path / "b" / CHECKPOINT_DIR) == [20]  # keep_checkpoints=1
 
 
+def test_a_stop_request_checkpoints_the_update_reached_and_resume_is_bit_exact(tmp_path):
+    """`stop()` (the CLI's SIGTERM, a cluster's preemption) after update 13, between checkpoints (10, 20) and inside a
+    log window (3): that update is checkpointed, TrainingStopped says where, and resuming gives the straight run."""
+    import itertools
+
+    from jax_scan_rnn.train import TrainingStopped
+
+    cfg = replace(RESUME_CFG, log_every=3)
+    straight = DropMLP(nnx.Rngs(0))
+    h_straight = fit(straight, loss_fn, batch_fn, cfg, out_dir=tmp_path / "a", eval_fn=eval_fn_dropout)
+    asked = itertools.count(1)  # asked once after each update
+    with pytest.raises(TrainingStopped) as stopped:
+        fit(DropMLP(nnx.Rngs(0)), loss_fn, batch_fn, cfg, out_dir=tmp_path / "b", eval_fn=eval_fn_dropout,
+            stop=lambda: next(asked) >= 13)
+    assert stopped.value.step == 13 and stopped.value.checkpoint == ckpt.step_path(tmp_path / "b" / CHECKPOINT_DIR, 13)
+    assert f"stopped as asked at step 13; its checkpoint {stopped.value.checkpoint} is written" in str(stopped.value)
+    assert ckpt.steps(tmp_path / "b" / CHECKPOINT_DIR) == [13]  # keep_checkpoints=1: step 10 pruned
+    resumed = DropMLP(nnx.Rngs(1234))
+    h_resumed = fit(resumed, loss_fn, batch_fn, cfg, out_dir=tmp_path / "b", eval_fn=eval_fn_dropout, resume=True,
+                    stop=lambda: False)
+    assert h_resumed.resumed_from == 13
+    assert strip_times(h_resumed.train) == strip_times(h_straight.train)
+    assert strip_times(h_resumed.eval) == strip_times(h_straight.eval)
+    assert_same_params(param_leaves(resumed), param_leaves(straight))
+    with pytest.raises(TrainingStopped, match="at step 1; nothing was written"):  # no out_dir: stopped all the same
+        fit(DropMLP(nnx.Rngs(0)), loss_fn, batch_fn, replace(cfg, steps=3), stop=lambda: True)
+    calls = []
+    fit(DropMLP(nnx.Rngs(0)), loss_fn, batch_fn, replace(cfg, steps=3), stop=lambda: calls.append(1) or len(calls) >= 3)
+    assert len(calls) == 2  # asked after updates 1 and 2, not after the last: a finished run is done, not stopped
+
+
 def test_resume_falls_back_past_a_corrupt_checkpoint(tmp_path):
     cfg = replace(RESUME_CFG, keep_checkpoints=2)
     straight = DropMLP(nnx.Rngs(0))

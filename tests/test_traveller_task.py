@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 
 import numpy as np
@@ -167,6 +168,42 @@ def test_a_second_process_on_the_same_out_is_refused_naming_the_holder(tmp_path)
     assert (out / "evaluation.json").exists()
 
 
+def test_sigterm_checkpoints_the_step_reached_and_resume_continues(tmp_path):
+    """A cluster preempts a job with SIGTERM: the run checkpoints the update it reached, says so in one line and exits
+    143; the same command with --resume continues from there. (Before: killed at once, every update since the last
+    checkpoint lost.)"""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run"
+    cli = [sys.executable, "-m", "jax_scan_rnn.cli", "train", "traveller", "--steps", "100000", "--hidden-size", "4",
+           "--num-layers", "1", "--batch-size", "4", "--seq-len", "8", "--eval-every", "0", "--log-every", "1",
+           "--checkpoint-every", "0", "--out", str(out)]
+    job = subprocess.Popen(cli, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not ((out / "metrics.jsonl").is_file() and (out / "metrics.jsonl").read_text().count("\n") >= 3):
+            assert job.poll() is None and time.time() < deadline, "training did not start"
+            time.sleep(0.2)
+        job.send_signal(signal.SIGTERM)
+        _, err = job.communicate(timeout=120)
+    finally:
+        job.kill()
+    assert job.returncode == 143, err
+    line = err.strip().splitlines()[-1]
+    step = int(re.search(r"stopped by SIGTERM at step (\d+);", line)[1])
+    assert line == (f"jax-scan-rnn train traveller: stopped by SIGTERM at step {step}; checkpoint "
+                    f"{out / 'checkpoints' / f'step_{step:08d}'} written: the same command with --resume continues "
+                    "from it"), line
+    assert (out / "checkpoints" / f"step_{step:08d}" / "MANIFEST.json").is_file()
+    resumed = subprocess.run([*cli[:5], "--out", str(out), "--resume", "--steps", str(step + 2), "--override"],
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["step"] == step + 2
+
+
 def test_a_file_system_without_locks_runs_unlocked(tmp_path, monkeypatch):
     """NFS without its lock daemon refuses flock (ENOLCK): the run goes ahead as where fcntl is missing, not a
     traceback; the same for the checkpoints' reader lock."""
@@ -263,7 +300,7 @@ def test_resume_with_changed_settings_is_refused_unless_overridden(tmp_path, cap
     assert main(["train", "traveller", "--out", str(out), "--resume", "--steps", "4", "--override"]) == 0
     said = capsys.readouterr().out
     assert ("--resume: the run's own settings where not given: --hidden-size 4, --num-layers 1, --batch-size 4, "
-            "--seq-len 16, --lr 0.01, --warmup-steps 0, --eval-every 0, --checkpoint-every 1") in said, said
+            "--seq-len 16, --lr 0.01, --eval-every 0, --checkpoint-every 1\n") in said, said
     assert "resuming with changed settings (--override): --steps 3 -> 4\n" in said, said  # the one option given
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["step"] == 4 and (out / "checkpoints" / "step_00000004" / "MANIFEST.json").is_file()
