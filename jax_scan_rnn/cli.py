@@ -436,9 +436,8 @@ def adopt_saved_settings(args: argparse.Namespace, task_cls: type, preset=None) 
     """--resume: each task or training option not given on the command line (nor by the given --preset) takes the
     resumed run's own value, so that `train MODEL --out DIR --resume` continues the run as it was started; an option
     given is compared with the run's by `check_resume` (a --warmup-steps not given follows a given --steps, as in a
-    fresh run). The options taken that differ from this command's defaults
-    are said in one line, and an --init-from, which the checkpoint replaces, in a note. Nothing happens without --resume
-    or without a valid checkpoint in --out."""
+    fresh run). The options taken that differ from this command's defaults are said in one line, and an --init-from,
+    which the checkpoint replaces, in a note. Nothing happens without --resume or a valid checkpoint in --out."""
     from jax_scan_rnn.train import TrainConfig
 
     if not args.resume:
@@ -1039,7 +1038,7 @@ def cmd_sample_vae(args: argparse.Namespace) -> int:
     refuse_unread(args, [(("temperature", "top_k"), args.greedy, "without --greedy",
                           "greedy decoding takes each step's most likely token")])
     check_output_file(args.output)
-    model, vocab, task, step = load_run(args, "vae")
+    model, vocab, task, _ = load_run(args, "vae")
     refuse_an_input(args.output, "--output", {"the run's --data file": vae_data_file(task)})
     check_memory("the samples (-n)", task_lib.sample_bytes(task, vocab.size, args.n))
     model.eval()
@@ -1062,7 +1061,7 @@ def cmd_evaluate_vae(args: argparse.Namespace) -> int:
     from jax_scan_rnn.tasks import vae as task_lib
 
     check_output_file(args.output)
-    model, vocab, task, step = load_run(args, "vae")
+    model, vocab, task, _ = load_run(args, "vae")
     data_file = vae_data_file(task)
     refuse_an_input(args.output, "--output", {"the run's --data file": data_file})
     check_memory("the samples (-n)", task_lib.sample_bytes(task, vocab.size, args.n))
