@@ -295,7 +295,8 @@ def test_cli_resume_continues_the_run(corpus, tmp_path, monkeypatch, capsys):
     assert main(["train", "vae", "--out", str(out), "--resume", "--steps", "10", "--override"]) == 0
     said = capsys.readouterr().out
     assert f"--resume: the run's own settings where not given: --data {corpus}, --hidden-size 8, " in said, said
-    assert "resuming with changed settings (--override): --steps 8 -> 10\n" in said, said
+    # --warmup-steps not given follows the given --steps, as in a fresh run: a tenth of 10
+    assert "resuming with changed settings (--override): --steps 8 -> 10; --warmup-steps 0 -> 1\n" in said, said
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["split"] == "train"] == [2, 4, 6, 8, 10]
     # The file revised since: other molecules in the split, named as a changed setting, the run untouched.
