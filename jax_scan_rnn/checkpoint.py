@@ -231,17 +231,18 @@ def _delete(manager: Any, root: Path, step: int) -> None:
 
 def _check_free_space(root: Path, step: int, arrays: Mapping[str, Any]) -> None:
     """OSError(ENOSPC) naming the step, before orbax writes anything, when the disk cannot hold the checkpoint: orbax
-    would fail half-way, its threads printing pages of tracebacks. Needed: the newest checkpoint's size on disk (the
-    same arrays, saved before), else half the arrays' bytes (orbax's compression never halves weights: the estimate
-    may be low, then orbax's own failure is reported as before, but never refuses a save that fits). One process
+    would fail half-way, its threads printing pages of tracebacks. Needed: the newest checkpoint's size on disk (in a
+    training run the same arrays, whose compressed size barely moves between steps), at most the arrays' bytes (another
+    tree is not held to an older, larger one's size); for a first save half the arrays' bytes (orbax's compression
+    never halves weights). The estimate may be low, and orbax's own failure is then reported as before. One process
     only: on several, one refusing alone would leave the others waiting at orbax's barriers."""
     if jax.process_count() > 1:
         return
     def size(s: int) -> int:
         return sum(f.stat().st_size for f in step_path(root, s).rglob("*") if f.is_file())
 
-    saved = steps(root)
-    needed = size(saved[-1]) if saved else sum(x.nbytes for x in arrays.values()) // 2
+    saved, nbytes = steps(root), sum(x.nbytes for x in arrays.values())
+    needed = min(size(saved[-1]), nbytes) if saved else nbytes // 2
     where = root
     while not where.exists():  # the directory is created by the save: the disk it will be on
         where = where.parent

@@ -298,6 +298,8 @@ def test_a_disk_too_full_for_the_checkpoint_is_refused_before_orbax_writes(tmp_p
     checkpoint.save(tmp_path, 2, {"w": np.ones(1000, np.float32)})  # it fits: saved
     monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path: disk._replace(free=0))
     checkpoint.save(tmp_path, 2, {"w": np.ones(1000, np.float32)})  # saved again: the old one's space is reused
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path: disk._replace(free=40))
+    checkpoint.save(tmp_path, 3, {"w": np.ones(10, np.float32)})  # another, smaller tree: held to its 40 bytes
 
 
 def test_only_snake_case_fields_become_flags():
