@@ -55,7 +55,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -360,7 +360,7 @@ def read_metadata(directory: str | os.PathLike, step: int | None = None) -> dict
     if step is None:
         raise CheckpointError(f"checkpoint directory {root}: no checkpoint found")
     with _held(step_path(root, step)):
-        verify(root, step)
+        _check(root, step)
         return _read_json(step_path(root, step))
 
 
@@ -396,23 +396,25 @@ def restore(directory: str | os.PathLike, step: int | None = None, target: Any =
         :func:`verify`.
     """
     root = Path(directory).absolute()  # orbax requires absolute paths
-    skipped: tuple[tuple[int, str], ...] = ()
-    newest = step is None and not fallback
-    if step is not None:
-        step = validate.integer("step", step, lo=0)
-    elif fallback:
-        step, skipped = newest_valid_step(root)  # verified there, and once more below: a cheap second read
-    elif (step := latest_step(root)) is None:
+    explicit = step is not None
+
+    def read(s: int, stray: tuple[str, ...], skipped: tuple) -> Restored:  # called holding the step (_held)
+        path = step_path(root, s)
+        return Restored(s, _load(path, target), _read_json(path), path, skipped, stray)
+
+    if step is None and fallback:
+        return _newest_valid(root, read)
+    if step is None and (step := latest_step(root)) is None:
         raise CheckpointError(f"checkpoint directory {root}: no checkpoint found")
-    path = step_path(root, step)
-    with _held(path):
+    step = validate.integer("step", step, lo=0)
+    with _held(step_path(root, step)):
         try:
-            stray = verify(root, step)
+            stray = _check(root, step)
         except CheckpointError as e:
-            if not newest:
+            if explicit:
                 raise
             raise CheckpointError(f"{e}; pass fallback=True to restore the newest valid checkpoint instead") from None
-        return Restored(step, _load(path, target), _read_json(path), path, skipped, stray)
+        return read(step, stray, ())
 
 
 @contextlib.contextmanager
@@ -447,15 +449,21 @@ def newest_valid_step(directory: str | os.PathLike) -> tuple[int, tuple[tuple[in
     Raises:
       CheckpointError: no checkpoint, or none is valid.
     """
-    root = Path(directory).absolute()
+    return _newest_valid(Path(directory).absolute(), lambda s, stray, skipped: (s, skipped))
+
+
+def _newest_valid(root: Path, then: Callable[[int, tuple[str, ...], tuple], Any]) -> Any:
+    """`then(step, stray files, skipped)` for the newest checkpoint that verifies, called while the step is held
+    (`_held`), each step verified once; `skipped`: `(step, reason)` of the newer ones that do not."""
     skipped: list[tuple[int, str]] = []
     for s in reversed(steps(root)):
-        try:
-            verify(root, s)
-        except CheckpointError as e:
-            skipped.append((s, str(e)))
-            continue
-        return s, tuple(skipped)
+        with _held(step_path(root, s)):
+            try:
+                stray = _check(root, s)
+            except CheckpointError as e:
+                skipped.append((s, str(e)))
+                continue
+            return then(s, stray, tuple(skipped))
     if not skipped:
         raise CheckpointError(f"checkpoint directory {root}: no checkpoint found")
     raise CheckpointError(f"checkpoint directory {root}: no valid checkpoint ({'; '.join(r for _, r in skipped)})")

@@ -432,25 +432,26 @@ def saved_metadata(out: Path, model: str) -> dict | None:
     return saved
 
 
-def adopt_saved_settings(args: argparse.Namespace, task_cls: type, preset=None) -> None:
+def adopt_saved_settings(args: argparse.Namespace, task_cls: type, preset=None) -> dict | None:
     """--resume: each task or training option not given on the command line (nor by the given --preset) takes the
     resumed run's own value, so that `train MODEL --out DIR --resume` continues the run as it was started; an option
     given is compared with the run's by `check_resume` (a --warmup-steps not given follows a given --steps, as in a
     fresh run). The options taken that differ from this command's defaults are said in one line, and an --init-from,
-    which the checkpoint replaces, in a note. Nothing happens without --resume or a valid checkpoint in --out."""
+    which the checkpoint replaces, in a note. Nothing happens without --resume or a valid checkpoint in --out.
+    Returns the run's metadata (`saved_metadata`, for `check_resume`), or None."""
     from jax_scan_rnn.train import TrainConfig
 
     if not args.resume:
-        return
+        return None
     saved = saved_metadata(Path(args.out), args.model)
     if saved is None:
-        return
+        return None
     if args.init_from is not None:  # the same command starts a requeued job from the file, then resumes it: a note
         print(f"jax-scan-rnn train {args.model}: note: --init-from {args.init_from} is not read: --resume continues "
               f"from the run's checkpoint in {args.out}", file=sys.stderr)
         args.init_from = None
     if "task" not in saved:
-        return
+        return saved
     given = set(args.given) | (set(preset.task) | set(preset.train) if preset else set())
     values = {**dataclasses.asdict(task_cls.from_json(saved["task"])), **saved.get("train_config", {})}
     fields = [f.name for cls in (task_cls, TrainConfig) for f in dataclasses.fields(cls) if f.metadata.get("cli")]
@@ -466,6 +467,7 @@ def adopt_saved_settings(args: argparse.Namespace, task_cls: type, preset=None) 
                 taken.append(f"{flag_for(name)} {value:g}" if isinstance(value, float) else f"{flag_for(name)} {value}")
     if taken:
         print(f"--resume: the run's own settings where not given: {', '.join(taken)}")
+    return saved
 
 
 def data_change(saved: dict, now: dict) -> str | None:
@@ -609,7 +611,7 @@ def refuse_unread(args: argparse.Namespace, rules: list[UnreadRule]) -> None:
 def cmd_train_traveller(args: argparse.Namespace) -> int:
     from jax_scan_rnn.tasks import traveller as task_lib
 
-    adopt_saved_settings(args, task_lib.TravellerTask)
+    saved = adopt_saved_settings(args, task_lib.TravellerTask)
     if args.data is not None:  # saved with the run: evaluate and run find it from any working directory
         args.data = os.path.abspath(args.data)
     refuse_unread(args, [
@@ -633,7 +635,7 @@ def cmd_train_traveller(args: argparse.Namespace) -> int:
     out = Path(args.out)
     dp = data_parallel(args, task.batch_size)
     with output_directory(out, args.resume):
-        check_resume(out, args, task, cfg, None if data is None else {"data_stats": stats.to_json()})
+        check_resume(out, args, task, cfg, None if data is None else {"data_stats": stats.to_json()}, saved)
         market = "your data" if data is not None else f"the simulated market, {task.market.num_assets} assets"
         print(f"training the Traveller ({task.objective} objective, {market}) for {args.steps} steps on {dp.size} "
               f"device(s) -> {out}")
@@ -965,7 +967,7 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
     from jax_scan_rnn.data import smiles
     from jax_scan_rnn.tasks import vae as task_lib
 
-    adopt_saved_settings(args, task_lib.VAETask, task_lib.PRESETS[args.preset] if args.preset else None)
+    saved = adopt_saved_settings(args, task_lib.VAETask, task_lib.PRESETS[args.preset] if args.preset else None)
     if not args.smiles_check and smiles.is_builtin_source(args.data):
         raise ValueError(f"--no-smiles-check: expected only with a --data file that is not chemistry, got --data "
                          f"{args.data}, a built-in source (always SMILES)")
@@ -992,7 +994,6 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
             init_from = task_lib.InitFrom.read(args.init_from)
             init_from.check(task)
     refuse_a_finished_run(out, args.resume)  # before the data: MOSES's 300,000 molecules take half a minute
-    saved = saved_metadata(out, args.model) if args.resume else None  # (its --init-from: not read, said above)
     vocab = smiles.Vocabulary.from_json(saved["vocab"]) if saved and "vocab" in saved else init_from and init_from.vocab
     dataset = task_lib.load_dataset(task, vocab)
     check_memory("the final evaluation's samples (--eval-samples)",

@@ -48,8 +48,8 @@ from jax_scan_rnn.options import check, option
 from jax_scan_rnn.runlog import CURVES_FILE, METRICS_FILE, History, RunLog, plot_curves, read_rows
 from jax_scan_rnn.schedules import LR_SCHEDULES, make_lr_schedule
 
-__all__ = ["TrainConfig", "History", "NonFiniteLossError", "TrainingStopped", "make_optimizer", "make_lr_schedule_for", "global_norm",
-           "clip_by_global_norm", "TrainStep",
+__all__ = ["TrainConfig", "History", "NonFiniteLossError", "TrainingStopped", "make_optimizer", "make_lr_schedule_for",
+           "global_norm", "clip_by_global_norm", "TrainStep",
            "make_eval_fn", "fit", "earlier_run", "restore_model", "METRICS_FILE", "CURVES_FILE", "CHECKPOINT_DIR"]
 
 Array = jax.Array
