@@ -396,7 +396,8 @@ def flag_names():
     except (ValueError, FileNotFoundError) as err:
         message = str(err)
         head, sep, rest = message.partition(":")
-        fields = [name.strip().removeprefix("TrainConfig.") for name in head.split(",")]  # "a, b: ..." names two
+        # "a, b: ..." names two; "TrainConfig.steps" (its checks) and fit's "cfg.steps" are the same field
+        fields = [name.strip().removeprefix("TrainConfig.").removeprefix("cfg.") for name in head.split(",")]
         # A field is snake_case; XLA's and tensorstore's "RESOURCE_EXHAUSTED: ..." are not one.
         if sep and all(re.fullmatch(r"[a-z][a-z0-9_]*", field) for field in fields):
             # "at most steps=10" too, not a constructor's "LSTM(6, 8, num_layers=2)" in a hint

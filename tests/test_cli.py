@@ -307,7 +307,9 @@ def test_only_snake_case_fields_become_flags():
 
     for message, shown in (("batch_size: expected at most steps=3", "--batch-size: expected at most --steps 3"),
                            ("init_from: x (LSTM(6, 8, num_layers=2))", "--init-from: x (LSTM(6, 8, num_layers=2))"),
-                           ("RESOURCE_EXHAUSTED: os_error_code='28'", "RESOURCE_EXHAUSTED: os_error_code='28'")):
+                           ("RESOURCE_EXHAUSTED: os_error_code='28'", "RESOURCE_EXHAUSTED: os_error_code='28'"),
+                           ("cfg.steps: expected at least the checkpoint's step 2, got 1",  # fit's, on --resume
+                            "--steps: expected at least the checkpoint's step 2, got 1")):
         with pytest.raises(ValueError) as error, flag_names():
             raise ValueError(message)
         assert str(error.value) == shown
