@@ -22,6 +22,12 @@ Whatever does not depend on the feedback can be projected by `prepare` for many 
 matmul before the loop), `inject` then adding only the fed-back part inside the loop; or `inject` can
 project everything each step. The models choose with their `hoist_inputs` (`scan.auto_hoist`: inside
 the loop on CPU, where it measured faster).
+
+Your own model (a forecaster feeding its prediction back; examples/05_own_feedback_model.py runs it):
+
+    carries, fb, ys = feedback_scan(gru, gru.unstack_state(gru.initial_state(B)), jnp.zeros((B, 1)), u,  # u [T, B, 1]
+        inject=lambda fb, u_t: gru.layers[0].input_projection(jnp.concatenate([fb, u_t], -1)),
+        readout=lambda h, u_t: head(h), feed=lambda y, u_t: y)                            # ys [T, B, 1]
 """
 from __future__ import annotations
 
