@@ -12,6 +12,8 @@ The one table of what maps to what (`_layout`), per kind of submodule:
     RNNCell (LSTMCell/GRUCell)   weight_ih = w_ih.T  weight_hh = w_hh.T  bias_ih = b_ih  bias_hh = b_hh
     nnx.Linear                   weight = kernel.T   bias = bias
     nnx.Embed                    weight = embedding
+    nnx.LayerNorm                weight = scale      bias = bias   (build it with epsilon=1e-5, torch's eps;
+                                 Flax's default, 1e-6, differs: a warning names the module)
     any other module             recurse into its submodules; the attribute name is the key prefix
                                  (`lstm_layers.weight_ih_l0`, `output_layer.weight`, `layers.0.weight`)
 
@@ -38,6 +40,7 @@ from jax_scan_rnn.layers import RNN
 
 # (torch key, the nnx.Param holding it, whether the torch array is the transpose of ours)
 Entry = tuple[str, nnx.Param, bool]
+TORCH_LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default `eps`
 
 
 def _check_module(module: Any) -> None:
@@ -64,6 +67,17 @@ def _layout(module: nnx.Module, prefix: str = "") -> Iterator[Entry]:
             yield f"{prefix}bias", module.bias, False
     elif isinstance(module, nnx.Embed):
         yield f"{prefix}weight", module.embedding, False
+    elif isinstance(module, nnx.LayerNorm):
+        if module.epsilon != TORCH_LAYER_NORM_EPS:
+            # Not in the state_dict, so never checked by a load, and far from negligible: over features of
+XX
+            warnings.warn(f"convert: nnx.LayerNorm {prefix[:-1] or 'module'!r} has epsilon {module.epsilon:g}, "
+                          f"torch.nn.LayerNorm's default eps is {TORCH_LAYER_NORM_EPS:g}: the two compute other "
+                          f"numbers unless the torch model was built with eps={module.epsilon:g}", UserWarning,
+                          stacklevel=3)
+        for key, param in (("weight", module.scale), ("bias", module.bias)):
+            if param is not None:  # torch's elementwise_affine=False / bias=False: neither is a parameter
+                yield f"{prefix}{key}", param, False
     else:
         items = enumerate(module) if isinstance(module, nnx.List) else vars(module).items()
         for name, value in items:

@@ -354,3 +354,52 @@ def test_exported_arrays_do_not_alias_jax_memory():
     for value in jsr.torch_state_dict(ours).values():
         torch.from_numpy(value).add_(1.0)
     assert_unchanged(ours, before)
+
+
+def test_layer_norm_maps_to_torchs_and_gives_its_numbers():
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.lstm = jsr.LSTM(3, 8, batch_first=True, rngs=rngs)
+            self.norm = nnx.LayerNorm(8, epsilon=1e-5, rngs=rngs)
+            self.plain = nnx.LayerNorm(8, epsilon=1e-5, use_scale=False, use_bias=False, rngs=rngs)
+            self.head = nnx.Linear(8, 2, rngs=rngs)
+
+        def __call__(self, x):
+            out, _ = self.lstm(x)
+            return self.head(self.plain(self.norm(out)))
+
+    class TorchNet(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = torch.nn.LSTM(3, 8, batch_first=True)
+            self.norm = torch.nn.LayerNorm(8)
+            self.plain = torch.nn.LayerNorm(8, elementwise_affine=False)
+            self.head = torch.nn.Linear(8, 2)
+
+        def forward(self, x):
+            return self.head(self.plain(self.norm(self.lstm(x)[0])))
+
+    torch.manual_seed(0)
+    ref = TorchNet()
+    with torch.no_grad():  # not torch's initial ones and zeros, which would hide a swapped or unloaded pair
+        ref.norm.weight.normal_(), ref.norm.bias.normal_()
+    ours = Net(nnx.Rngs(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # epsilon=1e-5 is torch's: no warning
+        jsr.load_torch_state_dict(ours, ref.state_dict())
+        assert list(jsr.torch_state_dict(ours)) == list(ref.state_dict())
+    x = np.random.default_rng(0).standard_normal((2, 5, 3)).astype(np.float32) * 1e-2  # small variances: eps matters
+    with torch.no_grad():
+        expected = ref(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(np.asarray(ours(x)), expected, atol=1e-5)  # float32 rounding of two frameworks
+
+
+def test_a_layer_norm_with_flaxs_default_epsilon_warns_naming_it():
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.norm = nnx.LayerNorm(4, rngs=rngs)  # Flax's default epsilon, 1e-6
+
+    with pytest.warns(UserWarning, match=r"nnx.LayerNorm 'norm' has epsilon 1e-06, torch.nn.LayerNorm's default eps "
+                                         r"is 1e-05"):
+        state_dict = jsr.torch_state_dict(Net(nnx.Rngs(0)))
+    assert sorted(state_dict) == ["norm.bias", "norm.weight"]
