@@ -2,7 +2,10 @@
 
 Flax's own cells differ from `torch.nn` (carry order `(c, h)`, one bias, and `nnx.GRUCell` has no
 `b_hn`), so weights trained in PyTorch would not mean the same thing there. These cells reproduce
-`torch.nn.LSTMCell` / `torch.nn.GRUCell` exactly.
+`torch.nn.LSTMCell` / `torch.nn.GRUCell` exactly, their call too (as Equinox's cells do):
+
+    h = gru_cell(x, h)              # x [B, I] (or [I]), h [B, H]; hx None: zeros
+    h, c = lstm_cell(x, (h, c))     # not Flax's (carry, x) -> (carry, y), which would read x as the state
 
 Parameter layout (per cell), with G gates (LSTM: 4, GRU: 3) stacked along the last axis:
 
@@ -123,12 +126,55 @@ class RNNCell(nnx.Module):
         """One recurrent step from a projected input `xp [B, G*H]`; returns `(new_carry, h [B, H])`."""
         raise NotImplementedError
 
-    def __call__(self, carry, x: Array):
-        """One step from a raw input `x [B, I]`; returns `(new_carry, h [B, H])`."""
-        return self.step(carry, self.input_projection(x))
+    def __call__(self, input: Array, hx=None):
+        """torch's call, one step: `input [B, I]` (or unbatched `[I]`) and the state `hx` (zeros when None) give
+        `torch.nn.GRUCell`'s `h' [B, H]`, `torch.nn.LSTMCell`'s `(h', c')` (`h' [B, R]`, `c' [B, H]`); unbatched
+        `[H]` leaves for an unbatched input. This library's loops call `step(carry, input_projection(x))` instead,
+        so a whole sequence's projections can be hoisted out of the loop."""
+        x = jnp.asarray(validate.from_torch(input))
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise TypeError(f"input: expected a floating dtype, got {x.dtype}")
+        if x.ndim not in (1, 2) or x.shape[-1] != self.input_size or 0 in x.shape:
+            raise ValueError(f"input: expected shape [B, {self.input_size}] or unbatched [{self.input_size}], "
+                             f"got {tuple(x.shape)}")
+        batch = None if x.ndim == 1 else x.shape[0]
+        expected = self.initial_state(batch or 1, x.dtype)
+        b = "" if batch is None else f"{batch}, "
+        desc = (f"a tuple (h [{b}{self.state_size}], c [{b}{self.hidden_size}])" if isinstance(expected, tuple)
+                else f"an array [{b}{self.hidden_size}]")
+        carry = expected if hx is None else check_carry("hx", hx, expected, desc, batch_axis=0 if batch is None else None)
+        carry, _ = self.step(carry, self.input_projection(x if batch else x[None]))
+        return carry if batch else jax.tree.map(lambda a: a[0], carry)
 
     def _hidden_projection(self, h: Array) -> Array:
         return _add_bias(self.matmul(h, self.w_hh[...]), self.b_hh)
+
+
+def check_carry(name: str, given, expected, desc: str, batch_axis: int | None = None):
+    """A user's state `given` against the zero state `expected`: the same structure (torch's list `[h, c]` read as
+    the tuple), each leaf of `expected`'s shape, less `batch_axis` when one is given (the state of an unbatched
+    input), and floating. Returns it cast to `expected`'s dtype, the batch axis put back. Errors name `name` and
+    say `desc`, what was expected."""
+    given = validate.from_torch(given)
+    if type(given) is list and isinstance(expected, tuple):  # torch's LSTM takes [h, c] too
+        given = tuple(given)
+    if jax.tree.structure(expected) != jax.tree.structure(given):
+        raise ValueError(f"{name}: expected {desc}, got {_described(given)}")
+    for e, g in zip(jax.tree.leaves(expected), jax.tree.leaves(given)):
+        want = e.shape if batch_axis is None else e.shape[:batch_axis] + e.shape[batch_axis + 1:]
+        if tuple(jnp.shape(g)) != want:
+            raise ValueError(f"{name}: expected {desc}, got shape {tuple(jnp.shape(g))}")
+        if not jnp.issubdtype(jnp.result_type(g), jnp.floating):
+            raise TypeError(f"{name}: expected a floating dtype, got {jnp.result_type(g)}")
+    return jax.tree.map(lambda g, e: jnp.asarray(g, e.dtype).reshape(e.shape), given, expected)
+
+
+def _described(value) -> str:
+    """A wrong state in words: "one array of shape (2, 3, 16)", "a tuple of 3 ((2, 3, 16), ...)"."""
+    if isinstance(value, (tuple, list)):
+        parts = ", ".join(str(tuple(jnp.shape(v))) if hasattr(v, "shape") else type(v).__name__ for v in value)
+        return f"a {type(value).__name__} of {len(value)} ({parts})"
+    return f"one array of shape {tuple(jnp.shape(value))}" if hasattr(value, "shape") else f"a {type(value).__name__}"
 
 
 def _add_bias(y: Array, b: nnx.Param | None) -> Array:

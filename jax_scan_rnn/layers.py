@@ -33,7 +33,7 @@ import numpy as np
 from flax import nnx
 
 from jax_scan_rnn import validate
-from jax_scan_rnn.cells import GRUCell, LSTMCell, RNNCell
+from jax_scan_rnn.cells import GRUCell, LSTMCell, RNNCell, check_carry
 from jax_scan_rnn.scan import Unroll, resolve_hoist, resolve_unroll, time_scan
 
 Array = jax.Array
@@ -153,19 +153,7 @@ class RNN(nnx.Module):
         """
         expected = self.initial_state(batch_size, dtype)
         desc = self._state_desc(None if unbatched else batch_size)
-        state = validate.from_torch(state)
-        if type(state) is list and isinstance(expected, tuple):  # torch's LSTM takes [h, c] too
-            state = tuple(state)
-        if jax.tree.structure(expected) != jax.tree.structure(state):
-            raise ValueError(f"initial_state: expected {desc}, got {_described(state)}")
-        for e, g in zip(jax.tree.leaves(expected), jax.tree.leaves(state)):
-            want = (e.shape[0], e.shape[2]) if unbatched else e.shape
-            if tuple(jnp.shape(g)) != want:
-                raise ValueError(f"initial_state: expected {desc}, got shape {tuple(jnp.shape(g))}")
-            if not jnp.issubdtype(jnp.result_type(g), jnp.floating):
-                raise TypeError(f"initial_state: expected a floating dtype, got {jnp.result_type(g)}")
-        cast = jax.tree.map(lambda g: jnp.asarray(g, dtype), state)
-        return jax.tree.map(lambda g: g[:, None], cast) if unbatched else cast
+        return check_carry("initial_state", state, expected, desc, batch_axis=1 if unbatched else None)
 
     def _state_desc(self, batch_size: int | None) -> str:
         batch = "" if batch_size is None else f"{batch_size}, "
@@ -268,7 +256,7 @@ class RNN(nnx.Module):
         for k in range(1, self.num_layers):
             if dropout_masks is not None:
                 h = h * dropout_masks[k - 1]
-            carry, h = self.layers[k](carries[k], h)
+            carry, h = self.layers[k].step(carries[k], self.layers[k].input_projection(h))
             new_carries.append(carry)
         return new_carries, h
 
@@ -353,14 +341,6 @@ class RNN(nnx.Module):
         if unbatched:
             return seq[:, 0], jax.tree.map(lambda s: s[:, 0], final)
         return (jnp.swapaxes(seq, 0, 1) if self.batch_first else seq), final
-
-
-def _described(value) -> str:
-    """A wrong `initial_state` in words: "one array of shape (2, 3, 16)", "a tuple of 3 ((2, 3, 16), ...)"."""
-    if isinstance(value, (tuple, list)):
-        parts = ", ".join(str(tuple(np.shape(v))) if hasattr(v, "shape") else type(v).__name__ for v in value)
-        return f"a {type(value).__name__} of {len(value)} ({parts})"
-    return f"one array of shape {tuple(np.shape(value))}" if hasattr(value, "shape") else f"a {type(value).__name__}"
 
 
 def check_lengths(lengths, batch_size: int, steps: int) -> Array:

@@ -132,16 +132,24 @@ def test_single_cells_match_torch_cells(kind):
     jsr.load_torch_state_dict(ours, ref.state_dict())
     rng = np.random.default_rng(5)
     x, h, c = (rng.standard_normal((3, n)) for n in (5, 9, 9))
-    with torch.no_grad():
-        if kind == "LSTMCell":
-            t_h, t_c = ref(torch.from_numpy(x), (torch.from_numpy(h), torch.from_numpy(c)))
-            (j_h, j_c), out = ours((jnp.asarray(h), jnp.asarray(c)), jnp.asarray(x))
-            assert_close("LSTMCell c", j_c, t_c, atol_for(np.float64))
-        else:
-            t_h = ref(torch.from_numpy(x), torch.from_numpy(h))
-            j_h, out = ours(jnp.asarray(h), jnp.asarray(x))
-    assert_close(f"{kind} h", j_h, t_h, atol_for(np.float64))
-    np.testing.assert_array_equal(np.asarray(out), np.asarray(j_h))
+    # torch's call, copied as written: cell(input, hx) -> h' (GRU) or (h', c') (LSTM); batched and unbatched
+    # ([I] input, [H] state), with the state given and left to its zeros.
+    for rows in (slice(None), 0):
+        state = (h[rows], c[rows]) if kind == "LSTMCell" else h[rows]
+        for hx in (state, None):
+            t_hx = None if hx is None else jax.tree.map(torch.from_numpy, hx)
+            with torch.no_grad():
+                expected = ref(torch.from_numpy(x[rows]), t_hx)
+            got = ours(jnp.asarray(x[rows]), None if hx is None else jax.tree.map(jnp.asarray, hx))
+            where = f"{kind} {'batched' if rows == slice(None) else 'unbatched'}, hx {'None' if hx is None else 'given'}"
+            assert_same_structure_and_close(where, got, expected, atol_for(np.float64))
+
+
+def assert_same_structure_and_close(where: str, got, expected, atol: float) -> None:
+    got_leaves, expected_leaves = jax.tree.leaves(got), list(expected) if isinstance(expected, tuple) else [expected]
+    assert len(got_leaves) == len(expected_leaves) and isinstance(got, tuple) == isinstance(expected, tuple), where
+    for name, g, e in zip(("h", "c"), got_leaves, expected_leaves):
+        assert_close(f"{where}: {name}", g, e, atol)
 
 
 @pytest.mark.parametrize("kind", KINDS)

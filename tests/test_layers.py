@@ -290,7 +290,42 @@ def test_hand_written_gate_derivatives_are_jaxs_own(cls, kwargs, monkeypatch):
         jax.jvp(lambda x: loss(params, x), (x,), (tangent,))
     cell = model.layers[0]
     with pytest.raises(TypeError, match="custom_vjp.*HAND_WRITTEN_VJP = False"):
-        jax.jvp(lambda x: cell(cell.initial_state(3, jnp.float64), x)[1], (x[:, 0],), (tangent[:, 0],))
+        jax.jvp(lambda x: jax.tree.leaves(cell(x))[0], (x[:, 0],), (tangent[:, 0],))  # h' from torch's call
     monkeypatch.setattr(cells, "HAND_WRITTEN_VJP", False)
     _, forward = jax.jvp(lambda x: loss(params, x), (x,), (tangent,))
     assert np.isclose(float(forward), float(jnp.vdot(grads[False][1], tangent)), rtol=HAND_VJP_RTOL)
+
+
+# The cells' call is torch.nn.LSTMCell/GRUCell's, cell(input, hx=None) (parity_tests compare the numbers); what a
+# wrong call gets. The old Flax-style order, cell(carry, x), is the likeliest: with I != H it is refused naming
+# `input`, and with I == H it is torch's own call.
+@pytest.mark.parametrize("bad, error, message", [
+    (lambda cell, x, h: cell(x.astype(jnp.int32)), TypeError, "input: expected a floating dtype, got int32"),
+    (lambda cell, x, h: cell(x[:, :2]), ValueError, r"input: expected shape \[B, 3\] or unbatched \[3\], got \(4, 2\)"),
+    (lambda cell, x, h: cell(x[None]), ValueError, r"input: expected shape \[B, 3\] or unbatched \[3\], got \(1, 4, 3\)"),
+    (lambda cell, x, h: cell(h, x), ValueError, r"input: expected shape \[B, 3\] or unbatched \[3\], got \(4, 5\)"),
+    (lambda cell, x, h: cell(x, h[:3]), ValueError, r"hx: expected an array \[4, 5\], got shape \(3, 5\)"),
+    (lambda cell, x, h: cell(x[0], h), ValueError, r"hx: expected an array \[5\], got shape \(4, 5\)"),
+    (lambda cell, x, h: cell(x, (h, h)), ValueError, r"hx: expected an array \[4, 5\], got a tuple of 2"),
+    (lambda cell, x, h: cell(x, h.astype(jnp.int32)), TypeError, "hx: expected a floating dtype, got int32"),
+])
+def test_a_wrong_cell_call_names_the_argument(bad, error, message):
+    cell = jsr.GRUCell(3, 5, rngs=nnx.Rngs(0))
+    x, h = jnp.ones((4, 3)), jnp.zeros((4, 5))
+    with pytest.raises(error, match=message):
+        bad(cell, x, h)
+
+
+def test_an_lstm_cell_takes_torchs_hx_forms_and_names_a_wrong_one():
+    torch = pytest.importorskip("torch")
+    cell = jsr.LSTMCell(3, 5, proj_size=2, rngs=nnx.Rngs(0))
+    x, h, c = np.ones((4, 3), np.float32), np.zeros((4, 2), np.float32), np.ones((4, 5), np.float32)
+    h1, c1 = cell(x, (h, c))
+    assert (h1.shape, c1.shape) == ((4, 2), (4, 5))
+    for same in (cell(x, [h, c]), cell(torch.from_numpy(x), (torch.from_numpy(h), torch.from_numpy(c)))):
+        np.testing.assert_array_equal(np.asarray(same[0]), np.asarray(h1))
+        np.testing.assert_array_equal(np.asarray(same[1]), np.asarray(c1))
+    with pytest.raises(ValueError, match=r"hx: expected a tuple \(h \[4, 2\], c \[4, 5\]\), got one array of shape"):
+        cell(x, c)
+    with pytest.raises(ValueError, match=r"hx: expected a tuple \(h \[4, 2\], c \[4, 5\]\), got shape \(4, 5\)"):
+        cell(x, (c, c))
