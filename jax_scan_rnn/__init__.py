@@ -24,11 +24,11 @@ __version__ = "0.1.0"
 # Public name -> the module that defines it. Imported on first use (PEP 562), so that `import jax_scan_rnn`,
 # `jax-scan-rnn --version` and `--help` do not pay for importing JAX, Flax and the models.
 _EXPORTS = {
-    "LSTM": "layers", "GRU": "layers", "RNN": "layers",
+    "LSTM": "layers", "GRU": "layers", "RNN": "layers", "RNNBase": "layers",
     "Traveller": "traveller", "TravellerState": "traveller",
     "SeqVAE": "vae",
     "feedback_scan": "feedback",
-    "LSTMCell": "cells", "GRUCell": "cells", "RNNCell": "cells",
+    "LSTMCell": "cells", "GRUCell": "cells", "RNNCell": "cells", "RNNCellBase": "cells",
     "load_torch_state_dict": "convert", "torch_state_dict": "convert", "save_safetensors": "convert",
     "load_safetensors": "convert",
     "jit": "compiled", "Compiled": "compiled",

@@ -71,8 +71,9 @@ def matmul(x: Array, w: Array, compute_dtype=None) -> Array:
     return jnp.matmul(a, b, preferred_element_type=x.dtype)
 
 
-class RNNCell(nnx.Module):
-    """A gated recurrent cell with PyTorch's parameter layout; subclasses define `num_gates` and `step`."""
+class RNNCellBase(nnx.Module):
+    """A recurrent cell with PyTorch's parameter layout (`torch.nn.RNNCellBase`); subclasses define `num_gates`
+    and `step`."""
 
     num_gates: int = 0
 
@@ -181,7 +182,7 @@ def _add_bias(y: Array, b: nnx.Param | None) -> Array:
     return y if b is None else y + b[...].astype(y.dtype)
 
 
-class LSTMCell(RNNCell):
+class LSTMCell(RNNCellBase):
     """`torch.nn.LSTMCell`, and one layer of `torch.nn.LSTM(proj_size=P)`. Carry `(h [B, R], c [B, H])`
     (PyTorch's order, not Flax's `(c, h)`), R = H, or P with a projection.
 
@@ -223,7 +224,7 @@ class LSTMCell(RNNCell):
         return (h, c), h
 
 
-class GRUCell(RNNCell):
+class GRUCell(RNNCellBase):
     """`torch.nn.GRUCell`. Carry `h [B, H]`.
 
         r  = sigmoid(W_ir x + b_ir + W_hr h + b_hr)
@@ -242,6 +243,30 @@ class GRUCell(RNNCell):
 
     def step(self, carry: Array, xp: Array) -> tuple[Array, Array]:
         h = gru_gates(xp, self._hidden_projection(carry), carry)
+        return h, h
+
+
+class RNNCell(RNNCellBase):
+    """`torch.nn.RNNCell`, the Elman cell. Carry `h [B, H]`.
+
+        h' = tanh(W_ih x + b_ih + W_hh h + b_hh)        (nonlinearity="tanh", torch's default)
+        h' = relu(W_ih x + b_ih + W_hh h + b_hh)        (nonlinearity="relu")
+
+    `w_ih [I, H]`, `w_hh [H, H]`, `b_ih`, `b_hh` (one gate). No gates to fuse, so JAX's own derivative.
+    """
+
+    num_gates = 1
+
+    def __init__(self, input_size: int, hidden_size: int, bias: bool = True, nonlinearity: str = "tanh", **kwargs):
+        self.nonlinearity = validate.choice("nonlinearity", nonlinearity, ("tanh", "relu"))
+        super().__init__(input_size, hidden_size, bias, **kwargs)
+
+    def initial_state(self, batch_size: int, dtype=jnp.float32) -> Array:
+        return jnp.zeros((batch_size, self.hidden_size), dtype)
+
+    def step(self, carry: Array, xp: Array) -> tuple[Array, Array]:
+        pre = xp + self._hidden_projection(carry)
+        h = jnp.tanh(pre) if self.nonlinearity == "tanh" else jax.nn.relu(pre)
         return h, h
 
 

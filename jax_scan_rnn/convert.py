@@ -5,11 +5,11 @@
 
 The one table of what maps to what (`_layout`), per kind of submodule:
 
-    RNN (jsr.LSTM/GRU) layer k   weight_ih_l{k} = w_ih.T   weight_hh_l{k} = w_hh.T
+    jsr.LSTM/GRU/RNN layer k     weight_ih_l{k} = w_ih.T   weight_hh_l{k} = w_hh.T
                                  bias_ih_l{k}   = b_ih     bias_hh_l{k}   = b_hh     (unless bias=False)
                                  weight_hr_l{k} = w_hr.T                         (LSTM with proj_size > 0)
       its backward direction     the same keys with `_reverse` appended (`reverse_layers[k]`)
-    RNNCell (LSTMCell/GRUCell)   weight_ih = w_ih.T  weight_hh = w_hh.T  bias_ih = b_ih  bias_hh = b_hh
+    jsr.LSTMCell/GRUCell/RNNCell weight_ih = w_ih.T  weight_hh = w_hh.T  bias_ih = b_ih  bias_hh = b_hh
     nnx.Linear                   weight = kernel.T   bias = bias
     nnx.Embed                    weight = embedding
     nnx.LayerNorm                weight = scale      bias = bias   (build it with epsilon=1e-5, torch's eps;
@@ -35,8 +35,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jax_scan_rnn.cells import RNNCell
-from jax_scan_rnn.layers import RNN
+from jax_scan_rnn.cells import RNNCellBase
+from jax_scan_rnn.layers import RNNBase
 
 # (torch key, the nnx.Param holding it, whether the torch array is the transpose of ours)
 Entry = tuple[str, nnx.Param, bool]
@@ -54,12 +54,12 @@ def _check_module(module: Any) -> None:
 
 
 def _layout(module: nnx.Module, prefix: str = "") -> Iterator[Entry]:
-    if isinstance(module, RNN):
+    if isinstance(module, RNNBase):
         for k in range(module.num_layers):
             yield from _cell_layout(module.layers[k], prefix, suffix=f"_l{k}")
             if module.bidirectional:
                 yield from _cell_layout(module.reverse_layers[k], prefix, suffix=f"_l{k}_reverse")
-    elif isinstance(module, RNNCell):
+    elif isinstance(module, RNNCellBase):
         yield from _cell_layout(module, prefix, suffix="")
     elif isinstance(module, nnx.Linear):
         yield f"{prefix}weight", module.kernel, True
@@ -89,7 +89,7 @@ def _layout(module: nnx.Module, prefix: str = "") -> Iterator[Entry]:
                 yield from _layout(value, f"{prefix}{name}.")
 
 
-def _cell_layout(cell: RNNCell, prefix: str, suffix: str) -> Iterator[Entry]:
+def _cell_layout(cell: RNNCellBase, prefix: str, suffix: str) -> Iterator[Entry]:
     # torch.nn.LSTM's order of `_flat_weights_names`: weight_ih, weight_hh, bias_ih, bias_hh, weight_hr.
     yield f"{prefix}weight_ih{suffix}", cell.w_ih, True
     yield f"{prefix}weight_hh{suffix}", cell.w_hh, True
@@ -257,7 +257,7 @@ def _rnn_arguments(shapes: Mapping[str, tuple]) -> str | None:
         return None
     projection = shapes.get("weight_hr_l0", (0, 0))
     hidden = projection[1] if projection[0] else shapes["weight_hh_l0"][1]
-    kind = {4: "LSTM", 3: "GRU"}.get(shapes["weight_ih_l0"][0] // max(hidden, 1))
+    kind = {4: "LSTM", 3: "GRU", 1: "RNN"}.get(shapes["weight_ih_l0"][0] // max(hidden, 1))
     if kind is None:
         return None
     layers = next(k for k in itertools.count(1) if f"weight_ih_l{k}" not in shapes)

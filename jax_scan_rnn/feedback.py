@@ -1,7 +1,7 @@
 """The one scan driver for feedback recurrences: each step's input includes what the previous step produced.
 
 A feedback recurrence cannot run layer by layer over the whole sequence (as `torch.nn.LSTM` or
-`layers.RNN.__call__` do), because step t+1's input is only known once step t's output is. It can
+`layers.RNNBase.__call__` do), because step t+1's input is only known once step t's output is. It can
 still run as ONE compiled loop: `jax.lax.scan` over time, with the whole stack of layers, the readout
 and the feedback rule inside the loop body. No Python runs per step, so nothing starves the device.
 
@@ -37,7 +37,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jax_scan_rnn.layers import RNN
+from jax_scan_rnn.layers import RNNBase
 from jax_scan_rnn.scan import ScanUnroll, time_scan
 
 Array = jax.Array
@@ -45,7 +45,7 @@ PyTree = Any
 
 
 def feedback_scan(
-    core: RNN,
+    core: RNNBase,
     carries: list,
     feedback: PyTree,
     xs: PyTree,

@@ -1,4 +1,5 @@
-"""Multi-layer `LSTM` and `GRU` over whole sequences: `torch.nn.LSTM`/`torch.nn.GRU`'s constructor and meaning.
+"""Multi-layer `LSTM`, `GRU` and `RNN` (Elman) over whole sequences: `torch.nn.LSTM`/`GRU`/`RNN`'s constructor and
+meaning.
 
     lstm = LSTM(input_size, hidden_size, num_layers=2, dropout=0.1, rngs=nnx.Rngs(0))
     out, (h, c) = lstm(x)           # x [T, B, I] (torch's default, batch_first=False) -> out [T, B, H]
@@ -33,14 +34,15 @@ import numpy as np
 from flax import nnx
 
 from jax_scan_rnn import validate
-from jax_scan_rnn.cells import GRUCell, LSTMCell, RNNCell, check_carry
+from jax_scan_rnn.cells import GRUCell, LSTMCell, RNNCell, RNNCellBase, check_carry
 from jax_scan_rnn.scan import Unroll, resolve_hoist, resolve_unroll, time_scan
 
 Array = jax.Array
 
 
-class RNN(nnx.Module):
-    """A stack of `num_layers` cells of type `cell_type`; `LSTM` and `GRU` only choose the cell.
+class RNNBase(nnx.Module):
+    """A stack of `num_layers` cells of type `cell_type` (`torch.nn.RNNBase`); `LSTM`, `GRU` and `RNN` only choose
+    the cell.
 
     Args (torch's, same positions and defaults):
       input_size: I, features per step of the input.
@@ -70,7 +72,7 @@ class RNN(nnx.Module):
       rngs: `nnx.Rngs` with a `params` stream (and a `dropout` stream if `dropout > 0`).
     """
 
-    cell_type: type[RNNCell] = RNNCell
+    cell_type: type[RNNCellBase] = RNNCellBase
 
     def __init__(
         self,
@@ -93,7 +95,7 @@ class RNN(nnx.Module):
         num_layers = validate.integer("num_layers", num_layers, lo=1)
         if proj_size and self.cell_type is not LSTMCell:  # torch.nn.GRU refuses it too
             raise ValueError(f"proj_size: supported by LSTM only (as in torch), got {proj_size!r}")
-        cell_kwargs = {"proj_size": proj_size} if self.cell_type is LSTMCell else {}
+        cell_kwargs = {"proj_size": proj_size} if self.cell_type is LSTMCell else self.cell_arguments()
         validate.boolean("batch_first", batch_first)
         validate.boolean("bidirectional", bidirectional)  # sizes and `bias` are the cells' to check
         validate.real("dropout", dropout, lo=0, hi=1, hi_open=True)
@@ -125,6 +127,10 @@ class RNN(nnx.Module):
         self.layers = cells()  # forward direction, layer k
         self.reverse_layers = cells() if bidirectional else nnx.List([])  # backward direction, layer k
         self.dropout = nnx.Dropout(float(dropout), rngs=rngs)
+
+    def cell_arguments(self) -> dict:
+        """What each cell is built with beyond its sizes and `bias` (the Elman `RNN`'s `nonlinearity`)."""
+        return {}
 
     @property
     def output_size(self) -> int:
@@ -348,7 +354,7 @@ def check_lengths(lengths, batch_size: int, steps: int) -> Array:
 
     Dtype and shape are always checked. Values must lie in 1..T when concrete (ValueError naming the first
     bad entry); traced ones (under `jit`) cannot be checked and are clipped to 0..T instead, so a bad length
-    never yields NaN. Shared by `RNN` (`lengths=`) and the SeqVAE's encoder.
+    never yields NaN. Shared by `RNNBase` (`lengths=`) and the SeqVAE's encoder.
     """
     if isinstance(lengths, jax.core.Tracer):
         _check_length_layout(lengths, batch_size)
@@ -378,9 +384,9 @@ def _check_length_layout(values, batch_size: int) -> None:
         raise ValueError(f"lengths: expected shape [B] = [{batch_size}], got {list(values.shape)}")
 
 
-class LSTM(RNN):
+class LSTM(RNNBase):
     """`torch.nn.LSTM(input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
-    bidirectional=False, proj_size=0)`; see `RNN` for the arguments.
+    bidirectional=False, proj_size=0)`; see `RNNBase` for the arguments.
 
     Returns `(out [T, B, D*R], (h [L*D, B, R], c [L*D, B, H]))` (`out [B, T, D*R]` with batch_first),
     D = 2 if bidirectional else 1, R = proj_size or H. Cell equations: `cells.LSTMCell`.
@@ -389,15 +395,36 @@ class LSTM(RNN):
     cell_type = LSTMCell
 
 
-class GRU(RNN):
+class GRU(RNNBase):
     """`torch.nn.GRU(input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
-    bidirectional=False)`; see `RNN` for the arguments.
+    bidirectional=False)`; see `RNNBase` for the arguments.
 
     Returns `(out [T, B, D*H], h [L*D, B, H])` (`out [B, T, D*H]` with batch_first). Cell equations:
     `cells.GRUCell`.
     """
 
     cell_type = GRUCell
+
+
+class RNN(RNNBase):
+    """`torch.nn.RNN(input_size, hidden_size, num_layers=1, nonlinearity="tanh", bias=True, batch_first=False,
+    dropout=0.0, bidirectional=False)`, the Elman network, with torch's positions (`nonlinearity` before `bias`, as
+    in torch); see `RNNBase` for the other arguments.
+
+    Returns `(out [T, B, D*H], h [L*D, B, H])` (`out [B, T, D*H]` with batch_first). Cell equations:
+    `cells.RNNCell`.
+    """
+
+    cell_type = RNNCell
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, nonlinearity: str = "tanh",
+                 bias: bool = True, batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
+                 **kwargs):
+        self.nonlinearity = validate.choice("nonlinearity", nonlinearity, ("tanh", "relu"))
+        super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, **kwargs)
+
+    def cell_arguments(self) -> dict:
+        return {"nonlinearity": self.nonlinearity}
 
 
 def Linear(in_features: int, out_features: int, *, param_dtype=jnp.float32, rngs: nnx.Rngs) -> nnx.Linear:

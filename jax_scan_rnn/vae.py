@@ -187,7 +187,7 @@ class SeqVAE(nnx.Module):
       concat_z: append z to the decoder's input at every step, besides initialising its state from z.
       param_dtype: parameter dtype; all computation runs in it (float arguments are cast to it).
       compute_dtype: None, or the GRU matmuls' operand dtype (`jnp.bfloat16`); states, gates and sums
-        stay in `param_dtype` (see `cells.RNNCell.matmul`).
+        stay in `param_dtype` (see `cells.RNNCellBase.matmul`).
       unroll: `lax.scan` unroll factor of both GRUs and of the feedback loop, or "auto" (measured per
         batch size, and for training or not: `scan.auto_unroll`).
       remat_chunk: None, or rematerialise the time loops in chunks of this many steps when training

@@ -24,7 +24,7 @@ from parity_tests.compare import (
     grad_rtol_for,
 )
 
-KINDS = ("LSTM", "GRU")
+KINDS = ("LSTM", "GRU", "RNN")  # RNN: the Elman network, torch.nn.RNN
 # Both ways of computing each layer's input projection (`hoist_inputs`): before the loop (the GPU default)
 # and inside each step (the CPU default); each must match torch on its own.
 HOIST = (True, False)
@@ -124,11 +124,12 @@ def test_gradients_match_torch(kind, layers, dtype, hoist):
     assert_grads_close({"input": j_gx}, {"input": t_x.grad}, rtol, context=context)
 
 
-@pytest.mark.parametrize("kind", ["LSTMCell", "GRUCell"])
-def test_single_cells_match_torch_cells(kind):
+@pytest.mark.parametrize("kind, kwargs", [("LSTMCell", {}), ("GRUCell", {}), ("RNNCell", {}),
+                                          ("RNNCell", {"nonlinearity": "relu", "bias": False})])
+def test_single_cells_match_torch_cells(kind, kwargs):
     torch.manual_seed(4)
-    ref = getattr(torch.nn, kind)(5, 9).double()
-    ours = getattr(jsr, kind)(5, 9, param_dtype=jnp.float64, rngs=nnx.Rngs(0))
+    ref = getattr(torch.nn, kind)(5, 9, **kwargs).double()
+    ours = getattr(jsr, kind)(5, 9, **kwargs, param_dtype=jnp.float64, rngs=nnx.Rngs(0))
     jsr.load_torch_state_dict(ours, ref.state_dict())
     rng = np.random.default_rng(5)
     x, h, c = (rng.standard_normal((3, n)) for n in (5, 9, 9))
@@ -289,6 +290,9 @@ TORCH_CONSTRUCTORS = [
     ("LSTM", (1,), {"proj_size": 3}),
     ("LSTM", (2,), {"proj_size": 3, "bidirectional": True, "batch_first": True}),
     ("GRU", (3,), {"bidirectional": True}),
+    ("RNN", (), {}),  # tanh, torch's default
+    ("RNN", (2, "relu"), {}),  # nonlinearity by position: before bias, as in torch
+    ("RNN", (1,), {"nonlinearity": "relu", "bias": False, "bidirectional": True, "batch_first": True}),
 ]
 
 
@@ -365,7 +369,8 @@ def test_unbatched_input_as_torch(kind, args, kwargs):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("kind,kwargs", [("LSTM", {"proj_size": 3}), ("LSTM", {"bias": False}), ("GRU", {})])
+@pytest.mark.parametrize("kind,kwargs", [("LSTM", {"proj_size": 3}), ("LSTM", {"bias": False}), ("GRU", {}),
+                                         ("RNN", {"nonlinearity": "relu"})])
 def test_time_major_bidirectional_lengths_match_packed(kind, kwargs, dtype):
     """torch's default layout with pack_padded_sequence (time-major), bidirectional, 2 layers."""
     from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence

@@ -329,3 +329,22 @@ def test_an_lstm_cell_takes_torchs_hx_forms_and_names_a_wrong_one():
         cell(x, c)
     with pytest.raises(ValueError, match=r"hx: expected a tuple \(h \[4, 2\], c \[4, 5\]\), got shape \(4, 5\)"):
         cell(x, (c, c))
+
+
+def test_the_elman_rnn_takes_torchs_arguments_and_names_a_wrong_one():
+    """jsr.RNN is torch.nn.RNN (parity_tests compare the numbers), nonlinearity before bias as in torch."""
+    rnn = jsr.RNN(3, 5, 2, "relu", False, True, rngs=nnx.Rngs(0))
+    assert (rnn.nonlinearity, rnn.layers[1].nonlinearity, rnn.layers[0].bias, rnn.batch_first) == ("relu", "relu",
+                                                                                                   False, True)
+    out, h = rnn(jnp.ones((4, 7, 3)))
+    assert out.shape == (4, 7, 5) and h.shape == (2, 4, 5)
+    with pytest.raises(ValueError, match="nonlinearity: expected one of 'tanh', 'relu', got 'sigmoid'"):
+        jsr.RNN(3, 5, 1, "sigmoid", rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="nonlinearity: expected one of 'tanh', 'relu', got 'gelu'"):
+        jsr.RNNCell(3, 5, nonlinearity="gelu", rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"proj_size: supported by LSTM only \(as in torch\), got 2"):
+        jsr.RNN(3, 5, proj_size=2, rngs=nnx.Rngs(0))
+    torch = pytest.importorskip("torch")
+    with pytest.raises(KeyError, match=r"the state_dict comes from torch.nn.RNN\(4, 16, num_layers=2\), this model is "
+                                       r"jsr.RNN\(4, 8\)"):
+        jsr.load_torch_state_dict(jsr.RNN(4, 8, rngs=nnx.Rngs(0)), torch.nn.RNN(4, 16, 2).state_dict())
