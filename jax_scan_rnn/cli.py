@@ -110,7 +110,7 @@ def max_diff(torch_value, jax_value) -> float:
 
 @command("check")
 def cmd_check(args: argparse.Namespace) -> int:
-    """Random weights in torch_ref's models (torch.nn.LSTM/GRU, the Traveller, the SeqVAE) -> convert -> the same
+    """Random weights in torch_ref's models (torch.nn.LSTM/GRU/RNN, the Traveller, the SeqVAE) -> convert -> the same
     outputs and states in JAX, and the weights back bit for bit."""
     import jax
     import numpy as np
@@ -140,7 +140,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         mu, logvar = model.encode(tokens, lengths)
         return model.decode(mu, tokens), (mu, logvar)
 
-    cases = [(f"{name} {layers}", rnn(name, layers)) for name in ("LSTM", "GRU") for layers in (1, 2)] + [
+    cases = [(f"{name} {layers}", rnn(name, layers)) for name in ("LSTM", "GRU", "RNN") for layers in (1, 2)] + [
         ("Traveller 2", (torch_ref.Traveller(8, 32, 2, 0.0),
                          jsr.Traveller(num_inputs=8, hidden_size=32, num_layers=2, dropout=0.0, rngs=rngs),
                          lambda m: m(torch.from_numpy(x)), lambda m: jsr.jit(m)(x))),

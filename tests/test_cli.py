@@ -45,7 +45,7 @@ def test_check_passes_for_every_model_with_jaxs_float32_matmuls_at_full_precisio
     assert main(["check", "--steps", "50"]) == 0
     out = capsys.readouterr().out
     assert "PASSED" in out
-    for row in ("LSTM 1", "LSTM 2", "GRU 1", "GRU 2", "Traveller 2", "SeqVAE 2"):
+    for row in ("LSTM 1", "LSTM 2", "GRU 1", "GRU 2", "RNN 1", "RNN 2", "Traveller 2", "SeqVAE 2"):
         assert f"\n{row} " in out, row
     assert len(precisions) >= 6 and set(precisions) == {"highest"}, precisions
 
