@@ -30,6 +30,7 @@ import torch
 from flax import nnx
 
 import jax_scan_rnn as jsr
+from jax_scan_rnn.train import TrainStep
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--quick", action="store_true", help="small sizes: a smoke test (the test suite's)")
@@ -131,27 +132,29 @@ print("| loop | us per step | speed-up |\n|---|---:|---:|")
 print(f"| torch loop | {torch_s / TIMED_T * 1e6:.1f} | 1.0x |")
 print(f"| jsr.feedback_scan, jitted | {jax_s / TIMED_T * 1e6:.1f} | {torch_s / jax_s:.1f}x |")
 
-# %% Training: the same scan with either rule, differentiated through by jax.grad
+# %% Training: the same scan with either rule, differentiated through by JAX (backpropagation through time)
 u_train, y_train = simulate(TRAIN_PATHS, TRAIN_LEN, seed=1)
 u_test, y_test = simulate(TEST_PATHS, TEST_LEN, seed=2)  # held out, longer paths
 
 
+def batch_at(step: int) -> tuple[np.ndarray, np.ndarray]:  # a pure function of the step: the same run every time
+    rows = np.random.default_rng(step).integers(0, TRAIN_PATHS, BATCH)
+    return u_train[rows], y_train[rows]
+
+
 def train(teacher_forcing: bool) -> Forecaster:
     trained = Forecaster(HIDDEN, rngs=nnx.Rngs(1))
-    optimizer = nnx.Optimizer(trained, optax.adam(3e-3), wrt=nnx.Param)
 
-    @nnx.jit
-    def update(m, opt, u, y):
-        def loss(m):
-            return jnp.mean((m(u, y if teacher_forcing else None) - y) ** 2)
-        value, grads = nnx.value_and_grad(loss)(m)
-        opt.update(m, grads)
-        return value
+    def loss_fn(model, batch):  # (loss, metrics): mean squared error of every step's prediction
+        u, y = batch
+        return jnp.mean((model(u, y if teacher_forcing else None) - y) ** 2), {}
 
-    rng = np.random.default_rng(3)
-    for _ in range(STEPS):
-        rows = rng.integers(0, TRAIN_PATHS, BATCH)
-        update(trained, optimizer, u_train[rows], y_train[rows])
+    # The library's one compiled update (forward scan, backward scan, Adam), as `jax-scan-rnn train` runs it.
+    train_step = TrainStep(trained, loss_fn, optax.adam(3e-3), batch_at(0))
+    carry = train_step.init()
+    for step in range(STEPS):
+        carry = train_step(carry, batch_at(step))
+    train_step.write(carry)  # the model now holds the trained weights
     return trained
 
 
