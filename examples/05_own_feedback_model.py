@@ -7,7 +7,7 @@ What it teaches:
      (`inject`), what a step outputs (`readout`) and what the next step reads (`feed`).
   2. Your PyTorch weights load unchanged: `jsr.load_torch_state_dict` walks your module's attributes, so
      a module whose attribute names are your torch module's (`gru`, `head`) takes its state_dict.
-  3. Same numbers as your torch loop, and the time per step of each.
+  3. Same numbers as your torch loop, and the time per step of each; trained weights go back to your torch class.
   4. Teacher forcing and free running are one scan with another `feed`; `jax.grad` differentiates through
      either (backpropagation through time). Each rule wins at what it trains for: one-step-ahead error
      with the truth fed back, the error of a whole rollout with the model's own predictions fed back.
@@ -167,10 +167,18 @@ print("| trained with | one step ahead (truth fed back) | whole rollout (own pre
 rollouts = {}
 for name, teacher_forcing in (("teacher forcing", True), ("free running", False)):
     trained = train(teacher_forcing)
-    rollouts[name] = np.asarray(trained(u_test))
+    rollouts[name] = np.asarray(jsr.jit(trained)(u_test))
     print(f"| {name} | {rmse(trained(u_test, y_test), y_test):.4f} | {rmse(rollouts[name], y_test):.4f} |")
 if args.quick:
     print(f"quick run: {STEPS} updates on {TRAIN_PATHS} paths; the default run trains longer on more")
+
+# %% The trained weights back in your torch class (the last model trained: free running)
+torch_model.load_state_dict({k: torch.from_numpy(v) for k, v in jsr.torch_state_dict(trained).items()})
+with torch.no_grad():
+    torch_rollout = torch_model(torch.from_numpy(u_test)).numpy()
+diff = float(np.abs(torch_rollout - rollouts["free running"]).max())
+print(f"trained weights back in torch: max |torch rollout - JAX rollout| = {diff:.3g} over {TEST_LEN} steps")
+assert diff < 1e-4, diff
 
 # %% Plot one held-out path's forecasts
 import matplotlib  # noqa: E402  (only the plot needs it)

@@ -175,6 +175,8 @@ def test_05_own_feedback_model_matches_torch_is_faster_and_each_rule_wins_at_wha
     assert rmse["teacher forcing"][0] < rmse["free running"][0], rmse
     assert rmse["free running"][1] < rmse["teacher forcing"][1], rmse
     assert one(r"^quick run: 150 updates", out)
+    back = one(rf"^trained weights back in torch: max \|torch rollout - JAX rollout\| = ({NUMBER}) over 100 steps$", out)
+    assert 0.0 <= float(back[1]) < TOLERANCE
 
     assert one(r"^Outputs in (.+)$", out)[1] == str((tmp_path / "out").resolve())
     assert (tmp_path / "out" / "forecasts.png").stat().st_size > 1000
