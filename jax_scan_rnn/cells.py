@@ -143,7 +143,8 @@ class RNNCellBase(nnx.Module):
         b = "" if batch is None else f"{batch}, "
         desc = (f"a tuple (h [{b}{self.state_size}], c [{b}{self.hidden_size}])" if isinstance(expected, tuple)
                 else f"an array [{b}{self.hidden_size}]")
-        carry = expected if hx is None else check_carry("hx", hx, expected, desc, batch_axis=0 if batch is None else None)
+        unbatched_axis = 0 if batch is None else None
+        carry = expected if hx is None else check_carry("hx", hx, expected, desc, batch_axis=unbatched_axis)
         carry, _ = self.step(carry, self.input_projection(x if batch else x[None]))
         return carry if batch else jax.tree.map(lambda a: a[0], carry)
 
@@ -175,7 +176,9 @@ def _described(value) -> str:
     if isinstance(value, (tuple, list)):
         parts = ", ".join(str(tuple(jnp.shape(v))) if hasattr(v, "shape") else type(v).__name__ for v in value)
         return f"a {type(value).__name__} of {len(value)} ({parts})"
-    return f"one array of shape {tuple(jnp.shape(value))}" if hasattr(value, "shape") else f"a {type(value).__name__}"
+    if hasattr(value, "shape"):
+        return f"one array of shape {tuple(jnp.shape(value))}"
+    return f"a {type(value).__name__}"
 
 
 def _add_bias(y: Array, b: nnx.Param | None) -> Array:
