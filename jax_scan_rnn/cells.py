@@ -1,4 +1,4 @@
-"""One-step LSTM and GRU cells whose math and parameters are PyTorch's.
+"""One-step LSTM, GRU and Elman RNN cells whose math and parameters are PyTorch's.
 
 Flax's own cells differ from `torch.nn` (carry order `(c, h)`, one bias, and `nnx.GRUCell` has no
 `b_hn`), so weights trained in PyTorch would not mean the same thing there. These cells reproduce
@@ -7,7 +7,7 @@ Flax's own cells differ from `torch.nn` (carry order `(c, h)`, one bias, and `nn
     h = gru_cell(x, h)              # x [B, I] (or [I]), h [B, H]; hx None: zeros
     h, c = lstm_cell(x, (h, c))     # not Flax's (carry, x) -> (carry, y), which would read x as the state
 
-Parameter layout (per cell), with G gates (LSTM: 4, GRU: 3) stacked along the last axis:
+Parameter layout (per cell), with G gates (LSTM: 4, GRU: 3, the Elman RNN: 1) stacked along the last axis:
 
     w_ih  [I, G*H]   = torch `weight_ih`.T     (Flax's `x @ kernel` convention)
     w_hh  [R, G*H]   = torch `weight_hh`.T     (R = H, or P for an LSTM with a projection)
