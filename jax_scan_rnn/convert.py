@@ -14,6 +14,8 @@ The one table of what maps to what (`_layout`), per kind of submodule:
     nnx.Embed                    weight = embedding
     nnx.LayerNorm                weight = scale      bias = bias   (build it with epsilon=1e-5, torch's eps;
                                  Flax's default, 1e-6, differs: a warning names the module)
+    nnx.Sequential               its layers by position, as torch.nn.Sequential's (`mlp.0.weight`, not Flax's
+                                 attribute path `mlp.layers.0.weight`; an activation holds a position in both)
     any other module             recurse into its submodules; the attribute name is the key prefix
                                  (`lstm_layers.weight_ih_l0`, `output_layer.weight`, `layers.0.weight`)
 
@@ -79,6 +81,8 @@ def _layout(module: nnx.Module, prefix: str = "") -> Iterator[Entry]:
             if param is not None:  # torch's elementwise_affine=False / bias=False: neither is a parameter
                 yield f"{prefix}{key}", param, False
     else:
+        if isinstance(module, nnx.Sequential):
+            module = module.layers  # torch.nn.Sequential keys its layers by position directly
         items = enumerate(module) if isinstance(module, nnx.List) else vars(module).items()
         for name, value in items:
             if isinstance(value, nnx.Param):

@@ -403,3 +403,31 @@ def test_a_layer_norm_with_flaxs_default_epsilon_warns_naming_it():
                                          r"is 1e-05"):
         state_dict = jsr.torch_state_dict(Net(nnx.Rngs(0)))
     assert sorted(state_dict) == ["norm.bias", "norm.weight"]
+
+
+def test_a_sequential_has_torchs_keys_and_numbers():
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.rnn = jsr.GRU(3, 8, rngs=rngs)
+            self.mlp = nnx.Sequential(nnx.Linear(8, 16, rngs=rngs), nnx.relu, nnx.Linear(16, 2, rngs=rngs))
+
+        def __call__(self, x):
+            return self.mlp(self.rnn(x)[0])
+
+    class TorchNet(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = torch.nn.GRU(3, 8)
+            self.mlp = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+
+        def forward(self, x):
+            return self.mlp(self.rnn(x)[0])
+
+    torch.manual_seed(0)
+    ref, ours = TorchNet(), Net(nnx.Rngs(0))
+    jsr.load_torch_state_dict(ours, ref.state_dict())  # Flax's own path would be mlp.layers.0.weight
+    assert list(jsr.torch_state_dict(ours)) == list(ref.state_dict())
+    x = np.random.default_rng(0).standard_normal((6, 2, 3)).astype(np.float32)  # [T, B, I]
+    with torch.no_grad():
+        expected = ref(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(np.asarray(ours(x)), expected, atol=1e-5)  # float32 rounding of two frameworks
