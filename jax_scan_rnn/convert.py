@@ -83,14 +83,37 @@ def _layout(module: nnx.Module, prefix: str = "") -> Iterator[Entry]:
     else:
         if isinstance(module, nnx.Sequential):
             module = module.layers  # torch.nn.Sequential keys its layers by position directly
-        items = enumerate(module) if isinstance(module, nnx.List) else vars(module).items()
-        for name, value in items:
-            if isinstance(value, nnx.Param):
-                raise NotImplementedError(
-                    f"convert: no PyTorch mapping for parameter {prefix}{name} of {type(module).__name__}"
-                )
-            if isinstance(value, nnx.Module):
-                yield from _layout(value, f"{prefix}{name}.")
+        yield from _children(module, prefix)
+
+
+def _children(container: Any, prefix: str) -> Iterator[Entry]:
+    """The entries of a module's submodules, or of a list, tuple or dict of them (a `pytree=False` module may hold
+    plain ones), keyed by attribute name, position or dict key as torch's ModuleList and ModuleDict are."""
+    if isinstance(container, (nnx.List, list, tuple)):
+        items = enumerate(container)
+    else:
+        items = container.items() if isinstance(container, dict) else vars(container).items()
+    for name, value in items:
+        if isinstance(value, nnx.Param):
+            raise NotImplementedError(
+                f"convert: no PyTorch mapping for parameter {prefix}{name} of {type(container).__name__}"
+            )
+        if isinstance(value, nnx.Module):
+            yield from _layout(value, f"{prefix}{name}.")
+        elif isinstance(value, (list, tuple, dict)):
+            yield from _children(value, f"{prefix}{name}.")
+
+
+def _full_layout(module: nnx.Module) -> list[Entry]:
+    """`_layout(module)`, checked to hold every parameter of the module: one that the walk did not reach (inside a
+    container it does not know) would otherwise be left out of `torch_state_dict` without a word."""
+    layout = list(_layout(module))
+    mapped = {id(param) for _, param, _ in layout}
+    for path, node in nnx.iter_graph(module):
+        if isinstance(node, nnx.Param) and id(node) not in mapped:
+            raise NotImplementedError(f"convert: no PyTorch mapping for parameter {'.'.join(map(str, path))} of "
+                                      f"{type(module).__name__} (found by Flax, not reached by the key mapping)")
+    return layout
 
 
 def _cell_layout(cell: RNNCellBase, prefix: str, suffix: str) -> Iterator[Entry]:
@@ -112,7 +135,7 @@ def torch_state_dict(module: nnx.Module) -> dict[str, np.ndarray]:
     """
     _check_module(module)
     out = {}
-    for key, param, transpose in _layout(module):
+    for key, param, transpose in _full_layout(module):
         value = np.asarray(param[...])
         # A copy, never a view: JAX may share its CPU buffer with numpy, and torch.from_numpy shares
         # numpy's, so an in-place torch update would otherwise write into the JAX parameter.
@@ -185,7 +208,7 @@ def load_torch_state_dict(module: nnx.Module, state_dict: Mapping[str, Any]) -> 
     """
     _check_module(module)
     _check_mapping(state_dict)
-    layout = list(_layout(module))
+    layout = _full_layout(module)
     expected_keys = [key for key, _, _ in layout]
     missing = [k for k in expected_keys if k not in state_dict]
     unexpected = [k for k in state_dict if k not in set(expected_keys)]

@@ -431,3 +431,34 @@ def test_a_sequential_has_torchs_keys_and_numbers():
     with torch.no_grad():
         expected = ref(torch.from_numpy(x)).numpy()
     np.testing.assert_allclose(np.asarray(ours(x)), expected, atol=1e-5)  # float32 rounding of two frameworks
+
+
+def test_plain_containers_of_a_pytree_false_module_are_keyed_as_torchs_and_nothing_is_left_out():
+    from flax import struct
+
+    class Net(nnx.Module, pytree=False):  # such a module may hold plain lists, tuples and dicts of modules
+        def __init__(self, rngs):
+            self.heads = {"a": nnx.Linear(8, 2, rngs=rngs)}
+            self.blocks = [jsr.GRU(8, 8, rngs=rngs)]
+            self.pair = (nnx.Linear(8, 3, rngs=rngs),)
+
+    class TorchNet(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.heads = torch.nn.ModuleDict({"a": torch.nn.Linear(8, 2)})
+            self.blocks = torch.nn.ModuleList([torch.nn.GRU(8, 8)])
+            self.pair = torch.nn.ModuleList([torch.nn.Linear(8, 3)])
+
+    ours, ref = Net(nnx.Rngs(0)), TorchNet()
+    jsr.load_torch_state_dict(ours, ref.state_dict())  # every key: they were all left out, the load refused
+    assert sorted(jsr.torch_state_dict(ours)) == sorted(ref.state_dict())
+    np.testing.assert_array_equal(np.asarray(ours.heads["a"].kernel[...]), ref.heads["a"].weight.detach().numpy().T)
+
+    @struct.dataclass
+    class Holder:  # a pytree the key mapping does not walk into, where Flax finds the parameters
+        head: nnx.Linear
+
+    ours.held = Holder(nnx.Linear(8, 5, rngs=nnx.Rngs(1)))
+    with pytest.raises(NotImplementedError, match=r"no PyTorch mapping for parameter held\.head\.\w+ of Net \(found "
+                                                  r"by Flax, not reached by the key mapping\)"):
+        jsr.torch_state_dict(ours)  # was the state_dict without them, without a word
