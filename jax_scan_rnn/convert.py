@@ -17,7 +17,9 @@ The one table of what maps to what (`_layout`), per kind of submodule:
     nnx.Sequential               its layers by position, as torch.nn.Sequential's (`mlp.0.weight`, not Flax's
                                  attribute path `mlp.layers.0.weight`; an activation holds a position in both)
     any other module             recurse into its submodules; the attribute name is the key prefix
-                                 (`lstm_layers.weight_ih_l0`, `output_layer.weight`, `layers.0.weight`)
+                                 (`lstm_layers.weight_ih_l0`, `output_layer.weight`, `layers.0.weight`), a
+                                 position or key inside nnx.List/Dict or plain lists and dicts (`heads.a.weight`)
+    anything else                a parameter no row maps is a NotImplementedError naming it, never left out
 
 Only transposes and copies: both directions are bit-exact. Models do not import this module; it
 knows their layout by walking their attributes, so a model whose attribute names are its torch twin's
