@@ -149,7 +149,8 @@ def train(teacher_forcing: bool) -> Forecaster:
         u, y = batch
         return jnp.mean((model(u, y if teacher_forcing else None) - y) ** 2), {}
 
-    # The library's one compiled update (forward scan, backward scan, Adam), as `jax-scan-rnn train` runs it.
+    # The library's one compiled update (forward scan, backward scan, Adam), as `jax-scan-rnn train` runs it;
+    # `jax_scan_rnn.train.fit(model, loss_fn, batch_at, TrainConfig(...), out_dir=...)` adds logs, checkpoints, resume.
     train_step = TrainStep(trained, loss_fn, optax.adam(3e-3), batch_at(0))
     carry = train_step.init()
     for step in range(STEPS):
