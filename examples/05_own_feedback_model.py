@@ -91,7 +91,7 @@ class Forecaster(nnx.Module):
         layer0 = self.gru.layers[0]
         _, _, predictions = jsr.feedback_scan(
             self.gru,
-            self.gru.unstack_state(self.gru.initial_state(batch)),  # zeros, one carry per layer
+            self.gru.initial_state(batch),  # zeros [layers, B, H], as jsr.GRU takes a state
             jnp.zeros((batch, 1)),  # what step 0 reads as the previous y
             xs,
             inject=lambda y_prev, x_t: layer0.input_projection(jnp.concatenate([y_prev, x_t[0]], -1)),

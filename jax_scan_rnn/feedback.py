@@ -25,9 +25,9 @@ the loop on CPU, where it measured faster).
 
 Your own model (a forecaster feeding its prediction back; examples/05_own_feedback_model.py runs it):
 
-    carries, fb, ys = feedback_scan(gru, gru.unstack_state(gru.initial_state(B)), jnp.zeros((B, 1)), u,  # u [T, B, 1]
+    state, fb, ys = feedback_scan(gru, gru.initial_state(B), jnp.zeros((B, 1)), u,   # u [T, B, 1], ys [T, B, 1]
         inject=lambda fb, u_t: gru.layers[0].input_projection(jnp.concatenate([fb, u_t], -1)),
-        readout=lambda h, u_t: head(h), feed=lambda y, u_t: y)                            # ys [T, B, 1]
+        readout=lambda h, u_t: head(h), feed=lambda y, u_t: y)
 """
 from __future__ import annotations
 
@@ -63,7 +63,8 @@ def feedback_scan(
 
     Args:
       core: the recurrent stack (`jsr.LSTM` / `jsr.GRU`); its `step` runs all layers for one time step.
-      carries: per-layer initial carries (`core.unstack_state(state)`).
+      carries: the initial state: as the layers take and return it (`core.initial_state(B)`: `h [L, B, H]`,
+        an LSTM's `(h, c)`), or per layer (a list, `core.unstack_state(state)`, as the models pass it).
       feedback: the value read at step 0 (e.g. zero positions, or the `<sos>` token), a pytree.
       xs: per-step inputs, a pytree whose leaves are time-major `[T, ...]`.
       inject: `(fb, x_t) -> xp0 [B, G*H]`, layer 0's projected input.
@@ -80,8 +81,14 @@ def feedback_scan(
       remat_chunk: None, or rematerialise in chunks of this many steps when differentiating
         (training memory ~T/c + c instead of ~T; `scan.time_scan`).
     Returns:
-      `(final_carries, final_feedback, ys)` with `ys` the stacked `y_t`, time-major `[T, ...]`.
+      `(final_carries, final_feedback, ys)` with `ys` the stacked `y_t`, time-major `[T, ...]`, and the final state
+      in the form `carries` was given.
     """
+    stacked = not isinstance(carries, list)
+    if stacked:
+        carries = core.unstack_state(carries)
+    if len(carries) != core.num_layers and not core.bidirectional:  # bidirectional: `core.step` says why not
+        raise ValueError(f"carries: expected one per layer ({core.num_layers}), got {len(carries)}")
 
     if dropout_masks is not None and dropout_key is not None:
         raise ValueError("dropout_key: expected None when dropout_masks are given (one source of masks)")
@@ -102,4 +109,4 @@ def feedback_scan(
     (carries, feedback), ys = time_scan(
         body, (carries, feedback), (xs, per_step), prepare=prepare_xs, unroll=unroll, remat_chunk=remat_chunk
     )
-    return carries, feedback, ys
+    return (core.stack_carries(carries) if stacked else carries), feedback, ys

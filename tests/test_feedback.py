@@ -1,0 +1,43 @@
+"""`jsr.feedback_scan` called as a user calls it on a model of their own (examples/05 runs one whole): the state
+as the layers take it or per layer, and what a wrong one gets."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import jax_scan_rnn as jsr
+
+
+def rollout(core, state, steps: int = 6, batch: int = 3):
+    """A forecaster's rollout: each step reads [its previous output, u_t]; returns (final state, outputs)."""
+    head = nnx.Linear(core.hidden_size, 1, rngs=nnx.Rngs(1))
+    u = jnp.asarray(np.random.default_rng(0).standard_normal((steps, batch, 2)), jnp.float32)  # [T, B, 2]
+    final, last, ys = jsr.feedback_scan(
+        core, state, jnp.zeros((batch, 1), jnp.float32), u,
+        inject=lambda fb, u_t: core.layers[0].input_projection(jnp.concatenate([fb, u_t], -1)),
+        readout=lambda h, u_t: head(h), feed=lambda y, u_t: y)
+    np.testing.assert_array_equal(np.asarray(last), np.asarray(ys[-1]))  # the fed-back value after the last step
+    return final, ys
+
+
+@pytest.mark.parametrize("cls", [jsr.LSTM, jsr.GRU, jsr.RNN])
+def test_the_state_as_the_layers_take_it_or_per_layer_gives_the_same_rollout(cls):
+    core = cls(3, 5, 2, rngs=nnx.Rngs(0))
+    state = jax.tree.map(lambda z: z + 0.3, core.initial_state(3))  # [2, 3, 5] leaves, not zeros
+    final, ys = rollout(core, state)
+    per_layer_final, per_layer_ys = rollout(core, core.unstack_state(state))
+    np.testing.assert_array_equal(np.asarray(ys), np.asarray(per_layer_ys))
+    assert isinstance(per_layer_final, list) and len(per_layer_final) == 2
+    # Given stacked, returned stacked: the layout jsr.LSTM/GRU/RNN return and take back.
+    assert jax.tree.structure(final) == jax.tree.structure(state)
+    for a, b in zip(jax.tree.leaves(final), jax.tree.leaves(core.stack_carries(per_layer_final))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_per_layer_list_of_the_wrong_length_names_carries():
+    core = jsr.GRU(3, 5, 2, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"carries: expected one per layer \(2\), got 1"):
+        rollout(core, core.unstack_state(core.initial_state(3))[:1])
