@@ -62,6 +62,10 @@ print(os.path.join(s.submodule_search_locations[0], "dataset", "data", "train.cs
     echo "carry .gpu in the device call"
     exit 0
 fi
+if [ $# -gt 0 ]; then  # every other choice is an environment variable (STEPS, GRID_S, ...): the header says which
+    echo "gpu.sh: expected no argument or --prepare, got '$*' (choose steps with STEPS=...; the header names them)" >&2
+    exit 2
+fi
 
 STEPS="${STEPS:-grid vae gen parity unroll hoist traveller train-vae}"
 GRID_S="${GRID_S:-120}"  # the grid step's hard limit; the suite stops starting cases 35 s before it
