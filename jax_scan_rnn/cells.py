@@ -132,17 +132,15 @@ class RNNCellBase(nnx.Module):
         `torch.nn.GRUCell`'s `h' [B, H]`, `torch.nn.LSTMCell`'s `(h', c')` (`h' [B, R]`, `c' [B, H]`); unbatched
         `[H]` leaves for an unbatched input. This library's loops call `step(carry, input_projection(x))` instead,
         so a whole sequence's projections can be hoisted out of the loop."""
-        x = jnp.asarray(validate.from_torch(input))
-        if not jnp.issubdtype(x.dtype, jnp.floating):
-            raise TypeError(f"input: expected a floating dtype, got {x.dtype}")
+        x = validate.floating_array("input", input)
         if x.ndim not in (1, 2) or x.shape[-1] != self.input_size or 0 in x.shape:
             raise ValueError(f"input: expected shape [B, {self.input_size}] or unbatched [{self.input_size}], "
                              f"got {tuple(x.shape)}")
         batch = None if x.ndim == 1 else x.shape[0]
         expected = self.initial_state(batch or 1, x.dtype)
-        b = "" if batch is None else f"{batch}, "
-        desc = (f"a tuple (h [{b}{self.state_size}], c [{b}{self.hidden_size}])" if isinstance(expected, tuple)
-                else f"an array [{b}{self.hidden_size}]")
+        shape = "[{}]" if batch is None else f"[{batch}, {{}}]"
+        desc = state_description(shape.format(self.state_size),
+                                 shape.format(self.hidden_size) if isinstance(expected, tuple) else None)
         unbatched_axis = 0 if batch is None else None
         carry = expected if hx is None else check_carry("hx", hx, expected, desc, batch_axis=unbatched_axis)
         carry, _ = self.step(carry, self.input_projection(x if batch else x[None]))
@@ -169,6 +167,14 @@ def check_carry(name: str, given, expected, desc: str, batch_axis: int | None = 
         if not jnp.issubdtype(jnp.result_type(g), jnp.floating):
             raise TypeError(f"{name}: expected a floating dtype, got {jnp.result_type(g)}")
     return jax.tree.map(lambda g, e: jnp.asarray(g, e.dtype).reshape(e.shape), given, expected)
+
+
+def state_description(h: str, c: str | None = None) -> str:
+    """What a state must be, in words, from its shapes (`c` an LSTM's): "a [2, 4, 8] array", "a tuple (h, c) of
+    [2, 4, 8] arrays", "a tuple (h [4, 2], c [4, 5])" (an LSTM with a projection)."""
+    if c is None:
+        return f"a {h} array"
+    return f"a tuple (h, c) of {h} arrays" if h == c else f"a tuple (h {h}, c {c})"
 
 
 def _described(value) -> str:
@@ -249,6 +255,9 @@ class GRUCell(RNNCellBase):
         return h, h
 
 
+NONLINEARITIES = ("tanh", "relu")  # torch.nn.RNN's
+
+
 class RNNCell(RNNCellBase):
     """`torch.nn.RNNCell`, the Elman cell. Carry `h [B, H]`.
 
@@ -261,7 +270,7 @@ class RNNCell(RNNCellBase):
     num_gates = 1
 
     def __init__(self, input_size: int, hidden_size: int, bias: bool = True, nonlinearity: str = "tanh", **kwargs):
-        self.nonlinearity = validate.choice("nonlinearity", nonlinearity, ("tanh", "relu"))
+        self.nonlinearity = validate.choice("nonlinearity", nonlinearity, NONLINEARITIES)
         super().__init__(input_size, hidden_size, bias, **kwargs)
 
     def initial_state(self, batch_size: int, dtype=jnp.float32) -> Array:

@@ -95,11 +95,7 @@ def _children(container: Any, prefix: str) -> Iterator[Entry]:
         items = enumerate(container)
     else:
         items = container.items() if isinstance(container, dict) else vars(container).items()
-    for name, value in items:
-        if isinstance(value, nnx.Param):
-            raise NotImplementedError(
-                f"convert: no PyTorch mapping for parameter {prefix}{name} of {type(container).__name__}"
-            )
+    for name, value in items:  # a parameter no row maps is left to `_full_layout`'s check
         if isinstance(value, nnx.Module):
             yield from _layout(value, f"{prefix}{name}.")
         elif isinstance(value, (list, tuple, dict)):
@@ -107,14 +103,15 @@ def _children(container: Any, prefix: str) -> Iterator[Entry]:
 
 
 def _full_layout(module: nnx.Module) -> list[Entry]:
-    """`_layout(module)`, checked to hold every parameter of the module: one that the walk did not reach (inside a
-    container it does not know) would otherwise be left out of `torch_state_dict` without a word."""
+    """`_layout(module)`, checked to hold every parameter of the module: one that no row maps (held by a module of
+    another kind, or inside a container the walk does not know) would otherwise be left out of `torch_state_dict`
+    without a word."""
     layout = list(_layout(module))
     mapped = {id(param) for _, param, _ in layout}
     for path, node in nnx.iter_graph(module):
         if isinstance(node, nnx.Param) and id(node) not in mapped:
             raise NotImplementedError(f"convert: no PyTorch mapping for parameter {'.'.join(map(str, path))} of "
-                                      f"{type(module).__name__} (found by Flax, not reached by the key mapping)")
+                                      f"{type(module).__name__}")
     return layout
 
 

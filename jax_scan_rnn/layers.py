@@ -34,7 +34,7 @@ import numpy as np
 from flax import nnx
 
 from jax_scan_rnn import validate
-from jax_scan_rnn.cells import GRUCell, LSTMCell, RNNCell, RNNCellBase, check_carry
+from jax_scan_rnn.cells import NONLINEARITIES, GRUCell, LSTMCell, RNNCell, RNNCellBase, check_carry, state_description
 from jax_scan_rnn.scan import Unroll, resolve_hoist, resolve_unroll, time_scan
 
 Array = jax.Array
@@ -95,7 +95,6 @@ class RNNBase(nnx.Module):
         num_layers = validate.integer("num_layers", num_layers, lo=1)
         if proj_size and self.cell_type is not LSTMCell:  # torch.nn.GRU refuses it too
             raise ValueError(f"proj_size: supported by LSTM only (as in torch), got {proj_size!r}")
-        cell_kwargs = {"proj_size": proj_size} if self.cell_type is LSTMCell else self.cell_arguments()
         validate.boolean("batch_first", batch_first)
         validate.boolean("bidirectional", bidirectional)  # sizes and `bias` are the cells' to check
         validate.real("dropout", dropout, lo=0, hi=1, hi_open=True)
@@ -121,7 +120,7 @@ class RNNBase(nnx.Module):
             for k in range(num_layers):
                 size = input_size if k == 0 else self.num_directions * layers[-1].state_size
                 layers.append(self.cell_type(size, hidden_size, bias, param_dtype=param_dtype,
-                                             compute_dtype=compute_dtype, rngs=rngs, **cell_kwargs))
+                                             compute_dtype=compute_dtype, rngs=rngs, **self.cell_arguments()))
             return nnx.List(layers)
 
         self.layers = cells()  # forward direction, layer k
@@ -129,7 +128,8 @@ class RNNBase(nnx.Module):
         self.dropout = nnx.Dropout(float(dropout), rngs=rngs)
 
     def cell_arguments(self) -> dict:
-        """What each cell is built with beyond its sizes and `bias` (the Elman `RNN`'s `nonlinearity`)."""
+        """What each cell is built with beyond its sizes and `bias` (an LSTM's `proj_size`, an RNN's
+        `nonlinearity`)."""
         return {}
 
     @property
@@ -164,18 +164,13 @@ class RNNBase(nnx.Module):
     def _state_desc(self, batch_size: int | None) -> str:
         batch = "" if batch_size is None else f"{batch_size}, "
         shape = f"[{self.num_layers * self.num_directions}, {batch}{{}}]"
-        h = shape.format(self.layers[0].state_size)
-        if self.cell_type is not LSTMCell:
-            return f"a {h} array"
-        c = shape.format(self.hidden_size)
-        return f"a tuple (h, c) of {h} arrays" if h == c else f"a tuple (h {h}, c {c})"
+        return state_description(shape.format(self.layers[0].state_size),
+                                 shape.format(self.hidden_size) if self.cell_type is LSTMCell else None)
 
     def check_input(self, x: Array, name: str = "x") -> Array:
         """`x` must be a float array of the layout the module was built for; returns it as a jax array."""
         self._refuse_packed(x, name)
-        x = jnp.asarray(validate.from_torch(x))
-        if not jnp.issubdtype(x.dtype, jnp.floating):
-            raise TypeError(f"{name}: expected a floating dtype, got {x.dtype}")
+        x = validate.floating_array(name, x)
         if x.ndim not in (2, 3) or x.shape[-1] != self.input_size or 0 in x.shape:
             layout = "[B, T, {0}]" if self.batch_first else "[T, B, {0}] (batch_first=False)"
             raise ValueError(
@@ -394,6 +389,9 @@ class LSTM(RNNBase):
 
     cell_type = LSTMCell
 
+    def cell_arguments(self) -> dict:
+        return {"proj_size": self.proj_size}
+
 
 class GRU(RNNBase):
     """`torch.nn.GRU(input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
@@ -420,7 +418,7 @@ class RNN(RNNBase):
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, nonlinearity: str = "tanh",
                  bias: bool = True, batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
                  **kwargs):
-        self.nonlinearity = validate.choice("nonlinearity", nonlinearity, ("tanh", "relu"))
+        self.nonlinearity = validate.choice("nonlinearity", nonlinearity, NONLINEARITIES)  # before the cells are built
         super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, **kwargs)
 
     def cell_arguments(self) -> dict:

@@ -174,9 +174,7 @@ class Traveller(nnx.Module):
         validate.choice("layout", layout, LAYOUTS)
         validate.not_packed("inputs", inputs, "the Traveller takes equal-length paths [B, T, F] (each step's positions "
                             "feed the next: pad a batch only with steps whose positions you discard)")
-        x = jnp.asarray(validate.from_torch(inputs))
-        if not jnp.issubdtype(x.dtype, jnp.floating):
-            raise TypeError(f"inputs: expected a floating dtype, got {x.dtype}")
+        x = validate.floating_array("inputs", inputs)
         f = self.num_inputs
         expected = f"[B, T, {f}]" if layout == "batch" else f"the seed's [T, 1, {f}]"
         if x.ndim != 3 or x.shape[-1] != f or (layout == "seed" and x.shape[1] != 1) or 0 in x.shape:

@@ -166,9 +166,7 @@ def _check_mask(name: str, mask: Any, batch: int, steps: int) -> Array:
 
 def _as_float(name: str, x: Any, expected: tuple[int | None, ...], symbols: str, dtype) -> Array:
     """A floating array of the expected shape, cast to the model's compute dtype `dtype`."""
-    x = jnp.asarray(validate.from_torch(x))
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise TypeError(f"{name}: expected a floating dtype, got {x.dtype}")
+    x = validate.floating_array(name, x)
     _check_shape(name, x, expected, symbols)
     return x.astype(dtype)
 

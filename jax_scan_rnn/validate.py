@@ -127,6 +127,17 @@ def from_torch(tree: Any) -> Any:
     return jax.tree.map(_untorched, tree)
 
 
+def floating_array(name: str, value: Any) -> Any:
+    """`value` (a JAX or NumPy array, a torch tensor as `from_torch` reads it, a list) as a JAX array of a floating
+    dtype: what every model's input is checked for first. TypeError naming `name` for another dtype."""
+    import jax.numpy as jnp
+
+    x = jnp.asarray(from_torch(value))
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"{name}: expected a floating dtype, got {x.dtype}")
+    return x
+
+
 def _untorched(value: Any) -> Any:
     if type(value).__module__.startswith("torch") and hasattr(value, "detach"):
         return value.detach().cpu().numpy()

@@ -459,6 +459,5 @@ def test_plain_containers_of_a_pytree_false_module_are_keyed_as_torchs_and_nothi
         head: nnx.Linear
 
     ours.held = Holder(nnx.Linear(8, 5, rngs=nnx.Rngs(1)))
-    with pytest.raises(NotImplementedError, match=r"no PyTorch mapping for parameter held\.head\.\w+ of Net \(found "
-                                                  r"by Flax, not reached by the key mapping\)"):
+    with pytest.raises(NotImplementedError, match=r"no PyTorch mapping for parameter held\.head\.\w+ of Net$"):
         jsr.torch_state_dict(ours)  # was the state_dict without them, without a word

@@ -304,9 +304,9 @@ def test_hand_written_gate_derivatives_are_jaxs_own(cls, kwargs, monkeypatch):
     (lambda cell, x, h: cell(x[:, :2]), ValueError, r"input: expected shape \[B, 3\] or unbatched \[3\], got \(4, 2\)"),
     (lambda cell, x, h: cell(x[None]), ValueError, r"input: expected shape \[B, 3\] or unbatched \[3\], got \(1, 4, 3\)"),
     (lambda cell, x, h: cell(h, x), ValueError, r"input: expected shape \[B, 3\] or unbatched \[3\], got \(4, 5\)"),
-    (lambda cell, x, h: cell(x, h[:3]), ValueError, r"hx: expected an array \[4, 5\], got shape \(3, 5\)"),
-    (lambda cell, x, h: cell(x[0], h), ValueError, r"hx: expected an array \[5\], got shape \(4, 5\)"),
-    (lambda cell, x, h: cell(x, (h, h)), ValueError, r"hx: expected an array \[4, 5\], got a tuple of 2"),
+    (lambda cell, x, h: cell(x, h[:3]), ValueError, r"hx: expected a \[4, 5\] array, got shape \(3, 5\)"),
+    (lambda cell, x, h: cell(x[0], h), ValueError, r"hx: expected a \[5\] array, got shape \(4, 5\)"),
+    (lambda cell, x, h: cell(x, (h, h)), ValueError, r"hx: expected a \[4, 5\] array, got a tuple of 2"),
     (lambda cell, x, h: cell(x, h.astype(jnp.int32)), TypeError, "hx: expected a floating dtype, got int32"),
 ])
 def test_a_wrong_cell_call_names_the_argument(bad, error, message):
