@@ -12,8 +12,14 @@ The one table of what maps to what (`_layout`), per kind of submodule:
     jsr.LSTMCell/GRUCell/RNNCell weight_ih = w_ih.T  weight_hh = w_hh.T  bias_ih = b_ih  bias_hh = b_hh
     nnx.Linear                   weight = kernel.T   bias = bias
     nnx.Embed                    weight = embedding
-    nnx.LayerNorm                weight = scale      bias = bias   (build it with epsilon=1e-5, torch's eps;
+    nnx.LayerNorm, nnx.GroupNorm weight = scale      bias = bias   (build them with epsilon=1e-5, torch's eps;
                                  Flax's default, 1e-6, differs: a warning names the module)
+    nnx.RMSNorm                  weight = scale      (torch's default eps, None, is the dtype's machine epsilon,
+                                 1.19e-7 for float32; Flax's, 1e-6, differs: a warning names the module)
+    nnx.Conv, n spatial dims     weight = kernel permuted [*K, I/groups, O] -> [O, I/groups, *K] (torch.nn.Conv1d
+                                 for n=1, Conv2d, Conv3d), bias = bias. Padding, strides and dilation are
+                                 constructor arguments, not weights: nnx.Conv's default padding is "SAME", torch's
+                                 is 0 ("VALID"); torch's input is channels-first [B, C, L], nnx.Conv's [B, L, C]
     nnx.Sequential               its layers by position, as torch.nn.Sequential's (`mlp.0.weight`, not Flax's
                                  attribute path `mlp.layers.0.weight`; an activation holds a position in both)
     any other module             recurse into its submodules; the attribute name is the key prefix
@@ -21,7 +27,7 @@ The one table of what maps to what (`_layout`), per kind of submodule:
                                  position or key inside nnx.List/Dict or plain lists and dicts (`heads.a.weight`)
     anything else                a parameter no row maps is a NotImplementedError naming it, never left out
 
-Only transposes and copies: both directions are bit-exact. Models do not import this module; it
+Only permutations of axes and copies: both directions are bit-exact. Models do not import this module; it
 knows their layout by walking their attributes, so a model whose attribute names are its torch twin's
 converts with no code of its own. torch is never imported here: a torch tensor is recognised by its
 `.detach()` method.
@@ -42,9 +48,13 @@ from flax import nnx
 from jax_scan_rnn.cells import RNNCellBase
 from jax_scan_rnn.layers import RNNBase
 
-# (torch key, the nnx.Param holding it, whether the torch array is the transpose of ours)
-Entry = tuple[str, nnx.Param, bool]
-TORCH_LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default `eps`
+# (torch key, the nnx.Param holding it, the axes that permute ours into torch's layout, or None: the same layout)
+Entry = tuple[str, nnx.Param, tuple[int, ...] | None]
+MATRIX = (1, 0)  # a weight matrix: torch's [out, in] is our [in, out] transposed
+TORCH_LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's and GroupNorm's default `eps`
+# Each normalisation module torch has a twin of, and the twin's default eps (None: the dtype's machine epsilon).
+NORMS = {nnx.LayerNorm: ("torch.nn.LayerNorm", TORCH_LAYER_NORM_EPS),
+         nnx.GroupNorm: ("torch.nn.GroupNorm", TORCH_LAYER_NORM_EPS), nnx.RMSNorm: ("torch.nn.RMSNorm", None)}
 
 
 def _check_module(module: Any) -> None:
@@ -66,26 +76,38 @@ def _layout(module: nnx.Module, prefix: str = "") -> Iterator[Entry]:
     elif isinstance(module, RNNCellBase):
         yield from _cell_layout(module, prefix, suffix="")
     elif isinstance(module, nnx.Linear):
-        yield f"{prefix}weight", module.kernel, True
+        yield f"{prefix}weight", module.kernel, MATRIX
         if module.bias is not None:
-            yield f"{prefix}bias", module.bias, False
+            yield f"{prefix}bias", module.bias, None
+    elif isinstance(module, nnx.Conv):
+        n = len(module.kernel[...].shape) - 2  # spatial dimensions
+        yield f"{prefix}weight", module.kernel, (n + 1, n, *range(n))
+        if module.bias is not None:
+            yield f"{prefix}bias", module.bias, None
     elif isinstance(module, nnx.Embed):
-        yield f"{prefix}weight", module.embedding, False
-    elif isinstance(module, nnx.LayerNorm):
-        if module.epsilon != TORCH_LAYER_NORM_EPS:
-            # Not in the state_dict, so no load can check it, and far from negligible: over features of
-            # variance 1e-4 the two epsilons' outputs differed by up to 0.3 (weights ~ N(0, 1)).
-            warnings.warn(f"convert: nnx.LayerNorm {prefix[:-1] or 'module'!r} has epsilon {module.epsilon:g}, "
-                          f"torch.nn.LayerNorm's default eps is {TORCH_LAYER_NORM_EPS:g}: the two compute other "
-                          f"numbers unless the torch model was built with eps={module.epsilon:g}", UserWarning,
-                          stacklevel=3)
-        for key, param in (("weight", module.scale), ("bias", module.bias)):
-            if param is not None:  # torch's elementwise_affine=False / bias=False: neither is a parameter
-                yield f"{prefix}{key}", param, False
+        yield f"{prefix}weight", module.embedding, None
+    elif isinstance(module, tuple(NORMS)):
+        _check_epsilon(module, prefix)
+        for key, param in (("weight", module.scale), ("bias", getattr(module, "bias", None))):
+            if param is not None:  # torch's elementwise_affine=False / affine=False / bias=False: not a parameter
+                yield f"{prefix}{key}", param, None
     else:
         if isinstance(module, nnx.Sequential):
             module = module.layers  # torch.nn.Sequential keys its layers by position directly
         yield from _children(module, prefix)
+
+
+def _check_epsilon(module: nnx.Module, prefix: str) -> None:
+    """Warn when a normalisation module's epsilon is not its torch twin's default: not in the state_dict, so no load
+    can check it, and far from negligible: over features of variance 1e-4, LayerNorm's two epsilons' outputs
+    differed by up to 0.3 (weights ~ N(0, 1))."""
+    twin, eps = next(twin for kind, twin in NORMS.items() if isinstance(module, kind))
+    if eps is None:
+        eps = float(jnp.finfo(module.param_dtype).eps)
+    if module.epsilon != eps:
+        warnings.warn(f"convert: nnx.{type(module).__name__} {prefix[:-1] or 'module'!r} has epsilon "
+                      f"{module.epsilon:g}, {twin}'s default eps is {eps:g}: the two compute other numbers unless the "
+                      f"torch model was built with eps={module.epsilon:g}", UserWarning, stacklevel=4)
 
 
 def _children(container: Any, prefix: str) -> Iterator[Entry]:
@@ -117,13 +139,13 @@ def _full_layout(module: nnx.Module) -> list[Entry]:
 
 def _cell_layout(cell: RNNCellBase, prefix: str, suffix: str) -> Iterator[Entry]:
     # torch.nn.LSTM's order of `_flat_weights_names`: weight_ih, weight_hh, bias_ih, bias_hh, weight_hr.
-    yield f"{prefix}weight_ih{suffix}", cell.w_ih, True
-    yield f"{prefix}weight_hh{suffix}", cell.w_hh, True
+    yield f"{prefix}weight_ih{suffix}", cell.w_ih, MATRIX
+    yield f"{prefix}weight_hh{suffix}", cell.w_hh, MATRIX
     if cell.b_ih is not None:
-        yield f"{prefix}bias_ih{suffix}", cell.b_ih, False
-        yield f"{prefix}bias_hh{suffix}", cell.b_hh, False
+        yield f"{prefix}bias_ih{suffix}", cell.b_ih, None
+        yield f"{prefix}bias_hh{suffix}", cell.b_hh, None
     if getattr(cell, "w_hr", None) is not None:
-        yield f"{prefix}weight_hr{suffix}", cell.w_hr, True
+        yield f"{prefix}weight_hr{suffix}", cell.w_hr, MATRIX
 
 
 def torch_state_dict(module: nnx.Module) -> dict[str, np.ndarray]:
@@ -134,11 +156,11 @@ def torch_state_dict(module: nnx.Module) -> dict[str, np.ndarray]:
     """
     _check_module(module)
     out = {}
-    for key, param, transpose in _full_layout(module):
+    for key, param, axes in _full_layout(module):
         value = np.asarray(param[...])
         # A copy, never a view: JAX may share its CPU buffer with numpy, and torch.from_numpy shares
         # numpy's, so an in-place torch update would otherwise write into the JAX parameter.
-        out[key] = np.array(value.T if transpose else value, order="C", copy=True)
+        out[key] = np.array(value if axes is None else value.transpose(axes), order="C", copy=True)
     return out
 
 
@@ -216,10 +238,9 @@ def load_torch_state_dict(module: nnx.Module, state_dict: Mapping[str, Any]) -> 
         raise KeyError(f"state_dict: keys do not match {type(module).__name__}: missing {missing}, unexpected "
                        f"{unexpected}{hint}")
     updates, casts = [], {}
-    for key, param, transpose in layout:
+    for key, param, axes in layout:
         value = _to_numpy(key, state_dict[key])
-        ours = tuple(param[...].shape)
-        expected = ours[::-1] if transpose else ours
+        expected = _torch_shape(param, axes)
         if value.shape != expected:
             raise ValueError(f"state_dict[{key!r}]: expected shape {expected}, got {tuple(value.shape)}"
                              f"{_arguments_hint(layout, state_dict)}")
@@ -232,11 +253,16 @@ def load_torch_state_dict(module: nnx.Module, state_dict: Mapping[str, Any]) -> 
             raise ValueError(_non_finite_message(key, value, cast))
         if value.dtype != dtype:
             casts.setdefault((str(value.dtype), str(dtype)), []).append(key)
-        updates.append((param, jnp.asarray(cast.T if transpose else cast)))
+        updates.append((param, jnp.asarray(cast if axes is None else cast.transpose(np.argsort(axes)))))
     if casts:
         warnings.warn(_cast_warning(casts), UserWarning, stacklevel=2)
     for param, value in updates:
         param[...] = value
+
+
+def _torch_shape(param: nnx.Param, axes: tuple[int, ...] | None) -> tuple[int, ...]:
+    shape = tuple(param[...].shape)
+    return shape if axes is None else tuple(shape[a] for a in axes)
 
 
 def _prefix_hint(expected: list[str], state_dict: Mapping[str, Any]) -> str:
@@ -263,7 +289,7 @@ def _arguments_hint(layout: list, state_dict: Mapping[str, Any]) -> str:
     """For the keys of a torch.nn.LSTM/GRU (the module's own, or a submodule's, such as the Traveller's
     `lstm_layers.`), the constructor each side was built with, when they differ: a porter sees "torch.nn.LSTM(4, 16,
     num_layers=2) ... jsr.LSTM(4, 8)" instead of working it out from keys and shapes."""
-    ours_all = {k: tuple(p[...].shape)[::-1] if t else tuple(p[...].shape) for k, p, t in layout}
+    ours_all = {k: _torch_shape(p, axes) for k, p, axes in layout}
     theirs_all = {k: tuple(np.shape(v)) for k, v in state_dict.items()}
     for prefix in (k.removesuffix("weight_ih_l0") for k in ours_all if k.endswith("weight_ih_l0")):
         theirs, ours = (_rnn_arguments({k.removeprefix(prefix): v for k, v in shapes.items() if k.startswith(prefix)})

@@ -394,15 +394,80 @@ def test_layer_norm_maps_to_torchs_and_gives_its_numbers():
     np.testing.assert_allclose(np.asarray(ours(x)), expected, atol=1e-5)  # float32 rounding of two frameworks
 
 
-def test_a_layer_norm_with_flaxs_default_epsilon_warns_naming_it():
+@pytest.mark.parametrize("kind,torch_eps,keys", [
+    ("LayerNorm", "1e-05", ["norm.bias", "norm.weight"]),
+    ("GroupNorm", "1e-05", ["norm.bias", "norm.weight"]),
+    ("RMSNorm", "1.19209e-07", ["norm.weight"]),  # torch's eps=None: float32's machine epsilon
+])
+def test_a_norm_with_flaxs_default_epsilon_warns_naming_it(kind, torch_eps, keys):
     class Net(nnx.Module):
         def __init__(self, rngs):
-            self.norm = nnx.LayerNorm(4, rngs=rngs)  # Flax's default epsilon, 1e-6
+            groups = {"num_groups": 2} if kind == "GroupNorm" else {}
+            self.norm = getattr(nnx, kind)(4, **groups, rngs=rngs)  # Flax's default epsilon, 1e-6
 
-    with pytest.warns(UserWarning, match=r"nnx.LayerNorm 'norm' has epsilon 1e-06, torch.nn.LayerNorm's default eps "
-                                         r"is 1e-05"):
+    with pytest.warns(UserWarning, match=rf"nnx.{kind} 'norm' has epsilon 1e-06, torch.nn.{kind}'s default eps "
+                                         rf"is {torch_eps}:"):
         state_dict = jsr.torch_state_dict(Net(nnx.Rngs(0)))
-    assert sorted(state_dict) == ["norm.bias", "norm.weight"]
+    assert sorted(state_dict) == keys
+
+
+def test_convolutions_group_and_rms_norms_map_to_torchs_and_give_its_numbers():
+    """A convolutional front end before a GRU: torch's channels-first Conv1d kernel [O, I/groups, K] is nnx.Conv's
+    [K, I/groups, O] permuted, for any number of spatial dimensions, groups included."""
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.conv = nnx.Conv(3, 8, 3, padding="VALID", rngs=rngs)  # torch's default padding, 0
+            self.grouped = nnx.Conv(8, 8, 2, padding=((1, 1),), feature_group_count=4, use_bias=False, rngs=rngs)
+            self.norm = nnx.GroupNorm(8, num_groups=2, epsilon=1e-5, rngs=rngs)
+            self.gru = jsr.GRU(8, 16, batch_first=True, rngs=rngs)
+            self.rms = nnx.RMSNorm(16, epsilon=float(np.finfo(np.float32).eps), rngs=rngs)
+            self.image = nnx.Conv(1, 2, (2, 3), padding="VALID", rngs=rngs)
+
+        def __call__(self, x):  # [B, L, C]
+            return self.rms(self.gru(self.norm(self.grouped(self.conv(x))))[0])
+
+    class TorchNet(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv1d(3, 8, 3)
+            self.grouped = torch.nn.Conv1d(8, 8, 2, padding=1, groups=4, bias=False)
+            self.norm = torch.nn.GroupNorm(2, 8)
+            self.gru = torch.nn.GRU(8, 16, batch_first=True)
+            self.rms = torch.nn.RMSNorm(16)
+            self.image = torch.nn.Conv2d(1, 2, (2, 3))
+
+        def forward(self, x):  # [B, C, L]
+            return self.rms(self.gru(self.norm(self.grouped(self.conv(x))).transpose(1, 2))[0])
+
+    torch.manual_seed(0)
+    ref = TorchNet()
+    with torch.no_grad():  # not torch's initial ones and zeros, which would hide a swapped or unloaded pair
+        for p in (*ref.norm.parameters(), *ref.rms.parameters()):
+            p.normal_()
+    ours = Net(nnx.Rngs(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # every epsilon is torch's: no warning
+        jsr.load_torch_state_dict(ours, ref.state_dict())
+        back = jsr.torch_state_dict(ours)
+    assert list(back) == list(ref.state_dict())
+    for key, value in ref.state_dict().items():
+        np.testing.assert_array_equal(back[key], value.numpy(), err_msg=key)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 10)).astype(np.float32)
+    image = rng.standard_normal((2, 1, 5, 6)).astype(np.float32)
+    with torch.no_grad():
+        expected, expected_image = ref(torch.from_numpy(x)).numpy(), ref.image(torch.from_numpy(image)).numpy()
+    # float32 rounding of two frameworks
+    np.testing.assert_allclose(np.asarray(ours(x.transpose(0, 2, 1))), expected, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(ours.image(image.transpose(0, 2, 3, 1))).transpose(0, 3, 1, 2),
+                               expected_image, atol=1e-5)
+
+    bad = {**ref.state_dict(), "conv.weight": torch.zeros(8, 3, 4)}
+    with pytest.raises(ValueError, match=r"state_dict\['conv.weight'\]: expected shape \(8, 3, 3\), got \(8, 3, 4\)"):
+        jsr.load_torch_state_dict(ours, bad)
+    ours.up = nnx.ConvTranspose(2, 2, 3, rngs=nnx.Rngs(0))  # its kernel is not torch's ConvTranspose1d's permuted
+    with pytest.raises(NotImplementedError, match=r"no PyTorch mapping for parameter up\.\w+ of Net$"):
+        jsr.torch_state_dict(ours)
 
 
 def test_a_sequential_has_torchs_keys_and_numbers():
