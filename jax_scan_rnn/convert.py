@@ -16,6 +16,12 @@ The one table of what maps to what (`_layout`), per kind of submodule:
                                  Flax's default, 1e-6, differs: a warning names the module)
     nnx.RMSNorm                  weight = scale      (torch's default eps, None, is the dtype's machine epsilon,
                                  1.19e-7 for float32; Flax's, 1e-6, differs: a warning names the module)
+    nnx.BatchNorm                weight = scale      bias = bias   running_mean = mean   running_var = var
+                                 num_batches_tracked: torch's counter, which nnx.BatchNorm has not: an integer
+                                 on load, 0 on export (torch reads it only with momentum=None). nnx's momentum m
+                                 is torch's 1 - m (torch's default 0.1 is 0.9; Flax's default, 0.99, differs: a
+                                 warning names the module). Both normalise with the batch's biased variance; torch
+                                 averages the unbiased one into running_var, Flax the biased one
     nnx.Conv, n spatial dims     weight = kernel permuted [*K, I/groups, O] -> [O, I/groups, *K] (torch.nn.Conv1d
                                  for n=1, Conv2d, Conv3d), bias = bias. Padding, strides and dilation are
                                  constructor arguments, not weights: nnx.Conv's default padding is "SAME", torch's
@@ -48,13 +54,16 @@ from flax import nnx
 from jax_scan_rnn.cells import RNNCellBase
 from jax_scan_rnn.layers import RNNBase
 
-# (torch key, the nnx.Param holding it, the axes that permute ours into torch's layout, or None: the same layout)
-Entry = tuple[str, nnx.Param, tuple[int, ...] | None]
+# (torch key, the nnx.Param (or BatchStat) holding it, the axes that permute ours into torch's layout, or None: the
+# same layout). A torch buffer with nothing of ours behind it (BatchNorm's counter) has None in place of the Param.
+Entry = tuple[str, nnx.Variable | None, tuple[int, ...] | None]
 MATRIX = (1, 0)  # a weight matrix: torch's [out, in] is our [in, out] transposed
 TORCH_LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's and GroupNorm's default `eps`
 # Each normalisation module torch has a twin of, and the twin's default eps (None: the dtype's machine epsilon).
 NORMS = {nnx.LayerNorm: ("torch.nn.LayerNorm", TORCH_LAYER_NORM_EPS),
-         nnx.GroupNorm: ("torch.nn.GroupNorm", TORCH_LAYER_NORM_EPS), nnx.RMSNorm: ("torch.nn.RMSNorm", None)}
+         nnx.GroupNorm: ("torch.nn.GroupNorm", TORCH_LAYER_NORM_EPS), nnx.RMSNorm: ("torch.nn.RMSNorm", None),
+         nnx.BatchNorm: ("torch.nn.BatchNorm1d", TORCH_LAYER_NORM_EPS)}
+TORCH_BATCH_NORM_MOMENTUM = 0.1  # torch.nn.BatchNorm1d's default: the batch's weight, where Flax's is the average's
 
 
 def _check_module(module: Any) -> None:
@@ -91,6 +100,10 @@ def _layout(module: nnx.Module, prefix: str = "") -> Iterator[Entry]:
         for key, param in (("weight", module.scale), ("bias", getattr(module, "bias", None))):
             if param is not None:  # torch's elementwise_affine=False / affine=False / bias=False: not a parameter
                 yield f"{prefix}{key}", param, None
+        if isinstance(module, nnx.BatchNorm):
+            yield f"{prefix}running_mean", module.mean, None
+            yield f"{prefix}running_var", module.var, None
+            yield f"{prefix}num_batches_tracked", None, None
     else:
         if isinstance(module, nnx.Sequential):
             module = module.layers  # torch.nn.Sequential keys its layers by position directly
@@ -98,12 +111,17 @@ def _layout(module: nnx.Module, prefix: str = "") -> Iterator[Entry]:
 
 
 def _check_epsilon(module: nnx.Module, prefix: str) -> None:
-    """Warn when a normalisation module's epsilon is not its torch twin's default: not in the state_dict, so no load
-    can check it, and far from negligible: over features of variance 1e-4, LayerNorm's two epsilons' outputs
-    differed by up to 0.3 (weights ~ N(0, 1))."""
+    """Warn when a normalisation module's epsilon (or BatchNorm's momentum) is not its torch twin's default: not in
+    the state_dict, so no load can check it, and far from negligible: over features of variance 1e-4, LayerNorm's
+    two epsilons' outputs differed by up to 0.3 (weights ~ N(0, 1))."""
     twin, eps = next(twin for kind, twin in NORMS.items() if isinstance(module, kind))
     if eps is None:
         eps = float(jnp.finfo(module.param_dtype).eps)
+    if isinstance(module, nnx.BatchNorm) and not np.isclose(module.momentum, 1 - TORCH_BATCH_NORM_MOMENTUM):
+        warnings.warn(f"convert: nnx.BatchNorm {prefix[:-1] or 'module'!r} has momentum {module.momentum:g}, which is "
+                      f"torch's momentum={1 - module.momentum:g}; {twin}'s default is {TORCH_BATCH_NORM_MOMENTUM:g} "
+                      f"(nnx's {1 - TORCH_BATCH_NORM_MOMENTUM:g}): training updates the running statistics at "
+                      f"another rate", UserWarning, stacklevel=4)
     if module.epsilon != eps:
         warnings.warn(f"convert: nnx.{type(module).__name__} {prefix[:-1] or 'module'!r} has epsilon "
                       f"{module.epsilon:g}, {twin}'s default eps is {eps:g}: the two compute other numbers unless the "
@@ -131,7 +149,7 @@ def _full_layout(module: nnx.Module) -> list[Entry]:
     layout = list(_layout(module))
     mapped = {id(param) for _, param, _ in layout}
     for path, node in nnx.iter_graph(module):
-        if isinstance(node, nnx.Param) and id(node) not in mapped:
+        if isinstance(node, (nnx.Param, nnx.BatchStat)) and id(node) not in mapped:
             raise NotImplementedError(f"convert: no PyTorch mapping for parameter {'.'.join(map(str, path))} of "
                                       f"{type(module).__name__}")
     return layout
@@ -157,6 +175,9 @@ def torch_state_dict(module: nnx.Module) -> dict[str, np.ndarray]:
     _check_module(module)
     out = {}
     for key, param, axes in _full_layout(module):
+        if param is None:
+            out[key] = np.array(0, np.int64)
+            continue
         value = np.asarray(param[...])
         # A copy, never a view: JAX may share its CPU buffer with numpy, and torch.from_numpy shares
         # numpy's, so an in-place torch update would otherwise write into the JAX parameter.
@@ -239,6 +260,9 @@ def load_torch_state_dict(module: nnx.Module, state_dict: Mapping[str, Any]) -> 
                        f"{unexpected}{hint}")
     updates, casts = [], {}
     for key, param, axes in layout:
+        if param is None:
+            _check_counter(key, state_dict[key])
+            continue
         value = _to_numpy(key, state_dict[key])
         expected = _torch_shape(param, axes)
         if value.shape != expected:
@@ -260,7 +284,17 @@ def load_torch_state_dict(module: nnx.Module, state_dict: Mapping[str, Any]) -> 
         param[...] = value
 
 
-def _torch_shape(param: nnx.Param, axes: tuple[int, ...] | None) -> tuple[int, ...]:
+def _check_counter(key: str, value: Any) -> None:
+    """A torch counter with nothing of ours behind it (BatchNorm's num_batches_tracked) is read to be an integer."""
+    value = np.asarray(value.detach().cpu().numpy() if hasattr(value, "detach") else value)
+    if value.shape != () or not np.issubdtype(value.dtype, np.integer):
+        raise TypeError(f"state_dict[{key!r}]: expected an integer count (torch's int64 scalar), got "
+                        f"{value.dtype} of shape {value.shape}")
+
+
+def _torch_shape(param: nnx.Variable | None, axes: tuple[int, ...] | None) -> tuple[int, ...]:
+    if param is None:
+        return ()
     shape = tuple(param[...].shape)
     return shape if axes is None else tuple(shape[a] for a in axes)
 

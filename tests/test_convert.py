@@ -411,6 +411,55 @@ def test_a_norm_with_flaxs_default_epsilon_warns_naming_it(kind, torch_eps, keys
     assert sorted(state_dict) == keys
 
 
+def test_a_batch_norms_running_statistics_map_to_torchs_and_give_its_numbers():
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.norm = nnx.BatchNorm(3, momentum=1 - 0.1, rngs=rngs)  # torch's default momentum, 0.1
+            self.lstm = jsr.LSTM(3, 8, batch_first=True, rngs=rngs)
+
+        def __call__(self, x):  # [B, T, F]
+            return self.lstm(self.norm(x))[0]
+
+    class TorchNet(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = torch.nn.BatchNorm1d(3)
+            self.lstm = torch.nn.LSTM(3, 8, batch_first=True)
+
+        def forward(self, x):  # BatchNorm1d normalises [B, C, L]
+            return self.lstm(self.norm(x.transpose(1, 2)).transpose(1, 2))[0]
+
+    torch.manual_seed(0)
+    ref = TorchNet()
+    with torch.no_grad():
+        ref.norm.weight.normal_(), ref.norm.bias.normal_()
+        for _ in range(3):  # training moves the running statistics off torch's initial zeros and ones
+            ref(torch.randn(4, 5, 3) * 2 + 1)
+    ref.eval()
+    ours = Net(nnx.Rngs(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch's epsilon and momentum: no warning
+        jsr.load_torch_state_dict(ours, ref.state_dict())
+        back = jsr.torch_state_dict(ours)
+    ours.eval()
+    assert list(back) == list(ref.state_dict())
+    for key in ("norm.weight", "norm.bias", "norm.running_mean", "norm.running_var"):
+        np.testing.assert_array_equal(back[key], ref.state_dict()[key].numpy(), err_msg=key)
+    assert back["norm.num_batches_tracked"].dtype == np.int64  # nnx.BatchNorm has no counter: 0
+    TorchNet().load_state_dict({k: torch.from_numpy(v) for k, v in back.items()}, strict=True)
+    x = np.random.default_rng(0).standard_normal((2, 5, 3)).astype(np.float32)
+    with torch.no_grad():
+        expected = ref(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(np.asarray(ours(x)), expected, atol=1e-5)  # float32 rounding of two frameworks
+
+    with pytest.raises(TypeError, match=r"state_dict\['norm.num_batches_tracked'\]: expected an integer count"):
+        jsr.load_torch_state_dict(ours, {**ref.state_dict(), "norm.num_batches_tracked": torch.tensor([1.5])})
+    ours.norm.momentum = 0.99  # Flax's default
+    with pytest.warns(UserWarning, match=r"nnx.BatchNorm 'norm' has momentum 0.99, which is torch's momentum=0.01; "
+                                         r"torch.nn.BatchNorm1d's default is 0.1"):
+        jsr.torch_state_dict(ours)
+
+
 def test_convolutions_group_and_rms_norms_map_to_torchs_and_give_its_numbers():
     """A convolutional front end before a GRU: torch's channels-first Conv1d kernel [O, I/groups, K] is nnx.Conv's
     [K, I/groups, O] permuted, for any number of spatial dimensions, groups included."""
