@@ -1039,15 +1039,22 @@ def cmd_sample_vae(args: argparse.Namespace) -> int:
 
     refuse_unread(args, [(("temperature", "top_k"), args.greedy, "without --greedy",
                           "greedy decoding takes each step's most likely token")])
+    if args.latents is not None and "n" in args.given:
+        raise ValueError(f"-n: expected only without --latents (one sample per row of {args.latents}), got {args.n}")
+    if args.latents is not None and not Path(args.latents).is_file():
+        raise FileNotFoundError(f"--latents: no file at {args.latents}")
     check_output_file(args.output)
+    refuse_an_input(args.output, "--output", {"--latents": args.latents})
     model, vocab, task, _ = load_run(args, "vae")
     refuse_an_input(args.output, "--output", {"the run's --data file": vae_data_file(task)})
-    check_memory("the samples (-n)", task_lib.sample_bytes(task, vocab.size, args.n))
+    z = None if args.latents is None else read_latents(args.latents, model.latent_size, task.decoder_only)
+    n = args.n if z is None else len(z)
+    check_memory("the samples (-n)" if z is None else "the samples (--latents)", task_lib.sample_bytes(task, vocab.size, n))
     model.eval()
     with flag_names():  # the sampler's own checks ("top_k: ...") name the flag
-        generated = task_lib.sample(model, vocab, args.n, max_len=task.max_length + 1, seed=args.seed,
+        generated = task_lib.sample(model, vocab, n, max_len=task.max_length + 1, seed=args.seed,
                                     temperature=args.temperature, top_k=args.top_k, greedy=args.greedy,
-                                    decoder_only=task.decoder_only)
+                                    decoder_only=task.decoder_only, z=z)
     if args.output:
         write_atomically(args.output, lambda f: f.write("\n".join(generated) + "\n"))
     else:
@@ -1055,6 +1062,69 @@ def cmd_sample_vae(args: argparse.Namespace) -> int:
     if task.data in ("rdkit", "moses"):
         print(f"valid {fraction(metrics.validity(generated))}  unique {fraction(metrics.uniqueness(generated))}",
               file=sys.stderr)
+    return 0
+
+
+def read_latents(path: str, latent_size: int, decoder_only: bool):
+    """--latents: the `mu` (or `z`) array [N, Z] of an .npz file (as `encode vae` writes), or an .npy array [N, Z],
+    checked: N >= 1, this model's Z, finite."""
+    import numpy as np
+
+    if decoder_only:
+        raise ValueError(f"--latents: expected a run with an encoder, got a --decoder-only run (its decoder reads no "
+                         f"latent), for {path}")
+    try:
+        loaded = np.load(path)  # an .npy array, or an .npz archive (read lazily: closed below)
+    except (OSError, ValueError):  # neither (a text file, a pickle, which np.load refuses)
+        raise ValueError(f"--latents: expected an .npz or .npy file of latents [N, {latent_size}], got {path}") from None
+    if isinstance(loaded, np.ndarray):
+        z = loaded
+    else:
+        with loaded:
+            key = next((k for k in ("z", "mu") if k in loaded), None)
+            if key is None:
+                raise ValueError(f"--latents: expected an .npz with a 'z' or 'mu' array [N, {latent_size}], got {path} "
+                                 f"with {sorted(loaded) or 'no arrays'}")
+            z = loaded[key]
+    if z.ndim != 2 or z.shape[0] < 1 or z.shape[1] != latent_size or not np.issubdtype(z.dtype, np.floating):
+        raise ValueError(f"--latents: expected floating latents [N, {latent_size}] with N >= 1 (this model's latent "
+                         f"size), got {z.dtype} of shape {tuple(z.shape)} in {path}")
+    if not np.isfinite(z).all():
+        raise ValueError(f"--latents: expected finite values, got {int((~np.isfinite(z)).sum())} NaN or inf in {path}")
+    return z
+
+
+@command("encode vae")
+def cmd_encode_vae(args: argparse.Namespace) -> int:
+    """The posterior mean and log-variance of each molecule of --input, as an .npz that `sample vae --latents` reads."""
+    import numpy as np
+
+    from jax_scan_rnn.tasks import vae as task_lib
+
+    check_output_file(args.output)
+    refuse_an_input(args.output, "--output", {"--input": args.input})
+    if not Path(args.input).is_file():
+        raise FileNotFoundError(f"--input: no file at {args.input}")
+    try:  # one sequence per line, a name after it allowed (as the training data and `sample vae --output`)
+        lines = [(number, line.split(maxsplit=1)[0]) for number, line in
+                 enumerate(Path(args.input).read_text().splitlines(), 1) if line.strip()]
+    except UnicodeDecodeError:
+        raise ValueError(f"--input: expected a text file of one SMILES per line, got {args.input}") from None
+    model, vocab, task, _ = load_run(args, "vae")
+    if task.decoder_only:
+        raise ValueError(f"--checkpoint: expected a run with an encoder, got a --decoder-only run: {args.checkpoint}")
+    model.eval()
+    found = task_lib.latents(model, vocab, task, [seq for _, seq in lines])
+    if not found["sequences"]:
+        raise ValueError(f"--input: none of the {len(lines)} sequences of {args.input} can be encoded (skipped: "
+                         f"{task_lib.describe_skipped(found['skipped'])})")
+    arrays = {"mu": found["mu"], "logvar": found["logvar"], "smiles": np.asarray(found["sequences"]),
+              "line": np.asarray([lines[i][0] for i in found["index"]], np.int64)}
+    write_atomically(args.output, lambda f: np.savez(f, **arrays), binary=True)
+    skipped = f" (skipped: {task_lib.describe_skipped(found['skipped'])})" if found["skipped"] else ""
+    print(f"encoded {len(found['sequences'])} of {len(lines)} sequences{skipped} -> {args.output}: mu and logvar "
+          f"[N, {model.latent_size}], smiles as encoded, line (of --input); decode with sample vae --latents "
+          f"{args.output}")
     return 0
 
 
@@ -1244,7 +1314,8 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
                               "weights; the data is read with its vocabulary")
 
     sample = model_commands(sub, "sample", "generate from a trained model")
-    sv = sample.add_parser("vae", help="SMILES from the prior z ~ N(0, I), in one jitted call")
+    sv = sample.add_parser("vae", help="SMILES from the prior z ~ N(0, I) or from given latents (--latents), in "
+                                      "one jitted call")
     trained_run_arguments(sv)
     sv.add_argument("-n", type=positive_int, default=1000, help="number of samples (default: 1000)")
     sv.add_argument("--temperature", type=positive_float, default=1.0, help="sampling temperature (default: 1.0)")
@@ -1252,6 +1323,16 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     sv.add_argument("--greedy", action="store_true", help="argmax decoding instead of sampling")
     sv.add_argument("--seed", type=SEED, default=0, help="random seed (default: 0)")
     sv.add_argument("--output", default=None, help="write the samples here, one per line (default: stdout)")
+    sv.add_argument("--latents", default=None, metavar="FILE",
+                    help="decode these latents instead of prior draws: one sample per row of the 'z' or 'mu' array "
+                         "[N, Z] of an .npz (as encode vae writes) or of an .npy file")
+    encode = model_commands(sub, "encode", "latents of a trained model for given sequences")
+    en = encode.add_parser("vae", help="each molecule's posterior mean and log-variance, as an .npz")
+    trained_run_arguments(en)
+    en.add_argument("--input", required=True, metavar="FILE", help="one SMILES per line (a name after it allowed); "
+                                                                  "rewritten in Kekulé form where the run's were")
+    en.add_argument("--output", required=True, metavar="NPZ", help="write mu, logvar [N, Z], smiles (as encoded) and line "
+                                                                   "(of --input) here")
 
     run = model_commands(sub, "run", "positions from a trained model for new data")
     rt = run.add_parser("traveller", help="positions for every row of a data file, as CSV; the state can carry on")

@@ -76,7 +76,7 @@ def test_version_and_help_start_at_once_without_importing_jax(argv):
 
 
 @pytest.mark.parametrize("command", [["train", "traveller"], ["train", "vae"], ["bench"], ["sample", "vae"],
-                                     ["evaluate", "vae"], ["evaluate", "traveller"]])
+                                     ["encode", "vae"], ["evaluate", "vae"], ["evaluate", "traveller"]])
 def test_every_command_help_renders(command, capsys):
     """argparse formats help texts with %: a field's help with a literal % once crashed `train vae --help`."""
     with pytest.raises(SystemExit) as exit_info:
@@ -379,6 +379,7 @@ def test_a_runs_checkpoints_folder_given_for_the_run_names_the_run(tiny_run, cap
     (["export", "traveller", "--format", "torch"], "--output", "metrics.jsonl"),
     (["evaluate", "traveller"], "--plot", "positions.png"),
     (["sample", "vae"], "--output", "evaluation.json"),
+    (["encode", "vae", "--input", "x.smi"], "--output", "checkpoints/latents.npz"),
     (["evaluate", "vae"], "--output", "curves.png"),
 ])
 def test_an_output_that_is_a_training_runs_own_file_is_refused(tiny_run, capsys, command, flag, name):

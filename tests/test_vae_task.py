@@ -4,11 +4,13 @@ from __future__ import annotations
 import json
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
 from jax_scan_rnn.cli import main
+from jax_scan_rnn.data import smiles
 from jax_scan_rnn.tasks import vae as task_lib
 
 SMILES = ["C" * n + tail for n in range(1, 11) for tail in ("O", "N", "Cl", "Br", "S", "F", "C(=O)O", "c1ccccc1",
@@ -115,6 +117,7 @@ def test_cli_train_sample_evaluate(corpus, tmp_path, capsys, monkeypatch):
     assert saved.data == str(corpus)
     assert main(["sample", "vae", "--checkpoint", str(out), "-n", "7", "--output", str(tmp_path / "s.txt")]) == 0
     assert len((tmp_path / "s.txt").read_text().splitlines()) == 7
+    check_encode_and_decode_given_latents(out, model, tmp_path, capsys)
     capsys.readouterr()
     before = corpus.read_bytes()
     for command in ("sample", "evaluate"):  # the samples or the report over the run's own molecules: refused
@@ -147,6 +150,54 @@ def test_cli_train_sample_evaluate(corpus, tmp_path, capsys, monkeypatch):
 
     if find_spec("moses") is not None:  # molsets installed (CI installs it): its test set is the reference
         assert row["reference"].startswith("MOSES test set"), row["reference"]
+
+
+def check_encode_and_decode_given_latents(out, model, tmp_path, capsys):
+    """`encode vae`: each readable line's posterior, as the model's own encoder gives it, with its line number;
+    `sample vae --latents`: one sequence per row, the greedy one being the model's own greedy decoding of it."""
+    molecules = tmp_path / "mine.smi"
+    molecules.write_text(f"{SMILES[0]} first\n\nXyz\n{'C' * 500}\n{SMILES[1]}\n[Na+]\n")
+    latents = tmp_path / "latents.npz"
+    capsys.readouterr()
+    assert main(["encode", "vae", "--checkpoint", str(out), "--input", str(molecules), "--output", str(latents)]) == 0
+    assert "encoded 2 of 5 sequences (skipped: unparsable 1, too_long 1, unseen_character 1)" in capsys.readouterr().out
+    with np.load(latents) as saved:
+        assert list(saved["line"]) == [1, 5]
+        _, _, task = task_lib.load(out)
+        written = [smiles.kekule_forms([s])[0][0] for s in SMILES[:2]]  # as the run's molecules were written
+        assert list(saved["smiles"]) == written
+        mu, logvar = model.encode(*task_lib.encode(model_vocab(out), written, task.max_length))
+        np.testing.assert_allclose(saved["mu"], mu, atol=1e-6)  # one jitted call against the eager one
+        np.testing.assert_allclose(saved["logvar"], logvar, atol=1e-6)
+        greedy = model_vocab(out).decode(np.asarray(model.generate(jnp.asarray(saved["mu"]), task.max_length + 1,
+                                                                   mode="greedy")))
+    decoded = tmp_path / "decoded.txt"
+    assert main(["sample", "vae", "--checkpoint", str(out), "--latents", str(latents), "--greedy", "--output",
+                 str(decoded)]) == 0
+    assert decoded.read_text().splitlines() == greedy
+    np.save(tmp_path / "z.npy", np.zeros((3, 4), np.float32))
+    assert main(["sample", "vae", "--checkpoint", str(out), "--latents", str(tmp_path / "z.npy")]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 3
+    np.save(tmp_path / "wide.npy", np.zeros((3, 5), np.float32))
+    for argv, message in (
+        (["--latents", str(latents), "-n", "3"], f"-n: expected only without --latents (one sample per row of {latents}), got 3"),
+        (["--latents", str(tmp_path / "wide.npy")], "--latents: expected floating latents [N, 4] with N >= 1 (this "
+                                                    "model's latent size), got float32 of shape (3, 5)"),
+        (["--latents", str(molecules)], f"--latents: expected an .npz or .npy file of latents [N, 4], got {molecules}"),
+        (["--latents", str(tmp_path / "none.npz")], f"--latents: no file at {tmp_path / 'none.npz'}"),
+    ):
+        assert main(["sample", "vae", "--checkpoint", str(out), *argv]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and message in err, err
+    (tmp_path / "bad.smi").write_text("Xyz\n")
+    assert main(["encode", "vae", "--checkpoint", str(out), "--input", str(tmp_path / "bad.smi"), "--output",
+                 str(tmp_path / "none.npz")]) == 2
+    assert "--input: none of the 1 sequences of" in capsys.readouterr().err
+    assert not (tmp_path / "none.npz").exists()
+
+
+def model_vocab(out):
+    return task_lib.load(out)[1]
 
 
 # The export against the model it came from, float32 in both frameworks: the same sums in another order
@@ -538,6 +589,12 @@ def test_decoder_only_is_a_charrnn_baseline_from_the_same_code(corpus, tmp_path,
     printed = capsys.readouterr().out
     assert "prior samples, sampled" in printed and "reconstruction" not in printed.split("the final report")[-1]
     assert main(["sample", "vae", "--checkpoint", str(out), "-n", "3"]) == 0
+    capsys.readouterr()
+    (tmp_path / "z.npy").write_bytes(b"")  # refused before it is read: the decoder reads no latent
+    for argv in (["encode", "vae", "--input", str(corpus), "--output", str(tmp_path / "z.npz")],
+                 ["sample", "vae", "--latents", str(tmp_path / "z.npy")]):
+        assert main([*argv, "--checkpoint", str(out)]) == 2
+        assert "expected a run with an encoder, got a --decoder-only run" in capsys.readouterr().err
 
 
 def test_augment_writes_each_training_molecule_several_ways(corpus):

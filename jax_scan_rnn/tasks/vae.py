@@ -319,7 +319,7 @@ class Dataset:
         return frozenset(metrics.valid_canonical(self.train))
 
 
-def _skipped_text(skipped: dict[str, int]) -> str:
+def describe_skipped(skipped: dict[str, int]) -> str:
     return ", ".join(f"{reason} {count}" for reason, count in skipped.items()) or "none"
 
 
@@ -363,7 +363,7 @@ def load_dataset(task: VAETask, vocab: smiles.Vocabulary | None = None) -> Datas
             if count:
                 skipped[reason] = skipped.get(reason, 0) + count
     usable = len(sequences)
-    skipped_text = _skipped_text(skipped)
+    skipped_text = describe_skipped(skipped)
     if file_smiles and loaded.skipped.get("unparsable"):
         skipped_text += "; if the file is not SMILES, pass --no-smiles-check"
     if usable == 0:
@@ -595,10 +595,15 @@ def sample_bytes(task: VAETask, vocab_size: int, n: int) -> int:
 
 
 def sample(model: SeqVAE, vocab: smiles.Vocabulary, n: int, *, max_len: int, seed: int = 0, temperature: float = 1.0,
-           top_k: int = 0, greedy: bool = False, decoder_only: bool = False) -> list[str]:
-    """`n` SMILES from the prior z ~ N(0, I) (`decoder_only`: from z = 0, a CharRNN), in one jitted call."""
+           top_k: int = 0, greedy: bool = False, decoder_only: bool = False, z: np.ndarray | None = None) -> list[str]:
+    """`n` SMILES from the prior z ~ N(0, I) (`decoder_only`: from z = 0, a CharRNN), in one jitted call; or, given
+    latents `z [N, Z]` (`latents`' mu, say), one SMILES decoded from each row (`n` is then N)."""
     key_z, key_g = jax.random.split(jax.random.key(seed))
-    z = jax.random.normal(key_z, (n, model.latent_size), model.dtype)
+    if z is not None:
+        z = jnp.asarray(z, model.dtype)
+        n = z.shape[0]
+    else:
+        z = jax.random.normal(key_z, (n, model.latent_size), model.dtype)
     if decoder_only:
         z = jnp.zeros_like(z)
     if greedy:
@@ -607,6 +612,40 @@ def sample(model: SeqVAE, vocab: smiles.Vocabulary, n: int, *, max_len: int, see
         gumbel = jax.random.gumbel(key_g, (n, max_len, model.vocab_size), model.dtype)
         tokens = jit(model).generate(z, max_len, mode="sample", temperature=temperature, top_k=top_k, gumbel=gumbel)
     return vocab.decode(np.asarray(tokens))
+
+
+def latents(model: SeqVAE, vocab: smiles.Vocabulary, task: VAETask, sequences: list[str]) -> dict[str, Any]:
+    """The encoder's posterior q(z | x) of each sequence the model can read, in one jitted call.
+
+    Each is first written as the run's molecules were (Kekulé form when `task.writes_kekule`); one that rdkit cannot
+    parse, longer than `task.max_length` or with a character outside `vocab` is skipped and counted. Returns
+    `{"index": [N] positions in `sequences` of those encoded, "sequences": [N] them as encoded, "mu": [N, Z],
+    "logvar": [N, Z], "skipped": {reason: count}}`."""
+    written = list(sequences)
+    skipped: dict[str, int] = {}
+
+    def skip(reason: str) -> None:
+        skipped[reason] = skipped.get(reason, 0) + 1
+
+    if task.writes_kekule:
+        written = [form and form[0] for form in smiles.kekule_forms(sequences)]
+    known, index, kept = set(vocab.tokens), [], []
+    for i, seq in enumerate(written):
+        if seq is None:
+            skip("unparsable")
+        elif len(seq) > task.max_length:
+            skip("too_long")
+        elif not set(seq) <= known:
+            skip("unseen_character")
+        else:
+            index.append(i)
+            kept.append(seq)
+    if not kept:
+        return {"index": np.zeros(0, np.int64), "sequences": [], "mu": np.zeros((0, model.latent_size), np.float32),
+                "logvar": np.zeros((0, model.latent_size), np.float32), "skipped": skipped}
+    mu, logvar = _encode(model, *encode(vocab, kept, task.max_length))
+    return {"index": np.asarray(index, np.int64), "sequences": kept, "mu": np.asarray(mu, np.float32),
+            "logvar": np.asarray(logvar, np.float32), "skipped": skipped}
 
 
 def reconstruction(model: SeqVAE, vocab: smiles.Vocabulary, sequences: list[str], max_length: int) -> dict[str, float]:
