@@ -80,6 +80,22 @@ def test_bucketed_batches_are_cut_to_their_longest_with_the_same_loss(corpus):
     assert spread < 0.5 * np.mean([np.ptp(plain(s)["lengths"]) for s in range(11)])
 
 
+def test_latents_in_chunks_are_one_calls_and_skipped_molecules_are_counted(corpus, monkeypatch):
+    task = tiny(corpus)
+    vocab = smiles.Vocabulary.build(SMILES)
+    model = task_lib.build_model(task, vocab.size)
+    given = [SMILES[0], "C" * 21, "Xyz", SMILES[1], "[Na+]", SMILES[2]]
+    whole = task_lib.latents(model, vocab, task, given)
+    assert whole["skipped"] == {"too_long": 1, "unparsable": 1, "unseen_character": 1}
+    assert list(whole["index"]) == [0, 3, 5] and whole["mu"].shape == whole["logvar"].shape == (3, task.latent_size)
+    monkeypatch.setattr(task_lib, "ENCODE_CHUNK", 2)  # two calls, the second of one molecule
+    chunked = task_lib.latents(model, vocab, task, given)
+    for key in ("mu", "logvar"):
+        np.testing.assert_allclose(chunked[key], whole[key], atol=1e-6, err_msg=key)  # other batch sizes' kernels
+    none = task_lib.latents(model, vocab, task, ["Xyz"])
+    assert none["mu"].shape == (0, task.latent_size) and none["skipped"] == {"unparsable": 1}
+
+
 def test_bad_task_arguments():
     with pytest.raises(ValueError, match=r"^decoding: expected one of 'teacher', 'scheduled', got 'free'$"):
         task_lib.VAETask(decoding="free")
