@@ -691,3 +691,15 @@ def test_a_run_saved_before_decoder_layers_existed_keeps_one_decoder_layer(corpu
     assert "--decoder-layers None -> 2" in capsys.readouterr().err  # naming the flag
     assert main([*argv, "--resume"]) == 0  # not given: the run's own (the encoder's layer count), said
     assert "--resume: the run's own settings where not given: --decoder-layers None" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("data, given, expected", [
+    ("rdkit", "C1=CC=CC=C1", "c1ccccc1"),  # the rdkit source's molecules are rdkit's canonical SMILES
+    ("FILE", "C1=CC=CC=C1", "C1=CC=CC=C1"),  # a file's, as written
+])
+def test_latents_write_each_molecule_as_the_runs_were(corpus, data, given, expected):
+    task = task_lib.VAETask(data=str(corpus) if data == "FILE" else data, kekule=False, hidden_size=8, latent_size=2,
+                            batch_size=8)
+    vocab = smiles.Vocabulary.build(["C1=CC=CC=C1", "c1ccccc1", "Xyz"])
+    found = task_lib.latents(task_lib.build_model(task, vocab.size), vocab, task, [given, "C1CC"])
+    assert found["sequences"] == [expected] and found["skipped"] == {"unparsable": 1}

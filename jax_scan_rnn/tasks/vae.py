@@ -617,8 +617,10 @@ def sample(model: SeqVAE, vocab: smiles.Vocabulary, n: int, *, max_len: int, see
 def latents(model: SeqVAE, vocab: smiles.Vocabulary, task: VAETask, sequences: list[str]) -> dict[str, Any]:
     """The encoder's posterior q(z | x) of each sequence the model can read, in one jitted call.
 
-    Each is first written as the run's molecules were (Kekulé form when `task.writes_kekule`); one that rdkit cannot
-    parse, longer than `task.max_length` or with a character outside `vocab` is skipped and counted. Returns
+    Each is first written as the run's molecules were: in Kekulé form (`task.writes_kekule`), as rdkit's canonical
+    SMILES (the "rdkit" source's molecules, aromatic), else as given, parsed with rdkit unless the run's data is not
+    SMILES (`smiles_check=False`). One that rdkit cannot parse, longer than `task.max_length` or with a character
+    outside `vocab` is skipped and counted. Returns
     `{"index": [N] positions in `sequences` of those encoded, "sequences": [N] them as encoded, "mu": [N, Z],
     "logvar": [N, Z], "skipped": {reason: count}}`."""
     written = list(sequences)
@@ -629,6 +631,11 @@ def latents(model: SeqVAE, vocab: smiles.Vocabulary, task: VAETask, sequences: l
 
     if task.writes_kekule:
         written = [form and form[0] for form in smiles.kekule_forms(sequences)]
+    elif task.data == "rdkit":
+        written = [smiles.canonical_smiles(s) for s in written]
+    elif task.smiles_check:
+        with smiles.silence_rdkit():
+            written = [s if smiles.parse_smiles(s) is not None else None for s in written]
     known, index, kept = set(vocab.tokens), [], []
     for i, seq in enumerate(written):
         if seq is None:
