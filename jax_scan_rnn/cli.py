@@ -1329,8 +1329,9 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     encode = model_commands(sub, "encode", "latents of a trained model for given sequences")
     en = encode.add_parser("vae", help="each molecule's posterior mean and log-variance, as an .npz")
     trained_run_arguments(en)
-    en.add_argument("--input", required=True, metavar="FILE", help="one SMILES per line (a name after it allowed); "
-                                                                  "rewritten in Kekulé form where the run's were")
+    en.add_argument("--input", required=True, metavar="FILE", help="one SMILES per line (a name after it allowed), "
+                                                                  "each written as the run's molecules were (Kekulé "
+                                                                  "form by default)")
     en.add_argument("--output", required=True, metavar="NPZ", help="write mu, logvar [N, Z], smiles (as encoded) and line "
                                                                    "(of --input) here")
 
