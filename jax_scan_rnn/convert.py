@@ -96,7 +96,7 @@ def _layout(module: nnx.Module, prefix: str = "") -> Iterator[Entry]:
     elif isinstance(module, nnx.Embed):
         yield f"{prefix}weight", module.embedding, None
     elif isinstance(module, tuple(NORMS)):
-        _check_epsilon(module, prefix)
+        _check_constants(module, prefix)
         for key, param in (("weight", module.scale), ("bias", getattr(module, "bias", None))):
             if param is not None:  # torch's elementwise_affine=False / affine=False / bias=False: not a parameter
                 yield f"{prefix}{key}", param, None
@@ -110,7 +110,7 @@ def _layout(module: nnx.Module, prefix: str = "") -> Iterator[Entry]:
         yield from _children(module, prefix)
 
 
-def _check_epsilon(module: nnx.Module, prefix: str) -> None:
+def _check_constants(module: nnx.Module, prefix: str) -> None:
     """Warn when a normalisation module's epsilon (or BatchNorm's momentum) is not its torch twin's default: not in
     the state_dict, so no load can check it, and far from negligible: over features of variance 1e-4, LayerNorm's
     two epsilons' outputs differed by up to 0.3 (weights ~ N(0, 1))."""
