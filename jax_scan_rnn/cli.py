@@ -1097,34 +1097,38 @@ def read_latents(path: str, latent_size: int, decoder_only: bool):
 @command("encode vae")
 def cmd_encode_vae(args: argparse.Namespace) -> int:
     """The posterior mean and log-variance of each molecule of --input, as an .npz that `sample vae --latents` reads."""
+    from collections import Counter
+
     import numpy as np
 
+    from jax_scan_rnn.data import smiles
     from jax_scan_rnn.tasks import vae as task_lib
 
     check_output_file(args.output)
     refuse_an_input(args.output, "--output", {"--input": args.input})
     if not Path(args.input).is_file():
         raise FileNotFoundError(f"--input: no file at {args.input}")
-    try:  # one sequence per line, a name after it allowed (as the training data and `sample vae --output`)
-        lines = [(number, line.split(maxsplit=1)[0]) for number, line in
-                 enumerate(Path(args.input).read_text().splitlines(), 1) if line.strip()]
-    except UnicodeDecodeError:
-        raise ValueError(f"--input: expected a text file of one SMILES per line, got {args.input}") from None
     model, vocab, task, _ = load_run(args, "vae")
     if task.decoder_only:
         raise ValueError(f"--checkpoint: expected a run with an encoder, got a --decoder-only run: {args.checkpoint}")
+    skipped = Counter()
+    try:  # read as the run's --data file would be: the same formats
+        records = list(smiles.file_fields(args.input, task.smiles_check, skipped))
+    except ValueError as err:  # a table without a SMILES column
+        raise ValueError(f"--input: {str(err).removeprefix('source: ')}") from None
     model.eval()
-    found = task_lib.latents(model, vocab, task, [seq for _, seq in lines])
+    found = task_lib.latents(model, vocab, task, [seq for _, seq in records])
+    skipped.update(found["skipped"])
+    described = task_lib.describe_skipped(dict(skipped))
+    total = len(records) + sum(skipped.values()) - sum(found["skipped"].values())
     if not found["sequences"]:
-        raise ValueError(f"--input: none of the {len(lines)} sequences of {args.input} can be encoded (skipped: "
-                         f"{task_lib.describe_skipped(found['skipped'])})")
+        raise ValueError(f"--input: none of the {total} records of {args.input} can be encoded (skipped: {described})")
     arrays = {"mu": found["mu"], "logvar": found["logvar"], "smiles": np.asarray(found["sequences"]),
-              "line": np.asarray([lines[i][0] for i in found["index"]], np.int64)}
+              "row": np.asarray([records[i][0] for i in found["index"]], np.int64)}
     write_atomically(args.output, lambda f: np.savez(f, **arrays), binary=True)
-    skipped = f" (skipped: {task_lib.describe_skipped(found['skipped'])})" if found["skipped"] else ""
-    print(f"encoded {len(found['sequences'])} of {len(lines)} sequences{skipped} -> {args.output}: mu and logvar "
-          f"[N, {model.latent_size}], smiles as encoded, line (of --input); decode with sample vae --latents "
-          f"{args.output}")
+    print(f"encoded {len(found['sequences'])} of {total} records{f' (skipped: {described})' if skipped else ''} -> "
+          f"{args.output}: mu and logvar [N, {model.latent_size}], smiles as encoded, row (of --input: its line, or "
+          f"its data row for a table, from 1); decode with sample vae --latents {args.output}")
     return 0
 
 
@@ -1329,11 +1333,13 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     encode = model_commands(sub, "encode", "latents of a trained model for given sequences")
     en = encode.add_parser("vae", help="each molecule's posterior mean and log-variance, as an .npz")
     trained_run_arguments(en)
-    en.add_argument("--input", required=True, metavar="FILE", help="one SMILES per line (a name after it allowed), "
-                                                                  "each written as the run's molecules were (Kekulé "
-                                                                  "form by default)")
-    en.add_argument("--output", required=True, metavar="NPZ", help="write mu, logvar [N, Z], smiles (as encoded) and line "
-                                                                   "(of --input) here")
+    en.add_argument("--input", required=True, metavar="FILE", help="the molecules, in any format train vae's --data "
+                                                                  "reads (one SMILES per line, a name after it "
+                                                                  "allowed, or a .csv/.tsv with a smiles column), each "
+                                                                  "written as the run's molecules were (Kekulé form by "
+                                                                  "default)")
+    en.add_argument("--output", required=True, metavar="NPZ", help="write mu, logvar [N, Z], smiles (as encoded) and row "
+                                                                   "(of --input, from 1) here")
 
     run = model_commands(sub, "run", "positions from a trained model for new data")
     rt = run.add_parser("traveller", help="positions for every row of a data file, as CSV; the state can carry on")

@@ -176,9 +176,10 @@ def check_encode_and_decode_given_latents(out, model, tmp_path, capsys):
     latents = tmp_path / "latents.npz"
     capsys.readouterr()
     assert main(["encode", "vae", "--checkpoint", str(out), "--input", str(molecules), "--output", str(latents)]) == 0
-    assert "encoded 2 of 5 sequences (skipped: unparsable 1, too_long 1, unseen_character 1)" in capsys.readouterr().out
+    assert "encoded 2 of 6 records (skipped: empty 1, unparsable 1, too_long 1, unseen_character 1)" in \
+        capsys.readouterr().out
     with np.load(latents) as saved:
-        assert list(saved["line"]) == [1, 5]
+        assert list(saved["row"]) == [1, 5]
         _, _, task = task_lib.load(out)
         written = [smiles.kekule_forms([s])[0][0] for s in SMILES[:2]]  # as the run's molecules were written
         assert list(saved["smiles"]) == written
@@ -208,8 +209,19 @@ def check_encode_and_decode_given_latents(out, model, tmp_path, capsys):
     (tmp_path / "bad.smi").write_text("Xyz\n")
     assert main(["encode", "vae", "--checkpoint", str(out), "--input", str(tmp_path / "bad.smi"), "--output",
                  str(tmp_path / "none.npz")]) == 2
-    assert "--input: none of the 1 sequences of" in capsys.readouterr().err
+    assert "--input: none of the 1 records of" in capsys.readouterr().err
     assert not (tmp_path / "none.npz").exists()
+    # A table, as train vae's --data reads one: its smiles column, each row numbered among the data rows.
+    (tmp_path / "mine.csv").write_text(f"name,SMILES,logP\na,{SMILES[2]},1.5\nb,,0\nc,{SMILES[3]},2\n")
+    assert main(["encode", "vae", "--checkpoint", str(out), "--input", str(tmp_path / "mine.csv"), "--output",
+                 str(latents)]) == 0
+    assert "encoded 2 of 3 records (skipped: empty 1)" in capsys.readouterr().out
+    with np.load(latents) as saved:
+        assert list(saved["row"]) == [1, 3]
+    (tmp_path / "plain.csv").write_text(f"name,logP\na,{SMILES[2]}\n")
+    assert main(["encode", "vae", "--checkpoint", str(out), "--input", str(tmp_path / "plain.csv"), "--output",
+                 str(latents)]) == 2
+    assert "--input: expected a column named 'smiles' (in any case) in the header of" in capsys.readouterr().err
 
 
 def model_vocab(out):

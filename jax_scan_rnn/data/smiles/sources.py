@@ -256,10 +256,11 @@ def _read_lines(path: str) -> list[bytes]:
         return handle.read().splitlines()
 
 
-def _fields(lines: Iterable[bytes], column: int | None, delimiter: str | None, skipped: Counter) -> Iterator[str]:
-    """Field `column` of each line split on `delimiter` (None: whitespace), or each whole line when
-    `column` is None, stripped; lines that are not UTF-8 or give an empty field are counted in `skipped`."""
-    for raw in lines:
+def _fields(lines: Iterable[bytes], column: int | None, delimiter: str | None,
+            skipped: Counter) -> Iterator[tuple[int, str]]:
+    """(line number from 1, field `column` of the line split on `delimiter` (None: whitespace), or the whole line
+    when `column` is None, stripped); lines that are not UTF-8 or give an empty field are counted in `skipped`."""
+    for number, raw in enumerate(lines, 1):
         try:
             line = raw.decode("utf-8").strip()
         except UnicodeDecodeError:
@@ -269,7 +270,7 @@ def _fields(lines: Iterable[bytes], column: int | None, delimiter: str | None, s
             parts = line.split() if delimiter is None else next(csv.reader([line], delimiter=delimiter), [])
             line = parts[column].strip() if column < len(parts) else ""
         if line:
-            yield line
+            yield number, line
         else:
             skipped["empty"] += 1
 
@@ -282,8 +283,8 @@ def _rdkit_fields(skipped: Counter) -> tuple[tuple[str, ...], Iterator[str]]:
     if not found:
         raise FileNotFoundError(f"source: none of rdkit's SMILES files were found under {RDConfig.RDDataDir!r} "
                                 f"or {RDConfig.RDContribDir!r}")
-    fields = (_fields(_read_lines(path)[spec.header_lines :], spec.column, spec.delimiter, skipped)
-              for spec, path in found)
+    fields = ((field for _, field in _fields(_read_lines(path)[spec.header_lines :], spec.column, spec.delimiter,
+                                             skipped)) for spec, path in found)
     return tuple(path for _, path in found), itertools.chain.from_iterable(fields)
 
 
@@ -318,10 +319,10 @@ def _table_delimiter(path: str) -> str | None:
     return TABLE_SUFFIXES.get(Path(path.removesuffix(".gz")).suffix.lower())
 
 
-def _table_fields(path: str, delimiter: str, skipped: Counter) -> Iterator[str]:
-    """The column named "smiles" (in any case: MOSES's "SMILES", ZINC's "smiles") of a CSV or TSV file with a
-    header row, as the csv module reads it (quoted fields, even those holding a newline, as ZINC's do); rows
-    without that field are counted as "empty"."""
+def _table_fields(path: str, delimiter: str, skipped: Counter) -> Iterator[tuple[int, str]]:
+    """(data row number from 1, the column named "smiles" (in any case: MOSES's "SMILES", ZINC's "smiles")) of a CSV
+    or TSV file with a header row, as the csv module reads it (quoted fields, even those holding a newline, as
+    ZINC's do); rows without that field are counted as "empty"."""
     with (gzip.open if path.endswith(".gz") else open)(path, "rt", encoding="utf-8-sig", errors="replace",
                                                        newline="") as handle:
         rows = csv.reader(handle, delimiter=delimiter)
@@ -331,10 +332,10 @@ def _table_fields(path: str, delimiter: str, skipped: Counter) -> Iterator[str]:
             raise ValueError(f"source: expected a column named 'smiles' (in any case) in the header of {path}, got "
                              f"{header}")
         column = names.index("smiles")
-        for row in rows:
+        for number, row in enumerate(rows, 1):
             field = row[column].strip() if column < len(row) else ""
             if field:
-                yield field
+                yield number, field
             else:
                 skipped["empty"] += 1
 
@@ -342,7 +343,17 @@ def _table_fields(path: str, delimiter: str, skipped: Counter) -> Iterator[str]:
 def _moses_fields(source: str, skipped: Counter) -> tuple[tuple[str, ...], Iterator[str]]:
     """(path read, SMILES fields) of the MOSES set `source` names ("moses" is "moses:train")."""
     path = _moses_file(moses_split(source))
-    return (path,), _table_fields(path, ",", skipped)
+    return (path,), (field for _, field in _table_fields(path, ",", skipped))
+
+
+def file_fields(path: str, smiles: bool, skipped: Counter) -> Iterator[tuple[int, str]]:
+    """(record number from 1, sequence) of each record of a data file, as `load_sequences` reads one: with `smiles`,
+    the "smiles" column of a CSV/TSV (".gz" allowed) by data row, else each line's first whitespace-separated
+    field (a name may follow); without, each whole line. Empty and undecodable records are counted in `skipped`."""
+    delimiter = _table_delimiter(path) if smiles else None
+    if delimiter:
+        return _table_fields(path, delimiter, skipped)
+    return _fields(_read_lines(path), 0 if smiles else None, None, skipped)
 
 
 def _molecules(items: Iterable[str], canonicalize: bool, molecule_filter: MoleculeFilter | None,
@@ -426,9 +437,7 @@ def load_sequences(
     elif is_moses:
         paths, items = _moses_fields(source, skipped)
     elif os.path.isfile(source):
-        delimiter = _table_delimiter(source) if smiles else None
-        paths, items = (source,), (_table_fields(source, delimiter, skipped) if delimiter
-                                   else _fields(_read_lines(source), 0 if smiles else None, None, skipped))
+        paths, items = (source,), (field for _, field in file_fields(source, smiles, skipped))
     else:
         raise FileNotFoundError(
             f"source: expected 'rdkit', 'moses', 'moses:<split>' or an existing file, got {source!r}"
