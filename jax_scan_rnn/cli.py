@@ -842,7 +842,7 @@ def cmd_run_traveller(args: argparse.Namespace) -> int:
     return 0
 
 
-STATE_PRODUCER = ("weights_sha256", "checkpoint")  # what a --final-state file records of the model that produced it
+STATE_PRODUCER = ("weights_sha256", "checkpoint")  # what a --final-state or encode vae's file records of its model
 
 
 def weights_digest(model) -> str:
@@ -1047,7 +1047,7 @@ def cmd_sample_vae(args: argparse.Namespace) -> int:
     refuse_an_input(args.output, "--output", {"--latents": args.latents})
     model, vocab, task, _ = load_run(args, "vae")
     refuse_an_input(args.output, "--output", {"the run's --data file": vae_data_file(task)})
-    z = None if args.latents is None else read_latents(args.latents, model.latent_size, task.decoder_only)
+    z = None if args.latents is None else read_latents(args.latents, model, task.decoder_only)
     n = args.n if z is None else len(z)
     check_memory("the samples (-n)" if z is None else "the samples (--latents)", task_lib.sample_bytes(task, vocab.size, n))
     model.eval()
@@ -1065,11 +1065,13 @@ def cmd_sample_vae(args: argparse.Namespace) -> int:
     return 0
 
 
-def read_latents(path: str, latent_size: int, decoder_only: bool):
+def read_latents(path: str, model, decoder_only: bool):
     """--latents: the `mu` (or `z`) array [N, Z] of an .npz file (as `encode vae` writes), or an .npy array [N, Z],
-    checked: N >= 1, this model's Z, finite."""
+    checked: N >= 1, this model's Z, finite, and, where `encode vae` recorded them, this model's weights (another
+    model's latents, another step's of the same run too, decode into other molecules without a word)."""
     import numpy as np
 
+    latent_size = model.latent_size
     if decoder_only:
         raise ValueError(f"--latents: expected a run with an encoder, got a --decoder-only run (its decoder reads no "
                          f"latent), for {path}")
@@ -1086,6 +1088,11 @@ def read_latents(path: str, latent_size: int, decoder_only: bool):
                 raise ValueError(f"--latents: expected an .npz with a 'z' or 'mu' array [N, {latent_size}], got {path} "
                                  f"with {sorted(loaded) or 'no arrays'}")
             z = loaded[key]
+            producer = {name: str(loaded[name]) for name in STATE_PRODUCER if name in loaded}
+        if producer and producer["weights_sha256"] != weights_digest(model):
+            raise ValueError(f"--latents: {path} holds the latents of other weights (encoded with --checkpoint "
+                             f"{producer['checkpoint']}; this --checkpoint's weights differ): they decode into other "
+                             f"molecules; encode the molecules again with this checkpoint")
     if z.ndim != 2 or z.shape[0] < 1 or z.shape[1] != latent_size or not np.issubdtype(z.dtype, np.floating):
         raise ValueError(f"--latents: expected floating latents [N, {latent_size}] with N >= 1 (this model's latent "
                          f"size), got {z.dtype} of shape {tuple(z.shape)} in {path}")
@@ -1108,7 +1115,7 @@ def cmd_encode_vae(args: argparse.Namespace) -> int:
     refuse_an_input(args.output, "--output", {"--input": args.input})
     if not Path(args.input).is_file():
         raise FileNotFoundError(f"--input: no file at {args.input}")
-    model, vocab, task, _ = load_run(args, "vae")
+    model, vocab, task, step = load_run(args, "vae")
     if task.decoder_only:
         raise ValueError(f"--checkpoint: expected a run with an encoder, got a --decoder-only run: {args.checkpoint}")
     skipped = Counter()
@@ -1123,8 +1130,9 @@ def cmd_encode_vae(args: argparse.Namespace) -> int:
     total = len(records) + sum(skipped.values()) - sum(found["skipped"].values())
     if not found["sequences"]:
         raise ValueError(f"--input: none of the {total} records of {args.input} can be encoded (skipped: {described})")
+    producer = {"weights_sha256": weights_digest(model), "checkpoint": f"{Path(args.checkpoint).absolute()} --step {step}"}
     arrays = {"mu": found["mu"], "logvar": found["logvar"], "smiles": np.asarray(found["sequences"]),
-              "row": np.asarray([records[i][0] for i in found["index"]], np.int64)}
+              "row": np.asarray([records[i][0] for i in found["index"]], np.int64), **producer}
     write_atomically(args.output, lambda f: np.savez(f, **arrays), binary=True)
     print(f"encoded {len(found['sequences'])} of {total} records{f' (skipped: {described})' if skipped else ''} -> "
           f"{args.output}: mu and logvar [N, {model.latent_size}], smiles as encoded, row (of --input: its line, or "

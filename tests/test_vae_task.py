@@ -206,6 +206,16 @@ def check_encode_and_decode_given_latents(out, model, tmp_path, capsys):
         assert main(["sample", "vae", "--checkpoint", str(out), *argv]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and message in err, err
+    # Latents of other weights (another step of the same run) decode into other molecules: refused, naming them.
+    earlier = tmp_path / "step6.npz"
+    assert main(["encode", "vae", "--checkpoint", str(out), "--step", "6", "--input", str(molecules), "--output",
+                 str(earlier)]) == 0
+    capsys.readouterr()
+    assert main(["sample", "vae", "--checkpoint", str(out), "--latents", str(earlier)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"--latents: {earlier} holds the latents of other weights (encoded with " \
+        f"--checkpoint {out.absolute()} --step 6; this --checkpoint's weights differ)" in err, err
+    assert main(["sample", "vae", "--checkpoint", str(out), "--step", "6", "--latents", str(earlier), "--greedy"]) == 0
     (tmp_path / "bad.smi").write_text("Xyz\n")
     assert main(["encode", "vae", "--checkpoint", str(out), "--input", str(tmp_path / "bad.smi"), "--output",
                  str(tmp_path / "none.npz")]) == 2
