@@ -12,6 +12,7 @@ devices like any other array.
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from functools import cached_property, partial
@@ -615,7 +616,7 @@ def sample(model: SeqVAE, vocab: smiles.Vocabulary, n: int, *, max_len: int, see
 
 
 def latents(model: SeqVAE, vocab: smiles.Vocabulary, task: VAETask, sequences: list[str]) -> dict[str, Any]:
-    """The encoder's posterior q(z | x) of each sequence the model can read, in one jitted call.
+    """The encoder's posterior q(z | x) of each sequence the model can read, in jitted calls of `ENCODE_CHUNK`.
 
     Each is first written as the run's molecules were: in Kekulé form (`task.writes_kekule`), as rdkit's canonical
     SMILES (the "rdkit" source's molecules, aromatic), else as given, parsed with rdkit unless the run's data is not
@@ -623,12 +624,7 @@ def latents(model: SeqVAE, vocab: smiles.Vocabulary, task: VAETask, sequences: l
     outside `vocab` is skipped and counted. Returns
     `{"index": [N] positions in `sequences` of those encoded, "sequences": [N] them as encoded, "mu": [N, Z],
     "logvar": [N, Z], "skipped": {reason: count}}`."""
-    written = list(sequences)
-    skipped: dict[str, int] = {}
-
-    def skip(reason: str) -> None:
-        skipped[reason] = skipped.get(reason, 0) + 1
-
+    written, skipped = list(sequences), Counter()
     if task.writes_kekule:
         written = [form and form[0] for form in smiles.kekule_forms(sequences)]
     elif task.data == "rdkit":
@@ -639,23 +635,24 @@ def latents(model: SeqVAE, vocab: smiles.Vocabulary, task: VAETask, sequences: l
     known, index, kept = set(vocab.tokens), [], []
     for i, seq in enumerate(written):
         if seq is None:
-            skip("unparsable")
+            skipped["unparsable"] += 1
         elif len(seq) > task.max_length:
-            skip("too_long")
+            skipped["too_long"] += 1
         elif not set(seq) <= known:
-            skip("unseen_character")
+            skipped["unseen_character"] += 1
         else:
             index.append(i)
             kept.append(seq)
     if not kept:
         return {"index": np.zeros(0, np.int64), "sequences": [], "mu": np.zeros((0, model.latent_size), np.float32),
-                "logvar": np.zeros((0, model.latent_size), np.float32), "skipped": skipped}
+                "logvar": np.zeros((0, model.latent_size), np.float32), "skipped": dict(skipped)}
     # In chunks: one call over a whole file would hold every molecule's hoisted input projections at once (on a GPU,
     # [N, T, 3H] floats: 300 GB for a million molecules at the default sizes).
     posterior = [_encode(model, *encode(vocab, kept[i:i + ENCODE_CHUNK], task.max_length))
                  for i in range(0, len(kept), ENCODE_CHUNK)]
     mu, logvar = (np.concatenate([np.asarray(p[k], np.float32) for p in posterior]) for k in (0, 1))
-    return {"index": np.asarray(index, np.int64), "sequences": kept, "mu": mu, "logvar": logvar, "skipped": skipped}
+    return {"index": np.asarray(index, np.int64), "sequences": kept, "mu": mu, "logvar": logvar,
+            "skipped": dict(skipped)}
 
 
 ENCODE_CHUNK = 1024  # molecules per encoder call in `latents`: ~0.3 GB of hoisted projections at T=101, H=256
