@@ -30,7 +30,7 @@ _EXPORTS = {
     "feedback_scan": "feedback",
     "LSTMCell": "cells", "GRUCell": "cells", "RNNCell": "cells", "RNNCellBase": "cells",
     "load_torch_state_dict": "convert", "torch_state_dict": "convert", "save_safetensors": "convert",
-    "load_safetensors": "convert",
+    "load_safetensors": "convert", "from_torch_module": "convert", "to_torch_module": "convert",
     "jit": "compiled", "Compiled": "compiled",
 }
 

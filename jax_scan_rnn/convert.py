@@ -47,10 +47,12 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jax_scan_rnn import cells, layers, validate
 from jax_scan_rnn.cells import RNNCellBase
 from jax_scan_rnn.layers import RNNBase
 
@@ -185,6 +187,80 @@ def torch_state_dict(module: nnx.Module) -> dict[str, np.ndarray]:
     return out
 
 
+# torch.nn's recurrent modules (torch_ref's LSTM, GRU and RNN are these), each the twin of jsr's class of its name.
+TWINS = {"LSTM": layers.LSTM, "GRU": layers.GRU, "RNN": layers.RNN, "LSTMCell": cells.LSTMCell,
+         "GRUCell": cells.GRUCell, "RNNCell": cells.RNNCell}
+
+
+def _twin_kind(module: Any, torch_side: bool) -> str:
+    """The TWINS name of `module`'s class or of the first of its bases that is one (a subclass of torch.nn.LSTM, say),
+    on the torch side (`torch_side`) or jsr's; TypeError otherwise."""
+    for cls in type(module).__mro__:
+        ours = cls in TWINS.values()
+        if (cls.__module__.startswith("torch.nn") if torch_side else ours) and cls.__name__ in TWINS:
+            return cls.__name__
+    side, other = ("torch.nn", "to_torch_module") if torch_side else ("jsr", "from_torch_module")
+    twin = f"; jsr.{other} makes the twin of such a module" if type(module).__name__ in TWINS else ""
+    raise TypeError(f"module: expected a {side}.LSTM, GRU, RNN, LSTMCell, GRUCell or RNNCell, got "
+                    f"{type(module).__module__}.{type(module).__name__}{twin}")
+
+
+def _constructor_arguments(module: Any, kind: str, bias: bool, dropout: float) -> dict[str, Any]:
+    """torch's constructor keyword arguments of a recurrent module, read from the attributes both sides share."""
+    arguments = {"input_size": module.input_size, "hidden_size": module.hidden_size, "bias": bias}
+    if not kind.endswith("Cell"):
+        arguments |= {"num_layers": module.num_layers, "batch_first": module.batch_first, "dropout": dropout,
+                      "bidirectional": module.bidirectional}
+    if kind == "LSTM":
+        arguments["proj_size"] = module.proj_size
+    if kind.startswith("RNN"):
+        arguments["nonlinearity"] = module.nonlinearity
+    return arguments
+
+
+def from_torch_module(module: Any, *, rngs: nnx.Rngs | None = None) -> nnx.Module:
+    """The jsr twin of a `torch.nn.LSTM`, `GRU`, `RNN`, `LSTMCell`, `GRUCell` or `RNNCell`: built with the same
+    constructor arguments, holding its weights bit for bit, in its mode (after `.eval()`, dropout off).
+
+        lstm = jsr.from_torch_module(torch.nn.LSTM(8, 32, num_layers=2, batch_first=True))
+
+    Parameters take the torch weights' dtype where JAX holds it (float64 needs `jax_enable_x64`; float32 otherwise,
+    with the load's warning naming the cast). `rngs` draws the twin's dropout masks (default `nnx.Rngs(0)`).
+    """
+    kind = _twin_kind(module, torch_side=True)
+    dtype = str(next(iter(module.state_dict().values())).dtype).removeprefix("torch.")
+    if dtype == "float64" and not jax.config.jax_enable_x64:
+        dtype = "float32"
+    arguments = _constructor_arguments(module, kind, module.bias, getattr(module, "dropout", 0.0))
+    ours = TWINS[kind](**arguments, param_dtype=jnp.dtype(dtype), rngs=rngs or nnx.Rngs(0))
+    load_torch_state_dict(ours, module.state_dict())
+    if not module.training:
+        ours.eval()
+    return ours
+
+
+def to_torch_module(module: nnx.Module) -> Any:
+    """The `torch.nn` twin of a jsr `LSTM`, `GRU`, `RNN`, `LSTMCell`, `GRUCell` or `RNNCell`: built with the same
+    constructor arguments, holding its weights bit for bit in their dtype, in its mode (`eval()` when the jsr
+    module's dropout is off), on the CPU (needs torch: `pip install 'jax-scan-rnn[torch]'`)."""
+    from jax_scan_rnn.optional import require
+
+    torch = require("torch", "to_torch_module")
+    kind = _twin_kind(module, torch_side=False)
+    cell = kind.endswith("Cell")
+    arguments = _constructor_arguments(module, kind, module.bias if cell else module.layers[0].bias,
+                                       0.0 if cell else module.dropout.rate)
+    state_dict = torch_state_dict(module)
+    dtype = getattr(torch, str(next(iter(state_dict.values())).dtype))
+    twin = getattr(torch.nn, kind)(**arguments, dtype=dtype)
+    # torch.from_numpy knows no bfloat16: through float32, which holds every bfloat16 value exactly.
+    twin.load_state_dict({k: torch.from_numpy(np.asarray(v, np.float32 if v.dtype == jnp.bfloat16 else v.dtype))
+                          .to(dtype) for k, v in state_dict.items()})
+    if not cell and module.dropout.deterministic:
+        twin.eval()
+    return twin
+
+
 def _check_mapping(state_dict: Any) -> None:
     if not isinstance(state_dict, Mapping):
         hint = " (pass its .state_dict())" if hasattr(state_dict, "state_dict") else ""
@@ -195,19 +271,9 @@ def _check_mapping(state_dict: Any) -> None:
 
 def _to_numpy(key: str, value: Any) -> np.ndarray:
     """One state_dict value (torch tensor, numpy or JAX array) as a numpy array of the same dtype."""
-    if hasattr(value, "detach"):  # a torch tensor, recognised without importing torch
-        value = value.detach().cpu()
-        name = str(value.dtype).removeprefix("torch.")
-        if value.is_floating_point() and name not in ("float16", "float32", "float64"):
-            # numpy has no bfloat16/float8, so torch's .numpy() refuses them. float32 holds each of their
-            # values exactly, and JAX's numpy dtype of the same name gives the dtype back, so the dtype
-            # warning and safetensors files report the dtype that was given.
-            if not hasattr(jnp, name):
-                raise TypeError(f"state_dict[{key!r}]: expected a dtype numpy can hold, got {value.dtype}")
-            value = value.float().numpy().astype(getattr(jnp, name))
-        else:
-            value = value.numpy()
-    value = np.asarray(value)
+    # A torch tensor in its own dtype, bfloat16 included, so that the dtype warning and safetensors files report
+    # the dtype that was given.
+    value = validate.host_array(value, f"state_dict[{key!r}]")
     if not jnp.issubdtype(value.dtype, jnp.floating):  # np.issubdtype says no to bfloat16
         raise TypeError(f"state_dict[{key!r}]: expected a floating dtype, got {value.dtype}")
     return value

@@ -110,12 +110,13 @@ def first_bad(name: str, values: Any, bad: Any, what: str) -> str:
     return text + (f" ({len(where)} {what} out of range)" if len(where) > 1 else "")
 
 
-def host_array(value: Any) -> Any:
+def host_array(value: Any, name: str = "value") -> Any:
     """`value` (host data: NumPy, a list, a torch tensor, anything with `__array__`) as a NumPy array; a torch
-    tensor is detached and copied to the host first (NumPy refuses one that requires grad or lives on a GPU)."""
+    tensor is detached and copied to the host first (NumPy refuses one that requires grad or lives on a GPU), in its
+    own dtype (bfloat16 included); TypeError naming `name` for a torch dtype no array library here holds."""
     import numpy as np
 
-    return np.asarray(_untorched(value))
+    return np.asarray(_untorched(value, name))
 
 
 def from_torch(tree: Any) -> Any:
@@ -138,10 +139,20 @@ def floating_array(name: str, value: Any) -> Any:
     return x
 
 
-def _untorched(value: Any) -> Any:
-    if type(value).__module__.startswith("torch") and hasattr(value, "detach"):
-        return value.detach().cpu().numpy()
-    return value
+def _untorched(value: Any, name: str = "value") -> Any:
+    if not (type(value).__module__.startswith("torch") and hasattr(value, "detach")):
+        return value
+    value = value.detach().cpu()
+    dtype = str(value.dtype).removeprefix("torch.")
+    if value.is_floating_point() and dtype not in ("float16", "float32", "float64"):
+        # NumPy has no bfloat16/float8, so torch's .numpy() refuses them; float32 holds each of their values exactly,
+        # and JAX's NumPy dtype of the same name (ml_dtypes') gives the dtype back.
+        import jax.numpy as jnp
+
+        if not hasattr(jnp, dtype):
+            raise TypeError(f"{name}: expected a dtype NumPy or JAX can hold, got {value.dtype}")
+        return value.float().numpy().astype(getattr(jnp, dtype))
+    return value.numpy()
 
 
 def not_packed(name: str, value: Any, instead: str) -> None:

@@ -370,6 +370,19 @@ def test_eager_calls_take_torch_tensors_as_jsr_jit_does():
     np.testing.assert_array_equal(vae.generate(torch.from_numpy(z).requires_grad_(), 4), vae.generate(z, 4))
 
 
+def test_a_bfloat16_torch_input_is_read_in_its_dtype():
+    """NumPy has no bfloat16, so torch's .numpy() refuses such a tensor: it crashed an eager call and jsr.jit alike with
+    torch's "Got unsupported ScalarType BFloat16"; now it reaches the model as bfloat16, exactly."""
+    torch = pytest.importorskip("torch")
+    model = jsr.GRU(3, 4, param_dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    x = np.random.default_rng(1).normal(size=(5, 2, 3)).astype(jnp.bfloat16)
+    want = jsr.jit(model)(x)[0]
+    for call in (model, jsr.jit(model)):
+        got = call(torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16))[0]
+        assert got.dtype == jnp.bfloat16
+        np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+
+
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_host_lengths_are_checked_as_an_eager_call_checks_them(bidirectional):
     model = jsr.LSTM(3, 4, batch_first=True, bidirectional=bidirectional, rngs=nnx.Rngs(0))

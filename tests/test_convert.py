@@ -575,3 +575,48 @@ def test_plain_containers_of_a_pytree_false_module_are_keyed_as_torchs_and_nothi
     ours.held = Holder(nnx.Linear(8, 5, rngs=nnx.Rngs(1)))
     with pytest.raises(NotImplementedError, match=r"no PyTorch mapping for parameter held\.head\.\w+ of Net$"):
         jsr.torch_state_dict(ours)  # was the state_dict without them, without a word
+
+
+TWIN_CONSTRUCTORS = [  # torch.nn modules as a porter builds them, each kind and option once
+    lambda: torch.nn.LSTM(3, 5, 2, batch_first=True, proj_size=2, bidirectional=True),
+    lambda: torch.nn.GRU(3, 5, bias=False),
+    lambda: torch.nn.RNN(3, 5, 2, nonlinearity="relu", dropout=0.2).eval(),
+    lambda: torch.nn.LSTMCell(3, 5),
+    lambda: torch.nn.GRUCell(3, 5, bias=False),
+    lambda: torch.nn.RNNCell(3, 5, nonlinearity="relu"),
+    lambda: torch.nn.GRU(3, 5).to(torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("make", TWIN_CONSTRUCTORS)
+def test_a_torch_module_and_its_jsr_twin_carry_arguments_weights_and_mode_both_ways(make):
+    torch.manual_seed(0)
+    ref = make()
+    ours = jsr.from_torch_module(ref)
+    assert type(ours).__name__ == type(ref).__name__
+    assert ours.input_size == ref.input_size and ours.hidden_size == ref.hidden_size
+    back = jsr.to_torch_module(ours)
+    assert repr(back) == repr(ref) and back.training == ref.training  # every constructor argument, the mode
+    for key, value in ref.state_dict().items():  # bit for bit, in the module's dtype
+        assert back.state_dict()[key].dtype == value.dtype and torch.equal(back.state_dict()[key], value), key
+    x = torch.randn(4, 2, 3).to(value.dtype)
+    cell = type(ref).__name__.endswith("Cell")
+    with torch.no_grad():
+        want = ref(x[0] if cell else x)
+    got = ours(x[0] if cell else x)
+    want, got = (w[0] if isinstance(w, tuple) else w for w in (want, got))
+    # float32: two frameworks' rounding; bfloat16: its 8-bit mantissa over a 4-step recurrence
+    atol = 1e-5 if value.dtype == torch.float32 else 2e-2
+    np.testing.assert_allclose(np.asarray(got, np.float32), want.float().numpy(), atol=atol)
+
+
+def test_a_subclass_has_its_torch_bases_twin_and_other_modules_are_named():
+    class Mine(torch.nn.GRU):
+        pass
+
+    assert type(jsr.from_torch_module(Mine(2, 3))) is jsr.GRU
+    with pytest.raises(TypeError, match=r"module: expected a torch.nn.LSTM, GRU, RNN, LSTMCell, GRUCell or RNNCell, "
+                                        r"got torch.nn.modules.linear.Linear$"):
+        jsr.from_torch_module(torch.nn.Linear(2, 3))
+    with pytest.raises(TypeError, match=r"got torch.nn.modules.rnn.GRU; jsr.from_torch_module makes the twin"):
+        jsr.to_torch_module(torch.nn.GRU(2, 3))
