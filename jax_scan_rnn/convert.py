@@ -2,6 +2,7 @@
 
     jsr.load_torch_state_dict(module, torch_model.state_dict())   # torch -> jax (tensors or numpy)
     torch_model.load_state_dict({k: torch.from_numpy(v) for k, v in jsr.torch_state_dict(module).items()})
+    lstm = jsr.from_torch_module(torch_lstm); torch_lstm = jsr.to_torch_module(lstm)   # built and loaded, one call
 
 The one table of what maps to what (`_layout`), per kind of submodule:
 
