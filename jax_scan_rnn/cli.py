@@ -812,19 +812,18 @@ def cmd_run_traveller(args: argparse.Namespace) -> int:
             raise ValueError(f"--data: {args.data} has {data.num_features} features per step, the model reads "
                              f"{model.num_inputs} (the simulated market's signals)")
         features, assets = data.features, tuple(f"asset_{i}" for i in range(task.market.num_assets))
-    state, weights = None, weights_digest(model)
+    state, producer = None, produced_by(model, args.checkpoint, step)
     if args.initial_state is not None:
         try:
             with np.load(args.initial_state) as saved:
                 state = TravellerState(*(saved[name] for name in TravellerState._fields))
-                producer = {key: str(saved[key]) for key in STATE_PRODUCER if key in saved}  # none before 2026-12
+                recorded = {key: saved[key] for key in producer if key in saved}  # none before 2026-12
         except (OSError, KeyError, ValueError) as err:
             raise ValueError(f"--initial-state: {args.initial_state} is not a state saved by --final-state ({err})") from None
-        if producer and producer["weights_sha256"] != weights:  # same shapes, other weights: silently wrong positions
-            raise ValueError(f"--initial-state: {args.initial_state} is the state of other weights (saved with "
-                             f"--checkpoint {producer['checkpoint']}; this --checkpoint's weights differ): a state "
-                             "continues only the model that produced it; leave --initial-state out to start from "
-                             "the zero state")
+        # same shapes, other weights: silently wrong positions
+        check_produced_by(recorded, producer, "--initial-state", args.initial_state, "is the state",
+                          "a state continues only the model that produced it; leave --initial-state out to start "
+                          "from the zero state")
     try:
         positions, state = task_lib.positions(model, features, state)
     except ValueError as err:
@@ -834,15 +833,26 @@ def cmd_run_traveller(args: argparse.Namespace) -> int:
     write_atomically(args.output, lambda f: write_positions_csv(f, positions, assets))
     print(f"positions: {positions.shape[0]} path(s) x {positions.shape[1]} steps x {len(assets)} assets -> {args.output}")
     if args.final_state is not None:
-        source = f"{Path(args.checkpoint).absolute()} --step {step}"
-        producer = {"weights_sha256": weights, "checkpoint": source}
         arrays = {**{k: np.asarray(v) for k, v in state._asdict().items()}, **producer}
         write_atomically(args.final_state, lambda f: np.savez(f, **arrays), binary=True)
         print(f"state after the last step -> {args.final_state} (continue with --initial-state)")
     return 0
 
 
-STATE_PRODUCER = ("weights_sha256", "checkpoint")  # what a --final-state or encode vae's file records of its model
+def produced_by(model, checkpoint: str, step: int) -> dict[str, str]:
+    """What a file computed from a model (run traveller's --final-state, encode vae's latents) records of it: its
+    weights' sha256 and the checkpoint they were read from."""
+    return {"weights_sha256": weights_digest(model), "checkpoint": f"{Path(checkpoint).absolute()} --step {step}"}
+
+
+def check_produced_by(recorded, producer: dict[str, str], flag: str, path: str, what: str, remedy: str) -> None:
+    """ValueError naming `flag` when the file `path` recorded (`recorded`: its arrays, an open .npz) other weights
+    than `producer`'s (`produced_by`): read with another model, a state or latents give wrong numbers without a
+    word. A file that records none (made by hand, or before 2026-12) passes."""
+    theirs = {key: str(recorded[key]) for key in producer if key in recorded}
+    if theirs and theirs["weights_sha256"] != producer["weights_sha256"]:
+        raise ValueError(f"{flag}: {path} {what} of other weights (saved with --checkpoint {theirs['checkpoint']}; "
+                         f"this --checkpoint's weights differ): {remedy}")
 
 
 def weights_digest(model) -> str:
@@ -1045,9 +1055,10 @@ def cmd_sample_vae(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"--latents: no file at {args.latents}")
     check_output_file(args.output)
     refuse_an_input(args.output, "--output", {"--latents": args.latents})
-    model, vocab, task, _ = load_run(args, "vae")
+    model, vocab, task, step = load_run(args, "vae")
     refuse_an_input(args.output, "--output", {"the run's --data file": vae_data_file(task)})
-    z = None if args.latents is None else read_latents(args.latents, model, task.decoder_only)
+    z = None if args.latents is None else read_latents(args.latents, model, task.decoder_only,
+                                                       produced_by(model, args.checkpoint, step))
     n = args.n if z is None else len(z)
     check_memory("the samples (-n)" if z is None else "the samples (--latents)", task_lib.sample_bytes(task, vocab.size, n))
     model.eval()
@@ -1065,7 +1076,7 @@ def cmd_sample_vae(args: argparse.Namespace) -> int:
     return 0
 
 
-def read_latents(path: str, model, decoder_only: bool):
+def read_latents(path: str, model, decoder_only: bool, producer: dict[str, str]):
     """--latents: the `mu` (or `z`) array [N, Z] of an .npz file (as `encode vae` writes), or an .npy array [N, Z],
     checked: N >= 1, this model's Z, finite, and, where `encode vae` recorded them, this model's weights (another
     model's latents, another step's of the same run too, decode into other molecules without a word)."""
@@ -1088,11 +1099,8 @@ def read_latents(path: str, model, decoder_only: bool):
                 raise ValueError(f"--latents: expected an .npz with a 'z' or 'mu' array [N, {latent_size}], got {path} "
                                  f"with {sorted(loaded) or 'no arrays'}")
             z = loaded[key]
-            producer = {name: str(loaded[name]) for name in STATE_PRODUCER if name in loaded}
-        if producer and producer["weights_sha256"] != weights_digest(model):
-            raise ValueError(f"--latents: {path} holds the latents of other weights (encoded with --checkpoint "
-                             f"{producer['checkpoint']}; this --checkpoint's weights differ): they decode into other "
-                             f"molecules; encode the molecules again with this checkpoint")
+            check_produced_by(loaded, producer, "--latents", path, "holds the latents",
+                              "they decode into other molecules; encode the molecules again with this checkpoint")
     if z.ndim != 2 or z.shape[0] < 1 or z.shape[1] != latent_size or not np.issubdtype(z.dtype, np.floating):
         raise ValueError(f"--latents: expected floating latents [N, {latent_size}] with N >= 1 (this model's latent "
                          f"size), got {z.dtype} of shape {tuple(z.shape)} in {path}")
@@ -1125,14 +1133,14 @@ def cmd_encode_vae(args: argparse.Namespace) -> int:
         raise ValueError(f"--input: {str(err).removeprefix('source: ')}") from None
     model.eval()
     found = task_lib.latents(model, vocab, task, [seq for _, seq in records])
+    total = len(records) + sum(skipped.values())  # the empty and undecodable records counted as they were read
     skipped.update(found["skipped"])
     described = task_lib.describe_skipped(dict(skipped))
-    total = len(records) + sum(skipped.values()) - sum(found["skipped"].values())
     if not found["sequences"]:
         raise ValueError(f"--input: none of the {total} records of {args.input} can be encoded (skipped: {described})")
-    producer = {"weights_sha256": weights_digest(model), "checkpoint": f"{Path(args.checkpoint).absolute()} --step {step}"}
     arrays = {"mu": found["mu"], "logvar": found["logvar"], "smiles": np.asarray(found["sequences"]),
-              "row": np.asarray([records[i][0] for i in found["index"]], np.int64), **producer}
+              "row": np.asarray([records[i][0] for i in found["index"]], np.int64),
+              **produced_by(model, args.checkpoint, step)}
     write_atomically(args.output, lambda f: np.savez(f, **arrays), binary=True)
     print(f"encoded {len(found['sequences'])} of {total} records{f' (skipped: {described})' if skipped else ''} -> "
           f"{args.output}: mu and logvar [N, {model.latent_size}], smiles as encoded, row (of --input: its line, or "

@@ -229,12 +229,13 @@ def from_torch_module(module: Any, *, rngs: nnx.Rngs | None = None) -> nnx.Modul
     with the load's warning naming the cast). `rngs` draws the twin's dropout masks (default `nnx.Rngs(0)`).
     """
     kind = _twin_kind(module, torch_side=True)
-    dtype = str(next(iter(module.state_dict().values())).dtype).removeprefix("torch.")
+    state_dict = module.state_dict()
+    dtype = str(next(iter(state_dict.values())).dtype).removeprefix("torch.")
     if dtype == "float64" and not jax.config.jax_enable_x64:
         dtype = "float32"
     arguments = _constructor_arguments(module, kind, module.bias, getattr(module, "dropout", 0.0))
     ours = TWINS[kind](**arguments, param_dtype=jnp.dtype(dtype), rngs=rngs or nnx.Rngs(0))
-    load_torch_state_dict(ours, module.state_dict())
+    load_torch_state_dict(ours, state_dict)
     if not module.training:
         ours.eval()
     return ours

@@ -213,7 +213,7 @@ def check_encode_and_decode_given_latents(out, model, tmp_path, capsys):
     capsys.readouterr()
     assert main(["sample", "vae", "--checkpoint", str(out), "--latents", str(earlier)]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and f"--latents: {earlier} holds the latents of other weights (encoded with " \
+    assert len(err.splitlines()) == 1 and f"--latents: {earlier} holds the latents of other weights (saved with " \
         f"--checkpoint {out.absolute()} --step 6; this --checkpoint's weights differ)" in err, err
     assert main(["sample", "vae", "--checkpoint", str(out), "--step", "6", "--latents", str(earlier), "--greedy"]) == 0
     (tmp_path / "bad.smi").write_text("Xyz\n")
