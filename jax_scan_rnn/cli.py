@@ -1049,8 +1049,10 @@ def cmd_sample_vae(args: argparse.Namespace) -> int:
 
     refuse_unread(args, [(("temperature", "top_k"), args.greedy, "without --greedy",
                           "greedy decoding takes each step's most likely token")])
-    if args.latents is not None and "n" in args.given:
-        raise ValueError(f"-n: expected only without --latents (one sample per row of {args.latents}), got {args.n}")
+    per_latent = args.n if "n" in args.given else 1  # with --latents, -n counts the samples of each row
+    if args.latents is not None and args.greedy and per_latent > 1:
+        raise ValueError(f"-n: expected 1 with --latents and --greedy (greedy decoding gives each latent one "
+                         f"sequence), got {per_latent}")
     if args.latents is not None and not Path(args.latents).is_file():
         raise FileNotFoundError(f"--latents: no file at {args.latents}")
     check_output_file(args.output)
@@ -1059,13 +1061,14 @@ def cmd_sample_vae(args: argparse.Namespace) -> int:
     refuse_an_input(args.output, "--output", {"the run's --data file": vae_data_file(task)})
     z = None if args.latents is None else read_latents(args.latents, model, task.decoder_only,
                                                        produced_by(model, args.checkpoint, step))
-    n = args.n if z is None else len(z)
-    check_memory("the samples (-n)" if z is None else "the samples (--latents)", task_lib.sample_bytes(task, vocab.size, n))
+    total = args.n if z is None else len(z) * per_latent
+    check_memory("the samples (-n)" if z is None else "the samples (--latents, -n per row)",
+                 task_lib.sample_bytes(task, vocab.size, total))
     model.eval()
     with flag_names():  # the sampler's own checks ("top_k: ...") name the flag
-        generated = task_lib.sample(model, vocab, n, max_len=task.max_length + 1, seed=args.seed,
-                                    temperature=args.temperature, top_k=args.top_k, greedy=args.greedy,
-                                    decoder_only=task.decoder_only, z=z)
+        generated = task_lib.sample(model, vocab, args.n if z is None else per_latent, max_len=task.max_length + 1,
+                                    seed=args.seed, temperature=args.temperature, top_k=args.top_k,
+                                    greedy=args.greedy, decoder_only=task.decoder_only, z=z)
     if args.output:
         write_atomically(args.output, lambda f: f.write("\n".join(generated) + "\n"))
     else:
@@ -1337,15 +1340,16 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     sv = sample.add_parser("vae", help="SMILES from the prior z ~ N(0, I) or from given latents (--latents), in "
                                       "one jitted call")
     trained_run_arguments(sv)
-    sv.add_argument("-n", type=positive_int, default=1000, help="number of samples (default: 1000)")
+    sv.add_argument("-n", type=positive_int, default=1000,
+                    help="number of samples (default: 1000); with --latents, samples per row (default: 1)")
     sv.add_argument("--temperature", type=positive_float, default=1.0, help="sampling temperature (default: 1.0)")
     sv.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (default: 0, off)")
     sv.add_argument("--greedy", action="store_true", help="argmax decoding instead of sampling")
     sv.add_argument("--seed", type=SEED, default=0, help="random seed (default: 0)")
     sv.add_argument("--output", default=None, help="write the samples here, one per line (default: stdout)")
     sv.add_argument("--latents", default=None, metavar="FILE",
-                    help="decode these latents instead of prior draws: one sample per row of the 'z' or 'mu' array "
-                         "[N, Z] of an .npz (as encode vae writes) or of an .npy file")
+                    help="decode these latents instead of prior draws: -n samples (default 1) per row of the 'z' or "
+                         "'mu' array [N, Z] of an .npz (as encode vae writes) or of an .npy file, row 0's first")
     encode = model_commands(sub, "encode", "latents of a trained model for given sequences")
     en = encode.add_parser("vae", help="each molecule's posterior mean and log-variance, as an .npz")
     trained_run_arguments(en)

@@ -195,9 +195,22 @@ def check_encode_and_decode_given_latents(out, model, tmp_path, capsys):
     np.save(tmp_path / "z.npy", np.zeros((3, 4), np.float32))
     assert main(["sample", "vae", "--checkpoint", str(out), "--latents", str(tmp_path / "z.npy")]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 3
+    # -n beside --latents: that many draws of each row, row 0's first, each row's the sampler's own from that latent.
+    z = np.stack([np.zeros(4, np.float32), np.full(4, 3.0, np.float32)])
+    np.save(tmp_path / "two.npy", z)
+    assert main(["sample", "vae", "--checkpoint", str(out), "--latents", str(tmp_path / "two.npy"), "-n", "5",
+                 "--seed", "3"]) == 0
+    drawn = capsys.readouterr().out.splitlines()
+    assert len(drawn) == 10
+    assert drawn == task_lib.sample(model, model_vocab(out), 5, max_len=task.max_length + 1, seed=3, z=z)
+    assert drawn == task_lib.sample(model, model_vocab(out), 1, max_len=task.max_length + 1, seed=3,
+                                    z=np.repeat(z, 5, axis=0))  # row 0 five times, then row 1
+    with pytest.raises(ValueError, match=r"^n: expected 1 with greedy decoding of given latents"):
+        task_lib.sample(model, model_vocab(out), 2, max_len=8, greedy=True, z=z)
     np.save(tmp_path / "wide.npy", np.zeros((3, 5), np.float32))
     for argv, message in (
-        (["--latents", str(latents), "-n", "3"], f"-n: expected only without --latents (one sample per row of {latents}), got 3"),
+        (["--latents", str(latents), "-n", "3", "--greedy"], "-n: expected 1 with --latents and --greedy (greedy "
+                                                             "decoding gives each latent one sequence), got 3"),
         (["--latents", str(tmp_path / "wide.npy")], "--latents: expected floating latents [N, 4] with N >= 1 (this "
                                                     "model's latent size), got float32 of shape (3, 5)"),
         (["--latents", str(molecules)], f"--latents: expected an .npz or .npy file of latents [N, 4], got {molecules}"),

@@ -598,10 +598,15 @@ def sample_bytes(task: VAETask, vocab_size: int, n: int) -> int:
 def sample(model: SeqVAE, vocab: smiles.Vocabulary, n: int, *, max_len: int, seed: int = 0, temperature: float = 1.0,
            top_k: int = 0, greedy: bool = False, decoder_only: bool = False, z: np.ndarray | None = None) -> list[str]:
     """`n` SMILES from the prior z ~ N(0, I) (`decoder_only`: from z = 0, a CharRNN), in one jitted call; or, given
-    latents `z [N, Z]` (`latents`' mu, say), one SMILES decoded from each row (`n` is then N)."""
+    latents `z [N, Z]` (`latents`' mu, say), `n` decoded from each row: N * n SMILES, row 0's n first. Greedy
+    decoding has one answer per latent, so it takes `n=1` with `z`."""
     key_z, key_g = jax.random.split(jax.random.key(seed))
     if z is not None:
-        z = jnp.asarray(z, model.dtype)
+        n = validate.integer("n", n, lo=1)
+        if greedy and n > 1:
+            raise ValueError(f"n: expected 1 with greedy decoding of given latents (each decodes to one sequence), "
+                             f"got {n}")
+        z = jnp.repeat(jnp.asarray(z, model.dtype), n, axis=0)
         n = z.shape[0]
     else:
         z = jax.random.normal(key_z, (n, model.latent_size), model.dtype)
