@@ -13,8 +13,19 @@ kernel, and the matrix-vector code inside it; `xla_flags.py` says what they do, 
 how to opt out).
 """
 import importlib
+from typing import TYPE_CHECKING
 
 from jax_scan_rnn import versions, xla_flags
+
+if TYPE_CHECKING:  # what type checkers and editors read for the lazy names below (tests/test_typing.py: the same names)
+    from jax_scan_rnn.cells import GRUCell, LSTMCell, RNNCell, RNNCellBase
+    from jax_scan_rnn.compiled import Compiled, jit
+    from jax_scan_rnn.convert import (from_torch_module, load_safetensors, load_torch_state_dict, save_safetensors,
+                                      to_torch_module, torch_state_dict)
+    from jax_scan_rnn.feedback import feedback_scan
+    from jax_scan_rnn.layers import GRU, LSTM, RNN, RNNBase
+    from jax_scan_rnn.traveller import Traveller, TravellerState
+    from jax_scan_rnn.vae import SeqVAE
 
 xla_flags.configure()  # before anything below can create a JAX backend
 versions.check()  # an older jax, flax, ... than the tested floors: one ImportError naming them

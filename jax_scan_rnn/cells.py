@@ -127,7 +127,7 @@ class RNNCellBase(nnx.Module):
         """One recurrent step from a projected input `xp [B, G*H]`; returns `(new_carry, h [B, H])`."""
         raise NotImplementedError
 
-    def __call__(self, input: Array, hx=None):
+    def __call__(self, input: validate.ArrayInput, hx=None):
         """torch's call, one step: `input [B, I]` (or unbatched `[I]`) and the state `hx` (zeros when None) give
         `torch.nn.GRUCell`'s `h' [B, H]`, `torch.nn.LSTMCell`'s `(h', c')` (`h' [B, R]`, `c' [B, H]`); unbatched
         `[H]` leaves for an unbatched input. This library's loops call `step(carry, input_projection(x))` instead,

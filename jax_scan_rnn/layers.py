@@ -26,6 +26,7 @@ next input depends on the current output, so a whole-sequence scan per layer is 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from typing import Literal
 
 import jax
@@ -262,7 +263,8 @@ class RNNBase(nnx.Module):
         return new_carries, h
 
     def __call__(
-        self, x: Array, initial_state=None, *, lengths: Array | None = None, unroll: Unroll | None = None
+        self, x: validate.ArrayInput, initial_state=None, *, lengths: validate.ArrayInput | Sequence[int] | None = None,
+        unroll: Unroll | None = None,
     ):
         """Run the stack over a whole sequence, as `torch.nn.LSTM/GRU.forward`.
 

@@ -118,7 +118,7 @@ class Traveller(nnx.Module):
 
     def __call__(
         self,
-        inputs: Array,
+        inputs: validate.ArrayInput,
         state: TravellerState | None = None,
         *,
         layout: Literal["batch", "seed"] = "batch",
@@ -156,7 +156,7 @@ class Traveller(nnx.Module):
         return (positions[0], state) if layout == "seed" else (positions, state)
 
     def step(
-        self, state: TravellerState | None, inputs_t: Array, *, dropout_masks: Array | None = None
+        self, state: TravellerState | None, inputs_t: validate.ArrayInput, *, dropout_masks: Array | None = None
     ) -> tuple[Array, TravellerState]:
         """One step, for live use (one call per new bar): features `[B, F]` -> `(positions [B, A], state)`.
 

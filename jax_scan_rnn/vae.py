@@ -264,7 +264,7 @@ class SeqVAE(nnx.Module):
         """The parameters' dtype, in which everything is computed."""
         return self.h2o.kernel[...].dtype
 
-    def encode(self, tokens: Array, lengths: Array) -> tuple[Array, Array]:
+    def encode(self, tokens: validate.ArrayInput, lengths: validate.ArrayInput) -> tuple[Array, Array]:
         """tokens [B, T] (int), lengths [B] (int) -> (mu [B, Z], logvar [B, Z]).
 
         The encoder reads `one_hot(tokens)` [B, T, V] with `lengths` honoured (no state comes from steps
@@ -342,13 +342,13 @@ class SeqVAE(nnx.Module):
 
     def decode(
         self,
-        z: Array,
-        tokens: Array,
+        z: validate.ArrayInput,
+        tokens: validate.ArrayInput,
         *,
-        replace_mask: Array | None = None,
-        word_mask: Array | None = None,
+        replace_mask: validate.ArrayInput | None = None,
+        word_mask: validate.ArrayInput | None = None,
         mode: str = "argmax",
-        gumbel: Array | None = None,
+        gumbel: validate.ArrayInput | None = None,
         temperature: float | Array = 1.0,
         tau: float | Array = 1.0,
     ) -> Array:
@@ -438,17 +438,17 @@ class SeqVAE(nnx.Module):
 
     def loss(
         self,
-        tokens: Array,
-        lengths: Array,
+        tokens: validate.ArrayInput,
+        lengths: validate.ArrayInput,
         *,
         beta: float | Array = 1.0,
         free_bits: float | Array = 0.0,
-        eps: Array | None = None,
-        z: Array | None = None,
-        replace_mask: Array | None = None,
-        word_mask: Array | None = None,
+        eps: validate.ArrayInput | None = None,
+        z: validate.ArrayInput | None = None,
+        replace_mask: validate.ArrayInput | None = None,
+        word_mask: validate.ArrayInput | None = None,
         mode: str = "argmax",
-        gumbel: Array | None = None,
+        gumbel: validate.ArrayInput | None = None,
         temperature: float | Array = 1.0,
         tau: float | Array = 1.0,
     ) -> dict[str, Array]:
@@ -494,19 +494,19 @@ class SeqVAE(nnx.Module):
             kl = jnp.where(free_bits > 0, clamped, jnp.sum(kl_per_dim))
         return {"total": recon + beta * kl, "recon": recon, "kl": kl, "kl_per_dim": kl_per_dim}
 
-    def __call__(self, tokens: Array, lengths: Array, **loss_kwargs) -> dict[str, Array]:
+    def __call__(self, tokens: validate.ArrayInput, lengths: validate.ArrayInput, **loss_kwargs) -> dict[str, Array]:
         """`self.loss(tokens, lengths, **loss_kwargs)`."""
         return self.loss(tokens, lengths, **loss_kwargs)
 
     def generate(
         self,
-        z: Array,
+        z: validate.ArrayInput,
         max_len: int,
         *,
         mode: str = "greedy",
         temperature: float | Array = 1.0,
         top_k: int = 0,
-        gumbel: Array | None = None,
+        gumbel: validate.ArrayInput | None = None,
     ) -> Array:
         """Free-running generation from z [B, Z]: -> tokens [B, max_len] (int32). Jit-able; no gradient.
 

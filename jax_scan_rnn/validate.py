@@ -21,7 +21,15 @@ import os
 import sys
 from collections.abc import Iterable
 from numbers import Integral, Real
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+if TYPE_CHECKING:
+    import jax
+    import torch
+
+# What a model's call takes as an array (`floating_array`, `host_array` read it): a JAX or NumPy array, a Python
+# scalar, or a torch tensor. For type checkers and readers; each call checks the values it is given.
+ArrayInput: TypeAlias = "jax.typing.ArrayLike | torch.Tensor"
 
 # The largest seed an option takes: an unsigned 32-bit int, every tool's range (NumPy's legacy seeding too), and two
 # of them added (a task's data seed and the run's) stay far inside the int64 that JAX's keys take (a larger

@@ -1,0 +1,97 @@
+"""The package is typed (PEP 561): type checkers and editors read the real classes behind `jsr.LSTM` & co., and the
+array arguments the models take at run time (NumPy, torch, lengths as a list) are what their hints say."""
+import ast
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import jax_scan_rnn
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = Path(jax_scan_rnn.__file__).parent
+
+# A user's calls, each taken at run time (tests/test_layers.py, test_traveller.py, test_vae.py, test_convert.py run
+# them): the models with NumPy arrays, torch tensors and host lengths, their twins and state_dicts, jsr.jit.
+USER_CALLS = """
+import numpy as np
+import torch
+from flax import nnx
+
+import jax_scan_rnn as jsr
+
+x = np.zeros((10, 4, 8), np.float32)
+lstm = jsr.LSTM(8, 32, num_layers=2, rngs=nnx.Rngs(0))
+out, (h, c) = lstm(x)
+out, state = lstm(torch.zeros(10, 4, 8), (h, c))
+gru = jsr.GRU(8, 16, batch_first=True, bidirectional=True, rngs=nnx.Rngs(0))
+out, h = gru(np.swapaxes(x, 0, 1), lengths=[3, 4, 5, 6])
+out, h = gru(np.swapaxes(x, 0, 1), lengths=np.array([3, 4, 5, 6]))
+h1, c1 = jsr.LSTMCell(8, 16, rngs=nnx.Rngs(0))(x[0])
+h1 = jsr.GRUCell(8, 16, rngs=nnx.Rngs(0))(torch.zeros(4, 8), h1)
+trav = jsr.Traveller(num_inputs=8, hidden_size=64, num_layers=2, rngs=nnx.Rngs(0))
+positions, trav_state = trav(np.zeros((1, 5, 8), np.float32))
+p_t, trav_state = trav.step(trav_state, np.ones((1, 8), np.float32))
+positions, trav_state = jsr.jit(trav)(np.zeros((1, 5, 8), np.float32))
+vae = jsr.SeqVAE(30, 64, 16, 1, rngs=nnx.Rngs(0))
+tokens, lengths = np.ones((2, 6), np.int32), np.array([6, 4])
+mu, logvar = vae.encode(tokens, lengths)
+losses = vae.loss(tokens, lengths, eps=np.zeros((2, 16), np.float32))
+generated = vae.generate(np.zeros((2, 16), np.float32), 10, mode="sample", temperature=0.8)
+jsr.load_torch_state_dict(lstm, torch.nn.LSTM(8, 32, num_layers=2).state_dict())
+jsr.save_safetensors(jsr.torch_state_dict(lstm), "lstm.safetensors")
+twin = jsr.from_torch_module(torch.nn.GRU(8, 16))
+back = jsr.to_torch_module(twin)
+"""
+# Misuses a type checker catches only when it sees the classes (the lazy names alone would read as Any):
+# (line, what mypy names).
+MISUSES = [
+    ('jsr.LSTM("eight", 32, rngs=nnx.Rngs(0))', 'Argument 1 to "LSTM" has incompatible type "str"; expected "int"'),
+    ("jsr.Traveller(8, 64, num_assets=2.5, rngs=nnx.Rngs(0))", '"num_assets" to "Traveller" has incompatible type'),
+    ('jsr.torch_state_dict(lstm).weight_ih_l0', 'has no attribute "weight_ih_l0"'),
+]
+
+
+def type_checking_imports() -> dict[str, str]:
+    """Name -> module of the `if TYPE_CHECKING:` imports in jax_scan_rnn/__init__.py."""
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    block = next(node for node in tree.body if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING")
+    return {alias.name: node.module.removeprefix("jax_scan_rnn.") for node in block.body
+            for alias in node.names if isinstance(node, ast.ImportFrom)}
+
+
+def test_type_checkers_see_each_lazy_name_where_it_is_loaded_from():
+    assert type_checking_imports() == jax_scan_rnn._EXPORTS
+    assert (PACKAGE / "py.typed").is_file()  # PEP 561: without it mypy reads the installed package as untyped
+
+
+def test_mypy_takes_the_users_calls_and_names_each_misuse(tmp_path):
+    pytest.importorskip("mypy")
+    readme = re.search(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    lines = [*USER_CALLS.splitlines(), *(call for call, _ in MISUSES)]
+    (tmp_path / "readme_block.py").write_text(readme)
+    (tmp_path / "user_calls.py").write_text("\n".join(lines) + "\n")
+    # MYPYPATH: the package's source, which an editable install's import hook hides from mypy; the package's own
+    # modules are checked silently (their hints are what this test reads, not their bodies).
+    env = {**os.environ, "MYPYPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-m", "mypy", "--python-executable", sys.executable, "--follow-imports=silent",
+         "--ignore-missing-imports", "--cache-dir", str(tmp_path / "cache"), "--no-error-summary",
+         "--hide-error-context", "readme_block.py", "user_calls.py"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    errors = [line for line in result.stdout.splitlines() if ": error:" in line]
+    expected_lines = {f"user_calls.py:{len(USER_CALLS.splitlines()) + k + 1}" for k in range(len(MISUSES))}
+    wrong = [line for line in errors if line.split(": error:")[0] not in expected_lines]
+    assert not wrong, "mypy refused calls the models take at run time:\n" + "\n".join(wrong) + result.stderr
+    for k, (call, message) in enumerate(MISUSES):
+        where = f"user_calls.py:{len(USER_CALLS.splitlines()) + k + 1}: error:"
+        assert any(line.startswith(where) and message in line for line in errors), (call, message, errors)
+
+
+def test_the_users_calls_run(tmp_path, monkeypatch):
+    """What the type check above takes is what the models take."""
+    monkeypatch.chdir(tmp_path)  # the safetensors file
+    exec(compile(USER_CALLS, "user_calls.py", "exec"), {})
