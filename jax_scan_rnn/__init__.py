@@ -18,14 +18,17 @@ from typing import TYPE_CHECKING
 from jax_scan_rnn import versions, xla_flags
 
 if TYPE_CHECKING:  # what type checkers and editors read for the lazy names below (tests/test_typing.py: the same names)
-    from jax_scan_rnn.cells import GRUCell, LSTMCell, RNNCell, RNNCellBase
-    from jax_scan_rnn.compiled import Compiled, jit
-    from jax_scan_rnn.convert import (from_torch_module, load_safetensors, load_torch_state_dict, save_safetensors,
-                                      to_torch_module, torch_state_dict)
-    from jax_scan_rnn.feedback import feedback_scan
-    from jax_scan_rnn.layers import GRU, LSTM, RNN, RNNBase
-    from jax_scan_rnn.traveller import Traveller, TravellerState
-    from jax_scan_rnn.vae import SeqVAE
+    # `X as X`: a re-export to strict checkers (mypy --strict, pyright), which read a plain import as private.
+    from jax_scan_rnn.cells import GRUCell as GRUCell, LSTMCell as LSTMCell, RNNCell as RNNCell
+    from jax_scan_rnn.cells import RNNCellBase as RNNCellBase
+    from jax_scan_rnn.compiled import Compiled as Compiled, jit as jit
+    from jax_scan_rnn.convert import from_torch_module as from_torch_module, to_torch_module as to_torch_module
+    from jax_scan_rnn.convert import load_torch_state_dict as load_torch_state_dict, torch_state_dict as torch_state_dict
+    from jax_scan_rnn.convert import load_safetensors as load_safetensors, save_safetensors as save_safetensors
+    from jax_scan_rnn.feedback import feedback_scan as feedback_scan
+    from jax_scan_rnn.layers import GRU as GRU, LSTM as LSTM, RNN as RNN, RNNBase as RNNBase
+    from jax_scan_rnn.traveller import Traveller as Traveller, TravellerState as TravellerState
+    from jax_scan_rnn.vae import SeqVAE as SeqVAE
 
 xla_flags.configure()  # before anything below can create a JAX backend
 versions.check()  # an older jax, flax, ... than the tested floors: one ImportError naming them

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +39,7 @@ from jax_scan_rnn.cells import NONLINEARITIES, GRUCell, LSTMCell, RNNCell, RNNCe
 from jax_scan_rnn.scan import Unroll, resolve_hoist, resolve_unroll, time_scan
 
 Array = jax.Array
+State = Any  # a layer stack's state: h `[L*D, B, H]` (GRU, RNN), or (h, c) (LSTM)
 
 
 class RNNBase(nnx.Module):
@@ -145,7 +146,7 @@ class RNNBase(nnx.Module):
         return self.stack_carries([cell.initial_state(batch_size, dtype) for pair in layers for cell in pair])
 
     @staticmethod
-    def stack_carries(carries: list) -> object:
+    def stack_carries(carries: list) -> State:
         """Per-layer carries (each `[B, H]` or a tuple of them) -> the public `[L, B, H]` layout."""
         return jax.tree.map(lambda *xs: jnp.stack(xs), *carries)
 
@@ -153,7 +154,7 @@ class RNNBase(nnx.Module):
         """The public `[L, B, H]` layout -> a list of per-layer carries."""
         return [jax.tree.map(lambda s, k=k: s[k], state) for k in range(self.num_layers * self.num_directions)]
 
-    def check_state(self, state, batch_size: int, dtype, unbatched: bool = False) -> object:
+    def check_state(self, state, batch_size: int, dtype, unbatched: bool = False) -> State:
         """Validate a user-supplied `initial_state` and cast it to `dtype`; returns the `[L*D, B, H]` layout.
 
         `unbatched`: the state of one unbatched sequence, `[L*D, H]` leaves (torch's `hx` for `[T, I]` input).
@@ -265,7 +266,7 @@ class RNNBase(nnx.Module):
     def __call__(
         self, x: validate.ArrayInput, initial_state=None, *, lengths: validate.ArrayInput | Sequence[int] | None = None,
         unroll: Unroll | None = None,
-    ):
+    ) -> tuple[Array, State]:
         """Run the stack over a whole sequence, as `torch.nn.LSTM/GRU.forward`.
 
         Args:

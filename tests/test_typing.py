@@ -1,6 +1,7 @@
 """The package is typed (PEP 561): type checkers and editors read the real classes behind `jsr.LSTM` & co., and the
 array arguments the models take at run time (NumPy, torch, lengths as a list) are what their hints say."""
 import ast
+import json
 import os
 import re
 import subprocess
@@ -68,27 +69,45 @@ def test_type_checkers_see_each_lazy_name_where_it_is_loaded_from():
     assert (PACKAGE / "py.typed").is_file()  # PEP 561: without it mypy reads the installed package as untyped
 
 
-def test_mypy_takes_the_users_calls_and_names_each_misuse(tmp_path):
-    pytest.importorskip("mypy")
+def checker_errors(checker: str, tmp_path: Path) -> tuple[list[tuple[str, int, str]], str]:
+    """(file, line, message) of each error `checker` (mypy or basedpyright, pyright's command-line build that
+    pip installs with its own node) reports for the README's block and USER_CALLS + MISUSES, and its raw output."""
     readme = re.search(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
-    lines = [*USER_CALLS.splitlines(), *(call for call, _ in MISUSES)]
     (tmp_path / "readme_block.py").write_text(readme)
-    (tmp_path / "user_calls.py").write_text("\n".join(lines) + "\n")
-    # MYPYPATH: the package's source, which an editable install's import hook hides from mypy; the package's own
-    # modules are checked silently (their hints are what this test reads, not their bodies).
-    env = {**os.environ, "MYPYPATH": str(ROOT)}
-    result = subprocess.run(
-        [sys.executable, "-m", "mypy", "--python-executable", sys.executable, "--follow-imports=silent",
-         "--ignore-missing-imports", "--cache-dir", str(tmp_path / "cache"), "--no-error-summary",
-         "--hide-error-context", "readme_block.py", "user_calls.py"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    errors = [line for line in result.stdout.splitlines() if ": error:" in line]
-    expected_lines = {f"user_calls.py:{len(USER_CALLS.splitlines()) + k + 1}" for k in range(len(MISUSES))}
-    wrong = [line for line in errors if line.split(": error:")[0] not in expected_lines]
-    assert not wrong, "mypy refused calls the models take at run time:\n" + "\n".join(wrong) + result.stderr
+    (tmp_path / "user_calls.py").write_text("\n".join([*USER_CALLS.splitlines(), *(c for c, _ in MISUSES)]) + "\n")
+    files = ["readme_block.py", "user_calls.py"]
+    if checker == "mypy":
+        # MYPYPATH: the package's source, which an editable install's import hook hides from mypy. The package's
+        # own modules are checked silently: their hints are what this test reads, not their bodies.
+        command = [sys.executable, "-m", "mypy", "--python-executable", sys.executable, "--follow-imports=silent",
+                   "--ignore-missing-imports", "--no-implicit-reexport", "--cache-dir", str(tmp_path / "cache"),
+                   "--no-error-summary", "--hide-error-context", *files]
+        env = {**os.environ, "MYPYPATH": str(ROOT)}
+    else:
+        (tmp_path / "pyrightconfig.json").write_text(json.dumps({"extraPaths": [str(ROOT)],
+                                                                   "typeCheckingMode": "standard"}))
+        command = [str(Path(sys.executable).with_name("basedpyright")), "--pythonpath", sys.executable, *files]
+        env = dict(os.environ)
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    pattern = (r"^(\S+\.py):(\d+): error: (.*)$" if checker == "mypy" else r"^\s*\S*/(\S+\.py):(\d+):\d+ - error: (.*)$")
+    found = [re.match(pattern, line) for line in result.stdout.splitlines()]
+    return [(m[1], int(m[2]), m[3]) for m in found if m], result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("checker", ["mypy", "basedpyright"])
+def test_type_checkers_take_the_users_calls_and_name_each_misuse(checker, tmp_path):
+    if checker == "mypy":
+        pytest.importorskip("mypy")
+    elif not Path(sys.executable).with_name("basedpyright").exists():
+        pytest.skip("basedpyright is not installed (pip install basedpyright)")
+    errors, output = checker_errors(checker, tmp_path)
+    first_misuse = len(USER_CALLS.splitlines()) + 1
+    wrong = [e for e in errors if e[:2] not in {("user_calls.py", first_misuse + k) for k in range(len(MISUSES))}]
+    assert not wrong, f"{checker} refused calls the models take at run time: {wrong}\n{output}"
     for k, (call, message) in enumerate(MISUSES):
-        where = f"user_calls.py:{len(USER_CALLS.splitlines()) + k + 1}: error:"
-        assert any(line.startswith(where) and message in line for line in errors), (call, message, errors)
+        said = [text for file, line, text in errors if (file, line) == ("user_calls.py", first_misuse + k)]
+        assert said, f"{checker} let {call} pass: it reads the name as Any\n{output}"
+        assert checker != "mypy" or message in said[0], (call, message, said)
 
 
 def test_the_users_calls_run(tmp_path, monkeypatch):
