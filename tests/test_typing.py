@@ -1,4 +1,4 @@
-"""The package is typed (PEP 561): type checkers and editors read the real classes behind `jsr.LSTM` & co., and the
+"""The packages are typed (PEP 561): type checkers and editors read the real classes behind `jsr.LSTM` & co., and the
 array arguments the models take at run time (NumPy, torch, lengths as a list) are what their hints say."""
 import ast
 import json
@@ -15,14 +15,15 @@ import jax_scan_rnn
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = Path(jax_scan_rnn.__file__).parent
 
-# A user's calls, each taken at run time (tests/test_layers.py, test_traveller.py, test_vae.py, test_convert.py run
-# them): the models with NumPy arrays, torch tensors and host lengths, their twins and state_dicts, jsr.jit.
+# A user's calls, each taken at run time (the last test runs them): the models with NumPy arrays, torch tensors and
+# host lengths, their twins and state_dicts, jsr.jit, the seed's Traveller in torch_ref and its weights moved over.
 USER_CALLS = """
 import numpy as np
 import torch
 from flax import nnx
 
 import jax_scan_rnn as jsr
+import torch_ref
 
 x = np.zeros((10, 4, 8), np.float32)
 lstm = jsr.LSTM(8, 32, num_layers=2, rngs=nnx.Rngs(0))
@@ -46,6 +47,11 @@ jsr.load_torch_state_dict(lstm, torch.nn.LSTM(8, 32, num_layers=2).state_dict())
 jsr.save_safetensors(jsr.torch_state_dict(lstm), "lstm.safetensors")
 twin = jsr.from_torch_module(torch.nn.GRU(8, 16))
 back = jsr.to_torch_module(twin)
+seed_model = torch_ref.Traveller(8, 64, 2, 0.0)
+torch_positions, torch_state = seed_model(torch.zeros(1, 5, 8))
+torch_p_t, torch_state = seed_model.step(torch_state, torch.zeros(1, 8))
+jsr.load_torch_state_dict(trav, seed_model.state_dict())
+torch_out, (torch_h, torch_c) = torch_ref.LSTM(8, 16, batch_first=True)(torch.zeros(2, 3, 8))
 """
 # Misuses a type checker catches only when it sees the classes (the lazy names alone would read as Any):
 # (line, what mypy names).
@@ -66,7 +72,8 @@ def type_checking_imports() -> dict[str, str]:
 
 def test_type_checkers_see_each_lazy_name_where_it_is_loaded_from():
     assert type_checking_imports() == jax_scan_rnn._EXPORTS
-    assert (PACKAGE / "py.typed").is_file()  # PEP 561: without it mypy reads the installed package as untyped
+    for package in (PACKAGE, ROOT / "torch_ref"):  # PEP 561: without it mypy reads an installed package as untyped
+        assert (package / "py.typed").is_file(), package
 
 
 def checker_errors(checker: str, tmp_path: Path) -> tuple[list[tuple[str, int, str]], str]:
