@@ -194,6 +194,39 @@ def test_step_by_step_equals_whole_sequence(cls):
         np.testing.assert_allclose(got, ref, atol=1e-14)
 
 
+@pytest.mark.parametrize("cls", KINDS)
+def test_step_applies_each_layers_own_mask_to_its_input(cls):
+    """`step`'s masks `[L-1, B, H]`: mask k scales layer k's output on its way into layer k+1, written out by hand
+    for three layers (the same mask for every layer, or none on the last, is a bug only L >= 3 shows)."""
+    model = cls(3, 6, num_layers=3, param_dtype=jnp.float64, rngs=nnx.Rngs(0))
+    rng = np.random.default_rng(2)
+    x_t = jnp.asarray(rng.standard_normal((4, 3)))
+    masks = jnp.asarray(rng.integers(0, 2, (2, 4, 6)) * 2.0)  # scaled keep-masks at rate 0.5, distinct per layer
+    carries = model.unstack_state(jax.tree.map(lambda s: s + 0.1, model.initial_state(4, jnp.float64)))
+    new, h = model.step(carries, model.layers[0].input_projection(x_t), masks)
+    by_hand, inputs = [], x_t
+    for k, layer in enumerate(model.layers):
+        carry, out = layer.step(carries[k], layer.input_projection(inputs))
+        by_hand.append(carry)
+        inputs = out * masks[k] if k < 2 else out
+    np.testing.assert_array_equal(h, out)
+    for got, want in zip(jax.tree.leaves(new), jax.tree.leaves(by_hand)):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize("cls", KINDS)
+def test_training_dropout_never_touches_the_last_layers_output(cls, bidirectional):
+    """torch.nn.LSTM/GRU drop each layer's output but the last one's: at rate 0.9 a dropped last layer would leave
+    ~90% exact zeros, where an LSTM's or GRU's h is never exactly zero."""
+    model = cls(3, 16, num_layers=3, dropout=0.9, bidirectional=bidirectional, rngs=nnx.Rngs(0))
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((20, 4, 3)), jnp.float32)
+    out, _ = model(x)
+    assert int((out == 0).sum()) == 0
+    model.eval()
+    assert not np.allclose(model(x)[0], out)  # the inner layers' dropout did act
+
+
 def test_float32_params_with_float32_input_stay_float32():
     model = jsr.GRU(3, 4, rngs=nnx.Rngs(0))
     out, h = model(np.ones((1, 2, 3), np.float32))
