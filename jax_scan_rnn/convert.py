@@ -12,7 +12,16 @@ The one table of what maps to what (`_layout`), per kind of submodule:
       its backward direction     the same keys with `_reverse` appended (`reverse_layers[k]`)
     jsr.LSTMCell/GRUCell/RNNCell weight_ih = w_ih.T  weight_hh = w_hh.T  bias_ih = b_ih  bias_hh = b_hh
     nnx.Linear                   weight = kernel.T   bias = bias
-    nnx.Embed                    weight = embedding
+    nnx.Embed                    weight = embedding    (torch's padding_idx is not in its state_dict: a
+                                 constructor argument)
+    nnx.MultiHeadAttention       in_proj_weight = the query's, key's and value's kernels [in, heads, head_dim], each
+                                 as [heads * head_dim, in], one above the other (q_proj_weight, k_proj_weight,
+                                 v_proj_weight apart when in_kv_features is not in_features: torch's kdim = vdim),
+                                 in_proj_bias = their biases, out_proj.weight = out's kernel [heads, head_dim, out] as
+                                 [out, heads * head_dim], out_proj.bias. torch.nn.MultiheadAttention's embed_dim is
+                                 in_features = qkv_features = out_features (another is refused by name); its input is
+                                 [L, B, E] unless batch_first=True, and its bool attn_mask is True where Flax's mask
+                                 is False (may not attend); build nnx's with decode=False
     nnx.LayerNorm, nnx.GroupNorm weight = scale      bias = bias   (build them with epsilon=1e-5, torch's eps;
                                  Flax's default, 1e-6, differs: a warning names the module)
     nnx.RMSNorm                  weight = scale      (torch's default eps, None, is the dtype's machine epsilon,
@@ -34,7 +43,7 @@ The one table of what maps to what (`_layout`), per kind of submodule:
                                  position or key inside nnx.List/Dict or plain lists and dicts (`heads.a.weight`)
     anything else                a parameter no row maps is a NotImplementedError naming it, never left out
 
-Only permutations of axes and copies: both directions are bit-exact. Models do not import this module; it
+Only permutations of axes, reshapes and copies: both directions are bit-exact. Models do not import this module; it
 knows their layout by walking their attributes, so a model whose attribute names are its torch twin's
 converts with no code of its own. torch is never imported here: a torch tensor is recognised by its
 `.detach()` method.
@@ -42,11 +51,12 @@ converts with no code of its own. torch is never imported here: a torch tensor i
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -57,9 +67,21 @@ from jax_scan_rnn import cells, layers, validate
 from jax_scan_rnn.cells import RNNCellBase
 from jax_scan_rnn.layers import RNNBase
 
-# (torch key, the nnx.Param (or BatchStat) holding it, the axes that permute ours into torch's layout, or None: the
-# same layout). A torch buffer with nothing of ours behind it (BatchNorm's counter) has None in place of the Param.
-Entry = tuple[str, nnx.Variable | None, tuple[int, ...] | None]
+
+
+class Entry(NamedTuple):
+    """One torch key and what holds it here. torch's tensor is each of `params` permuted by `axes`, its axes merged
+    by `groups`, the parts concatenated along the first axis: only copies, so both ways are bit-exact."""
+
+    key: str
+    # The nnx.Params (or BatchStats) behind the key: one; several (attention's in_proj_weight holds the query's, the
+    # key's and the value's kernels one above the other); none (a torch buffer such as BatchNorm's counter).
+    params: tuple[nnx.Variable, ...]
+    axes: tuple[int, ...] | None = None  # ours permuted into torch's axis order; None: the same order
+    # torch's axes as runs of the permuted ones, merged: ((0, 1), (2,)) makes attention's [heads, head_dim, in]
+    # torch's [heads * head_dim, in]; None: one each.
+    groups: tuple[tuple[int, ...], ...] | None = None
+
 MATRIX = (1, 0)  # a weight matrix: torch's [out, in] is our [in, out] transposed
 TORCH_LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's and GroupNorm's default `eps`
 # Each normalisation module torch has a twin of, and the twin's default eps (None: the dtype's machine epsilon).
@@ -88,29 +110,59 @@ def _layout(module: nnx.Module, prefix: str = "") -> Iterator[Entry]:
     elif isinstance(module, RNNCellBase):
         yield from _cell_layout(module, prefix, suffix="")
     elif isinstance(module, nnx.Linear):
-        yield f"{prefix}weight", module.kernel, MATRIX
+        yield Entry(f"{prefix}weight", (module.kernel,), MATRIX)
         if module.bias is not None:
-            yield f"{prefix}bias", module.bias, None
+            yield Entry(f"{prefix}bias", (module.bias,))
     elif isinstance(module, nnx.Conv):
         n = len(module.kernel[...].shape) - 2  # spatial dimensions
-        yield f"{prefix}weight", module.kernel, (n + 1, n, *range(n))
+        yield Entry(f"{prefix}weight", (module.kernel,), (n + 1, n, *range(n)))
         if module.bias is not None:
-            yield f"{prefix}bias", module.bias, None
+            yield Entry(f"{prefix}bias", (module.bias,))
     elif isinstance(module, nnx.Embed):
-        yield f"{prefix}weight", module.embedding, None
+        yield Entry(f"{prefix}weight", (module.embedding,))
     elif isinstance(module, tuple(NORMS)):
         _check_constants(module, prefix)
         for key, param in (("weight", module.scale), ("bias", getattr(module, "bias", None))):
             if param is not None:  # torch's elementwise_affine=False / affine=False / bias=False: not a parameter
-                yield f"{prefix}{key}", param, None
+                yield Entry(f"{prefix}{key}", (param,))
         if isinstance(module, nnx.BatchNorm):
-            yield f"{prefix}running_mean", module.mean, None
-            yield f"{prefix}running_var", module.var, None
-            yield f"{prefix}num_batches_tracked", None, None
+            yield Entry(f"{prefix}running_mean", (module.mean,))
+            yield Entry(f"{prefix}running_var", (module.var,))
+            yield Entry(f"{prefix}num_batches_tracked", ())
+    elif isinstance(module, nnx.MultiHeadAttention):
+        yield from _attention_layout(module, prefix)
     else:
         if isinstance(module, nnx.Sequential):
             module = module.layers  # torch.nn.Sequential keys its layers by position directly
         yield from _children(module, prefix)
+
+
+def _attention_layout(module: nnx.MultiHeadAttention, prefix: str) -> Iterator[Entry]:
+    """torch.nn.MultiheadAttention's keys: the query's, key's and value's kernels `[in, heads, head_dim]`, each
+    torch's `[heads * head_dim, in]`, one above the other in `in_proj_weight` (or apart, `q/k/v_proj_weight`, when
+    the key and value inputs are another size, torch's kdim = vdim); their biases in `in_proj_bias`; the output
+    kernel `[heads, head_dim, out]` as torch's `out_proj.weight [out, heads * head_dim]`."""
+    name = prefix[:-1] or "module"
+    embed = module.in_features  # torch's embed_dim: the query's size, the attention's and the output's
+    unlike = [f"{field}={getattr(module, field)}" for field, torch_value in
+              (("qkv_features", embed), ("out_features", embed), ("num_kv_heads", module.num_heads),
+               ("normalize_qk", False)) if getattr(module, field) != torch_value]
+    if unlike:
+        raise NotImplementedError(f"convert: no PyTorch mapping for nnx.MultiHeadAttention {name!r} with "
+                                  f"{', '.join(unlike)}: torch.nn.MultiheadAttention has qkv_features = out_features "
+                                  f"= in_features (embed_dim), as many key/value heads as heads, no query/key norm")
+    heads_first = ((0, 1), (2,))  # [heads, head_dim, in] -> [heads * head_dim, in]
+    projections = (module.query, module.key, module.value)
+    if module.in_kv_features == embed:
+        yield Entry(f"{prefix}in_proj_weight", tuple(p.kernel for p in projections), (1, 2, 0), heads_first)
+    else:
+        for letter, projection in zip("qkv", projections):
+            yield Entry(f"{prefix}{letter}_proj_weight", (projection.kernel,), (1, 2, 0), heads_first)
+    if module.query.bias is not None:
+        yield Entry(f"{prefix}in_proj_bias", tuple(p.bias for p in projections), None, ((0, 1),))
+    yield Entry(f"{prefix}out_proj.weight", (module.out.kernel,), (2, 0, 1), ((0,), (1, 2)))
+    if module.out.bias is not None:
+        yield Entry(f"{prefix}out_proj.bias", (module.out.bias,))
 
 
 def _check_constants(module: nnx.Module, prefix: str) -> None:
@@ -150,7 +202,7 @@ def _full_layout(module: nnx.Module) -> list[Entry]:
     another kind, or inside a container the walk does not know) would otherwise be left out of `torch_state_dict`
     without a word."""
     layout = list(_layout(module))
-    mapped = {id(param) for _, param, _ in layout}
+    mapped = {id(param) for entry in layout for param in entry.params}
     for path, node in nnx.iter_graph(module):
         if isinstance(node, (nnx.Param, nnx.BatchStat)) and id(node) not in mapped:
             raise NotImplementedError(f"convert: no PyTorch mapping for parameter {'.'.join(map(str, path))} of "
@@ -160,13 +212,13 @@ def _full_layout(module: nnx.Module) -> list[Entry]:
 
 def _cell_layout(cell: RNNCellBase, prefix: str, suffix: str) -> Iterator[Entry]:
     # torch.nn.LSTM's order of `_flat_weights_names`: weight_ih, weight_hh, bias_ih, bias_hh, weight_hr.
-    yield f"{prefix}weight_ih{suffix}", cell.w_ih, MATRIX
-    yield f"{prefix}weight_hh{suffix}", cell.w_hh, MATRIX
+    yield Entry(f"{prefix}weight_ih{suffix}", (cell.w_ih,), MATRIX)
+    yield Entry(f"{prefix}weight_hh{suffix}", (cell.w_hh,), MATRIX)
     if cell.b_ih is not None:
-        yield f"{prefix}bias_ih{suffix}", cell.b_ih, None
-        yield f"{prefix}bias_hh{suffix}", cell.b_hh, None
+        yield Entry(f"{prefix}bias_ih{suffix}", (cell.b_ih,))
+        yield Entry(f"{prefix}bias_hh{suffix}", (cell.b_hh,))
     if getattr(cell, "w_hr", None) is not None:
-        yield f"{prefix}weight_hr{suffix}", cell.w_hr, MATRIX
+        yield Entry(f"{prefix}weight_hr{suffix}", (cell.w_hr,), MATRIX)
 
 
 def torch_state_dict(module: nnx.Module) -> dict[str, np.ndarray]:
@@ -177,14 +229,16 @@ def torch_state_dict(module: nnx.Module) -> dict[str, np.ndarray]:
     """
     _check_module(module)
     out = {}
-    for key, param, axes in _full_layout(module):
-        if param is None:
-            out[key] = np.array(0, np.int64)
+    for entry in _full_layout(module):
+        if not entry.params:  # a torch counter
+            out[entry.key] = np.array(0, np.int64)
             continue
-        value = np.asarray(param[...])
+        values = [np.asarray(param[...]) for param in entry.params]
+        parts = [(value if entry.axes is None else value.transpose(entry.axes)).reshape(_part_shape(param, entry))
+                 for param, value in zip(entry.params, values)]
         # A copy, never a view: JAX may share its CPU buffer with numpy, and torch.from_numpy shares
         # numpy's, so an in-place torch update would otherwise write into the JAX parameter.
-        out[key] = np.array(value if axes is None else value.transpose(axes), order="C", copy=True)
+        out[entry.key] = np.array(np.concatenate(parts), order="C", copy=True)
     return out
 
 
@@ -319,7 +373,7 @@ def load_torch_state_dict(module: nnx.Module, state_dict: Mapping[str, Any]) -> 
     _check_module(module)
     _check_mapping(state_dict)
     layout = _full_layout(module)
-    expected_keys = [key for key, _, _ in layout]
+    expected_keys = [entry.key for entry in layout]
     missing = [k for k in expected_keys if k not in state_dict]
     unexpected = [k for k in state_dict if k not in set(expected_keys)]
     if missing or unexpected:
@@ -327,16 +381,17 @@ def load_torch_state_dict(module: nnx.Module, state_dict: Mapping[str, Any]) -> 
         raise KeyError(f"state_dict: keys do not match {type(module).__name__}: missing {missing}, unexpected "
                        f"{unexpected}{hint}")
     updates, casts = [], {}
-    for key, param, axes in layout:
-        if param is None:
+    for entry in layout:
+        key = entry.key
+        if not entry.params:
             _check_counter(key, state_dict[key])
             continue
         value = _to_numpy(key, state_dict[key])
-        expected = _torch_shape(param, axes)
+        expected = _torch_shape(entry)
         if value.shape != expected:
             raise ValueError(f"state_dict[{key!r}]: expected shape {expected}, got {tuple(value.shape)}"
                              f"{_arguments_hint(layout, state_dict)}")
-        dtype = param[...].dtype
+        dtype = entry.params[0][...].dtype  # the parts of one key share a module's param_dtype
         with np.errstate(over="ignore", invalid="ignore"):  # an overflow is reported below, naming the key
             # astype copies (even to the same dtype): the module never aliases the caller's (torch's) memory,
             # which a later in-place optimiser step would change behind its back.
@@ -345,7 +400,7 @@ def load_torch_state_dict(module: nnx.Module, state_dict: Mapping[str, Any]) -> 
             raise ValueError(_non_finite_message(key, value, cast))
         if value.dtype != dtype:
             casts.setdefault((str(value.dtype), str(dtype)), []).append(key)
-        updates.append((param, jnp.asarray(cast if axes is None else cast.transpose(np.argsort(axes)))))
+        updates += _from_torch(entry, cast)
     if casts:
         warnings.warn(_cast_warning(casts), UserWarning, stacklevel=2)
     for param, value in updates:
@@ -360,11 +415,33 @@ def _check_counter(key: str, value: Any) -> None:
                         f"{value.dtype} of shape {value.shape}")
 
 
-def _torch_shape(param: nnx.Variable | None, axes: tuple[int, ...] | None) -> tuple[int, ...]:
-    if param is None:
-        return ()
+def _part_shape(param: nnx.Variable, entry: Entry) -> tuple[int, ...]:
+    """The shape one of `entry.params` takes inside torch's tensor: permuted, then its axes merged."""
     shape = tuple(param[...].shape)
-    return shape if axes is None else tuple(shape[a] for a in axes)
+    shape = shape if entry.axes is None else tuple(shape[a] for a in entry.axes)
+    return shape if entry.groups is None else tuple(math.prod(shape[a] for a in run) for run in entry.groups)
+
+
+def _torch_shape(entry: Entry) -> tuple[int, ...]:
+    """The shape of torch's tensor for `entry`: its parts' shapes, concatenated along the first axis."""
+    if not entry.params:
+        return ()
+    shapes = [_part_shape(param, entry) for param in entry.params]
+    return (sum(shape[0] for shape in shapes), *shapes[0][1:])
+
+
+def _from_torch(entry: Entry, value: np.ndarray) -> list[tuple[nnx.Variable, jax.Array]]:
+    """torch's tensor for `entry` as the value of each of its params: split along the first axis, the merged axes
+    unmerged, the permutation undone."""
+    out, start = [], 0
+    for param in entry.params:
+        rows = _part_shape(param, entry)[0]
+        shape = tuple(param[...].shape)
+        permuted = shape if entry.axes is None else tuple(shape[a] for a in entry.axes)
+        part = value[start:start + rows].reshape(permuted)
+        out.append((param, jnp.asarray(part.transpose(np.argsort(entry.axes)) if entry.axes else part)))
+        start += rows
+    return out
 
 
 def _prefix_hint(expected: list[str], state_dict: Mapping[str, Any]) -> str:
@@ -391,7 +468,7 @@ def _arguments_hint(layout: list, state_dict: Mapping[str, Any]) -> str:
     """For the keys of a torch.nn.LSTM/GRU (the module's own, or a submodule's, such as the Traveller's
     `lstm_layers.`), the constructor each side was built with, when they differ: a porter sees "torch.nn.LSTM(4, 16,
     num_layers=2) ... jsr.LSTM(4, 8)" instead of working it out from keys and shapes."""
-    ours_all = {k: _torch_shape(p, axes) for k, p, axes in layout}
+    ours_all = {entry.key: _torch_shape(entry) for entry in layout}
     theirs_all = {k: tuple(np.shape(v)) for k, v in state_dict.items()}
     for prefix in (k.removesuffix("weight_ih_l0") for k in ours_all if k.endswith("weight_ih_l0")):
         theirs, ours = (_rnn_arguments({k.removeprefix(prefix): v for k, v in shapes.items() if k.startswith(prefix)})

@@ -620,3 +620,79 @@ def test_a_subclass_has_its_torch_bases_twin_and_other_modules_are_named():
         jsr.from_torch_module(torch.nn.Linear(2, 3))
     with pytest.raises(TypeError, match=r"got torch.nn.modules.rnn.GRU; jsr.from_torch_module makes the twin"):
         jsr.to_torch_module(torch.nn.GRU(2, 3))
+
+
+@pytest.mark.parametrize("kdim,bias", [(None, True), (6, True), (None, False)])
+def test_embedding_and_attention_map_to_torchs_and_give_its_numbers(kdim, bias):
+    """nnx.Embed <-> torch.nn.Embedding, nnx.MultiHeadAttention <-> torch.nn.MultiheadAttention (in_proj_weight holds
+    the query's, key's and value's kernels; q/k/v_proj_weight apart when the keys are another size), in a model that
+    embeds tokens, runs a GRU and attends over its outputs under a causal mask: every key both ways bit for bit, the
+    outputs torch's."""
+    kv_size = kdim or 16
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.embed = nnx.Embed(11, 5, rngs=rngs)
+            self.gru = jsr.GRU(5, 16, batch_first=True, rngs=rngs)
+            self.memory = nnx.Linear(16, kv_size, rngs=rngs)
+            self.attn = nnx.MultiHeadAttention(4, 16, in_kv_features=kv_size, use_bias=bias, decode=False, rngs=rngs)
+
+        def __call__(self, tokens):
+            out, _ = self.gru(self.embed(tokens))
+            memory = self.memory(out)
+            causal = nnx.make_causal_mask(tokens)  # True: may attend (torch's bool mask is the opposite)
+            return self.attn(out, memory, memory, mask=causal)
+
+    class TorchNet(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(11, 5)
+            self.gru = torch.nn.GRU(5, 16, batch_first=True)
+            self.memory = torch.nn.Linear(16, kv_size)
+            self.attn = torch.nn.MultiheadAttention(16, 4, bias=bias, kdim=kdim, vdim=kdim, batch_first=True)
+
+        def forward(self, tokens):
+            out = self.gru(self.embed(tokens))[0]
+            memory = self.memory(out)
+            steps = tokens.shape[1]
+            future = torch.triu(torch.ones(steps, steps, dtype=torch.bool), diagonal=1)  # True: may not attend
+            return self.attn(out, memory, memory, attn_mask=future, need_weights=False)[0]
+
+    torch.manual_seed(0)
+    ref = TorchNet()
+    with torch.no_grad():  # torch starts the attention's biases at zero, which would hide a misplaced one
+        for name, value in ref.attn.named_parameters():
+            if "bias" in name:
+                value.normal_()
+    ours = Net(nnx.Rngs(0))
+    expected_keys = list(ref.state_dict())
+    assert list(jsr.torch_state_dict(ours)) == expected_keys
+    jsr.load_torch_state_dict(ours, ref.state_dict())
+    for key, value in jsr.torch_state_dict(ours).items():
+        np.testing.assert_array_equal(value, ref.state_dict()[key].numpy(), err_msg=key)
+    tokens = np.random.default_rng(0).integers(0, 11, (3, 7))
+    with torch.no_grad():
+        expected = ref(torch.from_numpy(tokens)).numpy()
+    np.testing.assert_allclose(np.asarray(ours(tokens)), expected, atol=1e-5)  # float32 rounding of two frameworks
+    # And back: weights of ours, loaded into the torch twin, give ours' numbers.
+    fresh = Net(nnx.Rngs(1))
+    twin = TorchNet()
+    twin.load_state_dict({k: torch.from_numpy(v) for k, v in jsr.torch_state_dict(fresh).items()})
+    with torch.no_grad():
+        np.testing.assert_allclose(twin(torch.from_numpy(tokens)).numpy(), np.asarray(fresh(tokens)), atol=1e-5)
+
+
+@pytest.mark.parametrize("arguments,named", [
+    ({"qkv_features": 8}, "qkv_features=8"),
+    ({"out_features": 8}, "out_features=8"),
+    ({"num_kv_heads": 2}, "num_kv_heads=2"),
+    ({"normalize_qk": True}, "normalize_qk=True"),
+])
+def test_attention_torch_cannot_hold_is_refused_by_name(arguments, named):
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.attn = nnx.MultiHeadAttention(4, 16, decode=False, rngs=rngs, **arguments)
+
+    with pytest.raises(NotImplementedError, match=rf"^convert: no PyTorch mapping for nnx.MultiHeadAttention 'attn' "
+                                                  rf"with {named}: torch.nn.MultiheadAttention has"):
+        jsr.torch_state_dict(Net(nnx.Rngs(0)))
