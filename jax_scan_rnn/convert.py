@@ -144,9 +144,10 @@ def _attention_layout(module: nnx.MultiHeadAttention, prefix: str) -> Iterator[E
     kernel `[heads, head_dim, out]` as torch's `out_proj.weight [out, heads * head_dim]`."""
     name = prefix[:-1] or "module"
     embed = module.in_features  # torch's embed_dim: the query's size, the attention's and the output's
+    # (flax 0.12.5, the floor, has no num_kv_heads: as many key/value heads as heads)
     unlike = [f"{field}={getattr(module, field)}" for field, torch_value in
               (("qkv_features", embed), ("out_features", embed), ("num_kv_heads", module.num_heads),
-               ("normalize_qk", False)) if getattr(module, field) != torch_value]
+               ("normalize_qk", False)) if getattr(module, field, torch_value) != torch_value]
     if unlike:
         raise NotImplementedError(f"convert: no PyTorch mapping for nnx.MultiHeadAttention {name!r} with "
                                   f"{', '.join(unlike)}: torch.nn.MultiheadAttention has qkv_features = out_features "
