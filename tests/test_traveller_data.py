@@ -410,3 +410,24 @@ def test_missing_files_name_their_flag(tmp_path, capsys):
 def test_data_options_without_data_are_refused(capsys):
     assert main(["train", "traveller", "--feature-cols", "f*", "--steps", "1"]) == 2
     assert "--feature-cols: expected only together with --data FILE" in capsys.readouterr().err
+
+
+def test_train_on_data_batches_by_the_runs_seed_and_chooses_on_the_validation_period(tmp_path, monkeypatch):
+    """The evaluation during training (what picks a checkpoint) scores the validation period, never the training
+    one; the run's seed orders the windows."""
+    features, returns = market_rows()
+    write_csv(tmp_path / "p.csv", features, returns)
+    task = task_lib.TravellerTask(data=str(tmp_path / "p.csv"), feature_cols="f*", return_cols="r_*", seq_len=32,
+                                  hidden_size=8, num_layers=1, batch_size=8)
+    seen = {}
+    monkeypatch.setattr(task_lib, "fit", lambda model, loss_fn, batch_fn, cfg, **kw: seen.update(
+        model=model, batch_fn=batch_fn, **kw))
+    _, _, stats = task_lib.train(task, TrainConfig(steps=1, seed=7))
+    data = task_lib.read_data(task)
+    first = seen["batch_fn"](0)["features"]
+    np.testing.assert_array_equal(first, task_lib.make_batch_fn(task, 7, data, stats)(0)["features"])
+    assert not np.array_equal(first, task_lib.make_batch_fn(task, 0, data, stats)(0)["features"])
+    tables = {period: task_lib.data_table(seen["model"], data, stats, period)["policies"]["learned"]["utility"]
+              for period in ("train", "valid")}
+    assert tables["train"] != pytest.approx(tables["valid"])
+    assert seen["eval_fn"](seen["model"])["utility"] == pytest.approx(tables["valid"], rel=1e-6)

@@ -311,3 +311,31 @@ def test_resume_with_changed_settings_is_refused_unless_overridden(tmp_path, cap
     assert main(["train", "traveller", "--out", str(out), "--resume", "--init-from", str(weights)]) == 0
     assert (f"jax-scan-rnn train traveller: note: --init-from {weights} is not read: --resume continues from the run's "
             f"checkpoint in {out}") in capsys.readouterr().err
+
+
+def fit_arguments(monkeypatch) -> dict:
+    """What `task_lib.train` hands to `fit` (the model, batch_fn, eval_fn, ...), with `fit` itself not run."""
+    seen = {}
+
+    def fake_fit(model, loss_fn, batch_fn, cfg, **kwargs):
+        seen.update(model=model, batch_fn=batch_fn, cfg=cfg, **kwargs)
+
+    monkeypatch.setattr(task_lib, "fit", fake_fit)
+    return seen
+
+
+def test_train_batches_by_the_runs_seed_and_scores_the_held_out_market(monkeypatch):
+    """The wiring the weights alone do not show: the run's seed orders the batches (not only the initialisation),
+    and evaluation scores the market drawn with eval_seed, never the training pool's data_seed."""
+    from jax_scan_rnn.data import trading
+
+    seen = fit_arguments(monkeypatch)
+    task_lib.train(TINY, TrainConfig(steps=1, seed=7))
+    first = seen["batch_fn"](0)["features"]
+    np.testing.assert_array_equal(first, task_lib.make_batch_fn(TINY, 7)(0)["features"])
+    assert not np.array_equal(first, task_lib.make_batch_fn(TINY, 0)(0)["features"])
+    assert TINY.eval_seed != TINY.data_seed
+    held_out = trading.simulate(TINY.market, TINY.eval_paths, TINY.eval_steps, seed=TINY.eval_seed)
+    learned, _ = task_lib.positions(seen["model"], held_out.features)
+    expected = trading.utility_table(TINY.market, held_out, learned)["learned"]
+    assert seen["eval_fn"](seen["model"])["utility"] == pytest.approx(expected, rel=1e-6)

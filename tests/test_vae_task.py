@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from jax_scan_rnn import metrics
 from jax_scan_rnn.cli import main
 from jax_scan_rnn.data import smiles
 from jax_scan_rnn.tasks import vae as task_lib
@@ -738,3 +739,36 @@ def test_latents_write_each_molecule_as_the_runs_were(corpus, data, given, expec
     vocab = smiles.Vocabulary.build(["C1=CC=CC=C1", "c1ccccc1", "Xyz"])
     found = task_lib.latents(task_lib.build_model(task, vocab.size), vocab, task, [given, "C1CC"])
     assert found["sequences"] == [expected] and found["skipped"] == {"unparsable": 1}
+
+
+def test_train_batches_by_the_runs_seed(corpus, monkeypatch):
+    """`train` hands fit the batches of the run's seed (the weights alone would differ by initialisation)."""
+    from jax_scan_rnn.train import TrainConfig
+
+    task = tiny(corpus)
+    dataset = task_lib.load_dataset(task)
+    seen = {}
+    monkeypatch.setattr(task_lib, "fit", lambda model, loss_fn, batch_fn, cfg, **kw: seen.update(batch_fn=batch_fn))
+    task_lib.train(task, TrainConfig(steps=1, seed=7), dataset=dataset)
+    first = seen["batch_fn"](0)["tokens"]
+    np.testing.assert_array_equal(first, task_lib.make_batch_fn(task, dataset, 7)(0)["tokens"])
+    assert not np.array_equal(first, task_lib.make_batch_fn(task, dataset, 0)(0)["tokens"])
+
+
+def test_evaluate_reconstructs_test_molecules_and_judges_novelty_against_training(corpus, monkeypatch):
+    """The final report's reconstruction, latent and interpolation read the held-out test molecules (never the
+    training or validation ones), and novelty compares the samples with the training set."""
+    task = tiny(corpus)
+    dataset = task_lib.load_dataset(task)
+    assert not set(dataset.test) & (set(dataset.train) | set(dataset.valid))
+    read, novelty_against = [], []
+    reconstruction, novelty = task_lib.reconstruction, metrics.novelty
+    monkeypatch.setattr(task_lib, "reconstruction", lambda m, vocab, seqs, n: read.append(list(seqs)) or
+                        reconstruction(m, vocab, seqs, n))
+    monkeypatch.setattr(metrics, "novelty", lambda generated, train, **kw: novelty_against.append(train) or
+                        novelty(generated, train, **kw))
+    report = task_lib.evaluate(task_lib.build_model(task, dataset.vocab.size, 0), dataset, task)
+    assert read == [list(dataset.test[: task.eval_sequences])]
+    assert report["reconstruction"]["n"] == min(len(dataset.test), task.eval_sequences)
+    assert (report["interpolation"]["from"], report["interpolation"]["to"]) == tuple(dataset.test[:2])
+    assert len(novelty_against) == 2 and all(train is dataset.canonical_train for train in novelty_against)
