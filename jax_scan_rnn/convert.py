@@ -234,12 +234,9 @@ def torch_state_dict(module: nnx.Module) -> dict[str, np.ndarray]:
         if not entry.params:  # a torch counter
             out[entry.key] = np.array(0, np.int64)
             continue
-        values = [np.asarray(param[...]) for param in entry.params]
-        parts = [(value if entry.axes is None else value.transpose(entry.axes)).reshape(_part_shape(param, entry))
-                 for param, value in zip(entry.params, values)]
         # A copy, never a view: JAX may share its CPU buffer with numpy, and torch.from_numpy shares
         # numpy's, so an in-place torch update would otherwise write into the JAX parameter.
-        out[entry.key] = np.array(np.concatenate(parts), order="C", copy=True)
+        out[entry.key] = np.array(_to_torch(entry), order="C", copy=True)
     return out
 
 
@@ -429,6 +426,15 @@ def _torch_shape(entry: Entry) -> tuple[int, ...]:
         return ()
     shapes = [_part_shape(param, entry) for param in entry.params]
     return (sum(shape[0] for shape in shapes), *shapes[0][1:])
+
+
+def _to_torch(entry: Entry) -> np.ndarray:
+    """torch's tensor for `entry`: each param permuted, its axes merged, the parts one above the other."""
+    parts = []
+    for param in entry.params:
+        value = np.asarray(param[...])
+        parts.append((value if entry.axes is None else value.transpose(entry.axes)).reshape(_part_shape(param, entry)))
+    return np.concatenate(parts)
 
 
 def _from_torch(entry: Entry, value: np.ndarray) -> list[tuple[nnx.Variable, jax.Array]]:
