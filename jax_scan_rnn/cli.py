@@ -1049,10 +1049,11 @@ def cmd_sample_vae(args: argparse.Namespace) -> int:
 
     refuse_unread(args, [(("temperature", "top_k"), args.greedy, "without --greedy",
                           "greedy decoding takes each step's most likely token")])
-    per_latent = args.n if "n" in args.given else 1  # with --latents, -n counts the samples of each row
-    if args.latents is not None and args.greedy and per_latent > 1:
+    # With --latents, -n counts the samples of each row (default 1); checked here, before the run is read.
+    n = args.n if args.latents is None or "n" in args.given else 1
+    if args.latents is not None and args.greedy and n > 1:
         raise ValueError(f"-n: expected 1 with --latents and --greedy (greedy decoding gives each latent one "
-                         f"sequence), got {per_latent}")
+                         f"sequence), got {n}")
     if args.latents is not None and not Path(args.latents).is_file():
         raise FileNotFoundError(f"--latents: no file at {args.latents}")
     check_output_file(args.output)
@@ -1061,14 +1062,13 @@ def cmd_sample_vae(args: argparse.Namespace) -> int:
     refuse_an_input(args.output, "--output", {"the run's --data file": vae_data_file(task)})
     z = None if args.latents is None else read_latents(args.latents, model, task.decoder_only,
                                                        produced_by(model, args.checkpoint, step))
-    total = args.n if z is None else len(z) * per_latent
     check_memory("the samples (-n)" if z is None else "the samples (--latents, -n per row)",
-                 task_lib.sample_bytes(task, vocab.size, total))
+                 task_lib.sample_bytes(task, vocab.size, n if z is None else n * len(z)))
     model.eval()
     with flag_names():  # the sampler's own checks ("top_k: ...") name the flag
-        generated = task_lib.sample(model, vocab, args.n if z is None else per_latent, max_len=task.max_length + 1,
-                                    seed=args.seed, temperature=args.temperature, top_k=args.top_k,
-                                    greedy=args.greedy, decoder_only=task.decoder_only, z=z)
+        generated = task_lib.sample(model, vocab, n, max_len=task.max_length + 1, seed=args.seed,
+                                    temperature=args.temperature, top_k=args.top_k, greedy=args.greedy,
+                                    decoder_only=task.decoder_only, z=z)
     if args.output:
         write_atomically(args.output, lambda f: f.write("\n".join(generated) + "\n"))
     else:

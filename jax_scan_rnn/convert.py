@@ -68,7 +68,6 @@ from jax_scan_rnn.cells import RNNCellBase
 from jax_scan_rnn.layers import RNNBase
 
 
-
 class Entry(NamedTuple):
     """One torch key and what holds it here. torch's tensor is each of `params` permuted by `axes`, its axes merged
     by `groups`, the parts concatenated along the first axis: only copies, so both ways are bit-exact."""
@@ -81,6 +80,7 @@ class Entry(NamedTuple):
     # torch's axes as runs of the permuted ones, merged: ((0, 1), (2,)) makes attention's [heads, head_dim, in]
     # torch's [heads * head_dim, in]; None: one each.
     groups: tuple[tuple[int, ...], ...] | None = None
+
 
 MATRIX = (1, 0)  # a weight matrix: torch's [out, in] is our [in, out] transposed
 TORCH_LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's and GroupNorm's default `eps`
@@ -407,16 +407,21 @@ def load_torch_state_dict(module: nnx.Module, state_dict: Mapping[str, Any]) -> 
 
 def _check_counter(key: str, value: Any) -> None:
     """A torch counter with nothing of ours behind it (BatchNorm's num_batches_tracked) is read to be an integer."""
-    value = np.asarray(value.detach().cpu().numpy() if hasattr(value, "detach") else value)
+    value = validate.host_array(value, f"state_dict[{key!r}]")
     if value.shape != () or not np.issubdtype(value.dtype, np.integer):
         raise TypeError(f"state_dict[{key!r}]: expected an integer count (torch's int64 scalar), got "
                         f"{value.dtype} of shape {value.shape}")
 
 
+def _permuted_shape(param: nnx.Variable, entry: Entry) -> tuple[int, ...]:
+    """The shape of one of `entry.params` in torch's axis order, before any axes are merged."""
+    shape = tuple(param[...].shape)
+    return shape if entry.axes is None else tuple(shape[a] for a in entry.axes)
+
+
 def _part_shape(param: nnx.Variable, entry: Entry) -> tuple[int, ...]:
     """The shape one of `entry.params` takes inside torch's tensor: permuted, then its axes merged."""
-    shape = tuple(param[...].shape)
-    shape = shape if entry.axes is None else tuple(shape[a] for a in entry.axes)
+    shape = _permuted_shape(param, entry)
     return shape if entry.groups is None else tuple(math.prod(shape[a] for a in run) for run in entry.groups)
 
 
@@ -443,10 +448,8 @@ def _from_torch(entry: Entry, value: np.ndarray) -> list[tuple[nnx.Variable, jax
     out, start = [], 0
     for param in entry.params:
         rows = _part_shape(param, entry)[0]
-        shape = tuple(param[...].shape)
-        permuted = shape if entry.axes is None else tuple(shape[a] for a in entry.axes)
-        part = value[start:start + rows].reshape(permuted)
-        out.append((param, jnp.asarray(part.transpose(np.argsort(entry.axes)) if entry.axes else part)))
+        part = value[start:start + rows].reshape(_permuted_shape(param, entry))
+        out.append((param, jnp.asarray(part if entry.axes is None else part.transpose(np.argsort(entry.axes)))))
         start += rows
     return out
 

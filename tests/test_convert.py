@@ -119,6 +119,12 @@ def test_wrong_shape_names_key_and_shapes_and_changes_nothing():
     with pytest.raises(ValueError, match=r"state_dict\['weight_hh_l1'\]: expected shape \(16, 4\), got \(16, 5\)"):
         jsr.load_torch_state_dict(ours, sd)
     assert_unchanged(ours, before)
+    # The right number of values in another shape (a weight transposed by hand) is refused too, never reshaped.
+    sd = dict(ref.state_dict())
+    sd["weight_ih_l0"] = sd["weight_ih_l0"].T
+    with pytest.raises(ValueError, match=r"state_dict\['weight_ih_l0'\]: expected shape \(16, 3\), got \(3, 16\)"):
+        jsr.load_torch_state_dict(ours, sd)
+    assert_unchanged(ours, before)
 
 
 def test_integer_values_are_a_type_error():

@@ -772,3 +772,19 @@ def test_evaluate_reconstructs_test_molecules_and_judges_novelty_against_trainin
     assert report["reconstruction"]["n"] == min(len(dataset.test), task.eval_sequences)
     assert (report["interpolation"]["from"], report["interpolation"]["to"]) == tuple(dataset.test[:2])
     assert len(novelty_against) == 2 and all(train is dataset.canonical_train for train in novelty_against)
+
+
+def test_sample_draws_n_per_given_latent_row_by_row(corpus):
+    """`sample(n, z=)`: row 0's n draws, then row 1's, each the sampler's own from that latent (the CLI's
+    `--latents -n` in the default run; the CLI round trip is in the slow test above)."""
+    task = tiny(corpus)
+    vocab = task_lib.load_dataset(task).vocab
+    model = task_lib.build_model(task, vocab.size, 0)
+    model.eval()
+    z = np.stack([np.zeros(4, np.float32), np.full(4, 5.0, np.float32)])
+    drawn = task_lib.sample(model, vocab, 3, max_len=12, seed=1, z=z)
+    assert len(drawn) == 6
+    assert drawn == task_lib.sample(model, vocab, 1, max_len=12, seed=1, z=np.repeat(z, 3, axis=0))
+    assert drawn != task_lib.sample(model, vocab, 1, max_len=12, seed=1, z=np.tile(z, (3, 1)))
+    with pytest.raises(ValueError, match=r"^n: expected 1 with greedy decoding of given latents"):
+        task_lib.sample(model, vocab, 2, max_len=12, greedy=True, z=z)

@@ -30,6 +30,8 @@ def test_real_bounds_wording_and_return():
         validate.real("lr", 0, lo=0, lo_open=True)
     with pytest.raises(ValueError, match=r"^x: expected a finite number <= 2, got 3$"):
         validate.real("x", 3, hi=2)
+    with pytest.raises(ValueError, match=r"^lr: expected a finite number > 0, got True$"):  # in range as 1: a bool
+        validate.real("lr", True, lo=0, lo_open=True)
 
 
 def test_boolean_choice_function_instance():
