@@ -699,3 +699,19 @@ def test_a_second_run_loads_its_programs_from_the_cli_cache(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     kept, hits = map(int, result.stdout.split("CACHE")[1].split())
     assert kept >= 2 and hits >= kept, result.stdout[-500:]
+
+
+def test_an_output_is_refused_when_it_is_an_input_however_the_paths_are_written(tmp_path, monkeypatch):
+    # One file spelled two ways (relative and absolute, with '..', through a symlink) is still one file.
+    from jax_scan_rnn.cli import refuse_an_input
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "prices.csv").write_text("x\n")
+    (tmp_path / "link.csv").symlink_to(tmp_path / "prices.csv")
+    for output, data in (("prices.csv", str(tmp_path / "prices.csv")), (str(tmp_path / "prices.csv"), "prices.csv"),
+                         ("sub/../prices.csv", "./prices.csv"), ("link.csv", "prices.csv")):
+        with pytest.raises(ValueError, match=f"^--output: expected another file than --data, got {output} for both$"):
+            refuse_an_input(output, "--output", {"--data": data, "--initial-state": None})
+    refuse_an_input("sub/prices.csv", "--output", {"--data": "prices.csv"})  # another file: allowed
+    refuse_an_input(None, "--output", {"--data": "prices.csv"})
