@@ -73,7 +73,7 @@ from __future__ import annotations
 import inspect
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Generic, ParamSpec, Protocol, Self, TypeVar, overload
 
 import jax
 import numpy as np
@@ -105,7 +105,23 @@ _MISSING = object()
 _COMPILED: weakref.WeakKeyDictionary[nnx.Module, Compiled] = weakref.WeakKeyDictionary()
 
 
-def jit(module: nnx.Module, *, mode_attributes: Sequence[str] = MODE_ATTRIBUTES) -> Compiled:
+P = ParamSpec("P")
+R = TypeVar("R", covariant=True)
+
+
+class CallableModel(Protocol[P, R]):
+    """An `nnx.Module` with a `__call__`, as a type checker sees it: `jit` gives the `Compiled` its signature."""
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R: ...
+    def train(self, **attributes: Any) -> None: ...
+    def eval(self, **attributes: Any) -> None: ...
+
+
+@overload
+def jit(module: CallableModel[P, R], *, mode_attributes: Sequence[str] = ...) -> Compiled[P, R]: ...
+@overload
+def jit(module: nnx.Module, *, mode_attributes: Sequence[str] = ...) -> Compiled[..., Any]: ...
+def jit(module: Any, *, mode_attributes: Sequence[str] = MODE_ATTRIBUTES) -> Compiled:
     """A compiled view of `module`: `jit(model)(*args)` is `model(*args)`, `jit(model).m(...)` is `model.m(...)`.
 
     Args:
@@ -148,8 +164,11 @@ def _set_at(root: Any, path: tuple, value: Any) -> None:
         parent[path[-1]] = value
 
 
-class Compiled:
+class Compiled(Generic[P, R]):
     """`jsr.jit(module)`: call it as the module, or call its public methods by name (compiled, cached).
+
+    Typed as the module's `__call__` (`Compiled[P, R]`), so a checker reads `fast(x)` as it reads `model(x)`;
+    a method by name (`fast.generate`) is a `CompiledMethod`, its result untyped.
 
     Attributes:
       module: the wrapped model (the same object, not a copy).
@@ -195,7 +214,7 @@ class Compiled:
         """The wrapped model."""
         return self._module
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """`module(*args, **kwargs)`, compiled (array leaves traced, other leaves static)."""
         return self._call(*args, **kwargs)
 
@@ -208,13 +227,13 @@ class Compiled:
             methods[name] = CompiledMethod(self, name)
         return methods[name]
 
-    def train(self, **attributes) -> Compiled:
+    def train(self, **attributes) -> Self:
         """`module.train(**attributes)`; returns self. Extra attributes named here are watched as mode flags."""
         self._module.train(**attributes)
         self._watch(attributes)
         return self
 
-    def eval(self, **attributes) -> Compiled:
+    def eval(self, **attributes) -> Self:
         """`module.eval(**attributes)`; returns self. Extra attributes named here are watched as mode flags."""
         self._module.eval(**attributes)
         self._watch(attributes)

@@ -38,11 +38,13 @@ trav = jsr.Traveller(num_inputs=8, hidden_size=64, num_layers=2, rngs=nnx.Rngs(0
 positions, trav_state = trav(np.zeros((1, 5, 8), np.float32))
 p_t, trav_state = trav.step(trav_state, np.ones((1, 8), np.float32))
 positions, trav_state = jsr.jit(trav)(np.zeros((1, 5, 8), np.float32))
+positions, trav_state = jsr.jit(trav).eval()(np.zeros((1, 5, 8), np.float32), trav_state, layout="batch")
 vae = jsr.SeqVAE(30, 64, 16, 1, rngs=nnx.Rngs(0))
 tokens, lengths = np.ones((2, 6), np.int32), np.array([6, 4])
 mu, logvar = vae.encode(tokens, lengths)
 losses = vae.loss(tokens, lengths, eps=np.zeros((2, 16), np.float32))
 generated = vae.generate(np.zeros((2, 16), np.float32), 10, mode="sample", temperature=0.8)
+generated = jsr.jit(vae).generate(np.zeros((2, 16), np.float32), 10, mode="sample", temperature=0.8)
 jsr.load_torch_state_dict(lstm, torch.nn.LSTM(8, 32, num_layers=2).state_dict())
 jsr.save_safetensors(jsr.torch_state_dict(lstm), "lstm.safetensors")
 twin = jsr.from_torch_module(torch.nn.GRU(8, 16))
@@ -59,6 +61,7 @@ MISUSES = [
     ('jsr.LSTM("eight", 32, rngs=nnx.Rngs(0))', 'Argument 1 to "LSTM" has incompatible type "str"; expected "int"'),
     ("jsr.Traveller(8, 64, num_assets=2.5, rngs=nnx.Rngs(0))", '"num_assets" to "Traveller" has incompatible type'),
     ('jsr.torch_state_dict(lstm).weight_ih_l0', 'has no attribute "weight_ih_l0"'),
+    ("jsr.jit(lstm)(x, lenghts=[3, 4, 5, 6])", 'Unexpected keyword argument "lenghts" for "__call__" of "Compiled"'),
 ]
 
 
