@@ -24,8 +24,9 @@ the folder printed on the last line.
 import argparse
 import sys
 from pathlib import Path
+from typing import Literal
 
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
 parser.add_argument("--quick", action="store_true", help="T=50 and 3 repeats: a smoke test (the test suite's)")
 parser.add_argument("--out", default="examples/out/01_scan_vs_loop", help="where times.md and times.png go")
 args, unknown = parser.parse_known_args()
@@ -37,7 +38,7 @@ BATCH = 1  # B: paths (the seed has one)
 HIDDEN = 64  # H of each LSTM layer
 LAYERS = 2  # stacked LSTM layers
 FEATURES = 8  # F: features per step
-UNROLL = "auto"  # lax.scan steps per compiled loop iteration: the library's measured choice, or an int
+UNROLL: int | Literal["auto"] = "auto"  # lax.scan steps per compiled loop iteration: the library's measured choice, or an int
 REPEATS = 3 if args.quick else 5  # timed calls per method, after one warm-up call
 TORCH_THREADS = 1  # B=1 ops are too small to split; more threads only add synchronisation (a lot, on a busy CPU)
 SEED = 0
@@ -59,7 +60,7 @@ from flax import nnx
 
 import jax_scan_rnn as jsr
 import torch_ref
-from torch_ref.traveller import compiled_loop
+from torch_ref.traveller import compiled_loop, scan_available
 
 torch.set_num_threads(TORCH_THREADS)
 torch.manual_seed(SEED)
@@ -91,6 +92,8 @@ methods["torch: seed loop"] = seed_loop
 # %% What the seed's answer tried, and why it does nothing useful
 # `@torch.jit.script_method` belongs to `torch.jit.ScriptModule`. On a plain nn.Module it compiles
 # nothing; in torch 2.13 it even replaces `forward` with a stub that cannot be called.
+script_method = torch.jit.script_method  # type: ignore[attr-defined]  # not in torch's stubs (torch's parser
+# reads the decorated method's source, comments included, so the decorator's line carries no comment)
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
 
@@ -99,7 +102,7 @@ with warnings.catch_warnings():
             super().__init__()
             self.linear = torch.nn.Linear(2, 2)
 
-        @torch.jit.script_method
+        @script_method
         def forward(self, x):
             return self.linear(x)
 
@@ -110,7 +113,7 @@ except TypeError as err:  # the expected outcome in torch 2.13: shown as a resul
     print(f"the seed answer's @torch.jit.script_method on an nn.Module fails, as expected (TypeError: {err}); "
           "torch.jit.script of a function is the working form, used below")
 print(f"public torch.scan exists: {hasattr(torch, 'scan')}; prototype available: "
-      f"{torch_ref.traveller.scan_available()}")
+      f"{scan_available()}")
 
 # %% 2. TorchScript done right: script the loop function, which takes the weights as a list
 # `method="script"` runs `torch.jit.script(traveller_loop)`: the loop runs in TorchScript's

@@ -29,7 +29,7 @@ import torch_ref
 from jax_scan_rnn.data import trading
 from jax_scan_rnn.train import TrainStep
 
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
 parser.add_argument("--quick", action="store_true", help="60 updates on small data: a smoke test (the test suite's)")
 parser.add_argument("--out", default="examples/out/02_train_traveller", help="where the PNGs go")
 args, unknown = parser.parse_known_args()
@@ -90,8 +90,7 @@ train_step.write(carry)  # the model now holds the trained weights
 model.eval()
 fast = jsr.jit(model)
 test_features = jnp.asarray(test_market.features, jnp.float32)
-positions, _ = fast(test_features)
-positions = np.asarray(positions)
+positions = np.asarray(fast(test_features)[0])  # [B, T, 2], on the host (the state is not needed)
 table = trading.utility_table(market_cfg, test_market, positions)
 print(f"\nlearned policy: {table['learned']:+.4f} per step = {table['learned_over_optimal']:.1%} of the optimum")
 if args.quick:

@@ -31,7 +31,7 @@ from jax_scan_rnn.cli import ProgressBar
 from jax_scan_rnn.tasks import vae as vae_task
 from jax_scan_rnn.train import TrainConfig
 
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
 parser.add_argument("--quick", action="store_true", help="12 steps on 600 molecules: a smoke test")
 parser.add_argument("--out", default="examples/out/03_smiles_vae", help="where results.json and the PNG go")
 args, unknown = parser.parse_known_args()

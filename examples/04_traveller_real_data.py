@@ -27,11 +27,12 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 STARTED = time.perf_counter()
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
 parser.add_argument("--quick", action="store_true", help="2 folds and a few updates (the test's smoke run)")
 parser.add_argument("--out", default="examples/out/04_traveller_real_data", help="the run folder")
 parser.add_argument("--results", default=None, help="also write traveller_real_data.{json,md,png} here")
@@ -68,7 +69,7 @@ RISK_AVERSION = 2.0
 # whole asset in a day costs ~7 bp of capital, a 10% rebalance ~0.07 bp: an index trader's spread and impact.
 COST_SCALE = 10.0
 # A small model: ~2500-4000 training days of two correlated series is little data (a larger LSTM memorises).
-TASK = dict(hidden_size=16, num_layers=1, batch_size=32, seq_len=126, risk_aversion=RISK_AVERSION,
+TASK: dict[str, Any] = dict(hidden_size=16, num_layers=1, batch_size=32, seq_len=126, risk_aversion=RISK_AVERSION,
             cost_scale=COST_SCALE, periods_per_year=252)
 # Model selection uses the validation year alone (never trained on): every EVAL_EVERY updates the model is
 # scored there, and the best (seed, update) is the one traded. The test years play no part in any choice.
@@ -86,7 +87,7 @@ def build_dataset():
 
     closes = pd.concat({name: mod.load()["Adj Close"] for name, mod in ASSETS.items()}, axis=1, join="inner")
     closes = closes.sort_index()
-    log_close = np.log(closes)
+    log_close = closes.transform(np.log)
     daily = log_close.diff()  # row t: log(close_t / close_{t-1}), known at the close of t
     table = pd.DataFrame(index=closes.index)
     table.index.name = "date"
@@ -123,14 +124,15 @@ print(f"features ({data.num_features}): {', '.join(data.feature_names)}; returns
 # %% Walk-forward: per fold, train on the days before the test years, choose on the year just before them,
 # score only the test years
 def row_index(year):  # the first row of `year` (len(dates) when past the end)
-    return int(np.searchsorted(dates.year, year))
+    return int(dates.searchsorted(f"{year}-01-01"))
 
 
 RUNS = OUT / "runs"  # one training run (checkpoints, metrics.jsonl) per fold and seed
 shutil.rmtree(RUNS, ignore_errors=True)  # `train` refuses a folder holding an older run's checkpoints
 RUNS.mkdir(parents=True)
-folds, series = [], {name: [] for name in report.POLICIES}  # series: per-step terms of each fold's test period
-positions_shown = {name: [] for name in ("learned", "rolling_markowitz")}
+folds: list[dict] = []
+series: dict[str, list[dict]] = {name: [] for name in report.POLICIES}  # per-step terms of each fold's test period
+positions_shown: dict[str, list[np.ndarray]] = {name: [] for name in ("learned", "rolling_markowitz")}
 for k, (first_year, last_year) in enumerate(FOLDS):
     valid_start, test_start, end = row_index(first_year - 1), row_index(first_year), row_index(last_year + 1)
     # The fold's own file, the rows up to its test period's end: nothing later exists for this fold, and
@@ -149,7 +151,7 @@ for k, (first_year, last_year) in enumerate(FOLDS):
     candidates = []  # (validation utility, seed, update, run folder): every checkpoint of every run
 
     for seed in range(SEEDS):
-        last = {}
+        last: dict[str, float] = {}
 
         def progress(event, seed=seed, last=last):
             # `fit` emits an update's train row before its eval row: print once both are in.
@@ -166,13 +168,14 @@ for k, (first_year, last_year) in enumerate(FOLDS):
         cfg = TrainConfig(steps=STEPS, learning_rate=LEARNING_RATE, log_every=LOG_EVERY,
                           eval_every=EVAL_EVERY, checkpoint_every=EVAL_EVERY, keep_checkpoints=STEPS // EVAL_EVERY + 1,
                           seed=SEED + 100 * k + seed)
-        _, history, stats = task_lib.train(fold_task, cfg, out_dir=run_dir, data=fold_data, callback=progress)
+        _, history, run_stats = task_lib.train(fold_task, cfg, out_dir=run_dir, data=fold_data, callback=progress)
+        # The library cut the split from fractions: check it cut exactly at the validation and test years'
+        # first days, so the standardiser and Sigma saw training days only.
+        assert run_stats is not None and (run_stats.train_end, run_stats.valid_end) == (valid_start, test_start)
         candidates += [(row["metrics"]["utility"], seed, row["step"], run_dir) for row in history.eval]
-    # The library cut the split from fractions: check it cut exactly at the validation and test years'
-    # first days, so the standardiser and Sigma saw training days only.
-    assert (stats.train_end, stats.valid_end) == (valid_start, test_start), (stats.train_end, stats.valid_end)
     valid_utility, seed, step, run_dir = max(candidates, key=lambda c: c[0])
     model, _, stats = task_lib.load(run_dir, step)  # the chosen weights, and the run's own DataStats
+    assert stats is not None  # a run on data keeps its DataStats (a simulated run's are None)
     fold_table = task_lib.data_table(model, fold_data, stats, "test", 252)
     in_sample = task_lib.data_table(model, fold_data, stats, "train", 252)["policies"]["learned"]
     validation = task_lib.data_table(model, fold_data, stats, "valid", 252)["policies"]["learned"]
@@ -190,8 +193,9 @@ for k, (first_year, last_year) in enumerate(FOLDS):
         terms = {k: v[0] for k, v in trading.performance_terms(x[:, test_start:end], r, stats.objective,
                                                                 x[:, test_start - 1]).items()}
         mine, library = trading.summarise(terms), fold_table["policies"][name]
-        assert all(np.isclose(mine[key], library[key], rtol=1e-6, atol=1e-12) for key in ("utility", "return",
-                                                                                            "cost", "turnover"))
+        for key in ("utility", "return", "cost", "turnover"):  # never None (only the Sharpe ratio can be)
+            value = mine[key]
+            assert value is not None and np.isclose(value, library[key], rtol=1e-6, atol=1e-12), (name, key)
         series[name].append(terms)
         if name in positions_shown:
             positions_shown[name].append(x[0, test_start:end])

@@ -32,7 +32,7 @@ from flax import nnx
 import jax_scan_rnn as jsr
 from jax_scan_rnn.train import TrainStep
 
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
 parser.add_argument("--quick", action="store_true", help="small sizes: a smoke test (the test suite's)")
 parser.add_argument("--out", default="examples/out/05_own_feedback_model", help="where the PNG goes")
 args, unknown = parser.parse_known_args()
@@ -82,7 +82,7 @@ class Forecaster(nnx.Module):
         self.gru = jsr.GRU(2, hidden, batch_first=True, rngs=rngs)  # the torch model's attribute names
         self.head = nnx.Linear(hidden, 1, rngs=rngs)
 
-    def __call__(self, u: jnp.ndarray, y: jnp.ndarray | None = None) -> jnp.ndarray:
+    def __call__(self, u: jnp.ndarray | np.ndarray, y: jnp.ndarray | np.ndarray | None = None) -> jnp.ndarray:
         """u [B, T, 1] -> predictions [B, T, 1]. Free running feeds each prediction back; with the true
         y [B, T, 1] given, teacher forcing feeds y_t back instead."""
         batch = u.shape[0]

@@ -117,7 +117,7 @@ def record(command: str, wall_seconds: float, dates, data, config: dict, claims:
                              "ndx": "NASDAQ composite (arch.data.nasdaq, Adj Close)"},
                   "first_day": f"{dates[0]:%Y-%m-%d}", "last_day": f"{dates[-1]:%Y-%m-%d}", "days": len(dates),
                   "features": list(data.feature_names), "returns": list(data.asset_names)}
-    versions = {}
+    versions: dict[str, str | None] = {}
     for package in VERSIONS:
         try:
             versions[package] = metadata.version(package)

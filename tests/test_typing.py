@@ -81,11 +81,13 @@ def test_type_checkers_see_each_lazy_name_where_it_is_loaded_from():
 
 def checker_errors(checker: str, tmp_path: Path) -> tuple[list[tuple[str, int, str]], str]:
     """(file, line, message) of each error `checker` (mypy or basedpyright, pyright's command-line build that
-    pip installs with its own node) reports for the README's block and USER_CALLS + MISUSES, and its raw output."""
+    pip installs with its own node) reports for the README's block, USER_CALLS + MISUSES and the examples, and its raw
+    output."""
     readme = re.search(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
     (tmp_path / "readme_block.py").write_text(readme)
     (tmp_path / "user_calls.py").write_text("\n".join([*USER_CALLS.splitlines(), *(c for c, _ in MISUSES)]) + "\n")
-    files = ["readme_block.py", "user_calls.py"]
+    # The examples too: a reader copies from them, so they must check as clean as the calls above.
+    files = ["readme_block.py", "user_calls.py", *sorted(str(f) for f in (ROOT / "examples").glob("*.py"))]
     if checker == "mypy":
         # MYPYPATH: the package's source, which an editable install's import hook hides from mypy. The package's
         # own modules are checked silently: their hints are what this test reads, not their bodies.
@@ -94,7 +96,7 @@ def checker_errors(checker: str, tmp_path: Path) -> tuple[list[tuple[str, int, s
                    "--no-error-summary", "--hide-error-context", *files]
         env = {**os.environ, "MYPYPATH": str(ROOT)}
     else:
-        (tmp_path / "pyrightconfig.json").write_text(json.dumps({"extraPaths": [str(ROOT)],
+        (tmp_path / "pyrightconfig.json").write_text(json.dumps({"extraPaths": [str(ROOT), str(ROOT / "examples")],
                                                                    "typeCheckingMode": "standard"}))
         command = [str(Path(sys.executable).with_name("basedpyright")), "--pythonpath", sys.executable, *files]
         env = dict(os.environ)
@@ -113,7 +115,7 @@ def test_type_checkers_take_the_users_calls_and_name_each_misuse(checker, tmp_pa
     errors, output = checker_errors(checker, tmp_path)
     first_misuse = len(USER_CALLS.splitlines()) + 1
     wrong = [e for e in errors if e[:2] not in {("user_calls.py", first_misuse + k) for k in range(len(MISUSES))}]
-    assert not wrong, f"{checker} refused calls the models take at run time: {wrong}\n{output}"
+    assert not wrong, f"{checker} refused calls the models (or the examples) take at run time: {wrong}\n{output}"
     for k, (call, message) in enumerate(MISUSES):
         said = [text for file, line, text in errors if (file, line) == ("user_calls.py", first_misuse + k)]
         assert said, f"{checker} let {call} pass: it reads the name as Any\n{output}"
