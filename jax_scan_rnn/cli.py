@@ -633,6 +633,9 @@ def cmd_train_traveller(args: argparse.Namespace) -> int:
               f"assets {', '.join(data.asset_names)}; train steps 0-{stats.train_end - 1}, validation "
               f"{stats.train_end}-{stats.valid_end - 1}, test {stats.valid_end}-{data.num_steps - 1}")
     check_simulated_markets(task)
+    if args.init_from is not None:  # a file of other sizes is one line before --out is made (train reads it again)
+        with flag_names():
+            task_lib.load_init(task_lib.build_model(task, cfg.seed, None if data is None else stats), args.init_from)
     out = Path(args.out)
     dp = data_parallel(args, task.batch_size)
     with output_directory(out, args.resume):

@@ -343,6 +343,7 @@ def test_init_from_a_torch_state_dict_starts_there(tmp_path, capsys):
     assert err.count("\n") == 0 and err.startswith("jax-scan-rnn train traveller: error: --init-from: "), err
     assert "state_dict['lstm_layers.weight_ih_l0']: expected shape (32, 6), got (64, 6)" in err, err
     assert "its 'lstm_layers' is a torch.nn.LSTM(6, 16), this model's a LSTM(6, 8)" in err, err
+    assert not (tmp_path / "run2").exists()  # refused before the run's directory is made
 
 
 @pytest.mark.parametrize("num_assets", [1, 5])
