@@ -378,3 +378,30 @@ def test_two_processes_save_their_shards_into_one_verified_checkpoint_and_set_it
     arrays_dirs = {f.split("/")[1] for f in manifest["files"] if f.startswith("arrays/")}
     assert {"ocdbt.process_0", "ocdbt.process_1"} <= arrays_dirs
     assert ckpt.verify(out, 3) == ()
+
+
+def test_set_aside_numbers_past_the_highest_never_onto_a_kept_one(tmp_path):
+    # Two set aside, the first deleted by hand: the next is number 3 (a count would pick 2, the one still there).
+    import shutil
+
+    state = {"w": jnp.ones(2)}
+    ckpt.save(tmp_path, 1, state)
+    first = ckpt.set_aside(tmp_path, 1)
+    ckpt.save(tmp_path, 1, state)
+    second = ckpt.set_aside(tmp_path, 1)
+    shutil.rmtree(first)
+    ckpt.save(tmp_path, 1, state)
+    third = ckpt.set_aside(tmp_path, 1)
+    assert (second.name, third.name) == ("step_00000001.invalid-2", "step_00000001.invalid-3")
+    assert second.is_dir() and third.is_dir()
+
+
+def test_a_step_directory_copied_under_another_step_is_refused(tmp_path):
+    # Its files are all intact, but its manifest names the step it was written as: restoring it as step 20 would
+    # resume a run at the wrong update.
+    import shutil
+
+    saved = ckpt.save(tmp_path, 10, {"w": jnp.ones(2)})
+    shutil.copytree(saved, ckpt.step_path(tmp_path, 20))
+    with pytest.raises(CheckpointError, match="says step 10, directory says 20"):
+        ckpt.verify(tmp_path, 20)

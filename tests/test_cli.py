@@ -715,3 +715,12 @@ def test_an_output_is_refused_when_it_is_an_input_however_the_paths_are_written(
             refuse_an_input(output, "--output", {"--data": data, "--initial-state": None})
     refuse_an_input("sub/prices.csv", "--output", {"--data": "prices.csv"})  # another file: allowed
     refuse_an_input(None, "--output", {"--data": "prices.csv"})
+
+
+@pytest.mark.parametrize("text", ["none", "None", "NONE"])
+def test_none_is_read_in_any_case_where_an_option_takes_it(text):
+    from jax_scan_rnn.cli import build_parser
+
+    argv = ["train", "vae", "--limit", text, "--clip-norm", text]
+    args = build_parser(argv).parse_args(argv)
+    assert (args.limit, args.clip_norm) == (None, None)

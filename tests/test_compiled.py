@@ -411,3 +411,41 @@ def test_lists_of_numbers_are_data_as_torch_and_the_eager_model_read_them():
     assert len(fast._call._fns) == 1
     with pytest.raises(ValueError, match=r"lengths: expected values in \[1, T=5\], got lengths\[0\]=6"):
         fast(x, lengths=[6, 3])
+
+
+class Scale(nnx.Module):
+    """x * n, or x * self.scale; `flags[0]` picks by Python control flow (a static argument)."""
+
+    def __init__(self):
+        self.scale = 2.0
+
+    def __call__(self, x, n=None, flags=(True,)):
+        return x * (self.scale if n is None else n) if flags[0] else x
+
+
+def test_a_static_int_and_the_equal_float_compile_apart():
+    # 1 == 1.0 and hash(1) == hash(1.0): a compile key of the values alone would reuse the int's program for the float.
+    fast = jsr.jit(Scale())
+    x = jnp.arange(3)
+    assert fast(x, 1).dtype == x.dtype
+    assert jnp.issubdtype(fast(x, 1.0).dtype, jnp.floating)
+    assert fast(x, True).dtype == x.dtype  # True == 1 too (x * True keeps x's dtype)
+
+
+def test_a_list_of_bools_stays_static_python_control_flow_reads_it():
+    # Lists of numbers become traced arrays (lengths=[5, 3], as torch takes them); a list of flags must not, or
+    # `if flags[0]` would be a tracer in a boolean context.
+    fast = jsr.jit(Scale())
+    assert fast(jnp.ones(2), flags=[True, False]).tolist() == [2.0, 2.0]
+    assert fast(jnp.ones(2), flags=[False]).tolist() == [1.0, 1.0]
+
+
+def test_jit_with_other_mode_attributes_is_a_new_compiled_view_that_watches_them():
+    model = Scale()
+    plain = jsr.jit(model)
+    plain(jnp.ones(1))
+    watching = jsr.jit(model, mode_attributes=("scale",))
+    assert watching is not plain and jsr.jit(model, mode_attributes=("scale",)) is watching
+    assert watching(jnp.ones(1)).tolist() == [2.0]
+    model.scale = 3.0  # a static attribute: watched, so part of the compile key
+    assert watching(jnp.ones(1)).tolist() == [3.0]

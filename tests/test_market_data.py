@@ -94,6 +94,13 @@ def test_patterns_follow_file_order_without_path_col(tmp_path):
     assert whole.features.shape == (1, T, 1)
 
 
+def test_a_pattern_never_selects_the_path_column(tmp_path):
+    path = tmp_path / "p.csv"
+    path.write_text("pid,f1,pret\n" + "".join(f"{p},{t * 0.1},{t * 0.01}\n" for p in (1, 2) for t in range(4)))
+    data = read(path, feature_cols=["f*"], return_cols=["p*"], path_col="pid")  # 'p*' matches pid too
+    assert data.asset_names == ("pret",) and data.returns.shape == (2, 4, 1)
+
+
 def test_path_col_groups_in_order_of_first_appearance(tmp_path):
     rows = table_rows()
     rows = [r[:4] + [{"x": "b", "y": "a"}[r[4]]] + r[5:] for r in rows]  # 'b' (path x) still appears first

@@ -450,6 +450,8 @@ def test_active_units_count_dimensions_whose_mean_varies_across_inputs():
     assert kl_active_units(mu) == 2
     assert kl_active_units(mu, threshold=0.001) == 3
     assert kl_active_units(np.zeros((10, 8))) == 0
+    # The unbiased sample variance (ddof=1): of 0 and 0.2 it is 0.02 (the population's, ddof=0, is 0.01).
+    assert kl_active_units(np.array([[0.0], [0.2]]), threshold=0.015) == 1
     with pytest.raises(ValueError, match="mu"):
         kl_active_units(np.zeros((1, 4)))
     with pytest.raises(ValueError, match="mu"):

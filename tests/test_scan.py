@@ -87,7 +87,8 @@ def test_auto_unroll_follows_the_measured_rule():
     from jax_scan_rnn import scan
 
     assert scan.auto_unroll(1, "cpu") == scan.AUTO_UNROLL_CPU_BATCH1
-    assert scan.auto_unroll(8, "cpu") == 1 and scan.auto_unroll(64, "cpu") == 1
+    assert scan.auto_unroll(2, "cpu") == scan.auto_unroll(4, "cpu") == scan.auto_unroll(8, "cpu") == 1  # batch 1 only
+    assert scan.auto_unroll(64, "cpu") == 1
     assert scan.auto_unroll(1, "gpu") == scan.auto_unroll(1024, "gpu") == scan.AUTO_UNROLL_GPU == 4
     assert scan.auto_unroll(64, "gpu", differentiated=False) == 4  # a forward pass too, on an H200
     assert scan.auto_unroll(1, "tpu") == 1  # not measured there

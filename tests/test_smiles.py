@@ -119,6 +119,11 @@ def test_file_source_arguments_are_checked(tmp_path):
         load_sequences("moses:validation")
     with pytest.raises(ValueError, match="max_heavy_atoms: expected an int >= 10, got 5"):
         sm.MoleculeFilter(min_heavy_atoms=10, max_heavy_atoms=5)
+    fifty = sm.parse_smiles("C" * 50)  # both bounds are inclusive
+    assert sm.MoleculeFilter(max_heavy_atoms=50).reject_reason(fifty) is None
+    assert sm.MoleculeFilter(max_heavy_atoms=49).reject_reason(fifty) == "size"
+    assert sm.MoleculeFilter(min_heavy_atoms=50).reject_reason(fifty) is None
+    assert sm.MoleculeFilter(min_heavy_atoms=51, max_heavy_atoms=60).reject_reason(fifty) == "size"
 
 
 def test_moses_source_missing_says_how_to_install(monkeypatch):
@@ -245,6 +250,8 @@ def test_unknown_character_names_character_and_sequence():
         vocab.encode("CCO", max_len=3)
     with pytest.raises(ValueError, match=r"'l'.*'CCCl' is not in the vocabulary \(expected one of '1COc'\)$"):
         vocab.encode(["CCCl"], max_len=10)  # a vocabulary with aromatic atoms: no Kekulé hint
+    with pytest.raises(ValueError, match=r"character 'N' of sequence 1 'NC' is not"):  # its first character: still sequence 1
+        vocab.encode(["CC", "NC"], max_len=10)
     kekule = Vocabulary.build(["CCO", "C1=CC=CC=C1"])  # a Kekulé run's: aromatic SMILES are named as the cause
     with pytest.raises(ValueError, match=r"'c' of sequence 0 'c1ccccc1' is not in the vocabulary \(expected one of "
                                          r"'1=CO'\); it has no aromatic atoms: a model trained on Kekulé SMILES .*"
@@ -389,3 +396,14 @@ def test_bucketed_batches_hold_similar_lengths_and_visit_every_row_once_per_epoc
     assert sm.trim(b_tokens, b_lengths, multiple=1).shape == (batch, int(b_lengths.max()))
     with pytest.raises(ValueError, match="lengths: expected at most T=64"):
         sm.trim(b_tokens, np.full(batch, 65))
+
+
+def test_bucketing_leaves_out_the_same_rows_as_the_plain_epoch_when_nothing_divides():
+    # 10 rows in batches of 3: 3 batches an epoch and one row left out; pools of 2 batches: the last pool holds one
+    # batch. The pooled epoch regroups the plain epoch's 9 rows; it never reaches for the row left out.
+    tokens = np.arange(10, dtype=np.int32)[:, None]  # row id as its token
+    lengths = np.arange(10, 0, -1, dtype=np.int32)
+    for seed in range(20):
+        plain = [int(i) for step in range(3) for i in batch_at(tokens, lengths, 3, step, seed)[0][:, 0]]
+        pooled = [int(i) for step in range(3) for i in batch_at(tokens, lengths, 3, step, seed, pool=2)[0][:, 0]]
+        assert sorted(pooled) == sorted(plain) and len(set(pooled)) == 9, (seed, plain, pooled)

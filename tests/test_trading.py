@@ -407,6 +407,7 @@ def test_buy_and_hold_and_rolling_markowitz_use_only_the_past():
     obj = Objective(3.0, 1.0, np.diag([0.01, 0.02, 0.03]))
     x = rolling_markowitz_policy(r, obj, window=10, min_history=5)
     assert not x[:, :5].any()  # fewer than 5 known returns: no position
+    assert x[:, 5].all()  # at step 5, returns 0-4 are known: min_history of them, a position
     t = 30
     expected = np.clip(r[:, t - 10:t].mean(axis=1) / (3.0 * np.diag(obj.Sigma)), -1, 1)
     np.testing.assert_allclose(x[:, t], expected, rtol=1e-12)

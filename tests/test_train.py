@@ -672,3 +672,25 @@ def test_curves_draw_what_changes_and_name_what_does_not():
     assert list(panels) == ["loss", "grad_norm", "acc"]
     assert constant == {"lr": 0.1, "p_replace": 0.0}  # named in the figure's title instead of a flat panel
     assert panels["acc"]["eval"] == [(5, 0.2)] and len(panels["acc"]["train"]) == 5
+
+
+def test_curves_leave_out_points_that_are_not_finite():
+    from jax_scan_rnn.runlog import curve_panels
+
+    rows = [{"step": s, "split": "train", "loss": loss} for s, loss in ((1, 1.0), (2, float("nan")), (3, 0.5),
+                                                                         (4, float("inf")))]
+    panels, _ = curve_panels(History(train=rows, eval=[], step=4))
+    assert panels["loss"]["train"] == [(1, 1.0), (3, 0.5)]
+
+
+def test_the_log_reader_skips_lines_that_are_not_rows(tmp_path):
+    # A note added by hand (or by another tool) between rows: the run's rows are read, and resuming keeps them.
+    from jax_scan_rnn.runlog import RunLog, read_rows
+
+    (tmp_path / METRICS_FILE).write_text('{"step": 1, "split": "train"}\n{"note": "by hand"}\n[1, 2]\n'
+                                         '{"step": 5, "split": "train"}\n{"step": 6, "spl')
+    assert [r["step"] for r in read_rows(tmp_path / METRICS_FILE)] == [1, 5]
+    log = RunLog(tmp_path)
+    log.resume_at(2)
+    assert [r["step"] for r in log.rows] == [1]
+    assert read_rows(tmp_path / METRICS_FILE) == [{"step": 1, "split": "train"}]

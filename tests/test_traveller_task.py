@@ -147,6 +147,8 @@ def test_a_second_process_on_the_same_out_is_refused_naming_the_holder(tmp_path)
     import sys
 
     out = tmp_path / "run"
+    out.mkdir()
+    (out / ".lock").write_text("99999999999\n")  # left by an earlier holder whose PID had more digits
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time\nfrom jax_scan_rnn.lock import run_lock\n"
          f"with run_lock({str(out)!r}):\n    print('held', flush=True)\n    time.sleep(120)"],
@@ -159,6 +161,7 @@ def test_a_second_process_on_the_same_out_is_refused_naming_the_holder(tmp_path)
         assert second.returncode == 2, second.stderr
         lines = second.stderr.strip().splitlines()
         assert len(lines) == 1 and f"another run (PID {holder.pid}) is writing to this directory" in lines[0], lines
+        assert (out / ".lock").read_text() == f"{holder.pid}\n"  # the holder's PID alone: an older, longer one is gone
         assert sorted(p.name for p in out.iterdir()) == [".lock"]
     finally:
         holder.kill()
