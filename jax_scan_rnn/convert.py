@@ -36,6 +36,12 @@ The one table of what maps to what (`_layout`), per kind of submodule:
                                  for n=1, Conv2d, Conv3d), bias = bias. Padding, strides and dilation are
                                  constructor arguments, not weights: nnx.Conv's default padding is "SAME", torch's
                                  is 0 ("VALID"); torch's input is channels-first [B, C, L], nnx.Conv's [B, L, C]
+    nnx.ConvTranspose            weight [I, O, *K] (torch.nn.ConvTranspose1d/2d/3d, groups=1) = kernel permuted:
+                                 with transpose_kernel=True [*K, O, I] (the kernel of the convolution it is the
+                                 gradient of, as torch's), with the default False [*K, I, O] reversed along each
+                                 spatial axis (Flax applies it unflipped); bias = bias. torch's padding p and
+                                 output_padding q are Flax's padding ((d (K-1) - p, d (K-1) - p + q), ...), with
+                                 kernel_dilation d = torch's dilation (nnx.ConvTranspose's docstring)
     nnx.Sequential               its layers by position, as torch.nn.Sequential's (`mlp.0.weight`, not Flax's
                                  attribute path `mlp.layers.0.weight`; an activation holds a position in both)
     any other module             recurse into its submodules; the attribute name is the key prefix
@@ -43,9 +49,9 @@ The one table of what maps to what (`_layout`), per kind of submodule:
                                  position or key inside nnx.List/Dict or plain lists and dicts (`heads.a.weight`)
     anything else                a parameter no row maps is a NotImplementedError naming it, never left out
 
-Only permutations of axes, reshapes and copies: both directions are bit-exact. Models do not import this module; it
-knows their layout by walking their attributes, so a model whose attribute names are its torch twin's
-converts with no code of its own. torch is never imported here: a torch tensor is recognised by its
+Only permutations and reversals of axes, reshapes and copies: both directions are bit-exact. Models do not import
+this module; it knows their layout by walking their attributes, so a model whose attribute names are its torch
+twin's converts with no code of its own. torch is never imported here: a torch tensor is recognised by its
 `.detach()` method.
 """
 from __future__ import annotations
@@ -69,8 +75,9 @@ from jax_scan_rnn.layers import RNNBase
 
 
 class Entry(NamedTuple):
-    """One torch key and what holds it here. torch's tensor is each of `params` permuted by `axes`, its axes merged
-    by `groups`, the parts concatenated along the first axis: only copies, so both ways are bit-exact."""
+    """One torch key and what holds it here. torch's tensor is each of `params` permuted by `axes`, reversed along
+    `flip`, its axes merged by `groups`, the parts concatenated along the first axis: only copies, so both ways are
+    bit-exact."""
 
     key: str
     # The nnx.Params (or BatchStats) behind the key: one; several (attention's in_proj_weight holds the query's, the
@@ -80,6 +87,7 @@ class Entry(NamedTuple):
     # torch's axes as runs of the permuted ones, merged: ((0, 1), (2,)) makes attention's [heads, head_dim, in]
     # torch's [heads * head_dim, in]; None: one each.
     groups: tuple[tuple[int, ...], ...] | None = None
+    flip: tuple[int, ...] = ()  # torch's axes (after the permutation) in reverse order: ConvTranspose's spatial ones
 
 
 MATRIX = (1, 0)  # a weight matrix: torch's [out, in] is our [in, out] transposed
@@ -116,6 +124,14 @@ def _layout(module: nnx.Module, prefix: str = "") -> Iterator[Entry]:
     elif isinstance(module, nnx.Conv):
         n = len(module.kernel[...].shape) - 2  # spatial dimensions
         yield Entry(f"{prefix}weight", (module.kernel,), (n + 1, n, *range(n)))
+        if module.bias is not None:
+            yield Entry(f"{prefix}bias", (module.bias,))
+    elif isinstance(module, nnx.ConvTranspose):
+        n = len(module.kernel[...].shape) - 2
+        if module.transpose_kernel:  # [*K, O, I]: the kernel of the convolution it is the gradient of, as torch's
+            yield Entry(f"{prefix}weight", (module.kernel,), (n + 1, n, *range(n)))
+        else:  # [*K, I, O], applied unflipped: torch's flipped along every spatial axis
+            yield Entry(f"{prefix}weight", (module.kernel,), (n, n + 1, *range(n)), flip=tuple(range(2, n + 2)))
         if module.bias is not None:
             yield Entry(f"{prefix}bias", (module.bias,))
     elif isinstance(module, nnx.Embed):
@@ -434,21 +450,22 @@ def _torch_shape(entry: Entry) -> tuple[int, ...]:
 
 
 def _to_torch(entry: Entry) -> np.ndarray:
-    """torch's tensor for `entry`: each param permuted, its axes merged, the parts one above the other."""
+    """torch's tensor for `entry`: each param permuted and flipped, its axes merged, the parts one above the other."""
     parts = []
     for param in entry.params:
         value = np.asarray(param[...])
-        parts.append((value if entry.axes is None else value.transpose(entry.axes)).reshape(_part_shape(param, entry)))
+        value = np.flip(value if entry.axes is None else value.transpose(entry.axes), entry.flip)
+        parts.append(value.reshape(_part_shape(param, entry)))
     return np.concatenate(parts)
 
 
 def _from_torch(entry: Entry, value: np.ndarray) -> list[tuple[nnx.Variable, jax.Array]]:
     """torch's tensor for `entry` as the value of each of its params: split along the first axis, the merged axes
-    unmerged, the permutation undone."""
+    unmerged, the flip and the permutation undone."""
     out, start = [], 0
     for param in entry.params:
         rows = _part_shape(param, entry)[0]
-        part = value[start:start + rows].reshape(_permuted_shape(param, entry))
+        part = np.flip(value[start:start + rows].reshape(_permuted_shape(param, entry)), entry.flip)
         out.append((param, jnp.asarray(part if entry.axes is None else part.transpose(np.argsort(entry.axes)))))
         start += rows
     return out

@@ -521,9 +521,50 @@ def test_convolutions_group_and_rms_norms_map_to_torchs_and_give_its_numbers():
     bad = {**ref.state_dict(), "conv.weight": torch.zeros(8, 3, 4)}
     with pytest.raises(ValueError, match=r"state_dict\['conv.weight'\]: expected shape \(8, 3, 3\), got \(8, 3, 4\)"):
         jsr.load_torch_state_dict(ours, bad)
-    ours.up = nnx.ConvTranspose(2, 2, 3, rngs=nnx.Rngs(0))  # its kernel is not torch's ConvTranspose1d's permuted
-    with pytest.raises(NotImplementedError, match=r"no PyTorch mapping for parameter up\.\w+ of Net$"):
-        jsr.torch_state_dict(ours)
+
+
+@pytest.mark.parametrize("transpose_kernel", [True, False])
+def test_transposed_convolutions_map_to_torchs_and_give_its_numbers(transpose_kernel):
+    """An upsampling decoder: torch's ConvTranspose kernel [I, O, *K] is nnx.ConvTranspose's [*K, O, I] permuted with
+    transpose_kernel=True; with False, Flax applies [*K, I, O] unflipped, so torch's is that reversed along every
+    spatial axis. Stride, padding, output_padding and dilation as the converter's docstring translates them."""
+    k, stride, padding, output_padding, dilation = 3, 2, 1, 1, 2
+    pad = dilation * (k - 1) - padding  # Flax pads the stretched input; torch's padding takes from the output
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.up = nnx.ConvTranspose(3, 4, k, strides=stride, padding=((pad, pad + output_padding),),
+                                        kernel_dilation=dilation, transpose_kernel=transpose_kernel, rngs=rngs)
+            self.image = nnx.ConvTranspose(2, 3, (2, 3), strides=(1, 2), padding="VALID", use_bias=False,
+                                           transpose_kernel=transpose_kernel, rngs=rngs)
+
+    class TorchNet(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up = torch.nn.ConvTranspose1d(3, 4, k, stride=stride, padding=padding, output_padding=output_padding,
+                                               dilation=dilation)
+            self.image = torch.nn.ConvTranspose2d(2, 3, (2, 3), stride=(1, 2), bias=False)
+
+    torch.manual_seed(0)
+    ref, ours = TorchNet(), Net(nnx.Rngs(0))
+    jsr.load_torch_state_dict(ours, ref.state_dict())
+    back = jsr.torch_state_dict(ours)
+    assert list(back) == list(ref.state_dict())
+    for key, value in ref.state_dict().items():
+        np.testing.assert_array_equal(back[key], value.numpy(), err_msg=key)
+    assert np.asarray(ours.image.kernel[...]).shape == ((2, 3, 3, 2) if transpose_kernel else (2, 3, 2, 3))
+    rng = np.random.default_rng(0)
+    x, image = rng.standard_normal((2, 3, 7)).astype(np.float32), rng.standard_normal((2, 2, 4, 5)).astype(np.float32)
+    with torch.no_grad():
+        expected, expected_image = ref.up(torch.from_numpy(x)).numpy(), ref.image(torch.from_numpy(image)).numpy()
+    got = np.asarray(ours.up(x.transpose(0, 2, 1))).transpose(0, 2, 1)
+    got_image = np.asarray(ours.image(image.transpose(0, 2, 3, 1))).transpose(0, 3, 1, 2)
+    assert got.shape == expected.shape == (2, 4, 16) and got_image.shape == expected_image.shape
+    np.testing.assert_allclose(got, expected, atol=1e-5)  # float32 rounding of two frameworks
+    np.testing.assert_allclose(got_image, expected_image, atol=1e-5)
+    grouped = {**ref.state_dict(), "up.weight": torch.zeros(3, 2, k)}  # groups=2's [I, O/groups, K]: refused by shape
+    with pytest.raises(ValueError, match=r"state_dict\['up.weight'\]: expected shape \(3, 4, 3\), got \(3, 2, 3\)"):
+        jsr.load_torch_state_dict(ours, grouped)
 
 
 def test_a_sequential_has_torchs_keys_and_numbers():
