@@ -724,3 +724,26 @@ def test_none_is_read_in_any_case_where_an_option_takes_it(text):
     argv = ["train", "vae", "--limit", text, "--clip-norm", text]
     args = build_parser(argv).parse_args(argv)
     assert (args.limit, args.clip_norm) == (None, None)
+
+
+def test_what_an_interrupted_training_keeps_names_its_newest_checkpoint(tmp_path):
+    import argparse
+
+    from jax_scan_rnn import checkpoint
+    from jax_scan_rnn.cli import kept
+
+    for step in (1, 2, 3):
+        checkpoint.save(tmp_path / "run" / "checkpoints", step, {"w": np.ones(2)})
+    said = kept(argparse.Namespace(command="train", out=str(tmp_path / "run"), checkpoint_every=1))
+    assert said == "every completed checkpoint is kept, the last at step 3 (continue with --resume)"
+
+
+def test_a_resumed_runs_data_change_is_named_by_what_moved():
+    from jax_scan_rnn.cli import data_change
+
+    saved = {"num_steps": 400, "train_end": 280, "valid_end": 340, "asset_names": ["a"], "mean": [0.0]}
+    assert data_change(saved, dict(saved)) is None
+    assert data_change(saved, {**saved, "num_steps": 420}) == "steps per path 400 -> 420"
+    assert data_change(saved, {**saved, "train_end": 260}) == "training steps 280 -> 260"
+    assert data_change(saved, {**saved, "asset_names": ["b"]}) == "assets ['a'] -> ['b']"
+    assert data_change(saved, {**saved, "mean": [0.5]}) == "its training period's mean, std or covariance"

@@ -176,3 +176,21 @@ def test_each_process_feeds_the_rows_of_its_own_devices(monkeypatch):
         out = put_batch(batch, sharding=None)
         assert [r.tolist() for r in given] == [batch["x"][4 * p:4 * p + 4].tolist(), batch["y"][4 * p:4 * p + 4].tolist()]
         assert out["y"].tolist() == list(range(4 * p, 4 * p + 4))
+
+
+@pytest.mark.parametrize("alone", ["JAX_NUM_PROCESSES", "JAX_PROCESS_ID"])
+def test_a_process_count_without_an_index_or_the_reverse_is_refused_before_jax_is_asked(alone, monkeypatch):
+    import jax
+
+    from jax_scan_rnn import distributed
+
+    for name in ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "JAX_COORDINATOR_ADDRESS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(alone, "1")
+    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "localhost:1234")
+    calls = []
+    monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(kw))
+    with pytest.raises(ValueError, match=f"^JAX_NUM_PROCESSES, JAX_PROCESS_ID: expected both or neither, got only "
+                                         f"{alone}$"):
+        distributed.initialize_multihost()
+    assert calls == []

@@ -85,6 +85,11 @@ def test_training_windows_never_reach_past_the_training_period(tmp_path):
         starts.update(np.flatnonzero(np.isin(returns[:, 0].astype(np.float32), batch["returns"][:, 0, 0])).tolist())
     assert max(starts) == 280 - 50  # 3,200 windows drawn: the last one ends at the training period's last step
     np.testing.assert_array_equal(batch_fn(7)["features"], batch_fn(7)["features"])  # a pure function of the step
+    # A window as long as the whole training period is allowed (one start); one step longer is refused.
+    whole = task_lib.TravellerTask(**{**task.to_json(), "seq_len": 280})
+    assert task_lib.fit_stats(whole, data).train_end == 280
+    with pytest.raises(ValueError, match="^seq_len: expected at most the training period's 280 steps, got 281$"):
+        task_lib.fit_stats(task_lib.TravellerTask(**{**task.to_json(), "seq_len": 281}), data)
 
 
 def test_evaluate_a_period_or_another_file(run, capsys):
@@ -236,6 +241,7 @@ def test_run_a_model_trained_on_the_simulated_market_on_an_npz(tmp_path, capsys)
                  str(target)]) == 0
     rows = list(csv.reader(target.open()))
     assert rows[0] == ["path", "step", "asset_0", "asset_1"] and len(rows) == 1 + 3 * 20
+    assert [(int(r[0]), int(r[1])) for r in rows[1:]] == [(p, t) for p in range(3) for t in range(20)]  # from 0
     model, _, _ = task_lib.load(out)
     want, _ = task_lib.positions(model, m.features)
     np.testing.assert_allclose(np.array([[float(v) for v in r[2:]] for r in rows[1:]]), want.reshape(-1, 2), atol=1e-7)

@@ -342,3 +342,11 @@ def test_train_batches_by_the_runs_seed_and_scores_the_held_out_market(monkeypat
     learned, _ = task_lib.positions(seen["model"], held_out.features)
     expected = trading.utility_table(TINY.market, held_out, learned)["learned"]
     assert seen["eval_fn"](seen["model"])["utility"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_a_run_saved_with_the_old_market_field_reads_its_risk_aversion_and_cost_scale():
+    saved = task_lib.TravellerTask().to_json()
+    for key in ("num_assets", "risk_aversion", "cost_scale"):
+        saved.pop(key)
+    task = task_lib.TravellerTask.from_json({**saved, "market": {"num_assets": 3, "gamma": 5.0, "lam": 7.0}})
+    assert (task.num_assets, task.risk_aversion, task.cost_scale) == (3, 5.0, 7.0)

@@ -39,6 +39,20 @@ def test_schedules_reach_their_midpoint_and_cap():
     assert task_lib.VAETask(decoding="scheduled", ss_max=0.3).replacement_probability(10_000) == pytest.approx(0.3)
     assert task_lib.VAETask().replacement_probability(10_000) == 0.0  # teacher forcing is the default
     assert task_lib.VAETask(kl_warmup=100, max_beta=1.0).beta(50) == pytest.approx(0.5)
+    assert task_lib.VAETask(kl_schedule="sigmoid", kl_warmup=100, max_beta=1.0).beta(50) == pytest.approx(0.5)
+
+
+def test_the_batch_of_step_s_carries_beta_s_and_the_digest_covers_every_split(corpus):
+    task = tiny(corpus, kl_schedule="linear", kl_warmup=20, max_beta=1.0)
+    dataset = task_lib.load_dataset(task)
+    batch_fn = task_lib.make_batch_fn(task, dataset)
+    for step in (0, 10, 30):  # step 0 of a linear warm-up: 0
+        assert float(batch_fn(step)["beta"][0]) == np.float32(task.beta(step)), step
+    # --resume refuses a run whose data changed: any split's molecules, not only the training ones.
+    for changed in ({"valid": dataset.valid[1:]}, {"test": dataset.test[1:]}, {"train": dataset.train[1:]}):
+        other = task_lib.Dataset(**{"vocab": dataset.vocab, "train": dataset.train, "valid": dataset.valid,
+                                    "test": dataset.test, "skipped": {}, **changed})
+        assert other.digest != dataset.digest, list(changed)
 
 
 def test_batches_are_a_pure_function_of_the_step(corpus):
