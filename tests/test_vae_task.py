@@ -802,3 +802,22 @@ def test_sample_draws_n_per_given_latent_row_by_row(corpus):
     assert drawn != task_lib.sample(model, vocab, 1, max_len=12, seed=1, z=np.tile(z, (3, 1)))
     with pytest.raises(ValueError, match=r"^n: expected 1 with greedy decoding of given latents"):
         task_lib.sample(model, vocab, 2, max_len=12, greedy=True, z=z)
+
+
+def test_sample_reads_its_temperature_and_export_records_the_kekule_form(corpus, tmp_path):
+    out = tmp_path / "run"
+    assert main(["train", "vae", "--data", str(corpus), "--max-length", "20", "--hidden-size", "8", "--latent-size",
+                 "2", "--batch-size", "8", "--steps", "1", "--eval-samples", "2", "--eval-sequences", "2",
+                 "--out", str(out)]) == 0
+    drawn = {}
+    for temperature in ("1", "5"):  # the same seed: only the temperature differs
+        target = tmp_path / f"t{temperature}.txt"
+        assert main(["sample", "vae", "--checkpoint", str(out), "-n", "20", "--temperature", temperature,
+                     "--output", str(target)]) == 0
+        drawn[temperature] = target.read_text()
+    assert drawn["1"] != drawn["5"]
+    # The side file says how the molecules were written: an --init-from of it checks the new run's form against it.
+    target = tmp_path / "vae.safetensors"
+    assert main(["export", "vae", "--checkpoint", str(out), "--format", "safetensors", "--output", str(target)]) == 0
+    side = json.loads(target.with_name(target.name + ".json").read_text())
+    assert side["kekule"] is True  # SMILES data: Kekulé form by default
