@@ -38,7 +38,8 @@ BATCH = 1  # B: paths (the seed has one)
 HIDDEN = 64  # H of each LSTM layer
 LAYERS = 2  # stacked LSTM layers
 FEATURES = 8  # F: features per step
-UNROLL: int | Literal["auto"] = "auto"  # lax.scan steps per compiled loop iteration: the library's measured choice, or an int
+# lax.scan steps per compiled loop iteration: "auto", the library's measured rule, or an int
+UNROLL: int | Literal["auto"] = "auto"
 REPEATS = 3 if args.quick else 5  # timed calls per method, after one warm-up call
 TORCH_THREADS = 1  # B=1 ops are too small to split; more threads only add synchronisation (a lot, on a busy CPU)
 SEED = 0

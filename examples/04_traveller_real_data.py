@@ -70,7 +70,7 @@ RISK_AVERSION = 2.0
 COST_SCALE = 10.0
 # A small model: ~2500-4000 training days of two correlated series is little data (a larger LSTM memorises).
 TASK: dict[str, Any] = dict(hidden_size=16, num_layers=1, batch_size=32, seq_len=126, risk_aversion=RISK_AVERSION,
-            cost_scale=COST_SCALE, periods_per_year=252)
+                            cost_scale=COST_SCALE, periods_per_year=252)
 # Model selection uses the validation year alone (never trained on): every EVAL_EVERY updates the model is
 # scored there, and the best (seed, update) is the one traded. The test years play no part in any choice.
 STEPS = 20 if args.quick else 600  # optimiser updates per run

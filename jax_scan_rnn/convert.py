@@ -121,17 +121,13 @@ def _layout(module: nnx.Module, prefix: str = "") -> Iterator[Entry]:
         yield Entry(f"{prefix}weight", (module.kernel,), MATRIX)
         if module.bias is not None:
             yield Entry(f"{prefix}bias", (module.bias,))
-    elif isinstance(module, nnx.Conv):
+    elif isinstance(module, (nnx.Conv, nnx.ConvTranspose)):
         n = len(module.kernel[...].shape) - 2  # spatial dimensions
-        yield Entry(f"{prefix}weight", (module.kernel,), (n + 1, n, *range(n)))
-        if module.bias is not None:
-            yield Entry(f"{prefix}bias", (module.bias,))
-    elif isinstance(module, nnx.ConvTranspose):
-        n = len(module.kernel[...].shape) - 2
-        if module.transpose_kernel:  # [*K, O, I]: the kernel of the convolution it is the gradient of, as torch's
-            yield Entry(f"{prefix}weight", (module.kernel,), (n + 1, n, *range(n)))
-        else:  # [*K, I, O], applied unflipped: torch's flipped along every spatial axis
+        if isinstance(module, nnx.ConvTranspose) and not module.transpose_kernel:
+            # [*K, I, O], applied unflipped: torch's [I, O, *K] reversed along every spatial axis
             yield Entry(f"{prefix}weight", (module.kernel,), (n, n + 1, *range(n)), flip=tuple(range(2, n + 2)))
+        else:  # Conv's [*K, I/groups, O] is torch's [O, I/groups, *K]; a transposed kernel's [*K, O, I] its [I, O, *K]
+            yield Entry(f"{prefix}weight", (module.kernel,), (n + 1, n, *range(n)))
         if module.bias is not None:
             yield Entry(f"{prefix}bias", (module.bias,))
     elif isinstance(module, nnx.Embed):
