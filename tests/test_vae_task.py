@@ -804,7 +804,7 @@ def test_sample_draws_n_per_given_latent_row_by_row(corpus):
         task_lib.sample(model, vocab, 2, max_len=12, greedy=True, z=z)
 
 
-def test_sample_reads_its_temperature_and_export_records_the_kekule_form(corpus, tmp_path):
+def test_sample_and_evaluate_read_their_options_and_export_records_the_kekule_form(corpus, tmp_path):
     out = tmp_path / "run"
     assert main(["train", "vae", "--data", str(corpus), "--max-length", "20", "--hidden-size", "8", "--latent-size",
                  "2", "--batch-size", "8", "--steps", "1", "--eval-samples", "2", "--eval-sequences", "2",
@@ -816,6 +816,13 @@ def test_sample_reads_its_temperature_and_export_records_the_kekule_form(corpus,
                      "--output", str(target)]) == 0
         drawn[temperature] = target.read_text()
     assert drawn["1"] != drawn["5"]
+    np.save(tmp_path / "z.npy", np.zeros((3, 2), np.float32))  # given latents, no -n: one sample per row
+    assert main(["sample", "vae", "--checkpoint", str(out), "--latents", str(tmp_path / "z.npy"), "--output",
+                 str(tmp_path / "z.txt")]) == 0
+    assert len((tmp_path / "z.txt").read_text().splitlines()) == 3
+    assert main(["evaluate", "vae", "--checkpoint", str(out), "-n", "7", "--output", str(tmp_path / "r.json")]) == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["samples"]["n"] == report["samples_greedy"]["n"] == 7  # -n prior samples, each way
     # The side file says how the molecules were written: an --init-from of it checks the new run's form against it.
     target = tmp_path / "vae.safetensors"
     assert main(["export", "vae", "--checkpoint", str(out), "--format", "safetensors", "--output", str(target)]) == 0
