@@ -804,7 +804,7 @@ def test_sample_draws_n_per_given_latent_row_by_row(corpus):
         task_lib.sample(model, vocab, 2, max_len=12, greedy=True, z=z)
 
 
-def test_sample_and_evaluate_read_their_options_and_export_records_the_kekule_form(corpus, tmp_path):
+def test_sample_and_evaluate_read_their_options_and_export_records_the_kekule_form(corpus, tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["train", "vae", "--data", str(corpus), "--max-length", "20", "--hidden-size", "8", "--latent-size",
                  "2", "--batch-size", "8", "--steps", "1", "--eval-samples", "2", "--eval-sequences", "2",
@@ -828,3 +828,23 @@ def test_sample_and_evaluate_read_their_options_and_export_records_the_kekule_fo
     assert main(["export", "vae", "--checkpoint", str(out), "--format", "safetensors", "--output", str(target)]) == 0
     side = json.loads(target.with_name(target.name + ".json").read_text())
     assert side["kekule"] is True  # SMILES data: Kekulé form by default
+    # encode vae counts every record it read, each skipped one under its reason.
+    molecules = tmp_path / "mine.smi"
+    molecules.write_text(f"{SMILES[0]}\n\nXyz\n{'C' * 500}\n{SMILES[1]}\n[Na+]\n")
+    capsys.readouterr()
+    assert main(["encode", "vae", "--checkpoint", str(out), "--input", str(molecules), "--output",
+                 str(tmp_path / "z.npz")]) == 0
+    said = capsys.readouterr().out
+    assert "encoded 2 of 6 records (skipped: empty 1, unparsable 1, too_long 1, unseen_character 1)" in said, said
+    # Resuming over a data file revised since: refused, naming the data; the run untouched.
+    original, before = corpus.read_text(), {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    corpus.write_text(original + "CCCCCCCCCCCO\n")
+    assert main(["train", "vae", "--out", str(out), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert f"(the data in --data {corpus} (its molecules))" in err, err
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    corpus.write_text(original)
+    # A --warmup-steps not given follows a given --steps, as in a fresh run: a tenth of 10, where the run had none.
+    assert main(["train", "vae", "--out", str(out), "--resume", "--steps", "10", "--override"]) == 0
+    said = capsys.readouterr().out
+    assert "resuming with changed settings (--override): --steps 1 -> 10; --warmup-steps 0 -> 1\n" in said, said
