@@ -61,7 +61,9 @@ Not supported, and how it fails:
 - A call that changes the model's structure itself (a new attribute, `Module.sow`): `RuntimeError`.
 - Gradients with respect to the parameters: `fast` reads them itself, so `jax.grad` of a function that
   calls `fast` cannot reach them; a training step takes the model as an argument of the differentiated
-  function (`nnx.value_and_grad` under `nnx.jit`).
+  function (`nnx.value_and_grad` under `nnx.jit`) and calls that argument. `fast` called inside an NNX
+  transform given its own model (`nnx.grad(lambda m: fast(x).sum())(model)`, an `nnx.jit` step) raises
+  `RuntimeError`: it would read the outer model's weights as constants there (zero gradients, stale weights).
 - Modules or Variables passed as arguments are plain pytrees to `fast`: their updates are not written back.
 - Inside another JAX transformation (`jax.jit`, `vmap`, `grad` over the inputs) `fast` works when the
   call changes no state (eval mode); a call that would write a traced rng count back raises
@@ -86,6 +88,11 @@ try:  # whether a call happens inside another transformation (jax.jit, vmap, gra
 except ImportError:  # pragma: no cover - moved in a later jax: every call compiles as a nested one
     def _trace_state_clean() -> bool:
         return False
+
+try:  # the NNX transforms in progress, each with the outer objects it split (flax/nnx/graphlib.py, UpdateContext)
+    from flax.nnx.graphlib import GRAPH_CONTEXT as _NNX_CONTEXT
+except ImportError:  # pragma: no cover - moved in a later flax: the check below finds no transform
+    _NNX_CONTEXT = None
 
 Array = jax.Array
 
@@ -290,9 +297,11 @@ class Compiled(Generic[P, R]):
         self._graphdefs[mode] = graphdef
         return graphdef
 
-    def _write_back(self, changed: dict[int, Any]) -> None:
+    def _write_back(self, changed: dict[int, Any], nested: bool) -> None:
         for i, value in changed.items():
-            if isinstance(value, jax.core.Tracer):
+            # Inside a transformation a changed value is a tracer, or concrete but refused by Flax (a Variable is
+            # set only at its own trace level: under jax.grad over the inputs, the count comes back concrete).
+            if nested or isinstance(value, jax.core.Tracer):
                 raise RuntimeError(
                     f"jsr.jit: the call changed {_path_text(self._paths[i])} (an rng count or other state) "
                     "inside another JAX transformation, where it cannot be written back to the model; call the "
@@ -341,7 +350,9 @@ class CompiledMethod:
         if owner._root_nodes:
             owner._check_root()
         nested = not _trace_state_clean()  # inside jax.jit/vmap/grad: a jit without compiler options (_compile)
-        if self._check is not None and not nested:
+        if nested:
+            self._refuse_inside_a_transform_of_the_model()
+        elif self._check is not None:
             self._check(self._name, args, kwargs)
         if any(type(a) is list for a in args) or any(type(a) is list for a in kwargs.values()):
             args, kwargs = _number_lists_as_arrays(args), _number_lists_as_arrays(kwargs)
@@ -370,11 +381,32 @@ class CompiledMethod:
             fn = self._fns[key] = self._compile(mode, treedef, leaves, nested)
         out, changed = fn([read() for read in owner._readers], arrays)
         if changed:
-            owner._write_back(changed)
+            owner._write_back(changed, nested)
         return out
 
     def __repr__(self) -> str:
         return f"jsr.jit({self._qualname})"
+
+    def _refuse_inside_a_transform_of_the_model(self) -> None:
+        """Inside an NNX transform given this very model (`nnx.grad(loss)(model)`, an `nnx.jit` step taking it),
+        the function works on the transform's copy; `fast` would read the outer model's weights as constants:
+        zero gradients, and a jitted step would keep the weights of its first trace. Refused, naming the fix."""
+        if _NNX_CONTEXT is None or not _NNX_CONTEXT.update_context_stacks:
+            return
+        module = self._owner._module
+        for tag, stack in _NNX_CONTEXT.update_context_stacks.items():
+            for context in stack:
+                outer = getattr(context, "outer_ref_outer_index", None)
+                if outer is not None and module in outer:
+                    # nnx.grad's tag is "grad"; nnx.jit's its JitWrapped function
+                    name = tag if isinstance(tag, str) else type(tag).__name__.lower().removesuffix("wrapped")
+                    transform = f"nnx.{name}"
+                    raise RuntimeError(
+                        f"jsr.jit: {self._qualname} called inside {transform} over the same model: the compiled "
+                        "view reads the outer model's weights, which the transform does not trace (their gradients "
+                        "would be zero, a jitted step would keep them as constants); call the model the function "
+                        "is given there (`m(x)`)"
+                    )
 
     def _unhashable_message(self, args: tuple, kwargs: dict) -> str:
         """Names each argument leaf that is static (not an array) but unhashable, so cannot be a compile key."""

@@ -270,6 +270,36 @@ def test_inside_jax_jit_eval_works_and_train_raises():
     _close(jax.jit(lambda x: fast(x))(_x()), model(_x()), "eval mode inside jax.jit")
 
 
+def test_train_mode_inside_jax_grad_over_the_inputs_raises_its_own_error():
+    fast = jsr.jit(Toy(rngs=nnx.Rngs(0)))  # the rng count comes back concrete there, and Flax refuses setting it
+    with pytest.raises(RuntimeError, match="inside another JAX transformation"):
+        jax.grad(lambda x: fast(x).sum())(_x())
+
+
+def test_inside_an_nnx_transform_of_its_own_model_raises_and_elsewhere_works():
+    """`fast` reads the outer model's weights; inside nnx.grad/nnx.jit over that model they would be constants
+    (zero gradients, weights kept from the first trace): refused, the model itself or one of its submodules."""
+    model = Toy(rngs=nnx.Rngs(0))
+    model.eval()
+    fast, fast_linear = jsr.jit(model), jsr.jit(model.linear)
+    for transform, name in ((lambda f: nnx.grad(lambda m: f(_x()).sum())(model), "nnx.grad"),
+                            (lambda f: nnx.jit(lambda m: f(_x()))(model), "nnx.jit")):
+        for f, qualname in ((fast, "Toy.__call__"), (fast_linear, "Linear.__call__")):
+            with pytest.raises(RuntimeError, match=rf"^jsr.jit: {qualname} called inside {name} over the same "
+                                                   r"model: .* call the model the function is given there"):
+                transform(f)
+    expected = nnx.grad(lambda m: m(_x()).sum())(model)
+    inner = nnx.grad(lambda m: jsr.jit(m)(_x()).sum())(model)  # a view of the transform's own copy: traced
+    inner_leaves = dict(nnx.to_flat_state(inner))
+    for path, value in nnx.to_flat_state(expected):
+        _close(inner_leaves[path], value, f"gradient {path} through jsr.jit of the transform's copy")
+    another = Toy(rngs=nnx.Rngs(1))
+    another.eval()
+    other = jsr.jit(another)  # another model's view: its weights are constants there, rightly
+    nnx.grad(lambda m: (m(_x()) + other(_x())).sum())(model)
+    _close(jax.grad(lambda x: fast(x).sum())(_x()), jax.grad(lambda x: model(x).sum())(_x()), "grad over inputs")
+
+
 # ----------------------------------------------------------------------------------------------------
 # SeqVAE
 # ----------------------------------------------------------------------------------------------------
