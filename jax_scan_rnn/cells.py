@@ -87,6 +87,8 @@ class RNNCellBase(nnx.Module):
         compute_dtype=None,
         rngs: nnx.Rngs,
     ):
+        if not isinstance(rngs, nnx.Rngs):  # (an int would fail deep inside as "'int' has no attribute 'params'")
+            raise TypeError(f"rngs: expected an nnx.Rngs, e.g. rngs=nnx.Rngs(0), got {type(rngs).__name__}")
         input_size = validate.integer("input_size", input_size, lo=1)  # a plain int from here on
         hidden_size = validate.integer("hidden_size", hidden_size, lo=1)
         validate.boolean("bias", bias)
@@ -132,7 +134,7 @@ class RNNCellBase(nnx.Module):
         `torch.nn.GRUCell`'s `h' [B, H]`, `torch.nn.LSTMCell`'s `(h', c')` (`h' [B, R]`, `c' [B, H]`); unbatched
         `[H]` leaves for an unbatched input. This library's loops call `step(carry, input_projection(x))` instead,
         so a whole sequence's projections can be hoisted out of the loop."""
-        x = validate.floating_array("input", input)
+        x = validate.floating_array("input", input, like=self.w_ih.dtype)
         if x.ndim not in (1, 2) or x.shape[-1] != self.input_size or 0 in x.shape:
             raise ValueError(f"input: expected shape [B, {self.input_size}] or unbatched [{self.input_size}], "
                              f"got {tuple(x.shape)}")

@@ -314,6 +314,9 @@ def to_torch_module(module: nnx.Module) -> Any:
     torch = require("torch", "to_torch_module")
     kind = _twin_kind(module, torch_side=False)
     cell = kind.endswith("Cell")
+    if kind == "LSTMCell" and module.proj_size:
+        raise ValueError(f"module: torch.nn.LSTMCell has no projection, so no twin of an LSTMCell with proj_size="
+                         f"{module.proj_size} (torch projects only inside torch.nn.LSTM)")
     arguments = _constructor_arguments(module, kind, module.bias if cell else module.layers[0].bias,
                                        0.0 if cell else module.dropout.rate)
     state_dict = torch_state_dict(module)

@@ -60,9 +60,11 @@ class RNNBase(nnx.Module):
       proj_size: (LSTM only) P > 0 projects each layer's `h` to P features (`h = W_hr (o * tanh(c))`):
         outputs `[..., D*P]`, h `[L*D, B, P]`, c `[L*D, B, H]`.
     Keyword-only (not in torch):
-      param_dtype: dtype of the parameters; computation runs in the input's dtype.
+      param_dtype: dtype of the parameters; computation runs in the dtype that holds both the input's and
+        the parameters' (`jnp.promote_types`, as Flax's layers: a bfloat16 input to float32 weights runs in
+        float32; torch refuses the mismatch).
       compute_dtype: None, or the matmul operand dtype (e.g. `jnp.bfloat16` on GPU): states, gates
-        and accumulation stay in the input's dtype.
+        and accumulation stay in the computation's dtype.
       unroll: default `lax.scan` unroll factor (time steps per loop iteration), or "auto": the measured
         best for the batch size, the backend and whether JAX differentiates the call (`scan.auto_unroll`);
         overridable per call.
@@ -154,14 +156,16 @@ class RNNBase(nnx.Module):
         """The public `[L, B, H]` layout -> a list of per-layer carries."""
         return [jax.tree.map(lambda s, k=k: s[k], state) for k in range(self.num_layers * self.num_directions)]
 
-    def check_state(self, state, batch_size: int, dtype, unbatched: bool = False) -> State:
-        """Validate a user-supplied `initial_state` and cast it to `dtype`; returns the `[L*D, B, H]` layout.
+    def check_state(self, state, batch_size: int, dtype, unbatched: bool = False,
+                    name: str = "initial_state") -> State:
+        """Validate a user-supplied `initial_state` (errors name it `name`) and cast it to `dtype`; returns the
+        `[L*D, B, H]` layout.
 
         `unbatched`: the state of one unbatched sequence, `[L*D, H]` leaves (torch's `hx` for `[T, I]` input).
         """
         expected = self.initial_state(batch_size, dtype)
         desc = self._state_desc(None if unbatched else batch_size)
-        return check_carry("initial_state", state, expected, desc, batch_axis=1 if unbatched else None)
+        return check_carry(name, state, expected, desc, batch_axis=1 if unbatched else None)
 
     def _state_desc(self, batch_size: int | None) -> str:
         batch = "" if batch_size is None else f"{batch_size}, "
@@ -172,7 +176,7 @@ class RNNBase(nnx.Module):
     def check_input(self, x: Array, name: str = "x") -> Array:
         """`x` must be a float array of the layout the module was built for; returns it as a jax array."""
         self._refuse_packed(x, name)
-        x = validate.floating_array(name, x)
+        x = validate.floating_array(name, x, like=self.layers[0].w_ih.dtype)
         if x.ndim not in (2, 3) or x.shape[-1] != self.input_size or 0 in x.shape:
             layout = "[B, T, {0}]" if self.batch_first else "[T, B, {0}] (batch_first=False)"
             raise ValueError(
@@ -184,7 +188,8 @@ class RNNBase(nnx.Module):
     def _refuse_packed(self, x, name: str = "x") -> None:
         validate.not_packed(name, x, "pass the padded batch and its lengths: x, lengths = "
                             f"torch.nn.utils.rnn.pad_packed_sequence(packed, batch_first={self.batch_first}), then "
-                            "model(x, lengths=lengths) (outputs padded with zeros, as pad_packed_sequence gives torch's)")
+                            "model(x, lengths=lengths) (outputs padded with zeros to x's T steps, as "
+                            "pad_packed_sequence gives torch's with total_length=T)")
 
     def check_arguments(self, method: str, args: tuple, kwargs: dict) -> None:
         """What `jsr.jit` checks before a call, which the traced call cannot: host `lengths` (NumPy, a list, a
@@ -264,8 +269,8 @@ class RNNBase(nnx.Module):
         return new_carries, h
 
     def __call__(
-        self, x: validate.ArrayInput, initial_state=None, *, lengths: validate.ArrayInput | Sequence[int] | None = None,
-        unroll: Unroll | None = None,
+        self, x: validate.ArrayInput, initial_state=None, *, hx=None,
+        lengths: validate.ArrayInput | Sequence[int] | None = None, unroll: Unroll | None = None,
     ) -> tuple[Array, State]:
         """Run the stack over a whole sequence, as `torch.nn.LSTM/GRU.forward`.
 
@@ -274,6 +279,7 @@ class RNNBase(nnx.Module):
             (batch_first=True), or one unbatched sequence `[T, I]`.
           initial_state: None (zeros) or the public state layout (LSTM `(h, c)`, GRU `h`; `[L*D, B, H]`,
             `[L*D, H]` for unbatched input), torch's `hx`.
+          hx: torch's keyword for `initial_state` (`lstm(x, hx=(h0, c0))`, as torch code calls it); give one.
           lengths: optional `[B]` int, the valid steps of each sequence, as torch's
             `pack_padded_sequence`: steps `t >= lengths[b]` neither change the state nor produce output
             (their outputs are 0), and the backward direction starts at step `lengths[b] - 1`. Checked
@@ -287,6 +293,12 @@ class RNNBase(nnx.Module):
           projection), the final state in the public layout.
         """
         x = self.check_input(x)
+        state_name = "initial_state"
+        if hx is not None:
+            if initial_state is not None:
+                raise ValueError("hx: expected hx or initial_state (torch's name and this library's for the same "
+                                 "state), got both")
+            initial_state, state_name = hx, "hx"
         unbatched = x.ndim == 2
         if unbatched and lengths is not None:
             raise ValueError("lengths: expected None for unbatched [T, I] input (one sequence), got an array")
@@ -294,7 +306,7 @@ class RNNBase(nnx.Module):
         seq = x[:, None] if unbatched else jnp.swapaxes(x, 0, 1) if self.batch_first else x
         steps, batch, _ = seq.shape
         state = self.initial_state(batch, seq.dtype) if initial_state is None else self.check_state(
-            initial_state, batch, seq.dtype, unbatched
+            initial_state, batch, seq.dtype, unbatched, state_name
         )
         unroll = self.scan_unroll(unroll, batch)
         hoist = resolve_hoist(self.hoist_inputs)

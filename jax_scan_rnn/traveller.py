@@ -67,7 +67,8 @@ class Traveller(nnx.Module):
       dropout: inter-layer dropout probability (training mode only, as in `torch.nn.LSTM`).
       num_assets: A, positions per step (the readout's width, and the fed-back part of layer 0's input,
         which reads `[A + F]`, positions first). The default 2 is the seed's model, so its checkpoints load.
-      param_dtype: parameter dtype; computation runs in the inputs' dtype.
+      param_dtype: parameter dtype; computation runs in the dtype holding both the inputs' and the
+        parameters' (`jnp.promote_types`: a bfloat16 path to float32 weights runs in float32).
       compute_dtype: None, or the LSTM matmuls' operand dtype (`jnp.bfloat16`); state stays float32.
       unroll: default `lax.scan` unroll factor, or "auto" (measured per batch size, and for training or not:
         `scan.auto_unroll`).
@@ -174,7 +175,7 @@ class Traveller(nnx.Module):
         validate.choice("layout", layout, LAYOUTS)
         validate.not_packed("inputs", inputs, "the Traveller takes equal-length paths [B, T, F] (each step's positions "
                             "feed the next: pad a batch only with steps whose positions you discard)")
-        x = validate.floating_array("inputs", inputs)
+        x = validate.floating_array("inputs", inputs, like=self.lstm_layers.layers[0].w_ih.dtype)
         f = self.num_inputs
         expected = f"[B, T, {f}]" if layout == "batch" else f"the seed's [T, 1, {f}]"
         if x.ndim != 3 or x.shape[-1] != f or (layout == "seed" and x.shape[1] != 1) or 0 in x.shape:

@@ -136,15 +136,18 @@ def from_torch(tree: Any) -> Any:
     return jax.tree.map(_untorched, tree)
 
 
-def floating_array(name: str, value: Any) -> Any:
+def floating_array(name: str, value: Any, like: Any = None) -> Any:
     """`value` (a JAX or NumPy array, a torch tensor as `from_torch` reads it, a list) as a JAX array of a floating
-    dtype: what every model's input is checked for first. TypeError naming `name` for another dtype."""
+    dtype: what every model's input is checked for first. TypeError naming `name` for another dtype. With `like`
+    (the parameters' dtype), promoted to the dtype that holds both (`jnp.promote_types`), the dtype the model then
+    computes in, as Flax's layers do: a float16 or bfloat16 input to float32 weights runs in float32, never in
+    the lower precision silently (torch refuses the mismatch; `compute_dtype` asks for low-precision matmuls)."""
     import jax.numpy as jnp
 
     x = jnp.asarray(from_torch(value))
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise TypeError(f"{name}: expected a floating dtype, got {x.dtype}")
-    return x
+    return x if like is None else x.astype(jnp.promote_types(x.dtype, like))
 
 
 def _untorched(value: Any, name: str = "value") -> Any:

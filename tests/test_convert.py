@@ -668,6 +668,9 @@ def test_a_subclass_has_its_torch_bases_twin_and_other_modules_are_named():
         jsr.from_torch_module(torch.nn.Linear(2, 3))
     with pytest.raises(TypeError, match=r"got torch.nn.modules.rnn.GRU; jsr.from_torch_module makes the twin"):
         jsr.to_torch_module(torch.nn.GRU(2, 3))
+    with pytest.raises(ValueError, match=r"^module: torch.nn.LSTMCell has no projection, so no twin of an LSTMCell "
+                                         r"with proj_size=2 "):  # (it failed inside torch's load_state_dict)
+        jsr.to_torch_module(jsr.LSTMCell(3, 4, proj_size=2, rngs=nnx.Rngs(0)))
 
 
 @pytest.mark.parametrize("kdim,bias", [(None, True), (6, True), (None, False)])

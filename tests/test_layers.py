@@ -68,6 +68,25 @@ def test_lstm_initial_state_must_be_a_pair():
         jsr.GRU(3, 5, rngs=nnx.Rngs(0))(jnp.ones((6, 2, 3)), [jnp.zeros((1, 2, 5))] * 2)
 
 
+def test_torchs_hx_keyword_is_the_initial_state():
+    """torch code calls `lstm(x, hx=(h0, c0))`: the same state as given positionally, its errors naming hx."""
+    model = jsr.LSTM(3, 5, num_layers=2, rngs=nnx.Rngs(0))
+    x = jnp.asarray(np.random.default_rng(6).standard_normal((6, 2, 3)), jnp.float32)
+    state = (jnp.full((2, 2, 5), 0.3), jnp.full((2, 2, 5), -0.2))
+    for got, want in zip(jax.tree.leaves(model(x, hx=state)), jax.tree.leaves(model(x, state))):
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError, match=r"^hx: expected a tuple \(h, c\) of \[2, 2, 5\] arrays, got shape"):
+        model(x, hx=(jnp.zeros((1, 2, 5)), jnp.zeros((1, 2, 5))))
+    with pytest.raises(ValueError, match=r"^hx: expected hx or initial_state \(torch's name and this library's for "
+                                         r"the same state\), got both$"):
+        model(x, state, hx=state)
+
+
+def test_rngs_must_be_an_rngs():
+    with pytest.raises(TypeError, match=r"^rngs: expected an nnx.Rngs, e.g. rngs=nnx.Rngs\(0\), got int$"):
+        jsr.GRU(3, 4, rngs=0)
+
+
 def test_gru_initial_state_shape():
     model = jsr.GRU(3, 5, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match=r"initial_state: expected a \[1, 2, 5\] array, got shape \(1, 3, 5\)"):
@@ -231,6 +250,29 @@ def test_float32_params_with_float32_input_stay_float32():
     model = jsr.GRU(3, 4, rngs=nnx.Rngs(0))
     out, h = model(np.ones((1, 2, 3), np.float32))
     assert out.dtype == jnp.float32 and h.dtype == jnp.float32
+
+
+@pytest.mark.parametrize("low", [jnp.float16, jnp.bfloat16])
+def test_a_lower_precision_input_runs_in_the_weights_dtype(low):
+    """A half-precision input to float32 weights computes in float32 (`jnp.promote_types`, Flax's rule): the very
+    numbers of the input cast up, states included (torch refuses the mismatch; it once ran in half precision,
+    5.7e-3 off for bfloat16). Weights of the low dtype with such an input keep it; float64 weights promote."""
+    x = jnp.asarray(np.random.default_rng(5).standard_normal((6, 2, 3)), low)
+    for model in (jsr.LSTM(3, 4, 2, rngs=nnx.Rngs(0)), jsr.GRU(3, 4, bidirectional=True, rngs=nnx.Rngs(0))):
+        out, state = model(x)
+        want, want_state = model(x.astype(jnp.float32))
+        assert out.dtype == jnp.float32 and {s.dtype for s in jax.tree.leaves(state)} == {jnp.dtype(jnp.float32)}
+        np.testing.assert_array_equal(out, want)
+        for got, ref in zip(jax.tree.leaves(state), jax.tree.leaves(want_state)):
+            np.testing.assert_array_equal(got, ref)
+    cell = jsr.LSTMCell(3, 4, rngs=nnx.Rngs(0))
+    for got, ref in zip(cell(x[0]), cell(x[0].astype(jnp.float32))):
+        assert got.dtype == jnp.float32
+        np.testing.assert_array_equal(got, ref)
+    assert jsr.GRU(3, 4, param_dtype=low, rngs=nnx.Rngs(0))(x)[0].dtype == low
+    if jax.config.jax_enable_x64:  # (conftest enables it)
+        wide = jsr.GRU(3, 4, param_dtype=jnp.float64, rngs=nnx.Rngs(0))
+        assert wide(x.astype(jnp.float32))[0].dtype == jnp.float64
 
 
 @pytest.mark.parametrize("cls", KINDS)

@@ -176,13 +176,20 @@ def test_jit_and_unroll_agree():
         np.testing.assert_allclose(out, base, atol=1e-13)
 
 
-def test_bfloat16_inputs_keep_their_dtype():
-    """The fed-back positions are part of the scan carry: the float32 readout must not change its dtype."""
-    trav = jsr.Traveller(3, 8, 2, 0.0, rngs=nnx.Rngs(0))
+def test_bfloat16_weights_and_inputs_keep_their_dtype_and_float32_weights_promote():
+    """The fed-back positions are part of the scan carry: with bfloat16 weights and paths, the readout must not
+    change its dtype. A bfloat16 path to float32 weights runs in float32 (`jnp.promote_types`), the numbers of the
+    path cast up."""
     x = jnp.asarray(np.random.default_rng(4).standard_normal((2, 10, 3)), jnp.bfloat16)
-    out, state = trav(x)
+    half = jsr.Traveller(3, 8, 2, 0.0, param_dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    out, state = half(x)
     assert out.dtype == jnp.bfloat16 and state.positions.dtype == jnp.bfloat16
+    trav = jsr.Traveller(3, 8, 2, 0.0, rngs=nnx.Rngs(0))
+    nnx.update(trav, jax.tree.map(lambda w: w.astype(jnp.float32), nnx.state(half, nnx.Param)))
     np.testing.assert_allclose(np.asarray(out, np.float32), trav(x.astype(jnp.float32))[0], atol=5e-2)
+    promoted, state = trav(x)
+    assert promoted.dtype == jnp.float32 and state.positions.dtype == jnp.float32
+    np.testing.assert_array_equal(promoted, trav(x.astype(jnp.float32))[0])
 
 
 # ---------------------------------------------------------------------------------------------------
