@@ -12,8 +12,10 @@ The one table of what maps to what (`_layout`), per kind of submodule:
       its backward direction     the same keys with `_reverse` appended (`reverse_layers[k]`)
     jsr.LSTMCell/GRUCell/RNNCell weight_ih = w_ih.T  weight_hh = w_hh.T  bias_ih = b_ih  bias_hh = b_hh
     nnx.Linear                   weight = kernel.T   bias = bias
-    nnx.Embed                    weight = embedding    (torch's padding_idx is not in its state_dict: a
-                                 constructor argument)
+    nnx.Embed                    weight = embedding    (torch's padding_idx and max_norm are constructor
+                                 arguments, not in its state_dict, and nnx.Embed has neither: training here
+                                 updates the padding row, which torch's gradient leaves at 0, and rows are not
+                                 renormalised at lookup)
     nnx.MultiHeadAttention       in_proj_weight = the query's, key's and value's kernels [in, heads, head_dim], each
                                  as [heads * head_dim, in], one above the other (q_proj_weight, k_proj_weight,
                                  v_proj_weight apart when in_kv_features is not in_features: torch's kdim = vdim),
@@ -44,6 +46,9 @@ The one table of what maps to what (`_layout`), per kind of submodule:
                                  kernel_dilation d = torch's dilation (nnx.ConvTranspose's docstring)
     nnx.Sequential               its layers by position, as torch.nn.Sequential's (`mlp.0.weight`, not Flax's
                                  attribute path `mlp.layers.0.weight`; an activation holds a position in both)
+    Flax's nnx.LSTMCell, GRUCell their Linear layers' keys (as any other module, below): torch's cells' keys
+                                 do not map to them (a Linear per gate, one bias where torch has two; a
+                                 mismatch says so): build the model with jsr.LSTMCell/GRUCell, torch's layout
     any other module             recurse into its submodules; the attribute name is the key prefix
                                  (`lstm_layers.weight_ih_l0`, `output_layer.weight`, `layers.0.weight`), a
                                  position or key inside nnx.List/Dict or plain lists and dicts (`heads.a.weight`)
@@ -390,7 +395,8 @@ def load_torch_state_dict(module: nnx.Module, state_dict: Mapping[str, Any]) -> 
     missing = [k for k in expected_keys if k not in state_dict]
     unexpected = [k for k in state_dict if k not in set(expected_keys)]
     if missing or unexpected:
-        hint = _prefix_hint(expected_keys, state_dict) or _arguments_hint(layout, state_dict)
+        hint = (_prefix_hint(expected_keys, state_dict) or _arguments_hint(layout, state_dict)
+                or _flax_cell_hint(module))
         raise KeyError(f"state_dict: keys do not match {type(module).__name__}: missing {missing}, unexpected "
                        f"{unexpected}{hint}")
     updates, casts = [], {}
@@ -487,6 +493,23 @@ def _prefix_hint(expected: list[str], state_dict: Mapping[str, Any]) -> str:
                 return (f"; every expected key is there with the prefix {prefix!r}: pass "
                         f"{{k.removeprefix({prefix!r}): v for k, v in state_dict.items() if k.startswith({prefix!r})}}")
             return f"; given are the keys of its submodule {prefix[:-1]!r} alone: load them into that submodule"
+    return ""
+
+
+# Flax's own recurrent cells and the jsr cell in torch's layout that replaces each.
+FLAX_CELLS = {"LSTMCell": "LSTMCell", "OptimizedLSTMCell": "LSTMCell", "GRUCell": "GRUCell", "SimpleCell": "RNNCell"}
+
+
+def _flax_cell_hint(module: nnx.Module) -> str:
+    """A model holding Flax's own nnx.LSTMCell/GRUCell/...: their gates are other Linear layers than torch's, with
+    one bias where torch has two (GRU: none inside r * (W_hn h + b_hn)), so no torch key maps to them; said, naming
+    the jsr cell to build instead."""
+    for path, node in nnx.iter_graph(module):
+        name = type(node).__name__
+        if name in FLAX_CELLS and type(node).__module__.startswith("flax."):
+            where = ".".join(map(str, path)) or "the module"
+            return (f"; {where} is Flax's nnx.{name}, whose gates are other layers than torch's: build it as "
+                    f"jsr.{FLAX_CELLS[name]}, torch's layout")
     return ""
 
 

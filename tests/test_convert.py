@@ -673,6 +673,25 @@ def test_a_subclass_has_its_torch_bases_twin_and_other_modules_are_named():
         jsr.to_torch_module(jsr.LSTMCell(3, 4, proj_size=2, rngs=nnx.Rngs(0)))
 
 
+def test_flax_own_cells_are_named_with_the_jsr_cell_to_build():
+    """torch's LSTMCell/GRUCell keys into a model of Flax's nnx.LSTMCell/GRUCell (gates in other layers, one bias
+    where torch has two): the mismatch names the Flax cell and the jsr cell in torch's layout."""
+    class Flaxy(nnx.Module):
+        def __init__(self, rngs):
+            self.cell = nnx.OptimizedLSTMCell(3, 4, rngs=rngs)
+
+    class Torchy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cell = torch.nn.LSTMCell(3, 4)
+
+    with pytest.raises(KeyError, match=r"; cell is Flax's nnx.OptimizedLSTMCell, whose gates are other layers than "
+                                       r"torch's: build it as jsr.LSTMCell, torch's layout"):
+        jsr.load_torch_state_dict(Flaxy(nnx.Rngs(0)), Torchy().state_dict())
+    with pytest.raises(KeyError, match=r"; the module is Flax's nnx.GRUCell, .* build it as jsr.GRUCell"):
+        jsr.load_torch_state_dict(nnx.GRUCell(3, 4, rngs=nnx.Rngs(0)), torch.nn.GRUCell(3, 4).state_dict())
+
+
 @pytest.mark.parametrize("kdim,bias", [(None, True), (6, True), (None, False)])
 def test_embedding_and_attention_map_to_torchs_and_give_its_numbers(kdim, bias):
     """nnx.Embed <-> torch.nn.Embedding, nnx.MultiHeadAttention <-> torch.nn.MultiheadAttention (in_proj_weight holds
