@@ -324,6 +324,10 @@ def to_torch_module(module: nnx.Module) -> Any:
                          f"{module.proj_size} (torch projects only inside torch.nn.LSTM)")
     arguments = _constructor_arguments(module, kind, module.bias if cell else module.layers[0].bias,
                                        0.0 if cell else module.dropout.rate)
+    compute_dtype = (module if cell else module.layers[0]).compute_dtype
+    if compute_dtype is not None:  # torch's module has no such setting: its matmuls run in its weights' dtype
+        warnings.warn(f"to_torch_module: the twin computes in its weights' dtype; torch.nn.{kind} has nothing like "
+                      f"this module's compute_dtype={jnp.dtype(compute_dtype).name}", UserWarning, stacklevel=2)
     state_dict = torch_state_dict(module)
     dtype = getattr(torch, str(next(iter(state_dict.values())).dtype))
     twin = getattr(torch.nn, kind)(**arguments, dtype=dtype)

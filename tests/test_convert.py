@@ -671,6 +671,9 @@ def test_a_subclass_has_its_torch_bases_twin_and_other_modules_are_named():
     with pytest.raises(ValueError, match=r"^module: torch.nn.LSTMCell has no projection, so no twin of an LSTMCell "
                                          r"with proj_size=2 "):  # (it failed inside torch's load_state_dict)
         jsr.to_torch_module(jsr.LSTMCell(3, 4, proj_size=2, rngs=nnx.Rngs(0)))
+    with pytest.warns(UserWarning, match=r"^to_torch_module: the twin computes in its weights' dtype; torch.nn.GRU "
+                                         r"has nothing like this module's compute_dtype=bfloat16$"):
+        jsr.to_torch_module(jsr.GRU(3, 4, compute_dtype="bfloat16", rngs=nnx.Rngs(0)))
 
 
 def test_flax_own_cells_are_named_with_the_jsr_cell_to_build():
