@@ -37,7 +37,7 @@ The one table of what maps to what (`_layout`), per kind of submodule:
     nnx.Conv, n spatial dims     weight = kernel permuted [*K, I/groups, O] -> [O, I/groups, *K] (torch.nn.Conv1d
                                  for n=1, Conv2d, Conv3d), bias = bias. Padding, strides and dilation are
                                  constructor arguments, not weights: nnx.Conv's default padding is "SAME", torch's
-                                 is 0 ("VALID"); torch's input is channels-first [B, C, L], nnx.Conv's [B, L, C]
+                                 is 0 ("VALID"; "SAME" warns, naming the module); torch's input is channels-first [B, C, L], nnx.Conv's [B, L, C]
     nnx.ConvTranspose            weight [I, O, *K] (torch.nn.ConvTranspose1d/2d/3d, groups=1) = kernel permuted:
                                  with transpose_kernel=True [*K, O, I] (the kernel of the convolution it is the
                                  gradient of, as torch's), with the default False [*K, I, O] reversed along each
@@ -135,6 +135,8 @@ def _layout(module: nnx.Module, prefix: str = "") -> Iterator[Entry]:
             yield Entry(f"{prefix}weight", (module.kernel,), (n + 1, n, *range(n)))
         if module.bias is not None:
             yield Entry(f"{prefix}bias", (module.bias,))
+        if isinstance(module.padding, str) and module.padding.upper() == "SAME":
+            _warn_same_padding(module, prefix, n)
     elif isinstance(module, nnx.Embed):
         yield Entry(f"{prefix}weight", (module.embedding,))
     elif isinstance(module, tuple(NORMS)):
@@ -199,6 +201,17 @@ def _check_constants(module: nnx.Module, prefix: str) -> None:
         warnings.warn(f"convert: nnx.{type(module).__name__} {prefix[:-1] or 'module'!r} has epsilon "
                       f"{module.epsilon:g}, {twin}'s default eps is {eps:g}: the two compute other numbers unless the "
                       f"torch model was built with eps={module.epsilon:g}", UserWarning, stacklevel=4)
+
+
+def _warn_same_padding(module: nnx.Conv | nnx.ConvTranspose, prefix: str, n: int) -> None:
+    """Flax's default padding, "SAME", is not torch's (0, "VALID") and not in the state_dict: a convolution left at
+    it gives another output length than its torch twin (kernel 3 over 10 steps: 10 outputs against torch's 8)."""
+    kind = type(module).__name__
+    twin = f"torch.nn.{kind}{n}d"
+    remedy = ("unless the torch model was built with padding='same'" if kind == "Conv" else
+              "(torch has no 'same' for it: give nnx's padding as the table above translates torch's)")
+    warnings.warn(f"convert: nnx.{kind} {prefix[:-1] or 'module'!r} has padding 'SAME' (Flax's default), {twin}'s "
+                  f"default is 0 ('VALID'): the two give other outputs {remedy}", UserWarning, stacklevel=4)
 
 
 def _children(container: Any, prefix: str) -> Iterator[Entry]:

@@ -418,6 +418,23 @@ def test_a_norm_with_flaxs_default_epsilon_warns_naming_it(kind, torch_eps, keys
     assert sorted(state_dict) == keys
 
 
+def test_a_convolution_with_flaxs_default_padding_warns_naming_it():
+    """nnx.Conv's default padding "SAME" is not torch's 0 and not in the state_dict: a kernel-3 Conv1d over 10 steps
+    gives 10 outputs in Flax and 8 in torch, so a load or an export says it; an explicit padding says nothing."""
+    conv = torch.nn.Conv1d(5, 6, 3)
+    with pytest.warns(UserWarning, match=r"^convert: nnx.Conv 'module' has padding 'SAME' \(Flax's default\), "
+                                         r"torch.nn.Conv1d's default is 0 \('VALID'\): the two give other outputs "
+                                         r"unless the torch model was built with padding='same'$"):
+        jsr.load_torch_state_dict(nnx.Conv(5, 6, 3, rngs=nnx.Rngs(0)), conv.state_dict())
+    with pytest.warns(UserWarning, match=r"nnx.ConvTranspose 'module' has padding 'SAME' .* torch.nn.ConvTranspose2d"
+                                         r"'s default is 0 .*torch has no 'same' for it"):
+        jsr.torch_state_dict(nnx.ConvTranspose(2, 3, (2, 2), rngs=nnx.Rngs(0)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for padding in ("VALID", ((1, 1),), 0):
+            jsr.load_torch_state_dict(nnx.Conv(5, 6, 3, padding=padding, rngs=nnx.Rngs(0)), conv.state_dict())
+
+
 def test_a_batch_norms_running_statistics_map_to_torchs_and_give_its_numbers():
     class Net(nnx.Module):
         def __init__(self, rngs):
