@@ -37,7 +37,8 @@ The one table of what maps to what (`_layout`), per kind of submodule:
     nnx.Conv, n spatial dims     weight = kernel permuted [*K, I/groups, O] -> [O, I/groups, *K] (torch.nn.Conv1d
                                  for n=1, Conv2d, Conv3d), bias = bias. Padding, strides and dilation are
                                  constructor arguments, not weights: nnx.Conv's default padding is "SAME", torch's
-                                 is 0 ("VALID"; "SAME" warns, naming the module); torch's input is channels-first [B, C, L], nnx.Conv's [B, L, C]
+                                 is 0 ("VALID"; "SAME" warns, naming the module); torch's input is channels-first
+                                 [B, C, L], nnx.Conv's [B, L, C]
     nnx.ConvTranspose            weight [I, O, *K] (torch.nn.ConvTranspose1d/2d/3d, groups=1) = kernel permuted:
                                  with transpose_kernel=True [*K, O, I] (the kernel of the convolution it is the
                                  gradient of, as torch's), with the default False [*K, I, O] reversed along each
