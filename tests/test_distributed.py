@@ -139,6 +139,7 @@ fit(Net(), loss_fn, lambda i: batch, TrainConfig(steps=2, log_every=1, eval_ever
 placed = dp.put(batch[0])
 assert all((np.asarray(s.data) == batch[0][s.index]).all() for s in placed.addressable_shards)
 print(json.dumps({"x": list(seen["x"]), "kernel": bool(seen["kernel"]),
+                  "first_two": [d.id for d in DataParallel.create(2).mesh.devices.flat],
                   "shards": sorted((s.device.id, s.index[0].start, s.index[0].stop, s.index[1] == slice(None))
                                    for s in placed.addressable_shards)}))
 """
@@ -156,6 +157,7 @@ def test_data_parallel_splits_the_batch_axis_and_replicates_the_state():
     assert seen["x"] == [2, 12, 3], f"each device's share of the [8, 12, 3] batch in fit's step: {seen['x']}"
     assert seen["kernel"], "the parameters in fit's step are not replicated"
     assert seen["shards"] == [[d, 2 * d, 2 * d + 2, True] for d in range(4)], seen["shards"]
+    assert seen["first_two"] == [0, 1], f"DataParallel.create(2) takes the first two devices: {seen['first_two']}"
 
 
 def test_each_process_feeds_the_rows_of_its_own_devices(monkeypatch):

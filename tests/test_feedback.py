@@ -23,6 +23,30 @@ def rollout(core, state, steps: int = 6, batch: int = 3):
     return final, ys
 
 
+@pytest.mark.parametrize("core", [
+    lambda: jsr.GRU(3, 8, num_layers=3, dropout=0.4, rngs=nnx.Rngs(0)),
+    lambda: jsr.LSTM(3, 8, num_layers=2, proj_size=3, dropout=0.5, rngs=nnx.Rngs(0)),  # masks [B, P], not [B, H]
+], ids=["GRU-3-layers", "LSTM-projected"])
+def test_a_dropout_key_draws_each_steps_masks_as_step_dropout_masks(core):
+    """`dropout_key=key`: step t's inter-layer masks are `core.step_dropout_masks(key, t, h's shape)`, another draw
+    each step; the same as passing those masks."""
+    core = core()
+    steps, batch = 6, 4
+    u = jnp.asarray(np.random.default_rng(1).standard_normal((steps, batch, 2)), jnp.float32)
+    key = jax.random.key(7)
+    width = core.layers[0].state_size  # h's size: P with a projection
+
+    def run(**masks):
+        return jsr.feedback_scan(
+            core, core.initial_state(batch), jnp.zeros((batch, 1), jnp.float32), u,
+            inject=lambda fb, u_t: core.layers[0].input_projection(jnp.concatenate([fb, u_t], -1)),
+            readout=lambda h, u_t: h[:, :1], feed=lambda y, u_t: y, **masks)[2]
+
+    masks = jnp.stack([core.step_dropout_masks(key, t, (batch, width), jnp.float32) for t in range(steps)])
+    assert not np.array_equal(masks[0], masks[1])
+    np.testing.assert_allclose(run(dropout_key=key), run(dropout_masks=masks), atol=1e-6)
+
+
 @pytest.mark.parametrize("cls", [jsr.LSTM, jsr.GRU, jsr.RNN])
 def test_the_state_as_the_layers_take_it_or_per_layer_gives_the_same_rollout(cls):
     core = cls(3, 5, 2, rngs=nnx.Rngs(0))

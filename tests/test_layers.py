@@ -246,6 +246,30 @@ def test_training_dropout_never_touches_the_last_layers_output(cls, bidirectiona
     assert not np.allclose(model(x)[0], out)  # the inner layers' dropout did act
 
 
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_training_dropout_never_touches_the_first_layers_input(bidirectional):
+    """Dropout acts between layers only: layer 0's final state is the same in training and in eval mode (both its
+    directions), the next layer's is not."""
+    model = jsr.LSTM(5, 8, num_layers=2, dropout=0.5, bidirectional=bidirectional, rngs=nnx.Rngs(0))
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((7, 3, 5)), jnp.float32)
+    _, trained = model(x)
+    model.eval()
+    _, evaluated = model(x)
+    first = 2 if bidirectional else 1  # [L*D, B, H]: layer 0's directions come first
+    for got, want in zip(trained, evaluated):
+        np.testing.assert_array_equal(got[:first], want[:first])
+        assert not np.array_equal(got[first:], want[first:])
+
+
+def test_every_weight_is_initialised_as_torchs_reset_parameters():
+    """torch draws every weight of an LSTM, the projection's included, from U(-1/sqrt(H), 1/sqrt(H))."""
+    model = jsr.LSTM(4, 64, num_layers=2, proj_size=16, rngs=nnx.Rngs(0))
+    bound = 1 / np.sqrt(64)
+    for path, value in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        largest = float(np.abs(np.asarray(value[...])).max())
+        assert 0.9 * bound < largest <= bound, f"{path}: max |w| {largest:.4f}, expected just below {bound:.4f}"
+
+
 def test_float32_params_with_float32_input_stay_float32():
     model = jsr.GRU(3, 4, rngs=nnx.Rngs(0))
     out, h = model(np.ones((1, 2, 3), np.float32))

@@ -163,6 +163,8 @@ def test_train_step_by_hand_is_fits_step_bit_for_bit():
         carry = step.reset(carry)
     assert losses == [r["loss"] for r in hist.train]
     assert lrs == [r["lr"] for r in hist.train]
+    schedule = make_lr_schedule_for(cfg)  # row k's lr is the one update k used, optax's count k - 1
+    assert lrs == pytest.approx([float(schedule(i)) for i in range(cfg.steps)], rel=1e-6)  # (float32 in the step)
     step.write(carry)
     assert_same_params(param_leaves(a), param_leaves(b))
     assert int(step.optimizer.step[...]) == cfg.steps and int(b.drop.rngs.count[...]) == cfg.steps

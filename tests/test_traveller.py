@@ -132,6 +132,29 @@ def test_dropout_in_training_only_and_ones_masks_equal_eval():
     np.testing.assert_allclose(trav(x)[0], ones, atol=1e-14)
 
 
+def test_step_with_given_masks_is_the_whole_call_with_them_on_three_layers():
+    """`step`'s masks [L-1, B, H] are `__call__`'s [L-1, T, B, H] at step t (with two layers the two readings of
+    a [1, B, H] mask coincide; three tell them apart)."""
+    trav = model(num_layers=3, dropout=0.3)
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((2, 5, 3)))
+    masks = jnp.asarray((rng.random((2, 5, 2, 8)) > 0.3) / 0.7)
+    whole, _ = trav(x, dropout_masks=masks)
+    state, steps = None, []
+    for t in range(5):
+        p, state = trav.step(state, x[:, t], dropout_masks=masks[:, t])
+        steps.append(p)
+    np.testing.assert_allclose(jnp.stack(steps, 1), whole, atol=1e-12)
+
+
+def test_bfloat16_matmuls_hoisted_or_in_the_loop_give_the_same_positions():
+    """compute_dtype reaches the hoisted feature projection too: it reads bf16 operands as the in-loop one does."""
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((4, 20, 3)), jnp.float32)
+    hoisted, inside = (model(param_dtype=jnp.float32, hidden_size=16, compute_dtype=jnp.bfloat16,
+                             hoist_inputs=hoist)(x)[0] for hoist in (True, False))
+    np.testing.assert_allclose(hoisted, inside, atol=1e-5)  # 3.7e-4 apart with float32 operands hoisted
+
+
 def test_dropout_drawn_per_step_is_a_scaled_keep_mask_at_the_rate():
     """Training mode draws each step's masks inside the loop from one key (no [T, ...] mask array):
     the masks are 0 or 1/(1-p) with P(0) = p, fresh per step and per call."""

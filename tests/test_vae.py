@@ -590,6 +590,30 @@ def test_remat_chunk_changes_memory_not_results():
     assert_close(got, decode(plain, z, tokens, mask, mode="gumbel_softmax"), TOL_F64, "chunked feedback logits")
 
 
+def test_sampling_without_noise_draws_step_ts_gumbel_from_one_key():
+    """generate(mode="sample") without `gumbel` draws step t's noise as gumbel(fold_in(key, t), [B, V]), one key
+    from `sample_rngs`: the same tokens as that noise given."""
+    model = make_model(dtype=jnp.float32)
+    z = randn(64, Z).astype(jnp.float32)
+    key = nnx.clone(model).sample_rngs()
+    noise = jnp.stack([jax.random.gumbel(jax.random.fold_in(key, t), (64, V), jnp.float32) for t in range(10)], 1)
+    drawn = model.generate(z, 10, mode="sample", temperature=3.0)
+    assert np.array_equal(drawn, model.generate(z, 10, mode="sample", temperature=3.0, gumbel=noise))
+
+
+def test_bfloat16_token_rows_are_what_the_one_hot_matmul_reads():
+    """The decoder gathers its tokens' rows of w_ih instead of a one-hot matmul: rounded to compute_dtype first,
+    as the matmul's operands are, so teacher forcing gives the decoder GRU's own numbers."""
+    model = make_model(dtype=jnp.float32, compute_dtype=jnp.bfloat16)
+    tokens = jnp.asarray(np.random.default_rng(1).integers(3, V, (5, 7)), jnp.int32)
+    z = randn(5, Z).astype(jnp.float32)
+    inputs = jax.nn.one_hot(jnp.concatenate([jnp.full((5, 1), SOS, jnp.int32), tokens[:, :-1]], 1), V)
+    if model.concat_z:
+        inputs = jnp.concatenate([inputs, jnp.broadcast_to(z[:, None], (5, 7, Z))], -1)
+    hs, _ = model.gru_decoder(inputs, model.initial_hidden(z))
+    np.testing.assert_allclose(model.decode(z, tokens), model.h2o(hs), atol=1e-5)  # 2.6e-4 with float32 rows
+
+
 def test_bfloat16_compute_dtype_stays_close_to_float32():
     tokens, lengths = TOKENS_3x8
     eps = randn(3, Z)
