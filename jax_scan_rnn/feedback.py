@@ -32,11 +32,12 @@ Your own model (a forecaster feeding its prediction back; examples/05_own_feedba
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
 
+from jax_scan_rnn import validate
 from jax_scan_rnn.layers import RNNBase
 from jax_scan_rnn.scan import ScanUnroll, time_scan
 
@@ -54,7 +55,7 @@ def feedback_scan(
     readout: Callable[[Array, PyTree], PyTree],
     feed: Callable[[PyTree, PyTree], PyTree],
     dropout_masks: Array | None = None,
-    dropout_key: Array | None = None,
+    dropout_key: Array | Literal["core"] | None = "core",
     prepare: Callable[[PyTree], PyTree] | None = None,
     unroll: ScanUnroll = 1,
     remat_chunk: int | None = None,
@@ -70,10 +71,12 @@ def feedback_scan(
       inject: `(fb, x_t) -> xp0 [B, G*H]`, layer 0's projected input.
       readout: `(h [B, H], x_t) -> y_t`, the step's output (any pytree).
       feed: `(y_t, x_t) -> fb`, what the next step reads.
-      dropout_masks: `[T, L-1, B, H]` scaled inter-layer keep-masks, or None (no dropout).
+      dropout_masks: `[T, L-1, B, H]` scaled inter-layer keep-masks, or None.
       dropout_key: instead of `dropout_masks`, a key from which each step draws its own masks
         (`core.step_dropout_masks(key, t, ...)`), so no `[T, ...]` mask array exists and remat keeps
-        training memory ~sqrt(T) with dropout on.
+        training memory ~sqrt(T) with dropout on. The default, "core", is the core's own dropout stream
+        (`core.dropout_key()`: in training mode, None when its dropout is inactive), as the core's call over
+        a whole sequence applies its dropout; None: no dropout. Given masks are the only source.
       prepare: optional `xs -> xs'` for the work that does not depend on the feedback, done for many
         steps at once before the loop (e.g. the features' input projection); see `scan.time_scan`.
       unroll: time steps per compiled loop iteration (`lax.scan`'s `unroll`), or `(when not differentiated,
@@ -90,7 +93,10 @@ def feedback_scan(
     if len(carries) != core.num_layers and not core.bidirectional:  # bidirectional: `core.step` says why not
         raise ValueError(f"carries: expected one per layer ({core.num_layers}), got {len(carries)}")
 
-    if dropout_masks is not None and dropout_key is not None:
+    if isinstance(dropout_key, str):
+        validate.choice("dropout_key", dropout_key, ("core",))
+        dropout_key = core.dropout_key() if dropout_masks is None else None
+    elif dropout_masks is not None and dropout_key is not None:
         raise ValueError("dropout_key: expected None when dropout_masks are given (one source of masks)")
     steps = jax.tree.leaves(xs)[0].shape[0]
     per_step = dropout_masks if dropout_key is None else jnp.arange(steps)  # masks, or step indices to draw from

@@ -258,8 +258,14 @@ class RNNBase(nnx.Module):
         """
         if self.bidirectional:
             raise ValueError("step: a bidirectional RNN cannot run one step at a time (it needs the future)")
+        first = self.layers[0]
+        expected = (jax.tree.leaves(carries[0])[0].shape[0], first.w_hh.shape[1])
+        if tuple(jnp.shape(xp0)) != expected:  # a raw [B, I] input would broadcast over the gates, silently
+            raise ValueError(f"xp0 (feedback_scan's inject): expected layer 0's projected input [B, G*H] = "
+                             f"{list(expected)} (layers[0].input_projection of the step's input), got shape "
+                             f"{list(jnp.shape(xp0))}")
         new_carries = []
-        carry, h = self.layers[0].step(carries[0], xp0)
+        carry, h = first.step(carries[0], xp0)
         new_carries.append(carry)
         for k in range(1, self.num_layers):
             if dropout_masks is not None:

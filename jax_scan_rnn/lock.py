@@ -6,8 +6,9 @@ Two trainings started on the same `--out` would interleave `metrics.jsonl`, over
 with `RunDirectoryLocked`, naming that PID. The kernel releases a `flock` when its process exits, however it
 exits (SIGKILL included), so a crash never leaves a stale lock behind; the file itself stays, harmless.
 
-Re-entrant within a process (the CLI holds the lock around training and evaluation, and `train.fit` takes
-it again inside), because a second `flock` on a new file descriptor would conflict with the first.
+Re-entrant within a thread (the CLI holds the lock around training and evaluation, and `train.fit` takes
+it again inside), because a second `flock` on a new file descriptor would conflict with the first; another
+thread of the same process is refused as another process is (two `fit` calls in threads on one directory).
 POSIX only (`fcntl`); elsewhere, and on a file system that has no locks (NFS without its lock daemon), the lock is
 a no-op.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,7 +27,7 @@ except ImportError:  # pragma: no cover - not POSIX
 
 LOCK_FILE = ".lock"
 
-_held: dict[Path, int] = {}  # directory -> file descriptor: the locks this process holds
+_held: dict[Path, tuple[int, int]] = {}  # directory -> (file descriptor, thread): the locks this process holds
 
 
 class RunDirectoryLocked(ValueError):
@@ -45,8 +47,11 @@ def run_lock(directory: str | os.PathLike) -> Iterator[Path]:
       RunDirectoryUnwritable: it cannot be created or written.
     """
     path = Path(directory).resolve()
-    if path in _held:  # already ours: the outermost holder releases it
-        yield path
+    if path in _held:
+        if _held[path][1] != threading.get_ident():
+            raise RunDirectoryLocked(f"{path}: another thread of this process (PID {os.getpid()}) is writing to "
+                                     "this directory; wait for it to finish or choose another output directory")
+        yield path  # already this thread's: the outermost holder releases it
         return
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -73,7 +78,7 @@ def run_lock(directory: str | os.PathLike) -> Iterator[Path]:
         return
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    _held[path] = fd
+    _held[path] = (fd, threading.get_ident())
     try:
         yield path
     finally:

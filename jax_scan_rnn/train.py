@@ -24,11 +24,12 @@ flag only when it syncs anyway (logging, evaluation, checkpointing), so dispatch
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ from flax import nnx
 
 from jax_scan_rnn import checkpoint as ckpt
 from jax_scan_rnn import validate, xla_flags
+from jax_scan_rnn.compiled import MODE_ATTRIBUTES
 from jax_scan_rnn.distributed import put_batch
 from jax_scan_rnn.lock import run_lock
 from jax_scan_rnn.optional import available
@@ -74,6 +76,8 @@ class TrainConfig:
     eval_every: int = option(500, "updates between evaluations (and at the end); 0: only at the end", lo=0)
     checkpoint_every: int = option(1000, "updates between checkpoints (and at the end); 0: only at the end", lo=0)
     keep_checkpoints: int = option(3, "newest checkpoints kept on disk", lo=1)
+    # Read by the tasks, which build the model and its batches from it; `fit`, given a model built already and a
+    # batch_fn, does not (seed your model's nnx.Rngs and your batches).
     seed: int = option(0, "the run's seed: initialisation, dropout, batch order and the tasks' noise", lo=0, hi=validate.SEED_MAX)
 
     def __post_init__(self) -> None:
@@ -278,9 +282,11 @@ class TrainStep:
         return self._step.lower(carry, batch)
 
     def write(self, carry: dict) -> None:
-        """Point the model's and optimiser's Variables at the carry's arrays (no copy)."""
+        """Set the model's and optimiser's Variables to copies of the carry's arrays: the carry is donated to the
+        next step, and a model pointing at its buffers (or a clone of it, kept as the best weights so far) would
+        then hold deleted arrays."""
         if not any(x.is_deleted() for x in carry["state"]):  # donated to a step that failed: keep the old ones
-            nnx.update(self.objs, self.tree(carry["state"]))
+            nnx.update(self.objs, self.tree([jax.device_put(x, may_alias=False) for x in carry["state"]]))
 
     def _update(self, carry: dict, batch: Batch) -> dict:
         old = carry["state"]
@@ -382,8 +388,10 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
       cfg: the `TrainConfig`.
       out_dir: where `metrics.jsonl`, `curves.png` and `checkpoints/` go; None writes nothing.
       eval_fn: `eval_fn(model) -> dict[str, float]`, called every `cfg.eval_every` updates and at the end with
-        the model holding the current state. State changes it makes are discarded (the carry is the source of
-        truth), so evaluation never changes the training trajectory.
+        the model holding the current state, in eval mode (`model.eval()`: no dropout, BatchNorm's running
+        averages; as torch code calls `model.eval()` before evaluating), its modes restored after. State
+        changes it makes are discarded (the carry is the source of truth), so evaluation never changes the
+        training trajectory. The model's arrays are copies: a clone kept (the best weights so far) stays valid.
       resume: continue from the newest VALID checkpoint under `out_dir`. Resuming never deletes a checkpoint:
         invalid newer ones (corrupt, truncated, missing files, bad manifest) are reported in
         `History.checkpoints_skipped` and a `checkpoint_skipped` event, then moved aside
@@ -450,7 +458,7 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
         log.resume_at(resumed["resumed_from"])
     start = resumed.get("resumed_from") or 0
     emit({"event": "start", "step": start, "steps": cfg.steps, "resumed_from": resumed.get("resumed_from")})
-    k, last_log = start, time.time()
+    k, last_log, last_k = start, time.time(), start
     try:
         with log:
             for k in range(start + 1, cfg.steps + 1):
@@ -476,10 +484,14 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
                         "step": k, "split": "train", "loss": float(window["loss"]) / n,
                         "metrics": {m: float(v) / n for m, v in window["metrics"].items()},
                         "grad_norm": float(window["grad_norm"]) / n, **times,
-                        "steps_per_s": n / max(now - last_log, 1e-9)})})
-                    carry, last_log = step.reset(carry), now
+                        # the steps of this process since the last row: after a resume, the restored window's
+                        # count includes updates made before the interruption
+                        "steps_per_s": (k - last_k) / max(now - last_log, 1e-9)})})
+                    carry, last_log, last_k = step.reset(carry), now, k
                 if do_eval:
-                    values, now = _eval_values(eval_fn(model)), time.time()
+                    with _eval_mode(model):
+                        values = _eval_values(eval_fn(model))
+                    now = time.time()
                     emit({"event": "eval", **log.add({"step": k, "split": "eval", "loss": values.get("loss"),
                                                       "metrics": values, "lr": times["lr"], "wall_time": now,
                                                       "elapsed_s": now - t_start})})
@@ -515,6 +527,19 @@ def earlier_run(out_dir: str | os.PathLike) -> str | None:
         return (f"the log of a run that left no checkpoint ({out / METRICS_FILE}, to step "
                 f"{rows[-1]['step']})")
     return None
+
+
+@contextlib.contextmanager
+def _eval_mode(model: nnx.Module) -> Iterator[None]:
+    """`model.eval()` inside, each mode flag (`compiled.MODE_ATTRIBUTES`) put back as it was after."""
+    flags = [(node, name, getattr(node, name)) for _, node in nnx.iter_graph(model)
+             if isinstance(node, nnx.Module) for name in MODE_ATTRIBUTES if hasattr(node, name)]
+    model.eval()
+    try:
+        yield
+    finally:
+        for node, name, value in flags:
+            setattr(node, name, value)
 
 
 def _eval_values(result: Mapping[str, Any]) -> dict[str, float]:

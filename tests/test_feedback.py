@@ -47,6 +47,40 @@ def test_a_dropout_key_draws_each_steps_masks_as_step_dropout_masks(core):
     np.testing.assert_allclose(run(dropout_key=key), run(dropout_masks=masks), atol=1e-6)
 
 
+def test_the_cores_own_dropout_acts_by_default_in_training_mode():
+    """As the core's call over a whole sequence applies its dropout in training mode, so does feedback_scan by
+    default (its dropout stream); after eval(), or with dropout_key=None, none."""
+    core = jsr.GRU(3, 8, num_layers=2, dropout=0.5, rngs=nnx.Rngs(0))
+    u = jnp.asarray(np.random.default_rng(1).standard_normal((6, 4, 2)), jnp.float32)
+
+    def run(**kw):
+        return jsr.feedback_scan(
+            core, core.initial_state(4), jnp.zeros((4, 1), jnp.float32), u,
+            inject=lambda fb, u_t: core.layers[0].input_projection(jnp.concatenate([fb, u_t], -1)),
+            readout=lambda h, u_t: h[:, :1], feed=lambda y, u_t: y, **kw)[2]
+
+    first, second, without = run(), run(), run(dropout_key=None)
+    assert not np.array_equal(first, second) and not np.array_equal(first, without)
+    core.eval()
+    np.testing.assert_array_equal(run(), without)
+    with pytest.raises(ValueError, match=r"^dropout_key: expected one of 'core', got 'own'$"):
+        run(dropout_key="own")
+
+
+@pytest.mark.parametrize("cls", [jsr.GRU, jsr.RNN, jsr.LSTM])
+def test_an_unprojected_input_is_refused_naming_inject(cls):
+    """inject must give layer 0's projected input [B, G*H]: the raw [fb, u_t] would broadcast over a GRU's or an
+    RNN's gates and train another model, silently."""
+    core = cls(3, 8, rngs=nnx.Rngs(0))
+    u = jnp.zeros((5, 4, 2), jnp.float32)
+    width = core.layers[0].w_hh.shape[1]
+    with pytest.raises(ValueError, match=rf"^xp0 \(feedback_scan's inject\): expected layer 0's projected input "
+                                         rf"\[B, G\*H\] = \[4, {width}\] .* got shape \[4, 3\](\n|$)"):
+        jsr.feedback_scan(core, core.initial_state(4), jnp.zeros((4, 1), jnp.float32), u,
+                          inject=lambda fb, u_t: jnp.concatenate([fb, u_t], -1),
+                          readout=lambda h, u_t: h[:, :1], feed=lambda y, u_t: y)
+
+
 @pytest.mark.parametrize("cls", [jsr.LSTM, jsr.GRU, jsr.RNN])
 def test_the_state_as_the_layers_take_it_or_per_layer_gives_the_same_rollout(cls):
     core = cls(3, 5, 2, rngs=nnx.Rngs(0))

@@ -387,6 +387,53 @@ def hist_rows_in_order(hist):
     return sorted(hist.train + hist.eval, key=lambda r: (r["step"], r["split"] != "train"))
 
 
+def test_eval_fn_sees_eval_mode_and_copies_it_may_keep():
+    """fit calls eval_fn as torch code evaluates, after model.eval() (no dropout), the modes put back after; the
+    model's arrays are copies of the donated carry, so a clone kept as the best weights stays readable."""
+    seen, kept = [], []
+
+    def eval_fn(model):
+        seen.append(model.drop.deterministic)
+        kept.append(nnx.clone(model))
+        return {"loss": 0.0}
+
+    model = DropMLP(nnx.Rngs(0))
+    fit(model, loss_fn, batch_fn, TrainConfig(steps=4, log_every=1, eval_every=1, checkpoint_every=0),
+        eval_fn=eval_fn)
+    assert seen == [True] * 4 and model.drop.deterministic is False
+    x = batch_fn(0)[0]
+    outputs = [np.asarray(jsr_eval(clone, x)) for clone in kept]  # each readable after later steps donated
+    assert not np.array_equal(outputs[0], outputs[-1])
+
+
+def jsr_eval(model, x):
+    model.eval()
+    return model(x)
+
+
+def test_a_thread_cannot_write_into_a_run_another_thread_holds(tmp_path):
+    """The lock is re-entrant per thread: another thread of the same process is refused as another process is."""
+    import threading
+
+    from jax_scan_rnn import lock
+
+    refused = []
+    with lock.run_lock(tmp_path / "run"):
+        def other():
+            try:
+                with lock.run_lock(tmp_path / "run"):
+                    pass
+            except lock.RunDirectoryLocked as err:
+                refused.append(str(err))
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+        with lock.run_lock(tmp_path / "run"):  # this thread again: re-entrant
+            pass
+    assert len(refused) == 1 and "another thread of this process" in refused[0], refused
+
+
 _EVAL = {}
 
 
