@@ -74,6 +74,12 @@ def put_batch(batch, sharding: jax.sharding.Sharding):
     is a function of the step) and contributes the rows of its own devices: process p the p-th of
     `process_count` equal row blocks (the devices of a mesh from `jax.devices()` are ordered by process).
     """
+    for x in jax.tree.leaves(batch):
+        try:
+            sharding.shard_shape(np.shape(x))
+        except ValueError:  # JAX's IndivisibleError names no batch
+            raise ValueError(f"batch: expected a leading (batch) size that the {len(sharding.device_set)} devices "
+                             f"split evenly, got an array of shape {np.shape(x)}") from None
     if jax.process_count() == 1:
         return jax.device_put(batch, sharding)
 

@@ -29,6 +29,7 @@ import functools
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -186,6 +187,9 @@ def _check_loss_output(out: Any) -> tuple[Array, dict[str, Array]]:
     if not isinstance(metrics, Mapping):
         raise TypeError(f"loss_fn: expected metrics as a dict[str, scalar], got {type(metrics).__name__}")
     for k, v in metrics.items():
+        if isinstance(v, (Mapping, list, tuple)):  # jnp.shape reads a list or a dict of scalars as an array
+            raise ValueError(f"loss_fn: expected metrics as dict[str, scalar], got key {k!r} with a "
+                             f"{type(v).__name__}")
         if not isinstance(k, str) or jnp.shape(v) != ():
             raise ValueError(f"loss_fn: expected metrics as dict[str, scalar], got key {k!r} with shape {jnp.shape(v)}")
     return loss, dict(metrics)
@@ -404,7 +408,8 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
         never mix, and no run's log is replaced unasked.
       callback: `callback(event: dict)` for progress (the library never prints). Events, each with an "event"
         key: start (step, steps, resumed_from), checkpoint_skipped (step, reason, moved_to),
-        checkpoint_stray_files (step, path, files), config_changed (fields: {name: [saved, now]}), log (a
+        checkpoint_stray_files (step, path, files), config_changed (fields: {name: [saved, now]}; without a
+        callback, a warning), log (a
         train row), eval (an eval row), checkpoint (step, path), plot_skipped (path, reason), end (step,
         elapsed_s). During a callback the model holds the current state (between callbacks its arrays are
         donated to the next step: keep no references). An exception raised by the callback stops training.
@@ -454,7 +459,7 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
     log = RunLog(out, write=writer)
     resumed: dict[str, Any] = {}
     if resume and ckpt.steps(ckdir):
-        carry, resumed = _resume(step, carry, ckdir, cfg, emit, state_sharding)
+        carry, resumed = _resume(step, carry, ckdir, cfg, emit, state_sharding, callback is not None)
         log.resume_at(resumed["resumed_from"])
     start = resumed.get("resumed_from") or 0
     emit({"event": "start", "step": start, "steps": cfg.steps, "resumed_from": resumed.get("resumed_from")})
@@ -550,7 +555,7 @@ def _eval_values(result: Mapping[str, Any]) -> dict[str, float]:
 
 
 def _resume(step: TrainStep, carry: dict, ckdir: Path, cfg: TrainConfig, emit: Callable,
-            sharding: jax.sharding.Sharding | None) -> tuple[dict, dict]:
+            sharding: jax.sharding.Sharding | None, listened: bool) -> tuple[dict, dict]:
     """The carry from the newest valid checkpoint, and the History fields that describe the resume."""
     restored = ckpt.restore(ckdir, target={"train_state": step.tree(carry["state"]), "loop": carry["window"]},
                             fallback=True)
@@ -573,6 +578,10 @@ def _resume(step: TrainStep, carry: dict, ckdir: Path, cfg: TrainConfig, emit: C
     diff = {k: [saved_cfg.get(k), v] for k, v in asdict(cfg).items() if saved_cfg.get(k) != v}
     if diff:
         emit({"event": "config_changed", "fields": diff})
+        if not listened:  # the CLI listens, says it and asks for --override; a library caller gets a warning
+            changes = "; ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in diff.items())
+            warnings.warn(f"fit: resuming the run in {ckdir.parent} with another TrainConfig: {changes}",
+                          UserWarning, stacklevel=4)
     state = step._raw(jax.tree.leaves(restored.state["train_state"]))
     carry = {**carry, "state": state if sharding is None else jax.device_put(state, sharding),
              "window": restored.state["loop"]}
@@ -590,14 +599,21 @@ def restore_model(out_dir: str | os.PathLike, model: nnx.Module, step: int | Non
     """
     restored = ckpt.restore(Path(out_dir) / CHECKPOINT_DIR, step)
     names, leaves, treedef = ckpt.named_leaves(nnx.state(model), "model")
+    prefix = "train_state/model/"
+    extra = sorted(k.removeprefix(prefix) for k in restored.state if k.startswith(prefix)
+                   and k.removeprefix(prefix) not in set(names))
+    if extra:  # as torch's load_state_dict(strict=True): a model of fewer layers would load the rest silently
+        raise ckpt.CheckpointError(f"checkpoint {restored.path}: model leaves {extra} that the model lacks (a "
+                                   "different model?)")
     values = []
     for name, leaf in zip(names, leaves):
-        value = restored.state.get(f"train_state/model/{name}")
+        value = restored.state.get(f"{prefix}{name}")
         if value is None:
             raise ckpt.CheckpointError(f"checkpoint {restored.path}: no model leaf {name!r} (a different model?)")
-        if tuple(np.shape(value)) != tuple(np.shape(leaf)):
+        if tuple(np.shape(value)) != tuple(np.shape(leaf)) or np.dtype(value.dtype) != np.dtype(leaf.dtype):
             raise ckpt.CheckpointError(f"checkpoint {restored.path}: leaf {name!r} has shape "
-                                       f"{tuple(np.shape(value))}, the model expects {tuple(np.shape(leaf))}")
+                                       f"{tuple(np.shape(value))} dtype {value.dtype}, the model expects "
+                                       f"{tuple(np.shape(leaf))} dtype {leaf.dtype}")
         values.append(jax.device_put(value, leaf.sharding if isinstance(leaf, jax.Array) else None))
     nnx.update(model, jax.tree.unflatten(treedef, values))
     return restored

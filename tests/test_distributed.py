@@ -136,10 +136,15 @@ rng = np.random.default_rng(0)
 batch = (rng.normal(size=(8, 12, 3)).astype("float32"), rng.normal(size=(8, 12, 1)).astype("float32"))
 fit(Net(), loss_fn, lambda i: batch, TrainConfig(steps=2, log_every=1, eval_every=0, checkpoint_every=0),
     data_sharding=dp.data, state_sharding=dp.replicated)
+try:
+    dp.put(np.zeros((6, 2), np.float32))
+except ValueError as err:
+    seen["indivisible"] = str(err)
 placed = dp.put(batch[0])
 assert all((np.asarray(s.data) == batch[0][s.index]).all() for s in placed.addressable_shards)
 print(json.dumps({"x": list(seen["x"]), "kernel": bool(seen["kernel"]),
                   "first_two": [d.id for d in DataParallel.create(2).mesh.devices.flat],
+                  "indivisible": seen.get("indivisible"),
                   "shards": sorted((s.device.id, s.index[0].start, s.index[0].stop, s.index[1] == slice(None))
                                    for s in placed.addressable_shards)}))
 """
@@ -158,6 +163,8 @@ def test_data_parallel_splits_the_batch_axis_and_replicates_the_state():
     assert seen["kernel"], "the parameters in fit's step are not replicated"
     assert seen["shards"] == [[d, 2 * d, 2 * d + 2, True] for d in range(4)], seen["shards"]
     assert seen["first_two"] == [0, 1], f"DataParallel.create(2) takes the first two devices: {seen['first_two']}"
+    assert seen["indivisible"] == ("batch: expected a leading (batch) size that the 4 devices split evenly, got an "
+                                   "array of shape (6, 2)"), seen["indivisible"]  # (it was JAX's IndivisibleError)
 
 
 def test_each_process_feeds_the_rows_of_its_own_devices(monkeypatch):

@@ -280,6 +280,9 @@ def test_train_step_refuses_a_bad_loss_fn_and_model():
         TrainStep(m, loss_fn, optax.adam, batch_fn(0))
     with pytest.raises(ValueError, match="^loss_fn: expected metrics as dict"):
         TrainStep(m, lambda model, b: (mse_fn(model, b)[0], {"v": model(b[0])}), optax.adam(1e-2), batch_fn(0))
+    with pytest.raises(ValueError, match=r"^loss_fn: expected metrics as dict\[str, scalar\], got key 'parts' with a "
+                                         r"dict(\n|$)"):  # (it passed the check, then failed inside the step)
+        TrainStep(m, lambda model, b: (mse_fn(model, b)[0], {"parts": {"a": 1.0}}), optax.adam(1e-2), batch_fn(0))
 
 
 def test_eval_fn_leaves_the_model_untouched():
@@ -336,6 +339,20 @@ def test_fit_converges_and_writes_logs_plots_checkpoints(tmp_path):
     for got, want in zip(jax.tree.leaves(nnx.state(fresh)), jax.tree.leaves(nnx.state(model))):
         assert isinstance(got, jax.Array), type(got)
         np.testing.assert_array_equal(got, want)
+
+    # ...strictly, as torch's load_state_dict: leaves the model lacks, or of another dtype, are refused.
+    half = nnx.Linear(4, 1, param_dtype=jnp.bfloat16, rngs=nnx.Rngs(1))
+    with pytest.raises(ckpt.CheckpointError, match=r"leaf 'bias' has shape \(1,\) dtype float32, the model expects "
+                                                   r"\(1,\) dtype bfloat16$"):
+        restore_model(tmp_path, half)
+    with pytest.raises(ckpt.CheckpointError, match=r"model leaves \['bias'\] that the model lacks"):
+        restore_model(tmp_path, nnx.Linear(4, 1, use_bias=False, rngs=nnx.Rngs(1)))
+
+    # Resuming with another TrainConfig and no callback to say it to: a warning names the change.
+    with pytest.warns(UserWarning, match=r"^fit: resuming the run in .* with another TrainConfig: learning_rate "
+                                         r"0.05 -> 0.1$"):
+        fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), mse_fn, linear_batch_fn, replace(cfg, learning_rate=0.1),
+            out_dir=tmp_path, resume=True)
 
     # Refuses to mix a new run into a directory that holds checkpoints...
     with pytest.raises(ValueError, match=r"^out_dir: expected no earlier run when resume=False, got checkpoints at "
