@@ -610,7 +610,7 @@ def restore_model(out_dir: str | os.PathLike, model: nnx.Module, step: int | Non
         value = restored.state.get(f"{prefix}{name}")
         if value is None:
             raise ckpt.CheckpointError(f"checkpoint {restored.path}: no model leaf {name!r} (a different model?)")
-        if tuple(np.shape(value)) != tuple(np.shape(leaf)) or np.dtype(value.dtype) != np.dtype(leaf.dtype):
+        if tuple(np.shape(value)) != tuple(np.shape(leaf)) or value.dtype != leaf.dtype:  # (typed rng keys too)
             raise ckpt.CheckpointError(f"checkpoint {restored.path}: leaf {name!r} has shape "
                                        f"{tuple(np.shape(value))} dtype {value.dtype}, the model expects "
                                        f"{tuple(np.shape(leaf))} dtype {leaf.dtype}")

@@ -182,7 +182,7 @@ def test_each_process_feeds_the_rows_of_its_own_devices(monkeypatch):
     for p in range(3):
         monkeypatch.setattr(jax, "process_index", lambda p=p: p)
         given.clear()
-        out = put_batch(batch, sharding=None)
+        out = put_batch(batch, sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0]))
         assert [r.tolist() for r in given] == [batch["x"][4 * p:4 * p + 4].tolist(), batch["y"][4 * p:4 * p + 4].tolist()]
         assert out["y"].tolist() == list(range(4 * p, 4 * p + 4))
 
