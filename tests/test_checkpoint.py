@@ -405,3 +405,16 @@ def test_a_step_directory_copied_under_another_step_is_refused(tmp_path):
     shutil.copytree(saved, ckpt.step_path(tmp_path, 20))
     with pytest.raises(CheckpointError, match="says step 10, directory says 20"):
         ckpt.verify(tmp_path, 20)
+
+
+def test_an_altered_orbax_metadata_file_is_refused_by_its_digest(tmp_path):
+    """Every file the manifest lists is checked by sha256, orbax's own _CHECKPOINT_METADATA too: a same-size change
+    of one digit is refused."""
+    ckpt.save(tmp_path, 1, {"w": np.zeros(4, np.float32)})
+    meta = ckpt.step_path(tmp_path, 1) / "_CHECKPOINT_METADATA"
+    data = bytearray(meta.read_bytes())
+    i = data.index(b"1")
+    data[i:i + 1] = b"2"
+    meta.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"_CHECKPOINT_METADATA is corrupted"):
+        ckpt.verify(tmp_path, 1)

@@ -391,3 +391,18 @@ def test_read_covariance(tmp_path):
         read_covariance(tmp_path / "c.txt", 2)
     with pytest.raises(FileNotFoundError, match="missing.npy"):
         read_covariance(tmp_path / "missing.npy", 2)
+
+
+def test_selected_columns_keep_the_files_order_and_paths_are_ordered_apart(tmp_path):
+    """Columns chosen by name or pattern come in the file's order, whatever order they are named in; with a path
+    column, each path's dates must rise, not the rows' across paths (path b's dates are older than a's)."""
+    (tmp_path / "x.csv").write_text("zeta,alpha,ret_b,ret_a\n1,10,0.1,0.2\n2,20,0.3,0.4\n3,30,0.5,0.6\n")
+    m = read(tmp_path / "x.csv", feature_cols=["alpha", "zeta"], return_cols=["ret_*"])
+    assert m.feature_names == ("zeta", "alpha") and m.asset_names == ("ret_b", "ret_a")
+    assert m.features[0, :, 0].tolist() == [1, 2, 3] and m.returns[0, 0].tolist() == [0.1, 0.2]
+    rows = ["date,asset,f,r"]
+    for t in range(4):
+        rows += [f"2024-01-0{t + 1},a,{t},0.01", f"2020-01-0{t + 1},b,{-t},0.02"]
+    (tmp_path / "paths.csv").write_text("\n".join(rows) + "\n")
+    m = read(tmp_path / "paths.csv", feature_cols=["f"], return_cols=["r"], path_col="asset")
+    assert m.features.shape == (2, 4, 1) and m.features[1, :, 0].tolist() == [0, -1, -2, -3]

@@ -414,3 +414,13 @@ def test_buy_and_hold_and_rolling_markowitz_use_only_the_past():
     changed = r.copy()
     changed[:, t:] += 5.0  # the future must not move today's position
     np.testing.assert_allclose(rolling_markowitz_policy(changed, obj, window=10, min_history=5)[:, : t + 1], x[:, : t + 1])
+
+
+def test_holding_the_previous_position_trades_nothing():
+    """`previous`: the position before the first step; holding it costs nothing and turns nothing over."""
+    rng = np.random.default_rng(0)
+    obj = Objective(3.0, 20.0, np.array([[1.0, 0.3], [0.3, 1.0]]) * 1e-4)
+    x0 = np.clip(rng.standard_normal((3, 2)), -1, 1)
+    terms = performance_terms(np.repeat(x0[:, None], 10, axis=1), 0.01 * rng.standard_normal((3, 10, 2)), obj,
+                              previous=x0)
+    assert (terms["turnover"] == 0).all() and (terms["cost"] == 0).all()

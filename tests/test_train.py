@@ -1,10 +1,12 @@
 """The training engine: optimiser, jitted steps, fit's logs/checkpoints, exact resume, NaN handling."""
 
+import itertools
 import json
 import math
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -760,3 +762,57 @@ def test_the_log_reader_skips_lines_that_are_not_rows(tmp_path):
     log.resume_at(2)
     assert [r["step"] for r in log.rows] == [1]
     assert read_rows(tmp_path / METRICS_FILE) == [{"step": 1, "split": "train"}]
+
+
+# ----------------------------------------------------------------------------- mutation round 7's survivors
+
+
+def test_a_non_finite_update_names_the_newest_checkpoint_kept():
+    """With several checkpoints kept (2, 4, 6 before a NaN at update 7), the error points at the newest."""
+    def bad_at_7(i):
+        x, y = linear_batch_fn(i)
+        return x, y * (jnp.nan if i == 6 else 1.0)
+
+    with tempfile.TemporaryDirectory() as out, pytest.raises(NonFiniteLossError) as caught:
+        fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), mse_fn, bad_at_7,
+            TrainConfig(steps=20, log_every=100, eval_every=0, checkpoint_every=2, keep_checkpoints=3), out_dir=out)
+    assert caught.value.step == 7 and caught.value.last_checkpoint == 6 and "step 6) is kept" in str(caught.value)
+
+
+def test_a_short_last_window_is_the_mean_of_its_own_updates():
+    """steps=10, log_every=4: the last row averages updates 9 and 10 (its window's count), as rows of one update
+    each show."""
+    def run(every):
+        return fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), loss_fn_linear_mae, linear_batch_fn,
+                   TrainConfig(steps=10, log_every=every, eval_every=0, checkpoint_every=0)).train
+
+    each, last = run(1), run(4)[-1]
+    assert last["step"] == 10
+    assert last["loss"] == pytest.approx(np.mean([r["loss"] for r in each[8:10]]), rel=1e-5)
+    assert last["metrics"]["mae"] == pytest.approx(np.mean([r["metrics"]["mae"] for r in each[8:10]]), rel=1e-5)
+
+
+def loss_fn_linear_mae(model, batch):
+    x, y = batch
+    err = model(x) - y
+    return jnp.mean(err**2), {"mae": jnp.mean(jnp.abs(err))}
+
+
+def test_a_run_stopped_at_an_eval_step_evaluates_there(tmp_path):
+    """stop() at update 8 with eval_every=4: update 8 is evaluated before the stop, so the resumed run's eval rows
+    are the straight run's."""
+    from jax_scan_rnn.train import TrainingStopped
+
+    def weights(model):
+        return {"w": float(jnp.sum(model.kernel[...]))}
+
+    cfg = TrainConfig(steps=12, log_every=2, eval_every=4, checkpoint_every=100)
+    straight = fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), mse_fn, linear_batch_fn, cfg, out_dir=tmp_path / "a",
+                   eval_fn=weights)
+    asked = itertools.count(1)
+    with pytest.raises(TrainingStopped):
+        fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), mse_fn, linear_batch_fn, cfg, out_dir=tmp_path / "b",
+            eval_fn=weights, stop=lambda: next(asked) >= 8)
+    resumed = fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), mse_fn, linear_batch_fn, cfg, out_dir=tmp_path / "b",
+                  eval_fn=weights, resume=True)
+    assert [r["step"] for r in resumed.eval] == [r["step"] for r in straight.eval] == [4, 8, 12]
