@@ -418,3 +418,21 @@ def test_an_altered_orbax_metadata_file_is_refused_by_its_digest(tmp_path):
     meta.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match=r"_CHECKPOINT_METADATA is corrupted"):
         ckpt.verify(tmp_path, 1)
+
+
+def test_the_free_space_needed_is_the_newest_checkpoints_size(tmp_path, monkeypatch):
+    """A save needs about the newest checkpoint's size free, not an older, larger one's (an incompressible step 1
+    of ~400 kB, then zeros that compress to a few kB: step 3 fits in twice step 2's size)."""
+    import shutil
+
+    rng = np.random.default_rng(0)
+    ckpt.save(tmp_path, 1, {"w": rng.standard_normal(100_000).astype(np.float32)})
+    ckpt.save(tmp_path, 2, {"w": np.zeros(100_000, np.float32)})
+
+    def size(step):
+        return sum(f.stat().st_size for f in ckpt.step_path(tmp_path, step).rglob("*") if f.is_file())
+
+    assert size(2) * 4 < size(1)
+    disk = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(ckpt.shutil, "disk_usage", lambda path: disk._replace(free=2 * size(2)))
+    ckpt.save(tmp_path, 3, {"w": np.zeros(100_000, np.float32)})

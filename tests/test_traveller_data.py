@@ -438,3 +438,23 @@ def test_train_on_data_batches_by_the_runs_seed_and_chooses_on_the_validation_pe
               for period in ("train", "valid")}
     assert tables["train"] != pytest.approx(tables["valid"])
     assert seen["eval_fn"](seen["model"])["utility"] == pytest.approx(tables["valid"], rel=1e-6)
+
+
+def test_without_a_validation_period_training_evaluates_on_the_training_period():
+    """valid_fraction=0: the eval rows during training score the training period, never the test period."""
+    from jax_scan_rnn.data.market_data import MarketData
+    from jax_scan_rnn.tasks import traveller as tv
+    from jax_scan_rnn.train import TrainConfig
+
+    rng = np.random.default_rng(0)
+    data = MarketData(rng.standard_normal((2, 40, 3)), 0.01 * rng.standard_normal((2, 40, 2)), ("f0", "f1", "f2"),
+                      ("a", "b"))
+    task = tv.TravellerTask(data="mem.npz", seq_len=5, batch_size=4, hidden_size=4, valid_fraction=0.0,
+                            test_fraction=0.15)
+    model, history, stats = tv.train(task, TrainConfig(steps=2, log_every=1, eval_every=0, checkpoint_every=0),
+                                     data=data)
+    x = tv.positions(model, stats.standardiser(data.features))[0]
+    train, test = (tv.score_period(x, data, stats, a, b, task.periods_per_year)["utility"]
+                   for a, b in ((0, stats.train_end), (stats.valid_end, data.num_steps)))
+    got = history.eval[-1]["metrics"]["utility"]
+    assert got == pytest.approx(train, rel=1e-6, abs=1e-9) and got != pytest.approx(test, rel=1e-6, abs=1e-9)

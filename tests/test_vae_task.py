@@ -848,3 +848,36 @@ def test_sample_and_evaluate_read_their_options_and_export_records_the_kekule_fo
     assert main(["train", "vae", "--out", str(out), "--resume", "--steps", "10", "--override"]) == 0
     said = capsys.readouterr().out
     assert "resuming with changed settings (--override): --steps 1 -> 10; --warmup-steps 0 -> 1\n" in said, said
+
+
+def test_the_written_form_of_each_molecule_is_drawn_with_the_runs_seed():
+    """--augment: which of a molecule's written forms a batch holds is the run's seed's draw (one molecule of four
+    forms, batch 1: two seeds give two sequences of forms)."""
+    forms = ["CCO", "OCC", "C(C)O", "C(O)C"]
+    dataset = task_lib.Dataset(smiles.Vocabulary.build(forms), ["CCO"], ["CCO"], ["CCO", "CCO"], {},
+                               train_variants=[forms])
+    task = task_lib.VAETask(data="x.txt", batch_size=1)
+
+    def drawn(seed):
+        return [task_lib.make_batch_fn(task, dataset, seed)(s)["tokens"].tolist() for s in range(20)]
+
+    assert drawn(0) != drawn(1) and drawn(0) == drawn(0)
+
+
+def test_evaluation_during_training_scores_the_validation_split(corpus):
+    """The periodic eval rows' reconstruction is the model's on the validation molecules (eps = 0), never the test
+    split's, which evaluation after training keeps apart."""
+    from jax_scan_rnn.compiled import jit
+    from jax_scan_rnn.train import TrainConfig
+
+    task = tiny(corpus)
+    model, dataset, history = task_lib.train(task, TrainConfig(steps=2, log_every=1, eval_every=0,
+                                                               checkpoint_every=0))
+
+    def recon(split):
+        tokens, lengths = task_lib.encode(dataset.vocab, split, task.max_length)
+        eps = jnp.zeros((len(tokens), model.latent_size), model.dtype)
+        return float(jit(model).loss(tokens, lengths, eps=eps)["recon"])
+
+    got = history.eval[-1]["metrics"]["recon"]
+    assert got == pytest.approx(recon(dataset.valid), rel=1e-5) and got != pytest.approx(recon(dataset.test), rel=1e-5)
