@@ -436,3 +436,13 @@ def test_the_free_space_needed_is_the_newest_checkpoints_size(tmp_path, monkeypa
     disk = shutil.disk_usage(tmp_path)
     monkeypatch.setattr(ckpt.shutil, "disk_usage", lambda path: disk._replace(free=2 * size(2)))
     ckpt.save(tmp_path, 3, {"w": np.zeros(100_000, np.float32)})
+
+
+def test_the_fallback_is_the_newest_valid_step_not_any_older_one(tmp_path):
+    """Steps 2, 3, 4 with 4's save crashed (no manifest): the newest valid is 3, not 2."""
+    for s in (2, 3, 4):
+        ckpt.save(tmp_path, s, {"w": np.full(4, float(s), np.float32)})
+    (ckpt.step_path(tmp_path, 4) / ckpt.MANIFEST).unlink()
+    step, skipped = ckpt.newest_valid_step(tmp_path)
+    restored = ckpt.restore(tmp_path, fallback=True)
+    assert step == restored.step == 3 and [s for s, _ in skipped] == [4] and float(restored.state["w"][0]) == 3.0

@@ -458,3 +458,19 @@ def test_without_a_validation_period_training_evaluates_on_the_training_period()
                    for a, b in ((0, stats.train_end), (stats.valid_end, data.num_steps)))
     got = history.eval[-1]["metrics"]["utility"]
     assert got == pytest.approx(train, rel=1e-6, abs=1e-9) and got != pytest.approx(test, rel=1e-6, abs=1e-9)
+
+
+def test_a_later_period_is_scored_from_the_position_held_before_it():
+    """Buy-and-hold holds one position throughout: scored from the position held just before the test period,
+    it trades nothing there (no cost, no turnover)."""
+    from jax_scan_rnn.data.market_data import MarketData
+    from jax_scan_rnn.tasks import traveller as tv
+
+    rng = np.random.default_rng(0)
+    data = MarketData(rng.standard_normal((2, 40, 3)), 0.01 * rng.standard_normal((2, 40, 2)), ("f0", "f1", "f2"),
+                      ("a", "b"))
+    task = tv.TravellerTask(data="mem.npz", seq_len=5, batch_size=4, hidden_size=4, valid_fraction=0.15,
+                            test_fraction=0.15)
+    stats = tv.fit_stats(task, data)
+    row = tv.data_table(tv.build_model(task, 0, stats), data, stats, "test")["policies"]["buy_and_hold"]
+    assert row["cost"] == 0 and row["turnover"] == 0
