@@ -238,6 +238,9 @@ class TrainStep:
 
         self.metric_names = sorted(jax.eval_shape(probe, self._raw(leaves), batch)[1])
         self._step = jax.jit(self._update, donate_argnums=0, compiler_options=options)
+        # One program for `write`'s copies: it runs on every process, where the arrays span them all (an eager
+        # device_put of a global array is refused).
+        self._copy = jax.jit(lambda leaves: [jnp.copy(x) for x in leaves])
 
     def _raw(self, leaves) -> list:
         return [jax.random.key_data(x) if k else x for x, k in zip(leaves, self.key_impls)]
@@ -290,7 +293,7 @@ class TrainStep:
         next step, and a model pointing at its buffers (or a clone of it, kept as the best weights so far) would
         then hold deleted arrays."""
         if not any(x.is_deleted() for x in carry["state"]):  # donated to a step that failed: keep the old ones
-            nnx.update(self.objs, self.tree([jax.device_put(x, may_alias=False) for x in carry["state"]]))
+            nnx.update(self.objs, self.tree(self._copy(carry["state"])))
 
     def _update(self, carry: dict, batch: Batch) -> dict:
         old = carry["state"]
