@@ -102,6 +102,11 @@ MODE_ATTRIBUTES = ("deterministic", "use_running_average")
 # Leaves of the arguments that are traced; every other leaf is static (Equinox's `is_array`).
 ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
 
+def mode_flags(module: nnx.Module, names: Sequence[str] = MODE_ATTRIBUTES) -> list[tuple[nnx.Module, str]]:
+    """(submodule, attribute) for each submodule of `module` (itself included) that has an attribute in `names`."""
+    return [(sub, name) for _, sub in nnx.iter_modules(module) for name in names if name in vars(sub)]
+
+
 _TRACED = object()  # placeholder for a traced leaf in a compile key and in the static leaves
 _MISSING = object()
 
@@ -254,11 +259,10 @@ class Compiled(Generic[P, R]):
         if not names:
             return
         known = {(id(m), a) for m, a in self._mode_refs}
-        for _, sub in nnx.iter_modules(self._module):
-            for name in names:
-                if name in vars(sub) and (id(sub), name) not in known:
-                    self._mode_refs.append((sub, name))
-                    known.add((id(sub), name))
+        for sub, name in mode_flags(self._module, names):
+            if (id(sub), name) not in known:
+                self._mode_refs.append((sub, name))
+                known.add((id(sub), name))
 
     def _mode(self) -> tuple:
         return tuple([getattr(m, a) for m, a in self._mode_refs])

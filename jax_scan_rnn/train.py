@@ -43,7 +43,7 @@ from flax import nnx
 
 from jax_scan_rnn import checkpoint as ckpt
 from jax_scan_rnn import validate, xla_flags
-from jax_scan_rnn.compiled import MODE_ATTRIBUTES
+from jax_scan_rnn.compiled import mode_flags
 from jax_scan_rnn.distributed import put_batch
 from jax_scan_rnn.lock import run_lock
 from jax_scan_rnn.optional import available
@@ -411,8 +411,8 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
         never mix, and no run's log is replaced unasked.
       callback: `callback(event: dict)` for progress (the library never prints). Events, each with an "event"
         key: start (step, steps, resumed_from), checkpoint_skipped (step, reason, moved_to),
-        checkpoint_stray_files (step, path, files), config_changed (fields: {name: [saved, now]}; without a
-        callback, a warning), log (a
+        checkpoint_stray_files (step, path, files), config_changed (path, fields: {name: [saved, now]};
+        without a callback, a warning), log (a
         train row), eval (an eval row), checkpoint (step, path), plot_skipped (path, reason), end (step,
         elapsed_s). During a callback the model holds the current state (between callbacks its arrays are
         donated to the next step: keep no references). An exception raised by the callback stops training.
@@ -439,7 +439,7 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
     validate.function("batch_fn", batch_fn)
     validate.function("eval_fn", eval_fn, none=True)
     validate.function("stop", stop, none=True)
-    emit = validate.function("callback", callback, none=True) or (lambda event: None)
+    emit = validate.function("callback", callback, none=True) or _unheard
     metadata = {**(metadata or {})}
     if "train_config" in metadata:
         raise ValueError("metadata: expected no 'train_config' key (fit adds it), got one")
@@ -462,7 +462,7 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
     log = RunLog(out, write=writer)
     resumed: dict[str, Any] = {}
     if resume and ckpt.steps(ckdir):
-        carry, resumed = _resume(step, carry, ckdir, cfg, emit, state_sharding, callback is not None)
+        carry, resumed = _resume(step, carry, ckdir, cfg, emit, state_sharding)
         log.resume_at(resumed["resumed_from"])
     start = resumed.get("resumed_from") or 0
     emit({"event": "start", "step": start, "steps": cfg.steps, "resumed_from": resumed.get("resumed_from")})
@@ -539,15 +539,23 @@ def earlier_run(out_dir: str | os.PathLike) -> str | None:
 
 @contextlib.contextmanager
 def _eval_mode(model: nnx.Module) -> Iterator[None]:
-    """`model.eval()` inside, each mode flag (`compiled.MODE_ATTRIBUTES`) put back as it was after."""
-    flags = [(node, name, getattr(node, name)) for _, node in nnx.iter_graph(model)
-             if isinstance(node, nnx.Module) for name in MODE_ATTRIBUTES if hasattr(node, name)]
+    """`model.eval()` inside, each mode flag (`compiled.mode_flags`) put back as it was after."""
+    flags = [(node, name, getattr(node, name)) for node, name in mode_flags(model)]
     model.eval()
     try:
         yield
     finally:
         for node, name, value in flags:
             setattr(node, name, value)
+
+
+def _unheard(event: dict) -> None:
+    """`fit`'s events without a callback: all unsaid but a resume with another TrainConfig, which gets a warning
+    (the CLI listens, says it, and asks for --override)."""
+    if event["event"] == "config_changed":
+        changes = "; ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in event["fields"].items())
+        warnings.warn(f"fit: resuming the run in {event['path']} with another TrainConfig: {changes}", UserWarning,
+                      stacklevel=validate.user_stacklevel())
 
 
 def _eval_values(result: Mapping[str, Any]) -> dict[str, float]:
@@ -558,7 +566,7 @@ def _eval_values(result: Mapping[str, Any]) -> dict[str, float]:
 
 
 def _resume(step: TrainStep, carry: dict, ckdir: Path, cfg: TrainConfig, emit: Callable,
-            sharding: jax.sharding.Sharding | None, listened: bool) -> tuple[dict, dict]:
+            sharding: jax.sharding.Sharding | None) -> tuple[dict, dict]:
     """The carry from the newest valid checkpoint, and the History fields that describe the resume."""
     restored = ckpt.restore(ckdir, target={"train_state": step.tree(carry["state"]), "loop": carry["window"]},
                             fallback=True)
@@ -580,11 +588,7 @@ def _resume(step: TrainStep, carry: dict, ckdir: Path, cfg: TrainConfig, emit: C
     saved_cfg = restored.metadata.get("train_config", asdict(cfg))
     diff = {k: [saved_cfg.get(k), v] for k, v in asdict(cfg).items() if saved_cfg.get(k) != v}
     if diff:
-        emit({"event": "config_changed", "fields": diff})
-        if not listened:  # the CLI listens, says it and asks for --override; a library caller gets a warning
-            changes = "; ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in diff.items())
-            warnings.warn(f"fit: resuming the run in {ckdir.parent} with another TrainConfig: {changes}",
-                          UserWarning, stacklevel=4)
+        emit({"event": "config_changed", "path": str(ckdir.parent), "fields": diff})
     state = step._raw(jax.tree.leaves(restored.state["train_state"]))
     carry = {**carry, "state": state if sharding is None else jax.device_put(state, sharding),
              "window": restored.state["loop"]}
@@ -603,8 +607,7 @@ def restore_model(out_dir: str | os.PathLike, model: nnx.Module, step: int | Non
     restored = ckpt.restore(Path(out_dir) / CHECKPOINT_DIR, step)
     names, leaves, treedef = ckpt.named_leaves(nnx.state(model), "model")
     prefix = "train_state/model/"
-    extra = sorted(k.removeprefix(prefix) for k in restored.state if k.startswith(prefix)
-                   and k.removeprefix(prefix) not in set(names))
+    extra = sorted({k.removeprefix(prefix) for k in restored.state if k.startswith(prefix)} - set(names))
     if extra:  # as torch's load_state_dict(strict=True): a model of fewer layers would load the rest silently
         raise ckpt.CheckpointError(f"checkpoint {restored.path}: model leaves {extra} that the model lacks (a "
                                    "different model?)")
