@@ -440,17 +440,24 @@ def test_train_on_data_batches_by_the_runs_seed_and_chooses_on_the_validation_pe
     assert seen["eval_fn"](seen["model"])["utility"] == pytest.approx(tables["valid"], rel=1e-6)
 
 
-def test_without_a_validation_period_training_evaluates_on_the_training_period():
-    """valid_fraction=0: the eval rows during training score the training period, never the test period."""
+def tiny_market_task(valid_fraction: float):
+    """Two paths of 40 steps in memory (3 features, 2 assets) and a tiny Traveller task over them."""
     from jax_scan_rnn.data.market_data import MarketData
     from jax_scan_rnn.tasks import traveller as tv
-    from jax_scan_rnn.train import TrainConfig
 
     rng = np.random.default_rng(0)
     data = MarketData(rng.standard_normal((2, 40, 3)), 0.01 * rng.standard_normal((2, 40, 2)), ("f0", "f1", "f2"),
                       ("a", "b"))
-    task = tv.TravellerTask(data="mem.npz", seq_len=5, batch_size=4, hidden_size=4, valid_fraction=0.0,
-                            test_fraction=0.15)
+    return data, tv.TravellerTask(data="mem.npz", seq_len=5, batch_size=4, hidden_size=4,
+                                  valid_fraction=valid_fraction, test_fraction=0.15)
+
+
+def test_without_a_validation_period_training_evaluates_on_the_training_period():
+    """valid_fraction=0: the eval rows during training score the training period, never the test period."""
+    from jax_scan_rnn.tasks import traveller as tv
+    from jax_scan_rnn.train import TrainConfig
+
+    data, task = tiny_market_task(valid_fraction=0.0)
     model, history, stats = tv.train(task, TrainConfig(steps=2, log_every=1, eval_every=0, checkpoint_every=0),
                                      data=data)
     x = tv.positions(model, stats.standardiser(data.features))[0]
@@ -463,14 +470,9 @@ def test_without_a_validation_period_training_evaluates_on_the_training_period()
 def test_a_later_period_is_scored_from_the_position_held_before_it():
     """Buy-and-hold holds one position throughout: scored from the position held just before the test period,
     it trades nothing there (no cost, no turnover)."""
-    from jax_scan_rnn.data.market_data import MarketData
     from jax_scan_rnn.tasks import traveller as tv
 
-    rng = np.random.default_rng(0)
-    data = MarketData(rng.standard_normal((2, 40, 3)), 0.01 * rng.standard_normal((2, 40, 2)), ("f0", "f1", "f2"),
-                      ("a", "b"))
-    task = tv.TravellerTask(data="mem.npz", seq_len=5, batch_size=4, hidden_size=4, valid_fraction=0.15,
-                            test_fraction=0.15)
+    data, task = tiny_market_task(valid_fraction=0.15)
     stats = tv.fit_stats(task, data)
     row = tv.data_table(tv.build_model(task, 0, stats), data, stats, "test")["policies"]["buy_and_hold"]
     assert row["cost"] == 0 and row["turnover"] == 0
