@@ -2,7 +2,8 @@
 reports as strict JSON (`strict_json`).
 
 `fit` (train.py) computes; this module writes and draws. A row is one JSON object per line:
-`{"step", "split": "train"|"eval", "loss", "metrics": {...}, "lr", "wall_time", "elapsed_s", ...}`.
+`{"step", "split": "train"|"eval", "loss", "metrics": {...}, "lr", "wall_time", "elapsed_s", ...}`, in strict JSON:
+a number that is not finite (a NaN metric) is written as null, and `read_rows` reads it back as NaN.
 """
 from __future__ import annotations
 
@@ -120,7 +121,7 @@ class RunLog:
         self.rows = [r for r in read_rows(self.path) if r["step"] <= step]
         if not self.write:
             return
-        write_atomically(self.path, lambda f: f.writelines(json.dumps(r) + "\n" for r in self.rows))
+        write_atomically(self.path, lambda f: f.writelines(strict_json(r) + "\n" for r in self.rows))
 
     def __enter__(self) -> RunLog:
         if self.write:
@@ -141,7 +142,7 @@ class RunLog:
         self.rows.append(row)
         if self.file is not None:
             try:
-                self.file.write(json.dumps(row) + "\n")
+                self.file.write(strict_json(row) + "\n")
                 self.file.flush()
             except OSError as err:  # a full disk: name the log
                 _raise_naming(err, self.path)
@@ -163,8 +164,19 @@ def read_rows(path: Path) -> list[dict]:
         except ValueError:  # a line cut short by a crash
             continue
         if isinstance(row, dict) and "step" in row:
-            rows.append(row)
+            rows.append(_nan_for_null(row))
     return rows
+
+
+def _nan_for_null(row: dict) -> dict:
+    """A row as `RunLog.add` had it: strict JSON's null back to NaN in the numeric fields (an eval row's loss is
+    its metrics' "loss", None where `eval_fn` returned none)."""
+    if isinstance(row.get("metrics"), dict):
+        row["metrics"] = {m: math.nan if v is None else v for m, v in row["metrics"].items()}
+    for key in ("loss", "grad_norm", "lr", "steps_per_s"):
+        if key in row and row[key] is None:
+            row[key] = row.get("metrics", {}).get("loss") if key == "loss" and row.get("split") == "eval" else math.nan
+    return row
 
 
 def curve_panels(history: History) -> tuple[dict[str, dict[str, list]], dict[str, float]]:

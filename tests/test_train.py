@@ -816,3 +816,33 @@ def test_a_run_stopped_at_an_eval_step_evaluates_there(tmp_path):
     resumed = fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), mse_fn, linear_batch_fn, cfg, out_dir=tmp_path / "b",
                   eval_fn=weights, resume=True)
     assert [r["step"] for r in resumed.eval] == [r["step"] for r in straight.eval] == [4, 8, 12]
+
+
+def test_the_log_is_strict_json_and_a_resume_reads_nan_back(tmp_path):
+    # A metric undefined for the run (NaN) is written as null, which strict JSON parsers (jq, JavaScript) take where a
+    # bare NaN is refused; the rows a resume reads back hold NaN again, as the uninterrupted run's History did.
+    from jax_scan_rnn.runlog import read_rows
+
+    cfg = TrainConfig(steps=4, log_every=2, eval_every=2, checkpoint_every=2, clip_norm=None)
+
+    def eval_fn(model):
+        return {"undefined": float("nan")}  # no "loss": the eval rows' loss is None
+
+    first = fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), mse_fn, linear_batch_fn, cfg, out_dir=tmp_path, eval_fn=eval_fn)
+
+    def refuse(constant):
+        raise ValueError(f"not strict JSON: {constant}")
+
+    lines = [json.loads(line, parse_constant=refuse) for line in (tmp_path / METRICS_FILE).read_text().splitlines()]
+    assert [r["metrics"]["undefined"] for r in lines if r["split"] == "eval"] == [None, None]
+    again = fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), mse_fn, linear_batch_fn, cfg, out_dir=tmp_path, eval_fn=eval_fn,
+                resume=True)
+    assert again.resumed_from == 4 and len(again.eval) == len(first.eval) == 2
+    for row in again.eval:
+        assert math.isnan(row["metrics"]["undefined"]) and row["loss"] is None
+    assert again.train == first.train
+    # An eval loss that was NaN comes back as NaN, a train row's too.
+    (tmp_path / "b.jsonl").write_text('{"step": 1, "split": "eval", "loss": null, "metrics": {"loss": null}}\n'
+                                      '{"step": 1, "split": "train", "loss": null, "grad_norm": null, "metrics": {}}\n')
+    evaluated, trained = read_rows(tmp_path / "b.jsonl")
+    assert math.isnan(evaluated["loss"]) and math.isnan(trained["loss"]) and math.isnan(trained["grad_norm"])
