@@ -382,7 +382,9 @@ def restore(directory: str | os.PathLike, step: int | None = None, target: Any =
         match the checkpoint exactly (``ValueError`` naming the leaf otherwise); leaves with a
         ``.sharding`` are restored with that sharding, the others (and every leaf without ``target``) on this
         process's first device, whatever devices saved them. Without ``target`` the result is a flat
-        ``{leaf name: np.ndarray}`` dict (PRNG keys as typed keys).
+        ``{leaf name: np.ndarray}`` dict (PRNG keys as typed keys). ``target`` may also be a function of the
+        checkpoint's metadata returning the tree, for a structure that depends on what was saved (`fit`'s log
+        window holds the metrics the saved run logged).
       fallback: only with ``step=None``: if the newest checkpoint is invalid, try the next older one,
         and so on; the skipped ones are reported in ``Restored.skipped`` (and left where they are:
         ``restore`` never changes the directory; see :func:`set_aside`). Without it an invalid newest
@@ -400,7 +402,9 @@ def restore(directory: str | os.PathLike, step: int | None = None, target: Any =
 
     def read(s: int, stray: tuple[str, ...], skipped: tuple) -> Restored:  # called holding the step (_held)
         path = step_path(root, s)
-        return Restored(s, _load(path, target), _read_json(path), path, skipped, stray)
+        metadata = _read_json(path)
+        tree = target(metadata) if callable(target) else target
+        return Restored(s, _load(path, tree), metadata, path, skipped, stray)
 
     if step is None and fallback:
         return _newest_valid(root, read)

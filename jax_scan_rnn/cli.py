@@ -232,6 +232,9 @@ class ProgressBar:
                   file=sys.stderr)
         elif kind == "plot_skipped":
             print(f"{event['path']} not drawn: {event['reason']}", file=sys.stderr)
+        elif kind == "metrics_changed":  # a newer version of a task logs other metrics
+            print(f"the run in {event['path']} logged the metrics {event['saved']}, this version {event['now']}: the "
+                  "first train row after the resume covers the updates after it only", file=sys.stderr)
         elif kind == "checkpoint_stray_files":
             print(f"checkpoint {event['step']} holds files it did not write (left alone, not read): "
                   f"{', '.join(event['files'])} in {event['path']}", file=sys.stderr)

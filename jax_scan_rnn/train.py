@@ -412,12 +412,14 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
       callback: `callback(event: dict)` for progress (the library never prints). Events, each with an "event"
         key: start (step, steps, resumed_from), checkpoint_skipped (step, reason, moved_to),
         checkpoint_stray_files (step, path, files), config_changed (path, fields: {name: [saved, now]};
-        without a callback, a warning), log (a
+        without a callback, a warning), metrics_changed (path, saved, now: `loss_fn`'s metric names; the log
+        window restarts at the resume; without a callback, a warning), log (a
         train row), eval (an eval row), checkpoint (step, path), plot_skipped (path, reason), end (step,
         elapsed_s). During a callback the model holds the current state (between callbacks its arrays are
         donated to the next step: keep no references). An exception raised by the callback stops training.
       metadata: JSON-serialisable dict stored in every checkpoint (e.g. the model config, so another process
-        can rebuild the model); `train_config` is added (and reserved).
+        can rebuild the model); `train_config` and `logged_metrics` (the metric names of `loss_fn`) are added
+        (and reserved).
       data_sharding: if given, every batch is placed with it (e.g. batch-sharded for data parallelism; on
         several processes each contributes the rows of its own devices, `distributed.put_batch`).
       state_sharding: if given, the training state is placed with it (e.g. replicated) before the loop.
@@ -441,8 +443,9 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
     validate.function("stop", stop, none=True)
     emit = validate.function("callback", callback, none=True) or _unheard
     metadata = {**(metadata or {})}
-    if "train_config" in metadata:
-        raise ValueError("metadata: expected no 'train_config' key (fit adds it), got one")
+    for key in ("train_config", "logged_metrics"):
+        if key in metadata:
+            raise ValueError(f"metadata: expected no {key!r} key (fit adds it), got one")
     out = Path(out_dir) if out_dir is not None else None
     if resume and out is None:
         raise ValueError("out_dir: expected a directory when resume=True, got None")
@@ -505,7 +508,8 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
                                                       "elapsed_s": now - t_start})})
                 if do_ckpt:
                     path = ckpt.save(ckdir, k, {"train_state": step.tree(carry["state"]), "loop": carry["window"]},
-                                     {**metadata, "train_config": asdict(cfg)}, keep=cfg.keep_checkpoints)
+                                     {**metadata, "train_config": asdict(cfg), "logged_metrics": step.metric_names},
+                                     keep=cfg.keep_checkpoints)
                     emit({"event": "checkpoint", "step": k, "path": str(path)})
                 if stopping:
                     raise TrainingStopped(k, None if ckdir is None else ckpt.step_path(ckdir, k))
@@ -550,12 +554,16 @@ def _eval_mode(model: nnx.Module) -> Iterator[None]:
 
 
 def _unheard(event: dict) -> None:
-    """`fit`'s events without a callback: all unsaid but a resume with another TrainConfig, which gets a warning
-    (the CLI listens, says it, and asks for --override)."""
+    """`fit`'s events without a callback: all unsaid but a resume with another TrainConfig or other metrics, which
+    gets a warning (the CLI listens, says it, and asks for --override)."""
     if event["event"] == "config_changed":
         changes = "; ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in event["fields"].items())
         warnings.warn(f"fit: resuming the run in {event['path']} with another TrainConfig: {changes}", UserWarning,
                       stacklevel=validate.user_stacklevel())
+    elif event["event"] == "metrics_changed":
+        warnings.warn(f"fit: resuming the run in {event['path']} with a loss_fn whose metrics {event['now']} are not "
+                      f"the saved run's {event['saved']}: the first train row covers the updates after the resume "
+                      "only", UserWarning, stacklevel=validate.user_stacklevel())
 
 
 def _eval_values(result: Mapping[str, Any]) -> dict[str, float]:
@@ -568,8 +576,12 @@ def _eval_values(result: Mapping[str, Any]) -> dict[str, float]:
 def _resume(step: TrainStep, carry: dict, ckdir: Path, cfg: TrainConfig, emit: Callable,
             sharding: jax.sharding.Sharding | None) -> tuple[dict, dict]:
     """The carry from the newest valid checkpoint, and the History fields that describe the resume."""
-    restored = ckpt.restore(ckdir, target={"train_state": step.tree(carry["state"]), "loop": carry["window"]},
-                            fallback=True)
+    def target(metadata: dict) -> dict:  # the log window as saved: it sums the metrics the saved run's loss_fn gave
+        names = metadata.get("logged_metrics", step.metric_names)
+        window = {**carry["window"], "metrics": {m: carry["window"]["metrics"].get(m, np.float32(0)) for m in names}}
+        return {"train_state": step.tree(carry["state"]), "loop": window}
+
+    restored = ckpt.restore(ckdir, target=target, fallback=True)
     # Every skipped step is newer than the restored one and will be recomputed, so it must leave the step
     # namespace; renamed, not deleted: a failed verify does not prove the data worthless (a transient read
     # error, a copy in progress), and resume must never destroy data.
@@ -589,9 +601,12 @@ def _resume(step: TrainStep, carry: dict, ckdir: Path, cfg: TrainConfig, emit: C
     diff = {k: [saved_cfg.get(k), v] for k, v in asdict(cfg).items() if saved_cfg.get(k) != v}
     if diff:
         emit({"event": "config_changed", "path": str(ckdir.parent), "fields": diff})
+    saved_metrics = restored.metadata.get("logged_metrics", step.metric_names)
+    if saved_metrics != step.metric_names:  # the first train row then covers the updates after the resume only
+        emit({"event": "metrics_changed", "path": str(ckdir.parent), "saved": saved_metrics, "now": step.metric_names})
     state = step._raw(jax.tree.leaves(restored.state["train_state"]))
     carry = {**carry, "state": state if sharding is None else jax.device_put(state, sharding),
-             "window": restored.state["loop"]}
+             "window": restored.state["loop"] if saved_metrics == step.metric_names else carry["window"]}
     return carry, {"resumed_from": restored.step, "checkpoints_skipped": restored.skipped,
                    "checkpoints_moved_aside": moved, "checkpoint_stray_files": restored.stray_files}
 

@@ -747,3 +747,13 @@ def test_a_resumed_runs_data_change_is_named_by_what_moved():
     assert data_change(saved, {**saved, "train_end": 260}) == "training steps 280 -> 260"
     assert data_change(saved, {**saved, "asset_names": ["b"]}) == "assets ['a'] -> ['b']"
     assert data_change(saved, {**saved, "mean": [0.5]}) == "its training period's mean, std or covariance"
+
+
+def test_the_progress_bar_says_when_a_resumed_runs_metrics_changed(capsys):
+    # fit resumes a run whose checkpoint logged other metrics (a newer version of a task) with a fresh log window:
+    # the CLI says so on stderr.
+    from jax_scan_rnn.cli import ProgressBar
+
+    with ProgressBar() as bar:
+        bar({"event": "metrics_changed", "path": "/runs/a", "saved": ["acc"], "now": ["acc", "kl"]})
+    assert "the run in /runs/a logged the metrics ['acc'], this version ['acc', 'kl']" in capsys.readouterr().err

@@ -26,6 +26,7 @@ from jax_scan_rnn.train import (
     History,
     NonFiniteLossError,
     TrainConfig,
+    TrainingStopped,
     TrainStep,
     clip_by_global_norm,
     fit,
@@ -846,3 +847,31 @@ def test_the_log_is_strict_json_and_a_resume_reads_nan_back(tmp_path):
                                       '{"step": 1, "split": "train", "loss": null, "grad_norm": null, "metrics": {}}\n')
     evaluated, trained = read_rows(tmp_path / "b.jsonl")
     assert math.isnan(evaluated["loss"]) and math.isnan(trained["loss"]) and math.isnan(trained["grad_norm"])
+
+
+def test_a_resume_with_other_metrics_restarts_the_log_window(tmp_path):
+    # A metric added to loss_fn between runs: the checkpoint's log window sums other metrics, so the run resumes
+    # with a fresh window (and says so) instead of failing on the checkpoint's tree; the trajectory is unchanged.
+    cfg = TrainConfig(steps=4, log_every=3, checkpoint_every=1, clip_norm=None)
+    with pytest.raises(TrainingStopped):
+        fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), mse_fn, linear_batch_fn, cfg, out_dir=tmp_path / "a",
+            stop=lambda: True)
+    with pytest.warns(UserWarning, match=r"metrics \['mae', 'max_err'\] are not the saved run's \[\]"):
+        resumed = fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), loss_fn, linear_batch_fn, cfg, out_dir=tmp_path / "a",
+                      resume=True)
+    every = fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), loss_fn, linear_batch_fn, replace(cfg, log_every=1))
+    per_update = {r["step"]: r for r in every.train}
+    first = resumed.train[0]
+    assert first["step"] == 3  # updates 2 and 3: the window restarted after update 1
+    for key in ("loss", "grad_norm"):
+        assert first[key] == pytest.approx((per_update[2][key] + per_update[3][key]) / 2, rel=1e-6)
+    assert first["metrics"]["mae"] == pytest.approx((per_update[2]["metrics"]["mae"]
+                                                     + per_update[3]["metrics"]["mae"]) / 2, rel=1e-6)
+    assert resumed.train[1]["loss"] == per_update[4]["loss"]  # the same update: a one-update window
+    # ...and back: the metric removed again, with a callback listening instead of a warning.
+    events = []
+    fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), mse_fn, linear_batch_fn, replace(cfg, steps=5), out_dir=tmp_path / "a",
+        resume=True, callback=events.append)
+    changed = [e for e in events if e["event"] == "metrics_changed"]
+    assert changed == [{"event": "metrics_changed", "path": str(tmp_path / "a"), "saved": ["mae", "max_err"],
+                        "now": []}]
