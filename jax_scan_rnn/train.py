@@ -87,6 +87,10 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.warmup_steps: expected at most steps={self.steps}, got {self.warmup_steps}")
 
 
+# The TrainConfig fields that only make_optimizer reads: fit(optimizer=...) refuses a changed one.
+OPTIMIZER_FIELDS = ("learning_rate", "warmup_steps", "lr_schedule", "final_lr_fraction", "clip_norm", "weight_decay")
+
+
 class NonFiniteLossError(RuntimeError):
     """Training produced a non-finite loss, gradient norm or updated state at `step` (1-based update number)."""
 
@@ -382,8 +386,9 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
         out_dir: str | os.PathLike | None = None, eval_fn: Callable[[nnx.Module], Mapping[str, float]] | None = None,
         resume: bool = False, callback: Callable[[dict], None] | None = None,
         metadata: Mapping[str, Any] | None = None, data_sharding: jax.sharding.Sharding | None = None,
-        state_sharding: jax.sharding.Sharding | None = None, stop: Callable[[], bool] | None = None) -> History:
-    """Train `model` in place for `cfg.steps` updates of Adam(W) on `loss_fn`, with `TrainStep`.
+        state_sharding: jax.sharding.Sharding | None = None, stop: Callable[[], bool] | None = None,
+        optimizer: optax.GradientTransformation | None = None) -> History:
+    """Train `model` in place for `cfg.steps` updates of Adam(W) on `loss_fn` (or of `optimizer`), with `TrainStep`.
 
     Args:
       model: the NNX module; its `nnx.Param` are trained, every other state (rng streams, batch stats) is
@@ -427,6 +432,11 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
         one asks); when it says True before the last update, `fit` writes a checkpoint of that update (with an
         `out_dir`) and raises `TrainingStopped`, so a preempted job loses no update: `resume=True` continues
         there, exactly as the uninterrupted run would have gone on.
+      optimizer: an optax transformation of your own (SGD, a Lion, a chain with your clipping) instead of the
+        Adam(W) `make_optimizer(cfg)` builds. `cfg`'s optimiser fields (`OPTIMIZER_FIELDS`: learning rate,
+        warmup, schedule, clipping, weight decay) are then not read and must keep their defaults (ValueError
+        naming one that does not), and the rows' `lr` is NaN (not known; null in `metrics.jsonl`). Resuming
+        needs the same transformation: its state is in the checkpoint.
 
     While it runs, `fit` holds `out_dir` (`lock.run_lock`, on the first process of a multi-process run).
 
@@ -442,6 +452,13 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
     validate.function("eval_fn", eval_fn, none=True)
     validate.function("stop", stop, none=True)
     emit = validate.function("callback", callback, none=True) or _unheard
+    if optimizer is not None:
+        validate.instance("optimizer", optimizer, optax.GradientTransformation)
+        for name in OPTIMIZER_FIELDS:
+            if getattr(cfg, name) != TrainConfig.__dataclass_fields__[name].default:
+                raise ValueError(f"cfg.{name}: not read with optimizer= (set it in your optax transformation); "
+                                 f"expected the default {TrainConfig.__dataclass_fields__[name].default!r}, got "
+                                 f"{getattr(cfg, name)!r}")
     metadata = {**(metadata or {})}
     for key in ("train_config", "logged_metrics"):
         if key in metadata:
@@ -459,7 +476,8 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
         return batch if data_sharding is None else put_batch(batch, data_sharding)
 
     first_batch = batch_fn(0)
-    step = TrainStep(model, loss_fn, make_optimizer(cfg), put(first_batch), make_lr_schedule_for(cfg))
+    step = TrainStep(model, loss_fn, optimizer or make_optimizer(cfg), put(first_batch),
+                     None if optimizer else make_lr_schedule_for(cfg))
     carry = step.init(state_sharding)
     writer = jax.process_index() == 0  # one process writes the log and the plot; every process checkpoints
     log = RunLog(out, write=writer)

@@ -875,3 +875,33 @@ def test_a_resume_with_other_metrics_restarts_the_log_window(tmp_path):
     changed = [e for e in events if e["event"] == "metrics_changed"]
     assert changed == [{"event": "metrics_changed", "path": str(tmp_path / "a"), "saved": ["mae", "max_err"],
                         "now": []}]
+
+
+def test_fit_trains_with_an_optax_transformation_of_ones_own(tmp_path):
+    # fit(optimizer=tx) is the loop around TrainStep(..., tx): the same updates bit for bit, resumable; cfg's
+    # optimiser fields, which it then does not read, are refused when set.
+    tx = optax.chain(optax.clip_by_global_norm(0.5), optax.sgd(0.05, momentum=0.9))
+    cfg = TrainConfig(steps=6, log_every=1, checkpoint_every=3)
+    a = DropMLP(nnx.Rngs(0))
+    with pytest.raises(TrainingStopped):  # stopped after update 3, then resumed: the straight run's updates
+        fit(a, loss_fn, batch_fn, cfg, out_dir=tmp_path, optimizer=tx, stop=iter([False, False, True]).__next__)
+    hist = fit(DropMLP(nnx.Rngs(9)), loss_fn, batch_fn, cfg, out_dir=tmp_path, optimizer=tx, resume=True)
+    assert hist.resumed_from == 3
+    b = DropMLP(nnx.Rngs(0))
+    step = TrainStep(b, loss_fn, tx, batch_fn(0))
+    carry = step.init()
+    losses = []
+    for i in range(cfg.steps):
+        carry = step(carry, batch_fn(i))
+        losses.append(float(step.read(carry)["window"]["loss"]))
+        carry = step.reset(carry)
+    logged = [r["loss"] for r in fit(DropMLP(nnx.Rngs(0)), loss_fn, batch_fn, cfg, optimizer=tx).train]
+    assert logged == losses
+    assert [r["loss"] for r in hist.train] == losses  # rows 1-3 read back from the interrupted run's log
+    assert all(math.isnan(r["lr"]) for r in hist.train)  # not known: no schedule of fit's
+    for field, value in (("learning_rate", 1e-2), ("clip_norm", None), ("weight_decay", 0.1), ("warmup_steps", 1),
+                         ("lr_schedule", "constant")):
+        with pytest.raises(ValueError, match=rf"^cfg\.{field}: not read with optimizer="):
+            fit(DropMLP(nnx.Rngs(0)), loss_fn, batch_fn, replace(cfg, **{field: value}), optimizer=tx)
+    with pytest.raises(TypeError, match="optimizer"):
+        fit(DropMLP(nnx.Rngs(0)), loss_fn, batch_fn, cfg, optimizer=optax.sgd)
