@@ -905,3 +905,22 @@ def test_fit_trains_with_an_optax_transformation_of_ones_own(tmp_path):
             fit(DropMLP(nnx.Rngs(0)), loss_fn, batch_fn, replace(cfg, **{field: value}), optimizer=tx)
     with pytest.raises(TypeError, match="optimizer"):
         fit(DropMLP(nnx.Rngs(0)), loss_fn, batch_fn, cfg, optimizer=optax.sgd)
+
+
+def test_steps_per_s_is_the_rate_since_the_last_row(monkeypatch):
+    # A clock that moves only when batch_fn is called: one second per update after the first (whose batch fit
+    # fetched before the loop), so each row's window is timed from the row before, not from the run's start.
+    import types
+
+    import jax_scan_rnn.train as train_module
+
+    clock = [1000.0]
+    monkeypatch.setattr(train_module, "time", types.SimpleNamespace(time=lambda: clock[0]))
+
+    def timed_batches(i):
+        clock[0] += 1.0 if i else 0.0
+        return linear_batch_fn(i)
+
+    hist = fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), mse_fn, timed_batches, TrainConfig(steps=6, log_every=2))
+    assert [r["steps_per_s"] for r in hist.train] == [2.0, 1.0, 1.0]  # updates 1-2 in 1 s, then 2 per 2 s
+    assert [r["elapsed_s"] for r in hist.train] == [1.0, 3.0, 5.0]
