@@ -1459,11 +1459,22 @@ DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG, 
 def backend_error(err: BaseException) -> str | None:
     """The line that says JAX could not start the platform `JAX_PLATFORMS` names (its GPU build not installed, a
     misspelt name), or None for any other error. JAX raises it where it starts its backends, as a RuntimeError,
-    or for `cuda` without JAX's CUDA build as a bare AssertionError (JAX 0.10)."""
+    or for `cuda` without JAX's CUDA build as a bare AssertionError (JAX 0.10); where an array operation started
+    them, from its dispatch, with xla_bridge's frames cut from the traceback: asking for the devices again tells."""
+    if not isinstance(err, (RuntimeError, AssertionError)):
+        return None
     import traceback
 
-    frames = traceback.extract_tb(err.__traceback__)
-    if not (isinstance(err, (RuntimeError, AssertionError)) and frames and Path(frames[-1].filename).name == "xla_bridge.py"):
+    import jax
+
+    try:
+        jax.devices()
+    except (RuntimeError, AssertionError) as again:
+        frames = traceback.extract_tb(again.__traceback__)
+        if not (frames and Path(frames[-1].filename).name == "xla_bridge.py"):
+            return None
+        err = again
+    else:
         return None
     detail = str(err).split(" (set JAX_PLATFORMS", 1)[0].strip() or f"{type(err).__name__} in JAX's xla_bridge"
     return (f"JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS', '')!r}: JAX could not start it ({detail}); install "
