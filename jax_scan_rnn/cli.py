@@ -476,11 +476,18 @@ def adopt_saved_settings(args: argparse.Namespace, task_cls: type, preset=None) 
 
 def data_change(saved: dict, now: dict) -> str | None:
     """What differs between the `DataStats` a Traveller run saved (JSON) and those of the data read now, or None."""
+    def without_digest(stats: dict) -> dict:
+        return {k: v for k, v in stats.items() if k != "data_sha256"}
+
+    if "data_sha256" not in saved:  # a run that predates the digest: its statistics alone
+        now = without_digest(now)
     if saved == now:
         return None
     for key, what in (("num_steps", "steps per path"), ("train_end", "training steps"), ("asset_names", "assets")):
         if saved.get(key) != now.get(key):
             return f"{what} {saved.get(key)!r} -> {now.get(key)!r}"
+    if without_digest(saved) == without_digest(now):
+        return "its values (sha256), though not the training period's mean, std or covariance"
     return "its training period's mean, std or covariance"
 
 
@@ -708,6 +715,7 @@ def traveller_data(task, stats, path: str | None, *, returns: bool = True, fill:
     `fill` is given) and checked against what the model was trained on."""
     from jax_scan_rnn.tasks import traveller as task_lib
 
+    as_trained = fill in (None, task.fill)  # another --fill reads other values: not compared with the run's
     if fill is not None:
         task = dataclasses.replace(task, fill=fill)
     if path is None and not Path(task.data).is_file():
@@ -727,6 +735,10 @@ def traveller_data(task, stats, path: str | None, *, returns: bool = True, fill:
         raise ValueError(f"--checkpoint: the run's data file {source} now has {data.num_steps} steps per path, "
                          f"{stats.num_steps} when the model was trained: its periods would move; pass --data FILE "
                          "to evaluate on a file as a whole")
+    if path is None and as_trained and stats.data_sha256 and task_lib.data_digest(data) != stats.data_sha256:
+        raise ValueError(f"--checkpoint: the run's data file {source} is not the data the model was trained on (its "
+                         "values changed since, or the run was given other data in Python): its periods would be "
+                         "scored on other values; pass --data FILE to evaluate on a file as a whole")
     return data
 
 
@@ -1161,17 +1173,25 @@ def cmd_encode_vae(args: argparse.Namespace) -> int:
 def cmd_evaluate_vae(args: argparse.Namespace) -> int:
     from jax_scan_rnn.tasks import vae as task_lib
 
+    from jax_scan_rnn import checkpoint
+    from jax_scan_rnn.train import CHECKPOINT_DIR
+
     check_output_file(args.output)
-    model, vocab, task, _ = load_run(args, "vae")
+    model, vocab, task, step = load_run(args, "vae")
     data_file = vae_data_file(task)
     refuse_an_input(args.output, "--output", {"the run's --data file": data_file})
     check_memory("the samples (-n)", task_lib.sample_bytes(task, vocab.size, args.n))
     if data_file and not Path(data_file).is_file():
         raise FileNotFoundError(f"--checkpoint: the run's data file {task.data} is gone (its test molecules are "
                                 "scored, its training molecules make novelty); `sample vae` needs no data")
-    dataset = task_lib.load_dataset(task)
-    if dataset.vocab != vocab:
-        raise ValueError(f"--checkpoint: its vocabulary differs from the one rebuilt from {task.data!r}")
+    # The run's own vocabulary, as --resume reads the data (a run started --init-from another model's has that
+    # model's, not the one its data would build)
+    dataset = task_lib.load_dataset(task, vocab)
+    saved = checkpoint.read_metadata(Path(args.checkpoint) / CHECKPOINT_DIR, step)
+    if saved.get("data_sha256", dataset.digest) != dataset.digest:  # (a run that predates the digest: not compared)
+        raise ValueError(f"--checkpoint: the run's data file {task.data} is not the data it was trained on (its "
+                         "molecules changed since): its test split would hold other molecules, maybe ones the model "
+                         "trained on; restore the file, or score other molecules with sample vae and your own metrics")
     task = dataclasses.replace(task, eval_samples=args.n)
     print(vae_evaluation_banner(task, len(dataset.test)), flush=True)
     report = task_lib.evaluate(model, dataset, task)

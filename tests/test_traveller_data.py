@@ -307,6 +307,19 @@ def test_resume_on_a_data_file_that_changed_is_refused_unless_overridden(run, ca
         write_csv(path, revised, returns)
         assert main(args) == 2
         assert f"(the data in --data {path} (its training period's mean, std or covariance))" in capsys.readouterr().err
+        # A value the training period's statistics do not show (a validation row): named too, and evaluate, which
+        # would score the run's periods on it, refuses it (another file, --data, is scored as a whole).
+        revised = features.copy()
+        revised[300, 0] += 1.0
+        write_csv(path, revised, returns)
+        assert main(args) == 2
+        assert (f"(the data in --data {path} (its values (sha256), though not the training period's mean, std or "
+                "covariance))") in capsys.readouterr().err
+        assert main(["evaluate", "traveller", "--checkpoint", str(out)]) == 2
+        assert capsys.readouterr().err.strip().endswith(
+            f"--checkpoint: the run's data file {path} is not the data the model was trained on (its values changed "
+            "since, or the run was given other data in Python): its periods would be scored on other values; pass "
+            "--data FILE to evaluate on a file as a whole")
     finally:
         path.write_bytes(original)
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before

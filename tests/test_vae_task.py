@@ -881,3 +881,28 @@ def test_evaluation_during_training_scores_the_validation_split(corpus):
 
     got = history.eval[-1]["metrics"]["recon"]
     assert got == pytest.approx(recon(dataset.valid), rel=1e-5) and got != pytest.approx(recon(dataset.test), rel=1e-5)
+
+
+def test_evaluate_reads_the_runs_vocabulary_and_refuses_data_changed_since(corpus, tmp_path, capsys):
+    # A run started --init-from a model that never wrote an S has that model's vocabulary, not the one its data
+    # builds: evaluate reads the data with the run's own (as --resume does). A data file changed since the run
+    # (its lines reordered: other test molecules, some the model trained on) is refused, as --resume refuses it.
+    from jax_scan_rnn.data.smiles import Vocabulary
+
+    task = tiny(corpus)
+    no_sulphur = Vocabulary(tuple(t for t in task_lib.load_dataset(task).vocab.tokens if t != "S"))
+    _, path = torch_twin_files(tmp_path, task, no_sulphur)
+    out = tmp_path / "run"
+    assert main(["train", "vae", "--data", str(corpus), "--hidden-size", "16", "--latent-size", "4", "--batch-size",
+                 "8", "--max-length", "20", "--steps", "2", "--eval-samples", "5", "--init-from", str(path),
+                 "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", "vae", "--checkpoint", str(out), "-n", "5"]) == 0
+    assert "prior samples, greedy (n=5)" in capsys.readouterr().out
+    lines = corpus.read_text().splitlines()
+    corpus.write_text("\n".join(reversed(lines)) + "\n")
+    assert main(["evaluate", "vae", "--checkpoint", str(out), "-n", "5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"--checkpoint: the run's data file {corpus} is not the data it was trained on (its molecules "
+                        "changed since): its test split would hold other molecules, maybe ones the model trained on; "
+                        "restore the file, or score other molecules with sample vae and your own metrics"), err

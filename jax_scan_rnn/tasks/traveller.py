@@ -23,6 +23,8 @@ and scores only the period asked for.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -143,17 +145,29 @@ class DataStats:
     train_end: int  # the training period is steps [0, train_end), validation [train_end, valid_end)
     valid_end: int  # and the test [valid_end, num_steps)
     num_steps: int  # steps per path of the training file
+    data_sha256: str | None = None  # `data_digest` of the data trained on (None: a run that predates it)
 
     def to_json(self) -> dict:
         return {"standardiser": self.standardiser.to_json(), "objective": self.objective.to_json(),
                 "asset_names": list(self.asset_names), "train_end": self.train_end, "valid_end": self.valid_end,
-                "num_steps": self.num_steps}
+                "num_steps": self.num_steps, **({"data_sha256": self.data_sha256} if self.data_sha256 else {})}
 
     @classmethod
     def from_json(cls, data: dict) -> DataStats:
         return cls(market_data.Standardiser.from_json(data["standardiser"]),
                    trading.Objective.from_json(data["objective"]), tuple(data["asset_names"]),
-                   data["train_end"], data["valid_end"], data["num_steps"])
+                   data["train_end"], data["valid_end"], data["num_steps"], data.get("data_sha256"))
+
+
+def data_digest(data: market_data.MarketData) -> str:
+    """sha256 of the data as read: names, shapes and float64 values. Saved with a run (`DataStats`), so that a file
+    revised since (a value changed that the training period's statistics do not show, a validation row) or data
+    given to `train` that is not the file's is named by `--resume` and `evaluate` instead of scored silently."""
+    digest = hashlib.sha256(json.dumps([data.feature_names, data.asset_names, data.features.shape,
+                                        data.returns.shape]).encode())
+    for values in (data.features, data.returns):
+        digest.update(np.ascontiguousarray(values, np.float64).tobytes())
+    return digest.hexdigest()
 
 
 def _columns(text: str | None) -> list[str] | None:
@@ -190,7 +204,7 @@ def fit_stats(task: TravellerTask, data: market_data.MarketData) -> DataStats:
             raise type(err)(f"covariance: {err}") from None
     return DataStats(market_data.Standardiser.fit(train.features, data.feature_names),
                      trading.Objective(task.risk_aversion, task.cost_scale, sigma), data.asset_names,
-                     train_end, valid_end, data.num_steps)
+                     train_end, valid_end, data.num_steps, data_digest(data))
 
 
 def build_model(task: TravellerTask, seed: int = 0, stats: DataStats | None = None) -> Traveller:
