@@ -1,11 +1,14 @@
 """Reading, checking, splitting and standardising a user's own market data (jax_scan_rnn.data.market_data)."""
 import csv
+import datetime
 import json
 import re
+import warnings
 
 import numpy as np
 import pytest
 
+from jax_scan_rnn.data import market_data
 from jax_scan_rnn.data.market_data import (FILLS, MarketData, Standardiser, estimate_covariance, read,
                                            read_covariance, time_split)
 
@@ -145,40 +148,53 @@ def test_infinite_value_is_an_error_under_every_fill(tmp_path):
         read(tmp_path / "m.npz", fill="zero")
 
 
-def with_gaps(rows):
-    """Path 'x' (even rows) misses ret_a at steps 2 and 3 ("" and "NA"), path 'y' misses vol at step 4 ("nan")."""
+def with_gaps(rows, column=2):
+    """Path 'x' (even rows) misses `column` (ret_a; 1: mom) at steps 2 and 3 ("" and "NA"), path 'y' misses vol at
+    step 4 ("nan")."""
     rows = [list(r) for r in rows]
-    rows[4][2], rows[6][2], rows[9][3] = "", "NA", "nan"
+    rows[4][column], rows[6][column], rows[9][3] = "", "NA", "nan"
     return rows
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".parquet", ".npz"])
 def test_fill_policies(tmp_path, suffix):
-    path = tmp_path / f"m{suffix}"
-    if suffix == ".csv":
-        write_csv(path, with_gaps(table_rows()))
-    elif suffix == ".parquet":  # real nulls in numeric columns
-        rows = [[None if c in ("", "NA", "nan") else c for c in r] for r in with_gaps(table_rows())]
-        write_parquet(path, rows)
-    else:
-        features, returns = FEATURES.copy(), RETURNS.copy()
-        returns[0, 2:4, 0] = features[1, 4, 1] = np.nan
-        np.savez(path, features=features, returns=returns, feature_names=["mom", "vol"], asset_names=["ret_a", "ret_b"])
+    """ffill and zero fill features; a missing return they refuse (a made-up return would be scored as earned),
+    drop drops its row."""
+    def write(name, column):  # column 2: path x misses ret_a at steps 2, 3; column 1: mom
+        path = tmp_path / f"{name}{suffix}"
+        if suffix == ".csv":
+            write_csv(path, with_gaps(table_rows(), column))
+        elif suffix == ".parquet":  # real nulls in numeric columns
+            write_parquet(path, [[None if c in ("", "NA", "nan") else c for c in r]
+                                 for r in with_gaps(table_rows(), column)])
+        else:
+            features, returns = FEATURES.copy(), RETURNS.copy()
+            (returns if column == 2 else features)[0, 2:4, 0] = features[1, 4, 1] = np.nan
+            np.savez(path, features=features, returns=returns, feature_names=["mom", "vol"],
+                     asset_names=["ret_a", "ret_b"])
+        return path
+
+    path, gappy_features = write("m", 2), write("f", 1)
     kw = {} if suffix == ".npz" else {"feature_cols": ["mom", "vol"], "return_cols": ["ret_*"], "path_col": "id"}
 
     first = {".csv": r"column 'ret_a', row 5 \(line 6\)", ".parquet": "column 'ret_a', row 5",
              ".npz": "returns 'ret_a', path 0, step 2"}[suffix]
     with pytest.raises(ValueError, match=rf"{first}: missing value \(3 missing in total\) \(or choose a --fill policy"):
         read(path, **kw)
+    for fill in ("zero", "ffill"):
+        with pytest.raises(ValueError, match=rf"{first}: missing return; fill='{fill}' fills features only, returns "
+                                             r"are never made up .*use fill='drop', which drops the row, or remove"):
+            read(path, fill=fill, **kw)
 
-    zero = read(path, fill="zero", **kw)
-    assert zero.returns[0, 2, 0] == zero.returns[0, 3, 0] == zero.features[1, 4, 1] == 0
-    assert np.isfinite(zero.features).all() and np.isfinite(zero.returns).all()
+    zero = read(gappy_features, fill="zero", **kw)
+    assert zero.features[0, 2, 0] == zero.features[0, 3, 0] == zero.features[1, 4, 1] == 0
+    assert np.isfinite(zero.features).all()
+    np.testing.assert_array_equal(zero.returns, RETURNS)
 
-    ffill = read(path, fill="ffill", **kw)
-    assert ffill.returns[0, 2, 0] == ffill.returns[0, 3, 0] == RETURNS[0, 1, 0]
+    ffill = read(gappy_features, fill="ffill", **kw)
+    assert ffill.features[0, 2, 0] == ffill.features[0, 3, 0] == FEATURES[0, 1, 0]
     assert ffill.features[1, 4, 1] == FEATURES[1, 3, 1]
-    np.testing.assert_array_equal(ffill.returns[1], RETURNS[1])
+    np.testing.assert_array_equal(ffill.returns, RETURNS)
 
     if suffix == ".npz":  # both paths lose a different number of steps
         with pytest.raises(ValueError, match=r"same number of rows after fill='drop'; got 0: 4, 1: 5"):
@@ -186,6 +202,20 @@ def test_fill_policies(tmp_path, suffix):
     else:
         with pytest.raises(ValueError, match=r"same number of rows after fill='drop'; got 'x': 4, 'y': 5"):
             read(path, fill="drop", **kw)
+
+
+def test_the_last_row_of_a_shifted_return_column_is_dropped_never_filled(tmp_path):
+    """The module docstring's shift (ret_next[t] = ret[t + 1]) leaves the last row without a return: ffill would
+    pay it the return before, zero a flat period, and either would be scored. Refused; drop drops the row."""
+    rows = [r for r in table_rows() if r[4] == "x"]
+    rows[-1][2] = ""
+    path = write_csv(tmp_path / "shifted.csv", rows)
+    for fill in ("ffill", "zero"):
+        with pytest.raises(ValueError, match=r"^shifted\.csv: column 'ret_a', row 6 \(line 7\): missing return; "
+                                             rf"fill='{fill}' fills features only, returns are never made up"):
+            read_table(path, fill=fill, path_col=None)
+    dropped = read_table(path, fill="drop", path_col=None)
+    np.testing.assert_array_equal(dropped.returns[0], RETURNS[0, :-1])
 
 
 def test_drop_keeps_equal_paths(tmp_path):
@@ -270,6 +300,47 @@ def test_bad_npz(tmp_path):
     np.savez(path, features=FEATURES, returns=np.empty((2, 6, 2), object))
     with pytest.raises(ValueError, match=r"m\.npz: array 'returns' is not numeric \(dtype object\)"):
         read(path)
+    np.savez(path, features=FEATURES, returns=RETURNS > 0)  # a flag can be a feature, never a return
+    with pytest.raises(ValueError, match=r"m\.npz: array 'returns' is not numeric \(dtype bool\)"):
+        read(path)
+
+
+def test_a_file_that_is_not_an_npz_is_named(tmp_path):
+    """Text renamed .npz (numpy would speak of pickled data), an empty or truncated file, a lone .npy renamed, a
+    damaged array: one error naming the file."""
+    path = tmp_path / "m.npz"
+    np.savez(path, features=FEATURES, returns=RETURNS)
+    good = path.read_bytes()
+    np.save(tmp_path / "lone.npy", FEATURES)
+    damaged_header, damaged_data = bytearray(good), bytearray(good)
+    start = good.index(b"\x93NUMPY")  # the first array's header: magic, version, length, then "{'descr': ..."
+    damaged_header[start + 10] ^= 0xFF
+    damaged_data[start + 140] ^= 0xFF  # past the 128-byte header: the CRC fails when read
+    for content in (b"date,mom,ret\n2024-01-02,0.1,0.01\n", b"", good[:100], good[:-30],
+                    (tmp_path / "lone.npy").read_bytes(), bytes(damaged_header), bytes(damaged_data)):
+        path.write_bytes(content)
+        with pytest.raises(ValueError, match=r"^m\.npz: not a readable \.npz file \(expected a zip of arrays"):
+            read(path)
+
+
+def test_a_flag_is_a_feature_read_as_0_or_1_never_a_return(tmp_path):
+    """A boolean column (parquet bool, npz bool array) reads as 0.0 / 1.0 as a feature; as a return it is refused."""
+    rows = table_rows()
+    flags = [bool(r[1] > 0) for r in rows]
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    columns = {h: [r[i] for r in rows] for i, h in enumerate(HEADER)}
+    pq.write_table(pa.table({**columns, "up": flags}), tmp_path / "m.parquet")
+    data = read_table(tmp_path / "m.parquet", feature_cols=["mom", "up"])
+    np.testing.assert_array_equal(data.features[..., 1], FEATURES[..., 0] > 0)
+    assert data.features.dtype == np.float64
+    with pytest.raises(ValueError, match=r"m\.parquet: column 'up', row 1: expected a number, got (True|False)"):
+        read_table(tmp_path / "m.parquet", return_cols=["up"])
+    pq.write_table(pa.table({**columns, "up": [None, *flags[1:]]}), tmp_path / "gap.parquet")  # a null: missing
+    with pytest.raises(ValueError, match=r"gap\.parquet: column 'up', row 1: missing value"):
+        read_table(tmp_path / "gap.parquet", feature_cols=["mom", "up"])
+
+    np.savez(tmp_path / "m.npz", features=FEATURES > 0, returns=RETURNS)
+    np.testing.assert_array_equal(read(tmp_path / "m.npz").features, FEATURES > 0)
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".parquet"])
@@ -282,12 +353,77 @@ def test_rows_newest_first_are_refused_by_their_date_column(tmp_path, suffix):
     with pytest.raises(ValueError, match=r"rows must be in time order \(oldest first\), but column 'date' goes back "
                                          r"from 2024-01-06 to 2024-01-05 at row 3\b.*must be reversed$"):
         read_table(write(tmp_path / f"newest{suffix}", newest_first))
-    rows = [[*row[:4], "x", row[5]] for row in table_rows()]  # both paths' rows as one: 01-01, 01-01, ... not back
-    rows[3][0] = "2024-01-01"  # back in time within one path
-    with pytest.raises(ValueError, match=r"goes back from 2024-01-02 to 2024-01-01 at row 4\b"):
+    rows = [row for row in table_rows() if row[4] == "x"]
+    rows[3][0] = "2024-01-02"  # back in time within one path
+    with pytest.raises(ValueError, match=r"goes back from 2024-01-03 to 2024-01-02 at row 4\b"):
         read_table(write(tmp_path / f"back{suffix}", rows))
     us_dates = [[f"01/{31 - i:02d}/2024", *row[1:]] for i, row in enumerate(table_rows())]  # not ISO: not checked
     read_table(write(tmp_path / f"us{suffix}", us_dates))
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_the_time_order_check_does_not_switch_itself_off(tmp_path, suffix):
+    """A blank date, the same date twice in one path, and zone-aware beside naive stamps each used to switch the
+    check off (a newest-first file with one blank date trained); each is now an error naming the row."""
+    write = write_csv if suffix == ".csv" else write_parquet
+    line = {".csv": lambda r: rf"row {r} \(line {r + 1}\)", ".parquet": lambda r: f"row {r}"}[suffix]
+
+    newest_first = table_rows()[::-1]
+    newest_first[5][0] = None if suffix == ".parquet" else ""
+    with pytest.raises(ValueError, match=rf"column 'date', {line(6)}: date missing"):
+        read_table(write(tmp_path / f"blank{suffix}", newest_first))
+    if suffix == ".parquet":  # a date column of its own type, with a null
+        rows = [[datetime.date(2024, 1, t // 2 + 1), *row[1:]] for t, row in enumerate(table_rows())]
+        check(read_table(write(tmp_path / "dates.parquet", rows)))
+        rows[7][0] = None
+        with pytest.raises(ValueError, match=r"column 'date', row 8: date missing"):
+            read_table(write(tmp_path / "null.parquet", rows))
+
+    rows = [row for row in table_rows() if row[4] == "x"]
+    rows[3][0] = rows[2][0]  # the same bar twice
+    with pytest.raises(ValueError, match=rf"column 'date', {line(4)}: 2024-01-03 repeats {line(3)} in the same "
+                                         r"path: a repeated bar \(the same period twice\)"):
+        read_table(write(tmp_path / f"twice{suffix}", rows))
+    with pytest.raises(ValueError, match=rf"{line(2)}: 2024-01-01 repeats {line(1)} in the same path: .*path_col"):
+        read_table(write(tmp_path / f"m{suffix}", table_rows()), path_col=None)  # two assets' rows as one path
+
+    rows = [row for row in table_rows() if row[4] == "x"]
+    for t, row in enumerate(rows):
+        row[0] = f"2024-01-0{t + 1}T16:00" + ("+00:00" if t >= 3 else "")
+    with pytest.raises(ValueError, match=rf"column 'date', {line(4)}: 2024-01-04T16:00\+00:00 has a time zone, the "
+                                         r"rows before it none; write every stamp with a zone, or none"):
+        read_table(write(tmp_path / f"zones{suffix}", rows))
+    rows = rows[::-1]
+    with pytest.raises(ValueError, match=rf"{line(4)}: 2024-01-03T16:00 has no time zone, the rows before it one"):
+        read_table(write(tmp_path / f"zones{suffix}", rows))
+
+
+def test_a_price_column_given_as_returns_draws_a_warning(tmp_path):
+    """Prices read as returns train without a word (a utility of -17 a step): each return column whose values are all
+    positive with a mean above 0.5 draws one warning naming it; real returns, even all positive, none."""
+    rows = [row for row in table_rows() if row[4] == "x"]
+    for t, row in enumerate(rows):
+        row[2], row[5] = 100.0 + t, 0.001 * (t + 1)  # ret_a: prices; ret_b: positive, but returns
+    path = write_csv(tmp_path / "m.csv", rows)
+    with pytest.warns(UserWarning) as caught:
+        read_table(path, path_col=None)
+    assert [str(w.message) for w in caught] == [
+        "m.csv: column 'ret_a' looks like prices, not returns (every value > 0, mean 102.5): the return columns must "
+        "be per-period returns as fractions"]
+    assert caught[0].filename == __file__  # the caller's line, not the library's
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        read_table(path, path_col=None, return_cols=["ret_b"])
+    np.savez(tmp_path / "m.npz", features=FEATURES, returns=np.stack([100 + RETURNS[..., 0], RETURNS[..., 1]], -1),
+             asset_names=["spx", "ndx"])
+    with pytest.warns(UserWarning, match=r"^m\.npz: returns 'spx' looks like prices, not returns"):
+        read(tmp_path / "m.npz")
+
+
+def test_the_module_docstring_states_the_unit_of_returns_and_what_zero_fills():
+    doc = " ".join(market_data.__doc__.split())
+    assert "simple returns as decimal fractions: 0.01 is +1%" in doc and "(gamma, lambda) do not scale" in doc
+    assert "replace a missing feature by 0, in the file's units, before standardisation: not the feature's mean" in doc
 
 
 def test_time_slice():

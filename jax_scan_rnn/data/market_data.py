@@ -12,18 +12,34 @@ A price file usually has the return UP TO t on row t (close[t] / close[t-1] - 1)
 one row (ret_next[t] = ret[t + 1]) and drop the last row, which has no next return. Unshifted, the position
 chosen at t would be paid a return already realised at t: look-ahead, and a backtest too good to be true.
 
+Returns are simple returns as decimal fractions: 0.01 is +1% (not percent, not log returns, not prices). The
+objective's risk aversion and trading cost (gamma, lambda) do not scale with the unit: percent returns (1.0 for
+1%) give a different optimum, not the same one scaled. A return column that looks like prices (every value > 0,
+mean > 0.5) draws a warning.
+
 Formats of `read`:
     .npz      arrays features [N, T, F] and returns [N, T, A]; optional feature_names [F], asset_names [A]
-    .csv      header row, comma separated, rows in time order, oldest first (stdlib `csv`; a date/time column
-              of ISO dates, if there is one, is checked for it)
+    .csv      header row, comma separated, rows in time order, oldest first (stdlib `csv`)
     .parquet  the same table as a CSV (needs pyarrow: pip install 'jax-scan-rnn[parquet]')
 For a table, `feature_cols` / `return_cols` select columns by exact name or fnmatch pattern ("ret_*"), in
 the file's column order; `path_col` groups rows into paths, in order of first appearance (default: the
-whole file is one path), and is never a feature or a return.
+whole file is one path), and is never a feature or a return. A boolean feature (a flag, parquet or npz) reads
+as 0.0 / 1.0; a boolean return is an error.
+
+Time order: a column named date, datetime, time or timestamp (any case), neither a feature nor a return, whose
+non-blank cells are all ISO dates or times (2024-01-02, 2024-01-02T15:30) or parquet dates is checked. Within a
+path each stamp must be later than the one before (a file written newest first, or the same bar twice, is
+refused); a blank cell is refused (date missing); and the stamps must all have a time zone, or none. A column
+of other dates (01/02/2024 reads either way) is taken as it comes.
 
 Missing values (empty cell, "nan"/"NA", parquet null, NaN in npz) follow `fill`:
-    error  (default) refuse, naming the first one;   ffill  carry the path's last value forward;
-    zero   replace by 0;   drop  drop the steps with any missing value, per path (paths must stay equal).
+    error  (default) refuse, naming the first one;
+    ffill  carry the path's last value of the feature forward;
+    zero   replace a missing feature by 0, in the file's units, before standardisation: not the feature's mean
+           (a feature around 5 gets an outlier), so ffill or drop usually suit a feature better;
+    drop   drop the steps with any missing value, feature or return, per path (paths must stay equal).
+ffill and zero fill features only. Returns are never made up (a made-up return would be scored as earned): a
+missing return under them is an error; choose drop, or remove the row (e.g. the last row after the shift above).
 An infinite value is always an error: it is a data bug, not a gap.
 
 `time_split` cuts contiguous train/valid/test periods (never shuffled). Fit `Standardiser` on the training
@@ -33,6 +49,8 @@ realised at step b, which is known when step b begins: the next period's labels 
 from __future__ import annotations
 
 import csv
+import warnings
+import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
@@ -117,7 +135,7 @@ def read(path, *, feature_cols: Sequence[str] | None = None, return_cols: Sequen
         raise ValueError(f"return_cols: {both} also selected by feature_cols; a feature must be known when the "
                          f"position is chosen, a return column is the future")
     names = features + targets
-    matrix = np.stack([_to_float(path.name, c, get(c), where) for c in names], axis=1)  # [R, C]
+    matrix = np.stack([_to_float(path.name, c, get(c), where, flag=c in features) for c in names], axis=1)  # [R, C]
     if path_col is None:
         ids, labels = np.zeros(len(matrix), np.int64), ["(whole file)"]
     else:
@@ -257,13 +275,31 @@ def read_covariance(path, num_assets: int) -> np.ndarray:
 
 
 def _read_npz(path: Path, fill: str, returns: bool = True) -> MarketData:
-    with np.load(path, allow_pickle=False) as z:
+    unreadable = f"{path.name}: not a readable .npz file (expected a zip of arrays, as numpy.savez writes)"
+    try:
+        z = np.load(path, allow_pickle=False)
+    except (ValueError, EOFError, OSError, zipfile.BadZipFile):  # text (numpy then tries pickle), empty, truncated
+        raise ValueError(unreadable) from None
+    if not isinstance(z, np.lib.npyio.NpzFile):  # a lone .npy renamed
+        raise ValueError(unreadable)
+
+    def array(key):
+        try:
+            return z[key]
+        except (ValueError, EOFError, OSError, zipfile.BadZipFile) as e:  # bad CRC, cut short, a bad header
+            if isinstance(e, ValueError) and "Object arrays" in str(e):  # refused by allow_pickle=False
+                raise ValueError(f"{path.name}: array {key!r} is not numeric (dtype object)") from None
+            raise ValueError(f"{unreadable}: array {key!r} is damaged") from None
+
+    with z:
         for key in ("features", "returns") if returns else ("features",):
             if key not in z.files:
                 raise ValueError(f"{path.name}: no array {key!r}; it has {z.files}")
-        x = _numeric(f"{path.name}: array 'features'", lambda: z["features"])
+        # Read here, not in _numeric's `load`: it would take a damaged array's error for an object array's.
+        features, targets = array("features"), array("returns") if returns else None
+        x = _numeric(f"{path.name}: array 'features'", lambda: features, flags=True)
         if returns:
-            r = _numeric(f"{path.name}: array 'returns'", lambda: z["returns"])
+            r = _numeric(f"{path.name}: array 'returns'", lambda: targets)
         else:
             r = np.zeros(x.shape[:2] + (0,)) if x.ndim == 3 else np.zeros((0, 0, 0))
         if not returns and (x.ndim != 3 or 0 in x.shape):
@@ -273,7 +309,8 @@ def _read_npz(path: Path, fill: str, returns: bool = True) -> MarketData:
                              f"the same N and T; got features {x.shape}, returns {r.shape}")
         names = []
         for key, size, prefix in (("feature_names", x.shape[2], "feature"), ("asset_names", r.shape[2], "asset")):
-            given = [str(s) for s in z[key].reshape(-1)] if key in z.files else [f"{prefix}_{i}" for i in range(size)]
+            given = ([str(s) for s in array(key).reshape(-1)] if key in z.files
+                     else [f"{prefix}_{i}" for i in range(size)])
             if len(given) != size:
                 raise ValueError(f"{path.name}: {key!r} has {len(given)} names for {size} columns "
                                  f"(features {x.shape}, returns {r.shape})")
@@ -331,36 +368,66 @@ def _check_time_order(file: str, columns: list[str], get: Callable, ids: np.ndar
                       exclude: list) -> None:
     """Rows must be in time order: a file written newest first (as many exports are) would train on time run
     backwards, each return paid to the position chosen after it, without a word. Checked on a date column that is
-    neither a feature nor a return, when every cell is an ISO date or time (or a parquet date); other files are
-    taken as they come."""
-    from datetime import date, datetime
-
+    neither a feature nor a return, when its non-blank cells are all ISO dates or times (or parquet dates): within
+    a path each stamp must be later than the one before (an equal one is the same bar twice, trained on twice), a
+    blank cell is an error (one gap must not switch the check off), and the stamps must all have a time zone or
+    none (the two cannot be ordered). A column of other dates is taken as it comes."""
     for name in (c for c in columns if c.lower() in DATE_COLUMNS and c not in exclude):
         cells = get(name)
         try:
-            stamps = [cell if isinstance(cell, (date, datetime)) else datetime.fromisoformat(str(cell).strip())
-                      for cell in cells]
-        except (TypeError, ValueError):  # not ISO dates (01/02/2024 reads either way): nothing to check
+            stamps = [_stamp(cell) for cell in cells]
+        except ValueError:  # not ISO dates (01/02/2024 reads either way): nothing to check
             continue
+        if all(stamp is None for stamp in stamps):
+            continue  # an empty column: nothing to check
+        if None in stamps:
+            i = stamps.index(None)
+            raise ValueError(f"{file}: column {name!r}, {where(i)}: date missing (the column's other cells are dates, "
+                             f"checked for time order); fill it in or remove the row")
+        zoned = [stamp.utcoffset() is not None for stamp in stamps]
+        if len(set(zoned)) > 1:
+            i = zoned.index(not zoned[0])
+            raise ValueError(f"{file}: column {name!r}, {where(i)}: {cells[i]} has {'a' if zoned[i] else 'no'} time "
+                             f"zone, the rows before it {'none' if zoned[i] else 'one'}; write every stamp with a "
+                             f"zone, or none")
         last: dict = {}
         for i, (path, stamp) in enumerate(zip(ids.tolist(), stamps)):
-            try:
-                back = path in last and stamp < stamps[last[path]]
-            except TypeError:  # dates beside times, or zones beside none: not one clock
-                return
-            if back:
+            j = last.get(path)
+            if j is not None and stamp == stamps[j]:
+                raise ValueError(f"{file}: column {name!r}, {where(i)}: {cells[i]} repeats {where(j)} in the same "
+                                 f"path: a repeated bar (the same period twice); remove one, or give path_col if the "
+                                 f"rows are of several assets")
+            if j is not None and stamp < stamps[j]:
                 raise ValueError(f"{file}: rows must be in time order (oldest first), but column {name!r} goes back "
-                                 f"from {cells[last[path]]} to {cells[i]} at {where(i)}; a file written newest first "
+                                 f"from {cells[j]} to {cells[i]} at {where(i)}; a file written newest first "
                                  "must be reversed")
             last[path] = i
 
 
-def _to_float(file: str, name: str, cells, where: Callable[[int], str]) -> np.ndarray:
-    """[R] cells -> [R] float64, NaN where missing; a cell that is not a number is an error naming its row."""
+def _stamp(cell):
+    """A date column's cell -> datetime, None if blank; ValueError if it is not an ISO date or time."""
+    from datetime import date, datetime
+
+    if cell is None or str(cell).strip().lower() in _MISSING:
+        return None
+    if isinstance(cell, datetime):
+        return cell
+    if isinstance(cell, date):  # a parquet date: its midnight, so that it compares with times
+        return datetime(cell.year, cell.month, cell.day)
+    return datetime.fromisoformat(str(cell).strip())
+
+
+def _to_float(file: str, name: str, cells, where: Callable[[int], str], flag: bool = False) -> np.ndarray:
+    """[R] cells -> [R] float64, NaN where missing; a cell that is not a number is an error naming its row.
+
+    `flag`: a feature, whose booleans (a parquet bool column) read as 0.0 / 1.0; a return must be a number."""
     if isinstance(cells, np.ndarray):
         return cells
     out = np.empty(len(cells))
     for i, cell in enumerate(cells):
+        if flag and isinstance(cell, bool):
+            out[i] = float(cell)
+            continue
         text = "" if cell is None else str(cell).strip()
         try:
             out[i] = np.nan if text.lower() in _MISSING else float(text)
@@ -369,12 +436,15 @@ def _to_float(file: str, name: str, cells, where: Callable[[int], str]) -> np.nd
     return out
 
 
-def _numeric(what: str, load: Callable[[], np.ndarray]) -> np.ndarray:
-    """The array `load()` returns, as float64, if it holds real numbers (ints or floats, not bools)."""
+def _numeric(what: str, load: Callable[[], np.ndarray], flags: bool = False) -> np.ndarray:
+    """The array `load()` returns, as float64, if it holds real numbers (ints or floats; bools, as 0 / 1, only
+    with `flags`: a feature may be a flag, a return or a covariance may not)."""
     try:
         a = np.asarray(load())
     except ValueError:  # an object array, which allow_pickle=False refuses to load
         raise ValueError(f"{what} is not numeric (dtype object)") from None
+    if flags and a.dtype == np.bool_:
+        return a.astype(np.float64)
     if not (np.issubdtype(a.dtype, np.integer) or np.issubdtype(a.dtype, np.floating)):
         raise ValueError(f"{what} is not numeric (dtype {a.dtype})")
     return a.astype(np.float64)
@@ -393,8 +463,14 @@ def _assemble(file: str, matrix: np.ndarray, ids: np.ndarray, labels: list, wher
         i, c = np.argwhere(missing)[0]
         raise ValueError(f"{file}: {cells[c]}, {where(i)}: missing value ({missing.sum()} missing in total) "
                          f"(or choose a --fill policy: ffill, zero, drop)")
-    if fill == "zero":
-        matrix = np.nan_to_num(matrix, nan=0.0)
+    if fill in ("ffill", "zero") and missing[:, num_features:].any():
+        i, c = np.argwhere(missing[:, num_features:])[0]
+        c += num_features
+        raise ValueError(f"{file}: {cells[c]}, {where(i)}: missing return; fill={fill!r} fills features only, returns "
+                         f"are never made up (a made-up return is scored as earned): use fill='drop', which drops the "
+                         f"row, or remove the row")
+    if fill == "zero":  # features only: the returns have no gap (above)
+        matrix = np.concatenate([np.nan_to_num(matrix[:, :num_features], nan=0.0), matrix[:, num_features:]], axis=1)
     order = np.argsort(ids, kind="stable")  # rows grouped by path, file order kept within each
     blocks = []
     for rows in np.split(order, np.cumsum(np.bincount(ids))[:-1]):
@@ -418,8 +494,22 @@ def _assemble(file: str, matrix: np.ndarray, ids: np.ndarray, labels: list, wher
     if lengths[0] == 0:
         raise ValueError(f"{file}: no rows left{after}")
     data = np.stack(blocks)
+    _warn_if_prices(file, data[..., num_features:], cells[num_features:])
     return MarketData(data[..., :num_features], data[..., num_features:], tuple(names[:num_features]),
                       tuple(names[num_features:]))
+
+
+def _warn_if_prices(file: str, returns: np.ndarray, cells: list[str]) -> None:
+    """Warn about each return column that looks like a price. Thresholds: a real return series has down periods,
+    and averages far below +50% a period (even a daily crypto series averages well under 1%); a price is positive,
+    and almost always above 0.5. So every value > 0 with a mean > 0.5 is a price (or a gross return 1 + r),
+    never a simple return."""
+    for a, what in enumerate(cells):
+        column = returns[..., a]
+        if column.size and (column > 0).all() and column.mean() > 0.5:
+            warnings.warn(f"{file}: {what} looks like prices, not returns (every value > 0, mean {column.mean():.4g}): "
+                          f"the return columns must be per-period returns as fractions", UserWarning,
+                          stacklevel=validate.user_stacklevel())
 
 
 def _select(arg: str, patterns, columns: list[str], path_col: str | None, file: str) -> list[str]:
