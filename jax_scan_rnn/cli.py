@@ -29,6 +29,7 @@ import os
 import platform
 import re
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -1507,6 +1508,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser(argv).parse_args(argv)
     args.given = given_options(argv)  # refuse_unread's
     name = f"{args.command} {args.model}" if getattr(args, "model", None) else args.command
+    with warnings.catch_warnings():  # put back as they were on return (a caller's, a test's)
+        # A warning of the library's (a price column given as returns) is one line naming the command, not a
+        # source line of the package's
+        warnings.showwarning = lambda message, *_, **__: print(f"jax-scan-rnn {name}: warning: {message}",
+                                                               file=sys.stderr)
+        return run_command(name, args)
+
+
+def run_command(name: str, args: argparse.Namespace) -> int:
+    """The command `name` with its parsed `args`: its exit code, an error as one line (`main`)."""
     if sys.stderr.isatty():  # importing JAX (and torch) takes seconds: a person at a terminal sees at once that it runs
         print(f"jax-scan-rnn {name}: starting (loading JAX)...", file=sys.stderr, flush=True)
     if name != "bench":  # the benchmark times compiles: they must not come from the cache

@@ -761,3 +761,22 @@ def test_the_progress_bar_says_when_a_resumed_runs_metrics_changed(capsys):
     with ProgressBar() as bar:
         bar({"event": "metrics_changed", "path": "/runs/a", "saved": ["acc"], "now": ["acc", "kl"]})
     assert "the run in /runs/a logged the metrics ['acc'], this version ['acc', 'kl']" in capsys.readouterr().err
+
+
+def test_a_library_warning_is_one_line_naming_the_command(monkeypatch, capsys):
+    # (a price column given as returns): not Python's two lines naming a source line of the package; the caller's
+    # warning display is put back after.
+    import warnings
+
+    import jax_scan_rnn.cli as cli
+
+    def warns(args):
+        warnings.warn("prices.csv: column 'p' looks like prices, not returns", UserWarning)
+        return 0
+
+    monkeypatch.setitem(cli.COMMANDS, "info", warns)
+    before = warnings.showwarning
+    assert cli.main(["info"]) == 0
+    assert capsys.readouterr().err.splitlines()[-1] == ("jax-scan-rnn info: warning: prices.csv: column 'p' looks like "
+                                                        "prices, not returns")
+    assert warnings.showwarning is before
