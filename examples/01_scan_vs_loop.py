@@ -26,9 +26,13 @@ import sys
 from pathlib import Path
 from typing import Literal
 
+# --out's default is beside this file, wherever it runs from (a notebook kernel, which has no __file__,
+# runs in the notebook's folder)
+HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
 parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
 parser.add_argument("--quick", action="store_true", help="T=50 and 3 repeats: a smoke test (the test suite's)")
-parser.add_argument("--out", default="examples/out/01_scan_vs_loop", help="where times.md and times.png go")
+parser.add_argument("--out", default=HERE / "out" / "01_scan_vs_loop", type=Path,
+                    help="where times.md and times.png go (default: %(default)s, beside this file)")
 args, unknown = parser.parse_known_args()
 if unknown and "ipykernel" not in sys.modules:  # a notebook kernel passes its own (-f kernel.json)
     parser.error(f"unrecognized arguments: {' '.join(unknown)}")
@@ -43,7 +47,7 @@ UNROLL: int | Literal["auto"] = "auto"
 REPEATS = 3 if args.quick else 5  # timed calls per method, after one warm-up call
 TORCH_THREADS = 1  # B=1 ops are too small to split; more threads only add synchronisation (a lot, on a busy CPU)
 SEED = 0
-OUT_DIR = Path(args.out)
+OUT_DIR: Path = args.out
 
 # %% Imports, and one set of weights in both frameworks
 import statistics

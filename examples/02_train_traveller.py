@@ -29,9 +29,13 @@ import torch_ref
 from jax_scan_rnn.data import trading
 from jax_scan_rnn.train import TrainStep
 
+# --out's default is beside this file, wherever it runs from (a notebook kernel, which has no __file__,
+# runs in the notebook's folder)
+HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
 parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
 parser.add_argument("--quick", action="store_true", help="60 updates on small data: a smoke test (the test suite's)")
-parser.add_argument("--out", default="examples/out/02_train_traveller", help="where the PNGs go")
+parser.add_argument("--out", default=HERE / "out" / "02_train_traveller", type=Path,
+                    help="where the PNGs go (default: %(default)s, beside this file)")
 args, unknown = parser.parse_known_args()
 if unknown and "ipykernel" not in sys.modules:  # a notebook kernel passes its own (-f kernel.json)
     parser.error(f"unrecognized arguments: {' '.join(unknown)}")
@@ -42,7 +46,7 @@ BATCH, SEQ_LEN = (16, 32) if args.quick else (64, 128)  # paths per step, steps 
 TRAIN_PATHS, TEST_PATHS, TEST_LEN = (256, 32, 100) if args.quick else (4096, 256, 500)  # simulated paths
 HIDDEN, LAYERS = 32, 2
 LEARNING_RATE = 3e-3
-OUT = Path(args.out)
+OUT: Path = args.out
 market_cfg = trading.MarketConfig()
 
 # %% The market: signals predict returns; trading costs make the best position depend on the last one

@@ -17,7 +17,8 @@ What it teaches:
 
 Run:   python examples/03_smiles_vae.py           (two trainings of 600 steps with `train vae`'s model; STEPS sets it)
        python examples/03_smiles_vae.py --quick   (12 steps, small model, 600 molecules: ~30-60 s, mostly compiling)
-Output: a table of free-running reconstruction and prior-sample validity, and a PNG of the curves, in
+Output: a table of free-running reconstruction and prior-sample validity; results.json (its numbers), a PNG of
+the training curves and metrics.jsonl (their rows: `fit`'s train rows, each with its run's "decoding"), in
 examples/out/03_smiles_vae (or --out).
 """
 # %% Config
@@ -28,17 +29,23 @@ import sys
 from pathlib import Path
 
 from jax_scan_rnn.cli import ProgressBar
+from jax_scan_rnn.runlog import strict_json
 from jax_scan_rnn.tasks import vae as vae_task
 from jax_scan_rnn.train import TrainConfig
 
+# --out's default is beside this file, wherever it runs from (a notebook kernel, which has no __file__,
+# runs in the notebook's folder)
+HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
 parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
 parser.add_argument("--quick", action="store_true", help="12 steps on 600 molecules: a smoke test")
-parser.add_argument("--out", default="examples/out/03_smiles_vae", help="where results.json and the PNG go")
+parser.add_argument("--out", default=HERE / "out" / "03_smiles_vae", type=Path,
+                    help="where results.json, metrics.jsonl and the PNG go (default: %(default)s, beside this file)")
 args, unknown = parser.parse_known_args()
 if unknown and "ipykernel" not in sys.modules:  # a notebook kernel passes its own (-f kernel.json)
     parser.error(f"unrecognized arguments: {' '.join(unknown)}")
 
 STEPS = 12 if args.quick else 600  # optimiser steps per run (`train vae` runs 1800)
+LOG_EVERY = 3 if args.quick else 50  # steps per point of the curves (each the mean over its steps)
 BASE = vae_task.VAETask(
     # rdkit's molecules, aromatic, in length-bucketed batches: the data every [chem] install has, and
     # `train vae`'s defaults until 2026-12-02 (now MOSES's data in Kekulé form, which needs molsets).
@@ -58,7 +65,7 @@ BASE = vae_task.VAETask(
 if args.quick:  # a smaller model, data set and evaluation: its numbers mean nothing
     BASE = dataclasses.replace(BASE, hidden_size=32, latent_size=8, batch_size=16, limit=600, eval_samples=50,
                                eval_sequences=20)
-OUT = Path(args.out)
+OUT: Path = args.out
 
 # %% Data: ~15,000 drug-like SMILES shipped inside the rdkit wheel, split 90/5/5
 dataset = vae_task.load_dataset(BASE)
@@ -67,13 +74,14 @@ print("e.g.", ", ".join(dataset.train[:3]))
 
 # %% Train the same model twice: teacher forcing alone, then scheduled sampling
 config = TrainConfig(steps=STEPS, learning_rate=vae_task.LEARNING_RATE, warmup_steps=min(50, STEPS),
-                     log_every=50, eval_every=0, checkpoint_every=0)
-results, curves = {}, {}
+                     log_every=LOG_EVERY, eval_every=0, checkpoint_every=0)
+results, curves, log_rows = {}, {}, []
 for decoding in ("teacher", "scheduled"):
     task = vae_task.VAETask(**{**BASE.__dict__, "decoding": decoding})
     print(f"\ntraining with {decoding} decoding ({STEPS} steps)...")
     model, _, history = vae_task.train(task, config, dataset=dataset, callback=ProgressBar())  # the CLI's bar
     curves[decoding] = history.series("recon", "train")
+    log_rows += [{"decoding": decoding, **row} for row in history.train]  # metrics.jsonl: the curves' numbers
     results[decoding] = vae_task.evaluate(model, dataset, task)
 
 # %% Compare: free-running reconstruction is where exposure bias shows
@@ -107,4 +115,5 @@ ax.legend()
 fig.tight_layout()
 fig.savefig(OUT / "recon_curves.png", dpi=110)
 (OUT / "results.json").write_text(json.dumps(results, indent=2))
+(OUT / "metrics.jsonl").write_text("".join(strict_json(row) + "\n" for row in log_rows))
 print(f"results written to {OUT}")

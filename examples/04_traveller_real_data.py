@@ -32,9 +32,13 @@ from typing import Any
 import numpy as np
 
 STARTED = time.perf_counter()
+# --out's default is beside this file, wherever it runs from (a notebook kernel, which has no __file__,
+# runs in the notebook's folder)
+HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
 parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
 parser.add_argument("--quick", action="store_true", help="2 folds and a few updates (the test's smoke run)")
-parser.add_argument("--out", default="examples/out/04_traveller_real_data", help="the run folder")
+parser.add_argument("--out", default=HERE / "out" / "04_traveller_real_data", type=Path,
+                    help="the run folder (default: %(default)s, beside this file)")
 parser.add_argument("--results", default=None, help="also write traveller_real_data.{json,md,png} here")
 args, unknown = parser.parse_known_args()
 if unknown and "ipykernel" not in sys.modules:  # a notebook kernel passes its own (-f kernel.json)
@@ -46,11 +50,12 @@ except ImportError:
     sys.exit("this example needs the `arch` package for its price data: pip install arch")
 
 import real_data_report as report  # noqa: E402  (this folder: the table, plot and record)
+
 from jax_scan_rnn.data import trading  # noqa: E402
 from jax_scan_rnn.tasks import traveller as task_lib  # noqa: E402
 from jax_scan_rnn.train import TrainConfig  # noqa: E402
 
-OUT = Path(args.out)
+OUT: Path = args.out
 ASSETS = {"spx": sp500, "ndx": nasdaq}
 MOMENTUM_DAYS = (1, 5, 21, 63)  # past log returns: a day, a week, a month, a quarter
 VOL_DAYS = (5, 21, 63)  # realised volatility (std of daily log returns) over the same horizons

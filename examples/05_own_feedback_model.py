@@ -32,9 +32,13 @@ from flax import nnx
 import jax_scan_rnn as jsr
 from jax_scan_rnn.train import TrainStep
 
+# --out's default is beside this file, wherever it runs from (a notebook kernel, which has no __file__,
+# runs in the notebook's folder)
+HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
 parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
 parser.add_argument("--quick", action="store_true", help="small sizes: a smoke test (the test suite's)")
-parser.add_argument("--out", default="examples/out/05_own_feedback_model", help="where the PNG goes")
+parser.add_argument("--out", default=HERE / "out" / "05_own_feedback_model", type=Path,
+                    help="where the PNG goes (default: %(default)s, beside this file)")
 args, unknown = parser.parse_known_args()
 if unknown and "ipykernel" not in sys.modules:  # a notebook kernel passes its own (-f kernel.json)
     parser.error(f"unrecognized arguments: {' '.join(unknown)}")
@@ -44,7 +48,11 @@ STEPS = 150 if args.quick else 600  # optimiser steps per training rule
 BATCH, TRAIN_LEN = 32, 64  # paths per step, steps per training path
 TRAIN_PATHS, TEST_PATHS, TEST_LEN = (256, 64, 100) if args.quick else (1024, 256, 200)
 TIMED_B, TIMED_T = 16, 200  # the timing's batch and steps
-OUT = Path(args.out)
+OUT: Path = args.out
+# As in example 01: B=16, H=32 ops are too small to split; more threads only add synchronisation (a lot, on a
+# busy CPU: with torch's default of 2 threads on a loaded 2-core machine its loop measured 20-150x slower)
+TORCH_THREADS = 1
+torch.set_num_threads(TORCH_THREADS)
 torch.manual_seed(0)
 
 
@@ -114,7 +122,7 @@ print(f"max |JAX forecast - torch loop| = {diff:.3g} over {TIMED_T} steps")
 assert diff < 1e-4, diff  # float32 rounding, compounded through the feedback
 
 
-# %% Time per step: the torch loop against the compiled scan (medians of 5 calls)
+# %% Time per step: the torch loop (on TORCH_THREADS threads) against the compiled scan (medians of 5 calls)
 def median_seconds(call, repeats: int = 5) -> float:
     times = []
     for _ in range(repeats):
@@ -127,7 +135,8 @@ def median_seconds(call, repeats: int = 5) -> float:
 with torch.no_grad():
     torch_s = median_seconds(lambda: torch_model(torch.from_numpy(u_timed)))
 jax_s = median_seconds(lambda: fast(u_timed).block_until_ready())  # JAX returns before computing: wait
-print(f"\nB={TIMED_B}, T={TIMED_T}, H={HIDDEN}, torch threads {torch.get_num_threads()}:")
+print(f"\nB={TIMED_B}, T={TIMED_T}, H={HIDDEN}, torch threads {torch.get_num_threads()} "
+      "(as in example 01: ops this small only wait for each other on more threads):")
 print("| loop | us per step | speed-up |\n|---|---:|---:|")
 print(f"| torch loop | {torch_s / TIMED_T * 1e6:.1f} | 1.0x |")
 print(f"| jsr.feedback_scan, jitted | {jax_s / TIMED_T * 1e6:.1f} | {torch_s / jax_s:.1f}x |")
