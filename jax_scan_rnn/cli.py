@@ -407,7 +407,11 @@ def flag_names():
             # "at most steps=10" too, not a constructor's "LSTM(6, 8, num_layers=2)" in a hint
             rest = re.sub(r"(?<!, )(?<!\()\b([a-z_]+)=", lambda m: f"{flag_for(m.group(1))} ", rest)
             message = f"{', '.join(map(flag_for, fields))}:{rest}"
-        raise type(err)(message) from None
+        try:
+            renamed = type(err)(message)
+        except TypeError:  # an error whose constructor takes more (UnicodeDecodeError): its message, as a ValueError
+            renamed = ValueError(message)
+        raise renamed from None
 
 
 def _flat(settings: dict, prefix: str = "") -> dict:

@@ -780,3 +780,13 @@ def test_a_library_warning_is_one_line_naming_the_command(monkeypatch, capsys):
     assert capsys.readouterr().err.splitlines()[-1] == ("jax-scan-rnn info: warning: prices.csv: column 'p' looks like "
                                                         "prices, not returns")
     assert warnings.showwarning is before
+
+
+def test_flag_names_keeps_an_error_whose_constructor_takes_more():
+    # UnicodeDecodeError is a ValueError that cannot be built from a message: it stays a ValueError with its own
+    # message (a one-line error), not "function takes exactly 5 arguments (1 given)".
+    from jax_scan_rnn.cli import flag_names
+
+    with pytest.raises(ValueError, match=r"^'utf-8' codec can't decode byte 0xe9 in position 0"):
+        with flag_names():
+            b"\xe9".decode("utf-8")

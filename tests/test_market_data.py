@@ -542,3 +542,15 @@ def test_selected_columns_keep_the_files_order_and_paths_are_ordered_apart(tmp_p
     (tmp_path / "paths.csv").write_text("\n".join(rows) + "\n")
     m = read(tmp_path / "paths.csv", feature_cols=["f"], return_cols=["r"], path_col="asset")
     assert m.features.shape == (2, 4, 1) and m.features[1, :, 0].tolist() == [0, -1, -2, -3]
+
+
+def test_a_file_in_another_encoding_is_named(tmp_path):
+    # A spreadsheet's Windows-1252 export (a feature named "vol_é"): one line naming the file, not the codec's error.
+    path = tmp_path / "m.csv"
+    path.write_bytes("date,vol_\xe9,r\n2024-01-02,1.0,0.01\n".encode("cp1252"))
+    with pytest.raises(ValueError, match=r"^m\.csv: not UTF-8 text \(byte 0xe9 at offset 9\); save it as UTF-8"):
+        market_data.read(path, feature_cols=["vol_*"], return_cols=["r"])
+    cov = tmp_path / "c.csv"
+    cov.write_bytes("1.0,0.1\xe9\n0.1,1.0\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"^c\.csv: not UTF-8 text"):
+        market_data.read_covariance(cov, 2)

@@ -48,10 +48,11 @@ realised at step b, which is known when step b begins: the next period's labels 
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import warnings
 import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -246,7 +247,7 @@ def read_covariance(path, num_assets: int) -> np.ndarray:
         m = _numeric(path.name, lambda: np.load(path, allow_pickle=False))
     else:
         m = []
-        with open(path, newline="", encoding="utf-8-sig") as f:
+        with _utf8(path), open(path, newline="", encoding="utf-8-sig") as f:
             reader = csv.reader(f)
             for row in filter(None, reader):
                 try:
@@ -322,9 +323,19 @@ def _read_npz(path: Path, fill: str, returns: bool = True) -> MarketData:
                      num_features, fill)
 
 
+@contextlib.contextmanager
+def _utf8(path: Path) -> Iterator[None]:
+    """Reading `path` as UTF-8 text: a file in another encoding (a spreadsheet's Windows-1252 export) is named."""
+    try:
+        yield
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path.name}: not UTF-8 text (byte 0x{err.object[err.start]:02x} at offset {err.start}); "
+                         "save it as UTF-8 (a spreadsheet's 'CSV UTF-8')") from None
+
+
 def _read_csv(path: Path):
     """(columns, get(name) -> [R] cells, where(row) -> "row r (line l)") of a CSV file."""
-    with open(path, newline="", encoding="utf-8-sig") as f:  # -sig: Excel writes a byte-order mark
+    with _utf8(path), open(path, newline="", encoding="utf-8-sig") as f:  # -sig: Excel writes a byte-order mark
         reader = csv.reader(f)
         header = [h.strip() for h in next(reader, [])]
         other = [sep for sep in ";\t|" if len(header) == 1 and sep in header[0]]
