@@ -645,8 +645,10 @@ def cmd_train_traveller(args: argparse.Namespace) -> int:
             data = task_lib.read_data(task)
             stats = task_lib.fit_stats(task, data)
         print(f"data {task.data}: {data.num_paths} path(s) x {data.num_steps} steps, {data.num_features} features, "
-              f"assets {', '.join(data.asset_names)}; train steps 0-{stats.train_end - 1}, validation "
-              f"{stats.train_end}-{stats.valid_end - 1}, test {stats.valid_end}-{data.num_steps - 1}")
+              f"assets {', '.join(data.asset_names)}; train steps 0-{stats.train_end - 1}, "
+              + (f"validation {stats.train_end}-{stats.valid_end - 1}" if stats.valid_end > stats.train_end else
+                 "no validation period (the bar's eval figures score the training period)")
+              + f", test {stats.valid_end}-{data.num_steps - 1}")
     check_simulated_markets(task)
     if args.init_from is not None:  # a file of other sizes is one line before --out is made (train reads it again)
         with flag_names():
@@ -853,7 +855,7 @@ def cmd_run_traveller(args: argparse.Namespace) -> int:
         if state is None or not str(err).startswith("state."):
             raise
         raise ValueError(f"--initial-state: {err} (it was saved for another model or number of paths)") from None
-    write_atomically(args.output, lambda f: write_positions_csv(f, positions, assets))
+    write_atomically(args.output, lambda f: write_positions_csv(f, positions, assets, data))
     print(f"positions: {positions.shape[0]} path(s) x {positions.shape[1]} steps x {len(assets)} assets -> {args.output}")
     if args.final_state is not None:
         arrays = {**{k: np.asarray(v) for k, v in state._asdict().items()}, **producer}
@@ -894,14 +896,17 @@ def weights_digest(model) -> str:
     return digest.hexdigest()
 
 
-def write_positions_csv(file, positions, assets) -> None:
+def write_positions_csv(file, positions, assets, data) -> None:
+    """One row per --data row read: its path (path_col's value, or 0..N-1), its step (its index among its path's rows
+    in the file, 0 first: rows --fill drop dropped are skipped, not renumbered, so each row lines up with its bar),
+    then one position per asset."""
     import csv
 
     writer = csv.writer(file)
     writer.writerow(["path", "step", *assets])
-    for path, rows in enumerate(positions):
-        for step, row in enumerate(rows):
-            writer.writerow([path, step, *(f"{v:.8g}" for v in row)])
+    for label, steps, rows in zip(data.path_labels, data.source_steps, positions):
+        for step, row in zip(steps.tolist(), rows):
+            writer.writerow([label, step, *(f"{v:.8g}" for v in row)])
 
 
 def write_export(state_dict: dict, args: argparse.Namespace, side: dict | None) -> Path | None:
@@ -1397,8 +1402,9 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     trained_run_arguments(rt)
     rt.add_argument("--data", required=True, metavar="FILE",
                     help="features to trade on, read with the run's columns (return columns are not needed)")
-    rt.add_argument("--output", required=True, metavar="CSV", help="write the positions here: path, step, one "
-                                                                   "column per asset")
+    rt.add_argument("--output", required=True, metavar="CSV", help="write the positions here: path (--path-col's "
+                    "value), step (the row's index in its path, 0 first; rows --fill drop dropped are skipped), one "
+                    "column per asset")
     rt.add_argument("--initial-state", default=None, metavar="NPZ",
                     help="continue from this state (a previous run's --final-state) instead of the zero state")
     rt.add_argument("--final-state", default=None, metavar="NPZ", help="save the state after the last row here")

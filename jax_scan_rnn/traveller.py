@@ -161,8 +161,10 @@ class Traveller(nnx.Module):
     ) -> tuple[Array, TravellerState]:
         """One step, for live use (one call per new bar): features `[B, F]` -> `(positions [B, A], state)`.
 
-        The same computation as one step of `__call__`, so stepping through a sequence equals one call
-        over it. `state` None starts from the initial state; `dropout_masks` `[L-1, B, H]`, as `__call__`'s.
+        The same computation as one step of `__call__`, so stepping through a sequence equals one call over it:
+        bit for bit through `jsr.jit` (one compiled program each); called eagerly, to float rounding (~1e-7:
+        XLA fuses the step's ops differently on its own than inside the scan). `state` None starts from the
+        initial state; `dropout_masks` `[L-1, B, H]`, as `__call__`'s.
         """
         x = jnp.asarray(validate.from_torch(inputs_t))
         if x.ndim != 2:

@@ -554,3 +554,18 @@ def test_a_file_in_another_encoding_is_named(tmp_path):
     cov.write_bytes("1.0,0.1\xe9\n0.1,1.0\n".encode("latin-1"))
     with pytest.raises(ValueError, match=r"^c\.csv: not UTF-8 text"):
         market_data.read_covariance(cov, 2)
+
+
+def test_each_step_says_where_it_came_from(tmp_path):
+    # path_col's values name the paths, and each step keeps its index among its path's rows in the file when
+    # fill='drop' drops a row before it: output written per step lines up with the file's rows.
+    path = tmp_path / "m.csv"
+    rows = [("x", 1, 0.01), ("y", 2, 0.02), ("x", "", 0.03), ("y", 4, 0.04), ("x", 5, 0.05), ("y", 6, "")]
+    path.write_text("ticker,f,r\n" + "".join(f"{a},{b},{c}\n" for a, b, c in rows))
+    data = read(path, feature_cols=["f"], return_cols=["r"], path_col="ticker", fill="drop")
+    assert data.path_labels == ("x", "y")
+    assert data.source_steps.tolist() == [[0, 2], [0, 1]]
+    assert data.features[:, :, 0].tolist() == [[1, 5], [2, 4]]
+    assert data.time_slice(1, 2).source_steps.tolist() == [[2], [1]]
+    plain = read(path, feature_cols=["f"], return_cols=None, returns=False, fill="ffill")  # one path: 0, its rows
+    assert plain.path_labels == (0,) and plain.source_steps.tolist() == [list(range(6))]

@@ -223,6 +223,11 @@ def test_new_data_with_a_gap_takes_a_fill_policy_of_its_own(run, capsys, tmp_pat
     write_csv(tmp_path / "filled.csv", filled, returns[:30])
     assert main([*base[:5], str(tmp_path / "filled.csv"), "--output", str(tmp_path / "q.csv")]) == 0
     assert read_positions(target).tolist() == read_positions(tmp_path / "q.csv").tolist()
+    # --fill drop: the bar is skipped, and every other row keeps its step, so positions line up with the file.
+    assert main([*base[:-1], str(tmp_path / "d.csv"), "--fill", "drop"]) == 0
+    with open(tmp_path / "d.csv", newline="") as f:
+        written = list(csv.reader(f))[1:]
+    assert [(int(p), int(t)) for p, t, *_ in written] == [(0, t) for t in range(30) if t != 7]
     evaluate = ["evaluate", "traveller", "--checkpoint", str(out), "--plot", str(tmp_path / "p.png")]
     assert main([*evaluate, "--data", str(tmp_path / "gap.csv"), "--fill", "zero"]) == 0
     capsys.readouterr()
@@ -489,3 +494,12 @@ def test_a_later_period_is_scored_from_the_position_held_before_it():
     stats = tv.fit_stats(task, data)
     row = tv.data_table(tv.build_model(task, 0, stats), data, stats, "test")["policies"]["buy_and_hold"]
     assert row["cost"] == 0 and row["turnover"] == 0
+
+
+def test_without_a_validation_period_the_cli_says_what_the_eval_figures_score(run, tmp_path, capsys):
+    folder, _, _, _ = run
+    assert main(["train", "traveller", "--data", str(folder / "prices.csv"), "--feature-cols", "f*", "--return-cols",
+                 "r_*", "--valid-fraction", "0", "--steps", "2", *TINY, "--out", str(tmp_path / "r")]) == 0
+    printed = capsys.readouterr().out
+    assert ("train steps 0-339, no validation period (the bar's eval figures score the training period), test "
+            "340-399") in printed, printed

@@ -63,6 +63,7 @@ from jax_scan_rnn import validate
 from jax_scan_rnn.optional import require
 
 FILLS = ("error", "ffill", "zero", "drop")
+WHOLE_FILE = "(whole file)"  # the one path of a table without path_col, as messages name it
 SUFFIXES = (".npz", ".csv", ".parquet")
 _MISSING = ("", "nan", "na")  # compared lower-cased, after stripping blanks
 
@@ -75,6 +76,11 @@ class MarketData:
     returns: np.ndarray  # [N, T, A] float64: the return earned by the position chosen at t (next period's)
     feature_names: tuple[str, ...]
     asset_names: tuple[str, ...]
+    # Where each step came from, for output that must line up with the file: the path's label (its path_col
+    # value; an npz's path index) and [N, T] each step's index among its path's rows as read (0 = the first), which
+    # skips the rows fill='drop' dropped. Default: paths 0..N-1, steps 0..T-1.
+    path_labels: tuple | None = None
+    source_steps: np.ndarray | None = None
 
     def __post_init__(self):
         x, r = np.asarray(self.features, np.float64), np.asarray(self.returns, np.float64)
@@ -83,8 +89,14 @@ class MarketData:
         if len(self.feature_names) != x.shape[2] or len(self.asset_names) != r.shape[2]:
             raise ValueError(f"feature_names, asset_names: expected {x.shape[2]} and {r.shape[2]} names, got "
                              f"{len(self.feature_names)} and {len(self.asset_names)}")
+        labels = tuple(range(x.shape[0])) if self.path_labels is None else tuple(self.path_labels)
+        steps = (np.broadcast_to(np.arange(x.shape[1]), x.shape[:2]) if self.source_steps is None
+                 else np.asarray(self.source_steps))
+        if len(labels) != x.shape[0] or steps.shape != x.shape[:2]:
+            raise ValueError(f"path_labels, source_steps: expected {x.shape[0]} labels and shape {x.shape[:2]}, got "
+                             f"{len(labels)} and {steps.shape}")
         for name, value in (("features", x), ("returns", r), ("feature_names", tuple(self.feature_names)),
-                            ("asset_names", tuple(self.asset_names))):
+                            ("asset_names", tuple(self.asset_names)), ("path_labels", labels), ("source_steps", steps)):
             object.__setattr__(self, name, value)
 
     num_paths = property(lambda self: self.features.shape[0])
@@ -96,7 +108,8 @@ class MarketData:
         """Steps [start, stop) of every path (views, not copies); an empty slice (start == stop) is allowed."""
         validate.integer("start", start, lo=0, hi=self.num_steps)
         validate.integer("stop", stop, lo=start, hi=self.num_steps)
-        return replace(self, features=self.features[:, start:stop], returns=self.returns[:, start:stop])
+        return replace(self, features=self.features[:, start:stop], returns=self.returns[:, start:stop],
+                       source_steps=self.source_steps[:, start:stop])
 
 
 def read(path, *, feature_cols: Sequence[str] | None = None, return_cols: Sequence[str] | None = None,
@@ -138,7 +151,7 @@ def read(path, *, feature_cols: Sequence[str] | None = None, return_cols: Sequen
     names = features + targets
     matrix = np.stack([_to_float(path.name, c, get(c), where, flag=c in features) for c in names], axis=1)  # [R, C]
     if path_col is None:
-        ids, labels = np.zeros(len(matrix), np.int64), ["(whole file)"]
+        ids, labels = np.zeros(len(matrix), np.int64), [WHOLE_FILE]
     else:
         index: dict = {}
         ids = np.array([index.setdefault(k, len(index)) for k in get(path_col)], np.int64)
@@ -483,9 +496,9 @@ def _assemble(file: str, matrix: np.ndarray, ids: np.ndarray, labels: list, wher
     if fill == "zero":  # features only: the returns have no gap (above)
         matrix = np.concatenate([np.nan_to_num(matrix[:, :num_features], nan=0.0), matrix[:, num_features:]], axis=1)
     order = np.argsort(ids, kind="stable")  # rows grouped by path, file order kept within each
-    blocks = []
+    blocks, steps = [], []
     for rows in np.split(order, np.cumsum(np.bincount(ids))[:-1]):
-        block = matrix[rows]
+        block, step = matrix[rows], np.arange(len(rows))
         if fill == "ffill":
             last = np.where(np.isnan(block), 0, np.arange(len(block))[:, None])
             block = block[np.maximum.accumulate(last, axis=0), np.arange(block.shape[1])]
@@ -494,8 +507,10 @@ def _assemble(file: str, matrix: np.ndarray, ids: np.ndarray, labels: list, wher
                 raise ValueError(f"{file}: {cells[c]}, {where(rows[t])}: missing value with no earlier value in its "
                                  f"path to carry forward (fill='ffill')")
         elif fill == "drop":
-            block = block[~np.isnan(block).any(axis=1)]
+            keep = ~np.isnan(block).any(axis=1)
+            block, step = block[keep], step[keep]
         blocks.append(block)
+        steps.append(step)
     lengths = [len(b) for b in blocks]
     after = " after fill='drop'" if fill == "drop" else ""
     if len(set(lengths)) > 1:
@@ -507,7 +522,7 @@ def _assemble(file: str, matrix: np.ndarray, ids: np.ndarray, labels: list, wher
     data = np.stack(blocks)
     _warn_if_prices(file, data[..., num_features:], cells[num_features:])
     return MarketData(data[..., :num_features], data[..., num_features:], tuple(names[:num_features]),
-                      tuple(names[num_features:]))
+                      tuple(names[num_features:]), None if labels == [WHOLE_FILE] else tuple(labels), np.stack(steps))
 
 
 def _warn_if_prices(file: str, returns: np.ndarray, cells: list[str]) -> None:
