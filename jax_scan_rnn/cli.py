@@ -404,8 +404,14 @@ def flag_names():
         fields = [name.strip().removeprefix("TrainConfig.").removeprefix("cfg.") for name in head.split(",")]
         # A field is snake_case; XLA's and tensorstore's "RESOURCE_EXHAUSTED: ..." are not one.
         if sep and all(re.fullmatch(r"[a-z][a-z0-9_]*", field) for field in fields):
-            # "at most steps=10" too, not a constructor's "LSTM(6, 8, num_layers=2)" in a hint
-            rest = re.sub(r"(?<!, )(?<!\()\b([a-z_]+)=", lambda m: f"{flag_for(m.group(1))} ", rest)
+            # "at most steps=10" and "with hidden_size=32, latent_size=8" too, not a constructor's
+            # "LSTM(6, 8, num_layers=2)" in a hint: only outside parentheses
+            pieces, depth = re.split(r"([()])", rest), 0
+            for i, piece in enumerate(pieces):
+                depth = depth + 1 if piece == "(" else max(depth - 1, 0) if piece == ")" else depth
+                if depth == 0 and piece not in "()":
+                    pieces[i] = re.sub(r"\b([a-z_]+)=", lambda m: f"{flag_for(m.group(1))} ", piece)
+            rest = "".join(pieces)
             message = f"{', '.join(map(flag_for, fields))}:{rest}"
         try:
             renamed = type(err)(message)

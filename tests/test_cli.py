@@ -307,6 +307,10 @@ def test_only_snake_case_fields_become_flags():
 
     for message, shown in (("batch_size: expected at most steps=3", "--batch-size: expected at most --steps 3"),
                            ("init_from: x (LSTM(6, 8, num_layers=2))", "--init-from: x (LSTM(6, 8, num_layers=2))"),
+                           # a list of sizes: each one a flag (the second was left as latent_size=8)
+                           ("init_from: holds hidden_size=32, latent_size=8, decoder_hidden_size=32; f(a, k=1) b=2",
+                            "--init-from: holds --hidden-size 32, --latent-size 8, --decoder-hidden-size 32; "
+                            "f(a, k=1) --b 2"),
                            ("RESOURCE_EXHAUSTED: os_error_code='28'", "RESOURCE_EXHAUSTED: os_error_code='28'"),
                            ("cfg.steps: expected at least the checkpoint's step 2, got 1",  # fit's, on --resume
                             "--steps: expected at least the checkpoint's step 2, got 1")):
