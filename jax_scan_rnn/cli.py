@@ -243,17 +243,14 @@ class ProgressBar:
             self.bar.close()
 
 
-def default_warmup(steps: int) -> int:
-    """--warmup-steps when not given: a tenth of the updates, at most 100."""
-    return min(100, steps // 10)
-
-
 def train_config(args: argparse.Namespace):
     """The training options as a TrainConfig, checked (with --resume/--override) before any work."""
     from jax_scan_rnn.train import TrainConfig
 
     if args.override and not args.resume:
         raise ValueError("--override: expected only with --resume (it accepts changed options of a resumed run)")
+    from jax_scan_rnn.train import default_warmup
+
     warmup = default_warmup(args.steps) if args.warmup_steps is None else args.warmup_steps
     with flag_names():  # "TrainConfig.warmup_steps: expected at most steps=10" -> the flags' names
         return options.from_args(TrainConfig, args, warmup_steps=warmup)
@@ -454,7 +451,7 @@ def adopt_saved_settings(args: argparse.Namespace, task_cls: type, preset=None) 
     fresh run). The options taken that differ from this command's defaults are said in one line, and an --init-from,
     which the checkpoint replaces, in a note. Nothing happens without --resume or a valid checkpoint in --out.
     Returns the run's metadata (`saved_metadata`, for `check_resume`), or None."""
-    from jax_scan_rnn.train import TrainConfig
+    from jax_scan_rnn.train import TrainConfig, default_warmup
 
     if not args.resume:
         return None
@@ -1280,12 +1277,11 @@ def add_train_arguments(parser: argparse.ArgumentParser, task: type, defaults: d
                         task_defaults: dict | None = None) -> None:
     """The task's options (with `task_defaults`), then TrainConfig's (with this command's `defaults`), then the
     run's own flags."""
-    from jax_scan_rnn.train import TrainConfig
+    from jax_scan_rnn.train import COMMAND_DEFAULTS, TrainConfig
 
     options.add_arguments(parser.add_argument_group("model and data"), task, task_defaults)
     group = parser.add_argument_group("training")
-    options.add_arguments(group, TrainConfig, {"log_every": 25, "eval_every": 250, "checkpoint_every": 250,
-                                               "warmup_steps": None, **defaults},
+    options.add_arguments(group, TrainConfig, {**COMMAND_DEFAULTS, "warmup_steps": None, **defaults},
                           shown={"warmup_steps": "min(100, steps / 10)"})
     group.add_argument("--out", default=out, help=f"output directory (default: {out})")
     group.add_argument("--resume", action="store_true", help="continue from the latest valid checkpoint in --out, with the run's own "
@@ -1355,9 +1351,9 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     train = model_commands(sub, "train", "train a model")
     trav = train.add_parser("traveller", help="the position-feedback LSTM, on the simulated market or --data FILE")
     if words == ["train", "traveller"]:
-        from jax_scan_rnn.tasks.traveller import TravellerTask
+        from jax_scan_rnn.tasks.traveller import TRAIN_DEFAULTS, TravellerTask
 
-        add_train_arguments(trav, TravellerTask, {"steps": 1000, "learning_rate": 3e-3}, out="runs/traveller")
+        add_train_arguments(trav, TravellerTask, TRAIN_DEFAULTS, out="runs/traveller")
         trav.add_argument("--init-from", default=None, metavar="FILE",
                           help="start from a PyTorch state_dict (.pt/.pth/.safetensors) of the seed's Traveller class "
                                "or torch_ref.Traveller, instead of random weights")

@@ -87,6 +87,27 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.warmup_steps: expected at most steps={self.steps}, got {self.warmup_steps}")
 
 
+# What `jax-scan-rnn train` gives a TrainConfig beyond the class's defaults (each task adds its TRAIN_DEFAULTS)
+COMMAND_DEFAULTS = {"log_every": 25, "eval_every": 250, "checkpoint_every": 250}
+
+
+def default_warmup(steps: int) -> int:
+    """`jax-scan-rnn train`'s warm-up when not given: a tenth of the updates, at most 100."""
+    return min(100, steps // 10)
+
+
+def command_config(task_defaults: Mapping[str, Any], **fields) -> TrainConfig:
+    """The TrainConfig `jax-scan-rnn train` builds: `COMMAND_DEFAULTS`, then the task's `TRAIN_DEFAULTS`, then
+    `fields`, with a warm-up of `default_warmup(steps)` unless given. A run in Python with it trains as the command
+    with the same flags does (`TrainConfig()` alone has no warm-up and other intervals).
+
+        cfg = command_config(traveller.TRAIN_DEFAULTS, steps=200)   # `train traveller --steps 200`'s
+    """
+    values = {**COMMAND_DEFAULTS, **task_defaults, **fields}
+    values.setdefault("warmup_steps", default_warmup(values.get("steps", TrainConfig.__dataclass_fields__["steps"].default)))
+    return TrainConfig(**values)
+
+
 # The TrainConfig fields that only make_optimizer reads: fit(optimizer=...) refuses a changed one.
 OPTIMIZER_FIELDS = ("learning_rate", "warmup_steps", "lr_schedule", "final_lr_fraction", "clip_norm", "weight_decay")
 

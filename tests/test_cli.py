@@ -794,3 +794,18 @@ def test_flag_names_keeps_an_error_whose_constructor_takes_more():
     with pytest.raises(ValueError, match=r"^'utf-8' codec can't decode byte 0xe9 in position 0"):
         with flag_names():
             b"\xe9".decode("utf-8")
+
+
+@pytest.mark.parametrize("argv, fields", [([], {}), (["--steps", "200", "--lr", "0.01"], {"steps": 200,
+                                                                                         "learning_rate": 0.01}),
+                                          (["--warmup-steps", "3"], {"warmup_steps": 3})])
+def test_command_config_is_the_clis_train_config(argv, fields):
+    # A run in Python that takes train traveller's TrainConfig trains as the command does (TrainConfig() alone
+    # has no warm-up and other intervals: the same run gave other numbers).
+    from jax_scan_rnn.cli import build_parser, train_config
+    from jax_scan_rnn.tasks.traveller import TRAIN_DEFAULTS
+    from jax_scan_rnn.train import TrainConfig, command_config
+
+    words = ["train", "traveller", *argv]
+    assert train_config(build_parser(words).parse_args(words)) == command_config(TRAIN_DEFAULTS, **fields)
+    assert command_config(TRAIN_DEFAULTS) != TrainConfig(**TRAIN_DEFAULTS)

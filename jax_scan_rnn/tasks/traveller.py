@@ -2,7 +2,8 @@
 default), or on your own market data (`data/market_data.py`: .npz, .csv or .parquet).
 
     task = TravellerTask()                                   # defaults: a few minutes on a 2-core CPU
-    model, history, _ = train(task, TrainConfig(steps=1000, learning_rate=3e-3), out_dir="runs/traveller")
+    cfg = command_config(TRAIN_DEFAULTS)                     # `train traveller`'s TrainConfig (jax_scan_rnn.train)
+    model, history, _ = train(task, cfg, out_dir="runs/traveller")
     evaluate(model, task)    # {"optimal": .., "markowitz": .., "no_trade": .., "learned": .., "learned_over_optimal": ..}
 
     task = TravellerTask(data="prices.csv", feature_cols="ret_*,vol_*", return_cols="next_ret_*")
@@ -39,6 +40,8 @@ from jax_scan_rnn.optional import require
 from jax_scan_rnn.runlog import save_figure, strict_json, write_atomically
 from jax_scan_rnn.data import market_data, trading
 from jax_scan_rnn.train import TrainConfig, fit, restore_model
+
+TRAIN_DEFAULTS = {"steps": 1000, "learning_rate": 3e-3}  # `train traveller`'s, over TrainConfig's (`command_config`)
 from jax_scan_rnn.traveller import Traveller, TravellerState
 
 OBJECTIVES = ("utility", "mse")
