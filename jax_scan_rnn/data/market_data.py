@@ -44,7 +44,9 @@ An infinite value is always an error: it is a data bug, not a gap.
 
 `time_split` cuts contiguous train/valid/test periods (never shuffled). Fit `Standardiser` on the training
 period only and apply it to every period, so no statistic looks ahead. A slice [a, b) ends with the return
-realised at step b, which is known when step b begins: the next period's labels do not overlap it.
+realised at step b, which is known when step b begins: the next period's labels do not overlap it. Every path is
+cut at the same step, so paths (path_col) must cover the same dates row for row: paths of different years would
+put one path's training period after another's test period (dates are checked for order within a path only).
 """
 from __future__ import annotations
 
