@@ -85,6 +85,48 @@ def test_file_source_counts_bad_lines_by_reason(tmp_path):
     assert load_sequences(str(path), max_length=10, limit=1).sequences == ["CCO"]
 
 
+def test_smiles_kept_as_written_are_deduplicated_by_molecule(tmp_path):
+    """One molecule written two ways is one molecule (else it could land in training and in test): the first
+    line's string is kept; text that is not parsed as SMILES is de-duplicated by its string."""
+    path = tmp_path / "two_ways.smi"
+    path.write_text("OCC\nc1ccccc1\nCCO\nC1=CC=CC=C1\nCCN\n")
+    got = load_sequences(path, smiles=True, canonicalize=False)
+    assert got.sequences == ["OCC", "c1ccccc1", "CCN"] and got.skipped == {"duplicate": 2}, got
+    assert load_sequences(path, smiles=True).sequences == ["CCO", "c1ccccc1", "CCN"]  # canonical: as before
+    assert len(load_sequences(path).sequences) == 5  # not SMILES: five strings
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_line(tmp_path):
+    """Windows editors start a UTF-8 file with a BOM; it must not make the first molecule unparsable (or a
+    character of the vocabulary)."""
+    data = "\ufeffCCO\r\nCCN\r\n".encode("utf-8")
+    (tmp_path / "bom.smi").write_bytes(data)
+    with gzip.open(tmp_path / "bom.smi.gz", "wb") as f:
+        f.write(data)
+    for name in ("bom.smi", "bom.smi.gz"):
+        assert load_sequences(tmp_path / name, smiles=True, canonicalize=False) == LoadResult(
+            ["CCO", "CCN"], {}, (str(tmp_path / name),)), name
+        assert load_sequences(tmp_path / name).sequences == ["CCO", "CCN"], name  # as text too
+
+
+def test_max_length_none_keeps_every_length(tmp_path):
+    path = tmp_path / "long.smi"
+    path.write_text("C" * 80 + "\nCCO\n")
+    assert load_sequences(path, smiles=True, max_length=None).sequences == ["C" * 80, "CCO"]
+    assert load_sequences(path, smiles=True).skipped == {"too_long": 1}
+
+
+def test_names_first_tells_name_smiles_lines_from_bad_smiles(tmp_path):
+    named = tmp_path / "named.smi"
+    named.write_text("mol1 CCO\nmol2 c1ccccc1\nmol3 C1CC\nCCN ok\n")  # 2 of 3 unparsable firsts have a SMILES
+    assert sm.names_first(named)
+    smiles_first = tmp_path / "smiles_first.smi"
+    smiles_first.write_text("CCO mol1\nC1CC mol2\nXyz mol3\n")  # the unparsable ones are bad SMILES, not names
+    assert not sm.names_first(smiles_first)
+    (tmp_path / "mols.csv").write_text("name,smiles\nmol1,CCO\n")
+    assert not sm.names_first(tmp_path / "mols.csv")  # a table is read by its header
+
+
 def test_a_table_is_read_by_its_smiles_column(tmp_path):
     """A .csv/.tsv (.gz too) with a header: the column named smiles in any case, quoted fields with a newline
     inside (ZINC's), rows without it counted; without such a column, one error naming the file and its header.
@@ -232,8 +274,20 @@ def test_encode_layout_and_decode_rules():
     np.testing.assert_array_equal(tokens, [[3, 4, 2, 0], [5, 2, 0, 0]])
     np.testing.assert_array_equal(lengths, [3, 2])
     assert vocab.encode(["ab", "c"])[0].shape == (2, 3)  # max_len=None: the longest
-    # Decoding stops at the first <eos> and skips <pad> and <sos>.
-    assert vocab.decode(np.array([[1, 3, 0, 4, 2, 5], [5, 5, 5, 5, 5, 5]])) == ["ab", "cccccc"]
+    # Decoding stops at the first <eos> (a row without one is decoded whole); a <pad> or <sos> before it is what the
+    # model wrote, so it is written out by name, not dropped.
+    assert vocab.decode(np.array([[1, 3, 0, 4, 2, 5], [5, 5, 5, 5, 5, 5]])) == ["<sos>a<pad>b", "cccccc"]
+
+
+def test_a_sampled_pad_or_sos_is_never_decoded_into_a_valid_molecule():
+    """Dropped, `C <pad> C <eos>` would read "CC", a valid molecule the model did not write."""
+    from jax_scan_rnn import metrics
+
+    vocab = Vocabulary.build(["CO"])
+    c, o = vocab.tokens.index("C"), vocab.tokens.index("O")
+    written = vocab.decode(np.array([[c, PAD, c, EOS, PAD], [c, SOS, o, EOS, PAD], [c, o, EOS, PAD, PAD]]))
+    assert written == ["C<pad>C", "C<sos>O", "CO"]
+    assert [metrics.validity([s]) for s in written] == [0.0, 0.0, 1.0]
     with pytest.raises(ValueError, match="tokens"):
         vocab.decode(np.array([[3, 9]]))
     with pytest.raises(ValueError, match="tokens"):

@@ -131,7 +131,7 @@ def test_cli_train_sample_evaluate(corpus, tmp_path, capsys, monkeypatch):
             "--recon-reduction", "token", "--out", str(out)]
     assert main(args) == 0
     printed = capsys.readouterr().out
-    assert "skipped: empty 1, too_long 1, unparsable 2" in printed
+    assert "skipped: empty 1, unparsable 2, too_long 1" in printed
     assert "prior samples, sampled, T=1 (n=20)" in printed and "prior samples, greedy (n=20)" in printed
     assert "free-running (greedy)" in printed
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -700,7 +700,7 @@ def test_kekule_writes_every_part_in_kekule_form(corpus):
     assert tiny(corpus).writes_kekule and not tiny(corpus, smiles_check=False).writes_kekule  # SMILES data: on
     task = tiny(corpus, kekule=True, augment=3)
     dataset = task_lib.load_dataset(task)
-    assert dataset.skipped["too_long_in_kekule_form"] == 1
+    assert dataset.skipped["too_long"] == 2  # C10 + benzene and the 200 carbons, each once
     parts = dataset.train + dataset.valid + dataset.test
     assert {canonical_smiles(s) for s in parts} == {canonical_smiles(s) for s in plain.train + plain.valid
                                                     + plain.test} - {canonical_smiles("C" * 10 + "c1ccccc1")}
@@ -906,3 +906,89 @@ def test_evaluate_reads_the_runs_vocabulary_and_refuses_data_changed_since(corpu
     assert err.endswith(f"--checkpoint: the run's data file {corpus} is not the data it was trained on (its molecules "
                         "changed since): its test split would hold other molecules, maybe ones the model trained on; "
                         "restore the file, or score other molecules with sample vae and your own metrics"), err
+
+
+# ----------------------------------------------------------------------------------------------------
+# Review findings: the length limit's form, duplicates written two ways, unterminated samples, sigmoid warm-up 0,
+# the module's example, the schedules' help, name-first files
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_max_length_applies_to_the_kekule_form_the_model_learns(tmp_path):
+    """Explicit-hydrogen SMILES (other tools write them) are several times longer than the Kekulé forms the model
+    learns: the limit is the learnt form's, and a molecule too long in it is counted once, as too_long."""
+    from rdkit import Chem
+
+    explicit = [Chem.MolToSmiles(Chem.AddHs(Chem.MolFromSmiles(s)), allHsExplicit=True) for s in SMILES]
+    assert sum(len(e) > 20 for e in explicit) > 90  # as written, most are longer than max_length
+    path = write_lines(tmp_path / "explicit_h.smi", [*explicit, "C" * 200])
+    dataset = task_lib.load_dataset(tiny(path))
+    kept = dataset.train + dataset.valid + dataset.test
+    assert len(kept) == 99 and max(map(len, kept)) <= 20  # all but C10 + benzene (21 characters in Kekulé form)
+    assert dataset.skipped == {"too_long": 2}  # it and the 200 carbons
+
+
+def test_a_molecule_written_two_ways_is_one_molecule_without_kekule(tmp_path):
+    """--no-kekule keeps each molecule as its file writes it, once: written again another way it is a duplicate,
+    not a second molecule that could be in training and in test."""
+    from rdkit import Chem
+
+    again = [Chem.MolToSmiles(Chem.MolFromSmiles(s), doRandom=True, canonical=False) for s in SMILES]
+    path = write_lines(tmp_path / "two_ways.smi", SMILES + again)
+    dataset = task_lib.load_dataset(tiny(path, kekule=False))
+    assert sorted(dataset.train + dataset.valid + dataset.test) == sorted(SMILES)  # the first way, as written
+    assert dataset.skipped == {"duplicate": 100}
+    assert not {smiles.canonical_smiles(s) for s in dataset.test} & dataset.canonical_train
+    text = task_lib.load_dataset(tiny(path, smiles_check=False))  # not chemistry: strings are the only key
+    assert len(text.train + text.valid + text.test) == 100 + sum(a != s for a, s in zip(again, SMILES))
+
+
+def test_samples_that_never_end_are_counted_as_unterminated(corpus):
+    """A sample with no <eos> within max_len is scored as cut (MOSES's validity); the report says how many."""
+    assert task_lib.unterminated(np.array([[3, 2, 0], [3, 3, 3], [2, 0, 0], [0, 3, 4]])) == 0.5
+    task = tiny(corpus, decoder_only=True)
+    dataset = task_lib.load_dataset(task)
+    model = task_lib.build_model(task, dataset.vocab.size, 0)
+    for eos_bias, expected in ((-1e4, 1.0), (1e4, 0.0)):  # <eos> never / always first
+        model.h2o.bias[...] = model.h2o.bias[...].at[smiles.EOS].set(eos_bias)
+        report = task_lib.evaluate(model, dataset, task)
+        for name in ("samples", "samples_greedy"):
+            assert report[name]["unterminated"] == expected, (name, eos_bias)
+    assert list(report["samples"])[:3] == ["n", "validity", "unterminated"]
+
+
+def test_a_sigmoid_kl_schedule_without_warm_up_is_max_beta_from_step_0():
+    """kl_warmup=0 means no warm-up, for the sigmoid schedule as for the linear one (not a division by zero)."""
+    for schedule in ("linear", "sigmoid"):
+        task = task_lib.VAETask(kl_schedule=schedule, kl_warmup=0, max_beta=0.3)
+        assert [task.beta(step) for step in (0, 1, 1000)] == pytest.approx([0.3] * 3), schedule
+
+
+def test_the_module_example_matches_train_and_evaluate():
+    """`train` returns (model, dataset, history) and `evaluate` reads the dataset, as the module's example says."""
+    import inspect
+
+    assert "model, dataset, history = train(" in task_lib.__doc__
+    assert "evaluate(model, dataset, task)" in task_lib.__doc__
+    assert list(inspect.signature(task_lib.evaluate).parameters)[:3] == ["model", "dataset", "task"]
+    assert "model, vocab, history" not in task_lib.__doc__
+
+
+def test_schedule_help_names_the_update_index_the_log_shows_one_later(corpus):
+    """The log's step k is the k-th update, computed from batch k - 1: the help says which the midpoints are."""
+    import dataclasses
+
+    helps = {f.name: f.metadata["help"] for f in dataclasses.fields(task_lib.VAETask)}
+    for name in ("ss_midpoint", "kl_warmup"):  # the CLI's metavar is N
+        assert "0-based update index N" in helps[name] and "the log's step N + 1" in helps[name], name
+    task = tiny(corpus, decoding="scheduled", ss_midpoint=10, ss_max=1.0, kl_warmup=10, max_beta=1.0)
+    batch = task_lib.make_batch_fn(task, task_lib.load_dataset(task))(10)  # the batch of the log's step 11
+    assert float(batch["p_replace"][0]) == pytest.approx(0.5, abs=1e-3) and float(batch["beta"][0]) == 1.0
+
+
+def test_a_name_first_file_is_told_to_put_the_smiles_first(tmp_path):
+    """`mol1 CCO` lines: --no-smiles-check would train on whole lines; the error says SMILES come first."""
+    path = write_lines(tmp_path / "names_first.smi", [f"mol{i} {s}" for i, s in enumerate(SMILES)])
+    with pytest.raises(ValueError, match=r"unparsable 100; most unparsable lines have a SMILES second: the SMILES "
+                                         r"must be each line's first field \(SMILES, then an optional name\)\)$"):
+        task_lib.load_dataset(tiny(path))

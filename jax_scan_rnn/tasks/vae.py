@@ -1,8 +1,9 @@
 """Train, sample and evaluate the SMILES sequence VAE (`jsr.SeqVAE`, docs/vae_spec.md).
 
     task = VAETask(decoding="scheduled")            # default "teacher": teacher forcing alone
-    model, vocab, history = train(task, TrainConfig(**TRAIN_DEFAULTS), out_dir="runs/vae")  # `train vae`'s
-    report = evaluate(model, vocab, task)             # reconstruction, prior samples, KL, interpolation
+    model, dataset, history = train(task, TrainConfig(**TRAIN_DEFAULTS), out_dir="runs/vae")  # `train vae`'s
+    report = evaluate(model, dataset, task)           # reconstruction, prior samples, KL, interpolation
+    model, vocab, task = load("runs/vae")             # a saved run; dataset = load_dataset(task) reads its data
     task, cfg = PRESETS["moses"].configs(steps=3000)  # MOSES's VAE and data (`train vae --preset moses`)
 
 Every random choice of a training step (the reparameterisation noise, the scheduled-sampling coins,
@@ -64,9 +65,12 @@ class VAETask:
     data: str = option("moses", "moses (MOSES's 1.58M training molecules: pip install --no-deps molsets), rdkit (the "
                                 "14,734 drug-like SMILES shipped with rdkit), a text file with one sequence per line, or a "
                                 ".csv/.tsv whose header names a 'smiles' column")
-    smiles_check: bool = option(True, "parse a --data file's lines as SMILES (rdkit) and skip invalid ones; "
-                                      "--no-smiles-check: the file is not chemistry")
-    max_length: int = option(smiles.DEFAULT_MAX_LENGTH, "longer sequences are skipped (counted)", lo=1)
+    smiles_check: bool = option(True, "parse a --data file's lines as SMILES (rdkit), skip invalid ones and keep "
+                                      "each molecule once, however often and however it is written (the first "
+                                      "line's way, unless --kekule rewrites it); --no-smiles-check: the file is "
+                                      "not chemistry (repeated lines are dropped)")
+    max_length: int = option(smiles.DEFAULT_MAX_LENGTH, "longer sequences are skipped (counted), in the form the model "
+                                                        "learns (with --kekule, the Kekulé form)", lo=1)
     limit: int | None = option(300_000, "use at most this many sequences, the first ones (MOSES's first 300,000: more "
                                         "than 1,800 updates of 128 draw); none: all", lo=1)
     augment: int = option(0, "randomized SMILES per training molecule (Arus-Pous et al. 2019): each time a molecule "
@@ -97,7 +101,8 @@ class VAETask:
                           choices=SS_MODES)
     ss_schedule: str = option("inverse_sigmoid", "decay of the teacher-forcing probability",
                               choices=schedules.TEACHER_FORCING_SCHEDULES)
-    ss_midpoint: int = option(1000, "step at which the teacher-forcing probability has decayed to 0.5", lo=3)
+    ss_midpoint: int = option(1000, "0-based update index N at which the teacher-forcing probability has decayed to "
+                                    "0.5: the log's step N + 1 (its step k is logged after k updates)", lo=3)
     ss_max: float = option(0.5, "cap on the replacement probability", lo=0, hi=1)
     word_dropout: float = option(0.0, "word dropout (Bowman et al. 2016): probability that a teacher-forced decoder "
                                       "input is replaced by no token (an all-zero one-hot) in training; teacher "
@@ -107,7 +112,9 @@ class VAETask:
                                               "(MOSES's; it scales --max-beta and --clip-norm against it). The logged "
                                               "recon is always per sequence", choices=RECON_REDUCTIONS)
     kl_schedule: str = option("linear", "KL weight annealing", choices=KL_SCHEDULES)
-    kl_warmup: int = option(500, "steps for the KL weight to reach max_beta (sigmoid's midpoint is half of it)", lo=0)
+    kl_warmup: int = option(500, "0-based update index N from which the linear KL weight is max_beta: the log's step "
+                                 "N + 1 (its step k is logged after k updates); sigmoid's midpoint is N / 2; 0: "
+                                 "max_beta from the first update, either schedule", lo=0)
     max_beta: float = option(0.2, "final KL weight (MOSES: 0.05, against its per-token loss, --recon-reduction token; "
                                    "1.0 is the ELBO proper, but collapses the latent; 0.2 for more valid samples, "
                                    "docs/vae_experiments.md)", lo=0)
@@ -176,6 +183,8 @@ class VAETask:
             return self.max_beta
         if self.kl_schedule == "linear":
             return float(schedules.kl_linear(step, warmup=self.kl_warmup, max_beta=self.max_beta))
+        if self.kl_warmup == 0:  # no warm-up: max_beta from step 0, as the linear schedule's (its steepness, 10 /
+            return self.max_beta  # kl_warmup, would divide by zero)
         return float(schedules.kl_sigmoid(step, midpoint=self.kl_warmup / 2, steepness=10.0 / self.kl_warmup,
                                           max_beta=self.max_beta))
 
@@ -335,40 +344,56 @@ def load_dataset(task: VAETask, vocab: smiles.Vocabulary | None = None) -> Datas
     (or take `vocab`, a model's own: then training molecules with characters outside it are dropped too).
 
     A data file is parsed as SMILES with rdkit (the "rdkit" source's code), its invalid lines skipped and
-    counted as "unparsable", and kept as written (not canonicalised); with `task.smiles_check=False` only the
-    length and character checks apply. With `task.writes_kekule`, every molecule is then rewritten as rdkit's
-    canonical SMILES in Kekulé form (those that grow past `max_length` skipped and counted). Raises ValueError,
-    naming `--data`, when the data holds fewer usable sequences than `min_sequences(task.batch_size)`, or when
-    too few validation/test sequences remain once those with characters unseen in the training part are
-    dropped: nothing is trained on data that cannot be evaluated.
+    counted as "unparsable", and kept as written (not canonicalised), each molecule once: a line whose molecule
+    (canonical SMILES) an earlier line holds, however written, is a "duplicate", so that no molecule is in two
+    parts of the split; with `task.smiles_check=False` only the length, repeated-line and character checks apply.
+    With `task.writes_kekule`, every molecule is then rewritten as rdkit's canonical SMILES in Kekulé form.
+    `max_length` applies to the form the model learns, after that rewrite ("too_long"), and so does the
+    de-duplication; `limit` then counts the lines kept before it (those then too long or repeated are not
+    replaced). Raises ValueError, naming `--data`, when the data holds fewer usable sequences than
+    `min_sequences(task.batch_size)`, or when too few validation/test sequences remain once those with characters
+    unseen in the training part are dropped: nothing is trained on data that cannot be evaluated.
     """
     file_smiles = None if smiles.is_builtin_source(task.data) else task.smiles_check
+    # The length limit applies to the strings the model learns: with the Kekulé rewrite, to its forms, below (a file
+    # written with explicit hydrogens is several times longer than its molecules' Kekulé forms); so does the
+    # de-duplication there (one Kekulé form per molecule), which spares the loader a canonical form of every line.
+    rewrite = task.writes_kekule
     try:
-        loaded = smiles.load_sequences(task.data, max_length=task.max_length, limit=task.limit, smiles=file_smiles,
-                                       canonicalize=False if file_smiles else None)
+        loaded = smiles.load_sequences(task.data, max_length=None if rewrite else task.max_length, limit=task.limit,
+                                       smiles=file_smiles, canonicalize=False if file_smiles else None,
+                                       dedupe=not rewrite)
     except (FileNotFoundError, ValueError) as err:
         if not str(err).startswith("source: "):  # a missing file, MOSES's data not installed, a table without a
             raise  # SMILES column: the library names `source`, the user knows --data
         raise type(err)(f"--data {task.data}: {str(err).removeprefix('source: ')}") from None
     sequences, skipped = loaded.sequences, dict(loaded.skipped)
     canonical_of = None  # Kekulé form -> canonical SMILES, for novelty (one parse gives both)
-    if task.writes_kekule:  # every part in one form: the test set is reconstructed as the model learnt to write
+    if rewrite:  # every part in one form: the test set is reconstructed as the model learnt to write
         forms = smiles.kekule_forms(sequences)
         valid = [f for f in forms if f is not None]
         short = [(k, c) for k, c in valid if len(k) <= task.max_length]
         canonical_of = dict(short)
         sequences = list(canonical_of)  # dict order: the data's order, which the seeded split then shuffles
         for reason, count in (("unparsable", len(forms) - len(valid)),
-                              ("too_long_in_kekule_form", len(valid) - len(short)),
+                              ("too_long", len(valid) - len(short)),
                               ("duplicate", len(short) - len(sequences))):
             if count:
                 skipped[reason] = skipped.get(reason, 0) + count
     usable = len(sequences)
-    skipped_text = describe_skipped(skipped)
-    if file_smiles and loaded.skipped.get("unparsable"):
-        skipped_text += "; if the file is not SMILES, pass --no-smiles-check"
+    read_skipped = describe_skipped(skipped)  # what reading skipped (unseen characters are counted apart below)
+
+    def skipped_text() -> str:  # for a refusal only: it may read the file again
+        text = read_skipped
+        if not (file_smiles and loaded.skipped.get("unparsable")):
+            return text
+        if smiles.names_first(task.data):  # `mol1 CCO`: --no-smiles-check would train on whole lines, names too
+            return text + ("; most unparsable lines have a SMILES second: the SMILES must be each line's first field "
+                           "(SMILES, then an optional name)")
+        return text + "; if the file is not SMILES, pass --no-smiles-check"
+
     if usable == 0:
-        raise ValueError(f"--data {task.data}: holds no usable sequence (skipped: {skipped_text})")
+        raise ValueError(f"--data {task.data}: holds no usable sequence (skipped: {skipped_text()})")
     needed = min_sequences(task.batch_size)
     if usable < needed:
         percent = "/".join(f"{100 * f:g}" for f in SPLIT_FRACTIONS)
@@ -376,7 +401,7 @@ def load_dataset(task: VAETask, vocab: smiles.Vocabulary | None = None) -> Datas
         raise ValueError(
             f"--data {task.data}: holds {usable} usable sequence{'s' if usable > 1 else ''}{limited}, needs at least "
             f"{needed}: the {percent} % train/valid/test split must leave one training batch (--batch-size "
-            f"{task.batch_size}), {MIN_VALID} validation and {MIN_TEST} test sequences (skipped: {skipped_text})"
+            f"{task.batch_size}), {MIN_VALID} validation and {MIN_TEST} test sequences (skipped: {skipped_text()})"
         )
     train_seqs, valid_seqs, test_seqs = smiles.split(sequences, SPLIT_FRACTIONS, seed=task.split_seed)
     variants = None
@@ -413,7 +438,7 @@ def load_dataset(task: VAETask, vocab: smiles.Vocabulary | None = None) -> Datas
             f"--data {task.data}: of its {usable} usable sequences, {len(valid_seqs)} validation and "
             f"{len(test_seqs)} test sequences remain once those with characters absent from the training part are "
             f"dropped (unseen_character {dropped_train + dropped_v + dropped_t}); needs at least {MIN_VALID} validation "
-            f"and {MIN_TEST} test sequences (skipped: {skipped_text})"
+            f"and {MIN_TEST} test sequences (skipped: {skipped_text()})"
         )
     loaded_canonical = None if canonical_of is None else frozenset(canonical_of[s] for s in train_seqs)
     limit_reached = task.limit is not None and len(loaded.sequences) == task.limit
@@ -599,7 +624,25 @@ def sample(model: SeqVAE, vocab: smiles.Vocabulary, n: int, *, max_len: int, see
            top_k: int = 0, greedy: bool = False, decoder_only: bool = False, z: np.ndarray | None = None) -> list[str]:
     """`n` SMILES from the prior z ~ N(0, I) (`decoder_only`: from z = 0, a CharRNN), in one jitted call; or, given
     latents `z [N, Z]` (`latents`' mu, say), `n` decoded from each row: N * n SMILES, row 0's n first. Greedy
-    decoding has one answer per latent, so it takes `n=1` with `z`."""
+    decoding has one answer per latent, so it takes `n=1` with `z`.
+
+    `vocab.decode(sample_tokens(...))`: a sample with no <eos> within `max_len` is its `max_len` tokens, scored as
+    it is, as MOSES does (`unterminated` counts them); one that wrote <pad> or <sos> before its <eos> holds that
+    token's name, never a valid molecule (`Vocabulary.decode`)."""
+    return vocab.decode(sample_tokens(model, n, max_len=max_len, seed=seed, temperature=temperature, top_k=top_k,
+                                      greedy=greedy, decoder_only=decoder_only, z=z))
+
+
+def unterminated(tokens: np.ndarray) -> float:
+    """Fraction of the rows of sampled `tokens [N, max_len]` with no <eos>: cut at max_len, not finished. MOSES
+    scores such a string as it is, so a model whose samples never end may still write "valid" ones (runs of carbon)."""
+    return float(np.mean(~np.any(np.asarray(tokens) == smiles.EOS, axis=1)))
+
+
+def sample_tokens(model: SeqVAE, n: int, *, max_len: int, seed: int = 0, temperature: float = 1.0, top_k: int = 0,
+                  greedy: bool = False, decoder_only: bool = False, z: np.ndarray | None = None) -> np.ndarray:
+    """The token ids `[N, max_len]` of `sample`'s sequences, before decoding: each up to its first <eos>, <pad>
+    after it (`SeqVAE.generate`)."""
     key_z, key_g = jax.random.split(jax.random.key(seed))
     if z is not None:
         n = validate.integer("n", n, lo=1)
@@ -617,7 +660,7 @@ def sample(model: SeqVAE, vocab: smiles.Vocabulary, n: int, *, max_len: int, see
     else:
         gumbel = jax.random.gumbel(key_g, (n, max_len, model.vocab_size), model.dtype)
         tokens = jit(model).generate(z, max_len, mode="sample", temperature=temperature, top_k=top_k, gumbel=gumbel)
-    return vocab.decode(np.asarray(tokens))
+    return np.asarray(tokens)
 
 
 def latents(model: SeqVAE, vocab: smiles.Vocabulary, task: VAETask, sequences: list[str]) -> dict[str, Any]:
@@ -679,7 +722,12 @@ def reconstruction(model: SeqVAE, vocab: smiles.Vocabulary, sequences: list[str]
 
 
 def evaluate(model: SeqVAE, dataset: Dataset, task: VAETask, *, seed: int = 0) -> dict:
-    """Reconstruction of held-out molecules, prior samples' MOSES metrics, KL per dimension, interpolation."""
+    """Reconstruction of held-out molecules, prior samples' MOSES metrics, KL per dimension, interpolation.
+
+    `report["samples"]` (at temperature 1) and `report["samples_greedy"]`: `n`, `validity`, `unterminated` (the
+    fraction with no <eos> within max_length + 1 tokens, scored as cut, as MOSES does: see `unterminated`),
+    `uniqueness`, `novelty` and the first ten `examples`. Without `task.decoder_only`, `reconstruction`, `latent`
+    (`kl`, `kl_per_dim`, `active_units`) and `interpolation` too."""
     model.eval()
     test = dataset.test[: task.eval_sequences]
     report = {}
@@ -689,11 +737,13 @@ def evaluate(model: SeqVAE, dataset: Dataset, task: VAETask, *, seed: int = 0) -
     # A decoder that has not yet sharpened its next-token distributions writes far more valid SMILES
     # greedily, so the pair tells an undertrained language model from a latent space off the prior.
     for name, greedy in (("samples", False), ("samples_greedy", True)):
-        generated = sample(model, dataset.vocab, task.eval_samples, max_len=task.max_length + 1, seed=seed,
-                           greedy=greedy, decoder_only=task.decoder_only)
+        tokens = sample_tokens(model, task.eval_samples, max_len=task.max_length + 1, seed=seed, greedy=greedy,
+                               decoder_only=task.decoder_only)
+        generated = dataset.vocab.decode(tokens)
         report[name] = {
             "n": len(generated),
             "validity": metrics.validity(generated),
+            "unterminated": unterminated(tokens),
             "uniqueness": metrics.uniqueness(generated, k=len(generated)),
             "novelty": metrics.novelty(generated, dataset.canonical_train, train_is_canonical=True),
             "examples": list(generated[:10]),

@@ -26,6 +26,7 @@ from jax_scan_rnn.data.smiles.sources import (
     kekule_forms,
     load_sequences,
     moses_split,
+    names_first,
     parse_smiles,
     randomized_smiles,
     silence_rdkit,
@@ -35,6 +36,6 @@ from jax_scan_rnn.data.smiles.vocabulary import EOS, PAD, SOS, SPECIAL_TOKENS, V
 __all__ = [
     "DEFAULT_MAX_LENGTH", "DRUG_LIKE", "EOS", "PAD", "RDKIT_FILES", "SOS", "SPECIAL_TOKENS", "LoadResult",
     "MoleculeFilter", "Vocabulary", "batch_at", "canonical_smiles", "file_fields", "is_builtin_source", "kekule_forms",
-    "load_sequences", "min_split_size", "moses_split", "parse_smiles", "randomized_smiles", "silence_rdkit",
-    "split", "split_sizes", "trim",
+    "load_sequences", "min_split_size", "moses_split", "names_first", "parse_smiles", "randomized_smiles",
+    "silence_rdkit", "split", "split_sizes", "trim",
 ]

@@ -17,13 +17,14 @@ Sources (`load_sequences`):
   `is_builtin_source` tells the two kinds apart.
 
 Loading is a pipeline of generators: the source's fields, then (SMILES only) parse, filter and
-canonicalise, then the length limit and de-duplication. Bad lines never stop it: each is skipped and
-counted by reason in `LoadResult.skipped`. rdkit, an optional extra, is imported only by the functions
-that need it.
+canonicalise, then the length limit and de-duplication (of SMILES by molecule, of other text by
+string). Bad lines never stop it: each is skipped and counted by reason in `LoadResult.skipped`. rdkit,
+an optional extra, is imported only by the functions that need it.
 """
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import csv
 import gzip
@@ -215,7 +216,7 @@ DRUG_LIKE = MoleculeFilter()  # the filter the "rdkit" source applies
 class LoadResult:
     """What `load_sequences` kept and what it skipped."""
 
-    sequences: list[str]  # kept sequences, in file order (first occurrence of duplicates)
+    sequences: list[str]  # kept sequences, in file order (the first occurrence of duplicates)
     skipped: dict[str, int]  # reason -> number of lines skipped for it (reasons with a zero count absent)
     sources: tuple[str, ...] = ()  # files read, in order
 
@@ -251,9 +252,10 @@ def is_builtin_source(source: str | os.PathLike) -> bool:
 
 
 def _read_lines(path: str) -> list[bytes]:
-    """The raw lines of a file, gunzipped when its name ends in ".gz"."""
+    """The raw lines of a file, gunzipped when its name ends in ".gz", without a leading UTF-8 byte-order mark."""
     with (gzip.open if path.endswith(".gz") else open)(path, "rb") as handle:
-        return handle.read().splitlines()
+        # Windows editors start UTF-8 files with a BOM: it is no part of the first line (utf-8-sig, as tables are read).
+        return handle.read().removeprefix(codecs.BOM_UTF8).splitlines()
 
 
 def _fields(lines: Iterable[bytes], column: int | None, delimiter: str | None,
@@ -356,9 +358,11 @@ def file_fields(path: str, smiles: bool, skipped: Counter) -> Iterator[tuple[int
     return _fields(_read_lines(path), 0 if smiles else None, None, skipped)
 
 
-def _molecules(items: Iterable[str], canonicalize: bool, molecule_filter: MoleculeFilter | None,
-               skipped: Counter) -> Iterator[str]:
-    """The items that parse as SMILES and pass `molecule_filter`, canonical if asked; the rest counted."""
+def _molecules(items: Iterable[str], canonicalize: bool, dedupe: bool, molecule_filter: MoleculeFilter | None,
+               skipped: Counter) -> Iterator[tuple[str, str]]:
+    """(sequence, de-duplication key) of the items that parse as SMILES and pass `molecule_filter`, the rest counted:
+    the sequence is the item, or its canonical SMILES if `canonicalize`; the key is the canonical SMILES (one per
+    molecule, however written) if `dedupe`, else the item (not read)."""
     Chem = _chem()
     for item in items:
         mol = parse_smiles(item)
@@ -367,20 +371,43 @@ def _molecules(items: Iterable[str], canonicalize: bool, molecule_filter: Molecu
         elif molecule_filter is not None and (reason := molecule_filter.reject_reason(mol)):
             skipped[reason] += 1
         else:
-            yield Chem.MolToSmiles(mol) if canonicalize else item
+            canonical = Chem.MolToSmiles(mol) if canonicalize or dedupe else item  # half a parse's time: if read
+            yield canonical if canonicalize else item, canonical
 
 
-def _short_and_new(items: Iterable[str], max_length: int, dedupe: bool, skipped: Counter) -> Iterator[str]:
-    """The items of at most `max_length` characters, each once if `dedupe`; the rest counted."""
+def _short_and_new(items: Iterable[tuple[str, str]], max_length: int | None, dedupe: bool,
+                   skipped: Counter) -> Iterator[str]:
+    """The items of (sequence, dedupe key) of at most `max_length` characters (None: any), each key once if
+    `dedupe`; the rest counted."""
     seen = set()
-    for item in items:
-        if len(item) > max_length:
+    for item, key in items:
+        if max_length is not None and len(item) > max_length:
             skipped["too_long"] += 1
-        elif dedupe and item in seen:
+        elif dedupe and key in seen:
             skipped["duplicate"] += 1
         else:
-            seen.add(item)
+            seen.add(key)
             yield item
+
+
+def names_first(path: str | os.PathLike, lines: int = 1000) -> bool:
+    """Whether a SMILES file looks written name first (`mol1 CCO`), not as `load_sequences` reads it (SMILES, then an
+    optional name: the .smi convention of MOSES's and rdkit's files): most of the first `lines` lines whose first
+    field rdkit cannot parse have a second field that it can. False for a CSV/TSV table (read by its header)."""
+    path = os.fspath(path)
+    if _table_delimiter(path):
+        return False
+    unparsable = named = 0
+    with silence_rdkit():
+        for raw in _read_lines(path):
+            parts = raw.decode("utf-8", errors="replace").split()
+            if not parts or parse_smiles(parts[0]) is not None:
+                continue
+            unparsable += 1
+            named += len(parts) > 1 and parse_smiles(parts[1]) is not None
+            if unparsable == lines:
+                break
+    return named > unparsable / 2
 
 
 def load_sequences(
@@ -402,6 +429,7 @@ def load_sequences(
             named like a source); with `smiles=True`, a ".csv" or ".tsv" file is a table whose header
             names a "smiles" column (in any case), as MOSES's and ZINC's are.
         max_length: longest sequence kept, in characters (= tokens, <eos> excluded); longer: "too_long".
+            None: any length (for a caller that rewrites the sequences and limits the form it keeps).
         smiles: parse each line with rdkit (unparsable lines: "unparsable"). None: True for "rdkit",
             False for MOSES (curated and valid; parsing 1.6 M molecules takes minutes) and for a file.
             For a file with `smiles=True` the first whitespace-separated field of a line is the
@@ -410,7 +438,9 @@ def load_sequences(
             None: True when `smiles` is, except for MOSES, whose strings are kept as published.
         molecule_filter: reject parsed molecules that fail it (reasons "fragments", "element",
             "charged", "size"). None: `DRUG_LIKE` for "rdkit", no filter otherwise.
-        dedupe: drop repeated sequences (after canonicalisation), counted as "duplicate".
+        dedupe: drop repeats, counted as "duplicate": with `smiles`, repeated molecules (the same canonical
+            SMILES, however each line writes it; without `canonicalize`, the first line's string is kept), else
+            repeated strings.
         limit: stop once this many sequences are kept (None: all).
 
     Returns:
@@ -418,7 +448,7 @@ def load_sequences(
         "unparsable", "fragments", "element", "charged", "size", "too_long", "duplicate".
     """
     source = os.fspath(instance("source", source, (str, os.PathLike)))
-    max_length = integer("max_length", max_length, lo=1)
+    max_length = integer("max_length", max_length, lo=1, none=True)
     limit = integer("limit", limit, lo=0, none=True)
     dedupe = boolean("dedupe", dedupe)
     is_moses = is_builtin_source(source) and source != "rdkit"
@@ -442,8 +472,8 @@ def load_sequences(
         raise FileNotFoundError(
             f"source: expected 'rdkit', 'moses', 'moses:<split>' or an existing file, got {source!r}"
         )
-    if smiles:
-        items = _molecules(items, canonicalize, molecule_filter, skipped)
+    # (sequence, dedupe key): a molecule is one however it is written; any other text is its string.
+    keyed = _molecules(items, canonicalize, dedupe, molecule_filter, skipped) if smiles else ((s, s) for s in items)
     with silence_rdkit() if smiles else contextlib.nullcontext():  # the generators above run here
-        kept = list(itertools.islice(_short_and_new(items, max_length, dedupe, skipped), limit))
+        kept = list(itertools.islice(_short_and_new(keyed, max_length, dedupe, skipped), limit))
     return LoadResult(kept, dict(skipped), paths)

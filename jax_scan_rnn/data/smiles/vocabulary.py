@@ -7,7 +7,8 @@ Token layout (docs/vae_spec.md): ids 0 `<pad>`, 1 `<sos>`, 2 `<eos>`, then the v
 Tokenisation is character level: one character of the string is one token. It is what MOSES's CharRNN
 does; it works unchanged for any text, not only SMILES; a sequence of L characters is always L tokens,
 so `max_length` in characters is exactly the token budget; and decoding is a plain join, so any token
-string the model writes decodes to exactly the characters it chose. The price is that two-letter atoms
+string the model writes decodes to exactly the characters it chose (a <pad> or <sos> it chose before its
+<eos> written out by name: see `Vocabulary.decode`). The price is that two-letter atoms
 (`Cl`, `Br`) and bracket atoms (`[nH]`) take several steps, which a recurrent model learns early. The
 common regex SMILES tokeniser would shorten these sets' sequences by under 2 % (measured on the rdkit
 and MOSES test sets) and cannot tokenise text it does not expect.
@@ -132,7 +133,10 @@ class Vocabulary:
         return tokens, (num_chars + 1).astype(np.int32)
 
     def decode(self, tokens) -> list[str]:
-        """Strings of `tokens` [B, T] (ints): each row up to its first <eos>, <pad> and <sos> skipped."""
+        """Strings of `tokens` [B, T] (ints): each row up to its first <eos> (all of it if it has none), one
+        character per token. A <pad> or <sos> before that <eos> (a model may sample them) is written out by its
+        name, "<pad>" or "<sos>": dropping it would return a string the model did not write, and might score it a
+        valid molecule; with it, the string is never valid SMILES ("<" is no SMILES character)."""
         tokens = np.asarray(tokens)
         if tokens.ndim != 2:
             raise ValueError(f"tokens: expected a [B, T] array, got shape {tokens.shape}")
@@ -143,7 +147,7 @@ class Vocabulary:
                 f"tokens: expected ids in [0, {self.size}), got values in [{tokens.min()}, {tokens.max()}]"
             )
         rows = (itertools.takewhile(lambda t: t != EOS, row) for row in tokens.tolist())
-        return ["".join(self.tokens[t] for t in row if t >= len(SPECIAL_TOKENS)) for row in rows]
+        return ["".join(self.tokens[t] for t in row) for row in rows]  # tokens[PAD] = "<pad>", tokens[SOS] = "<sos>"
 
     def to_json(self) -> str:
         """JSON text that `from_json` turns back into an equal Vocabulary."""
