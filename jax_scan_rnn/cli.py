@@ -996,7 +996,8 @@ def print_vae_report(report: dict) -> None:
         print(f"{'  free-running (greedy)':<36} {rec['free_token_acc']:>10.3f} {rec['free_sequence_acc']:>13.3f}")
     for key, how in (("samples", "sampled, T=1"), ("samples_greedy", "greedy")):
         samples = report[key]
-        print(f"prior samples, {how} (n={samples['n']}): valid {fraction(samples['validity'])}  "
+        never_ended = f"  unterminated {fraction(samples['unterminated'])}" if "unterminated" in samples else ""
+        print(f"prior samples, {how} (n={samples['n']}): valid {fraction(samples['validity'])}{never_ended}  "
               f"unique {fraction(samples['uniqueness'])}  novel {fraction(samples['novelty'])}")
     if "latent" in report:
         latent, path = report["latent"], report["interpolation"]["path"]
@@ -1097,16 +1098,17 @@ def cmd_sample_vae(args: argparse.Namespace) -> int:
                  task_lib.sample_bytes(task, vocab.size, n if z is None else n * len(z)))
     model.eval()
     with flag_names():  # the sampler's own checks ("top_k: ...") name the flag
-        generated = task_lib.sample(model, vocab, n, max_len=task.max_length + 1, seed=args.seed,
-                                    temperature=args.temperature, top_k=args.top_k, greedy=args.greedy,
-                                    decoder_only=task.decoder_only, z=z)
+        tokens = task_lib.sample_tokens(model, n, max_len=task.max_length + 1, seed=args.seed,
+                                        temperature=args.temperature, top_k=args.top_k, greedy=args.greedy,
+                                        decoder_only=task.decoder_only, z=z)
+    generated = vocab.decode(tokens)
     if args.output:
         write_atomically(args.output, lambda f: f.write("\n".join(generated) + "\n"))
     else:
         print("\n".join(generated))
     if task.data in ("rdkit", "moses"):
-        print(f"valid {fraction(metrics.validity(generated))}  unique {fraction(metrics.uniqueness(generated))}",
-              file=sys.stderr)
+        print(f"valid {fraction(metrics.validity(generated))}  unterminated {fraction(task_lib.unterminated(tokens))}  "
+              f"unique {fraction(metrics.uniqueness(generated))}", file=sys.stderr)
     return 0
 
 

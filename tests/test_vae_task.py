@@ -133,6 +133,7 @@ def test_cli_train_sample_evaluate(corpus, tmp_path, capsys, monkeypatch):
     printed = capsys.readouterr().out
     assert "skipped: empty 1, unparsable 2, too_long 1" in printed
     assert "prior samples, sampled, T=1 (n=20)" in printed and "prior samples, greedy (n=20)" in printed
+    assert printed.count("  unterminated ") == 2  # the samples cut at max_len, beside validity
     assert "free-running (greedy)" in printed
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train_rows = [r for r in rows if r["split"] == "train"]
@@ -898,7 +899,8 @@ def test_evaluate_reads_the_runs_vocabulary_and_refuses_data_changed_since(corpu
                  "--out", str(out)]) == 0
     capsys.readouterr()
     assert main(["evaluate", "vae", "--checkpoint", str(out), "-n", "5"]) == 0
-    assert "prior samples, greedy (n=5)" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "prior samples, greedy (n=5): valid " in printed and printed.count("  unterminated ") == 2
     lines = corpus.read_text().splitlines()
     corpus.write_text("\n".join(reversed(lines)) + "\n")
     assert main(["evaluate", "vae", "--checkpoint", str(out), "-n", "5"]) == 2

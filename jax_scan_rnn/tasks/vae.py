@@ -1,7 +1,8 @@
 """Train, sample and evaluate the SMILES sequence VAE (`jsr.SeqVAE`, docs/vae_spec.md).
 
     task = VAETask(decoding="scheduled")            # default "teacher": teacher forcing alone
-    model, dataset, history = train(task, TrainConfig(**TRAIN_DEFAULTS), out_dir="runs/vae")  # `train vae`'s
+    cfg = command_config(TRAIN_DEFAULTS)             # `train vae`'s TrainConfig (jax_scan_rnn.train)
+    model, dataset, history = train(task, cfg, out_dir="runs/vae")
     report = evaluate(model, dataset, task)           # reconstruction, prior samples, KL, interpolation
     model, vocab, task = load("runs/vae")             # a saved run; dataset = load_dataset(task) reads its data
     task, cfg = PRESETS["moses"].configs(steps=3000)  # MOSES's VAE and data (`train vae --preset moses`)
@@ -30,7 +31,7 @@ from jax_scan_rnn import schedules, validate
 from jax_scan_rnn.compiled import jit
 from jax_scan_rnn.options import check, option
 from jax_scan_rnn.data import smiles
-from jax_scan_rnn.train import TrainConfig, fit, restore_model
+from jax_scan_rnn.train import TrainConfig, command_config, fit, restore_model
 from jax_scan_rnn.vae import SeqVAE, check_tokens
 
 DECODINGS = ("teacher", "scheduled")
@@ -212,8 +213,8 @@ class Preset:
                 raise ValueError(f"{self.name}: expected {cls.__name__} fields, got {unknown}")
 
     def configs(self, **overrides: Any) -> tuple[VAETask, TrainConfig]:
-        """(VAETask, TrainConfig) of the preset, with `overrides` (fields of either) replacing its values.
-        Fields neither sets keep their defaults (TrainConfig's, not the CLI's: pass log_every etc. yourself)."""
+        """(VAETask, TrainConfig) of the preset, with `overrides` (fields of either) replacing its values: what
+        `train vae --preset NAME` builds (its TrainConfig by `command_config`, over `TRAIN_DEFAULTS`)."""
         task_fields = {f.name for f in fields(VAETask)}
         train_fields = {f.name for f in fields(TrainConfig)}
         unknown = sorted(set(overrides) - task_fields - train_fields)
@@ -221,7 +222,7 @@ class Preset:
             raise ValueError(f"overrides: expected VAETask or TrainConfig fields, got {unknown}")
         task = {**self.task, **{k: v for k, v in overrides.items() if k in task_fields}}
         train = {**self.train, **{k: v for k, v in overrides.items() if k in train_fields}}
-        return VAETask(**task), TrainConfig(**train)
+        return VAETask(**task), command_config(TRAIN_DEFAULTS, **train)
 
 
 # MOSES's VAE (molsets 0.3.1, `moses/vae/config.py`, `model.py`, `trainer.py`, `misc.py`): 100 epochs
