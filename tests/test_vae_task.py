@@ -994,3 +994,19 @@ def test_a_name_first_file_is_told_to_put_the_smiles_first(tmp_path):
     with pytest.raises(ValueError, match=r"unparsable 100; most unparsable lines have a SMILES second: the SMILES "
                                          r"must be each line's first field \(SMILES, then an optional name\)\)$"):
         task_lib.load_dataset(tiny(path))
+
+
+def test_a_hand_written_side_file_is_read_as_torch_ref_reads_its_arguments(corpus, tmp_path):
+    # The README invites a side file for one's own torch_ref.SeqVAE: one that leaves out an argument with a default,
+    # or gives the decoder's size as None (torch_ref's own default: the encoder's), describes the same model.
+    from dataclasses import replace
+
+    task = tiny(corpus)
+    _, path = torch_twin_files(tmp_path, task, task_lib.load_dataset(task).vocab)
+    side = json.loads((tmp_path / "twin.pt.json").read_text())
+    by_hand = {k: side["arguments"][k] for k in ("vocab_size", "hidden_size", "latent_size", "num_layers",
+                                                 "decoder_layers")}
+    (tmp_path / "twin.pt.json").write_text(json.dumps({**side, "arguments": {**by_hand, "decoder_hidden_size": None}}))
+    task_lib.InitFrom.read(path).check(task)
+    with pytest.raises(ValueError, match=r"holds a model with bidirectional=False; this run's has bidirectional=True"):
+        task_lib.InitFrom.read(path).check(replace(task, bidirectional=True))

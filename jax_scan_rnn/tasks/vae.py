@@ -14,6 +14,7 @@ devices like any other array.
 """
 from __future__ import annotations
 
+import inspect
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
@@ -495,13 +496,20 @@ class InitFrom:
         return cls(path, state_dict, vocab, arguments, kekule if isinstance(kekule, bool) else None)
 
     def check(self, task: VAETask) -> None:
-        """The file's model must be the one `task` builds: each size that differs is named with its value."""
+        """The file's model must be the one `task` builds: each size that differs is named with its value. The side
+        file's arguments are read as `torch_ref.SeqVAE` reads them (a side file written by hand may leave out one
+        with a default, or give the decoder's sizes as None: the encoder's)."""
         wanted = model_arguments(task, self.vocab.size)
-        differ = [k for k in wanted if self.arguments.get(k) != wanted[k]]
+        given = {name: p.default for name, p in inspect.signature(SeqVAE.__init__).parameters.items()
+                 if name in wanted and p.default is not inspect.Parameter.empty} | self.arguments
+        for decoder, encoder in (("decoder_hidden_size", "hidden_size"), ("decoder_layers", "num_layers")):
+            if given.get(decoder) is None:
+                given[decoder] = given.get(encoder)
+        differ = [k for k in wanted if given.get(k) != wanted[k]]
         if differ:
             raise ValueError(
                 f"init_from: {self.path} holds a model with "
-                + ", ".join(f"{k}={self.arguments.get(k)}" for k in differ) + "; this run's has "
+                + ", ".join(f"{k}={given.get(k)}" for k in differ) + "; this run's has "
                 + ", ".join(f"{k}={wanted[k]}" for k in differ) + ": set them to the file's")
         if self.kekule is not None and self.kekule != task.writes_kekule:
             # Otherwise every molecule written the other way would be dropped as unseen (aromatic c, n, o, s).
