@@ -624,21 +624,28 @@ def read_state_dict_file(path: str | os.PathLike, argname: str = "path") -> dict
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{argname}: no file at {path}")
     suffix = os.path.splitext(path)[1]
-    if suffix == ".safetensors":
+    if suffix not in (".pt", ".pth", ".safetensors"):
+        raise ValueError(f"{argname}: expected a .pt, .pth or .safetensors file, got {os.path.basename(path)}")
+    with open(path, "rb") as f:
+        head = f.read(9)
+    # Read as what it holds, whatever its suffix says (a safetensors file named .pt): a safetensors file starts
+    # with its header's length (8 bytes) and the header's "{", a torch.save file with a zip's or a pickle's mark.
+    if suffix == ".safetensors" or (len(head) == 9 and head[8:] == b"{" and not head.startswith((b"PK", b"\x80"))):
         try:
             return load_safetensors(path)
         except ValueError as err:
             raise ValueError(f"{argname}: {err}") from None
-    if suffix not in (".pt", ".pth"):
-        raise ValueError(f"{argname}: expected a .pt, .pth or .safetensors file, got {os.path.basename(path)}")
     from jax_scan_rnn.optional import require
 
     torch = require("torch", "reading a .pt state_dict")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # pickle and zip errors of every kind: the file is the problem
-        raise ValueError(f"{argname}: {path} is not a readable torch state_dict "
-                         f"({type(err).__name__}: {err})") from None
+        if "Unsupported global" in str(err):  # torch.save(model): a pickled module, which weights_only refuses
+            raise ValueError(f"{argname}: {path} holds pickled Python objects (a whole module saved with "
+                             "torch.save(model)?), not a state_dict of tensors: save model.state_dict() instead") from None
+        first = (str(err).strip().splitlines() or [""])[0]  # torch's own lines after it advise weights_only=False
+        raise ValueError(f"{argname}: {path} is not a readable torch state_dict ({type(err).__name__}: {first})") from None
 
 
 def load_state_dict_file(module: nnx.Module, state_dict: Mapping[str, Any], path: str | os.PathLike, argname: str,

@@ -809,3 +809,35 @@ def test_command_config_is_the_clis_train_config(argv, fields):
     words = ["train", "traveller", *argv]
     assert train_config(build_parser(words).parse_args(words)) == command_config(TRAIN_DEFAULTS, **fields)
     assert command_config(TRAIN_DEFAULTS) != TrainConfig(**TRAIN_DEFAULTS)
+
+
+def test_an_export_named_for_the_other_format_is_refused(tiny_run, tmp_path, capsys):
+    # --init-from and every reader take the format from the suffix: a safetensors file named .pt could not be read
+    # back by the command's own --init-from (torch's 6-line unpickling error).
+    for fmt, name, wanted in (("safetensors", "w.pt", ".safetensors"), ("torch", "w", ".pt or .pth"),
+                              ("torch", "w.safetensors", ".pt or .pth")):
+        assert main(["export", "traveller", "--checkpoint", str(tiny_run), "--format", fmt, "--output",
+                     str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.endswith(f"--output: expected a {wanted} file for --format {fmt}, got {tmp_path / name}"), err
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_state_dict_file_is_read_as_what_it_holds(tmp_path):
+    # A safetensors file named .pt (written before exports checked the suffix, or by hand) is read as one; a whole
+    # pickled module is named as such, in one line, not torch's advice to pass weights_only=False.
+    torch = pytest.importorskip("torch")
+    from jax_scan_rnn.convert import read_state_dict_file, save_safetensors
+
+    save_safetensors({"w": np.arange(3, dtype=np.float32)}, tmp_path / "w.safetensors")
+    (tmp_path / "w.safetensors").rename(tmp_path / "w.pt")
+    assert read_state_dict_file(tmp_path / "w.pt")["w"].tolist() == [0.0, 1.0, 2.0]
+    torch.save(torch.nn.Linear(2, 2), tmp_path / "module.pt")
+    with pytest.raises(ValueError) as err:
+        read_state_dict_file(tmp_path / "module.pt", "init_from")
+    assert str(err.value) == (f"init_from: {tmp_path / 'module.pt'} holds pickled Python objects (a whole module saved "
+                              "with torch.save(model)?), not a state_dict of tensors: save model.state_dict() instead")
+    (tmp_path / "junk.pt").write_bytes(b"not a torch file at all")
+    with pytest.raises(ValueError, match=r"^init_from: .*junk.pt is not a readable torch state_dict \([A-Za-z]+Error: "
+                                         r"[^\n]*\)$"):
+        read_state_dict_file(tmp_path / "junk.pt", "init_from")
