@@ -73,7 +73,8 @@ class RNNBase(nnx.Module):
       hoist_inputs: compute each layer's input projection for all steps before its loop (True), inside
         each step (False), or "auto": per backend (`scan.auto_hoist`). Same numbers either way (float
         rounding aside).
-      rngs: `nnx.Rngs` with a `params` stream (and a `dropout` stream if `dropout > 0`).
+      rngs: `nnx.Rngs` with a `params` and a `dropout` stream (`nnx.Rngs(0)` has every stream; the dropout
+        stream is held, and saved in checkpoints, even at `dropout=0`).
     """
 
     cell_type: type[RNNCellBase] = RNNCellBase

@@ -77,7 +77,8 @@ class Traveller(nnx.Module):
       hoist_inputs: project the features for all steps before the loop (True), inside each step
         (False), or "auto": measured per backend (`scan.auto_hoist`: inside on CPU). Same numbers either
         way up to float rounding.
-      rngs: `nnx.Rngs` (streams `params`, and `dropout` if `dropout > 0`).
+      rngs: `nnx.Rngs` with `params` and `dropout` streams (`nnx.Rngs(0)` has every stream; the dropout
+        stream is held even at `dropout=0`).
     """
 
     def __init__(

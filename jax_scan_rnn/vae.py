@@ -193,7 +193,8 @@ class SeqVAE(nnx.Module):
       hoist_inputs: both GRUs' and teacher forcing's input projections for all steps before the loop
         (True), inside each step (False), or "auto": per backend (`scan.auto_hoist`: inside on CPU).
       rngs: `nnx.Rngs`: `params` for the initialisation (torch's), `sample` (or its default stream) for
-        `eps`/`gumbel` not passed in.
+        `eps`/`gumbel` not passed in, and `dropout` for its GRUs' (held even without dropout); `nnx.Rngs(0)`
+        has every stream.
 
     Attributes (the torch twin's state_dict prefixes); D = 2 if bidirectional else 1:
       gru_encoder: `GRU(V, H, L, batch_first=True, bidirectional=bidirectional)`, reads one-hot [B, T, V].
