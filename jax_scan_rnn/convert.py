@@ -659,7 +659,8 @@ def load_state_dict_file(module: nnx.Module, state_dict: Mapping[str, Any], path
         load_torch_state_dict(module, state_dict)
     except (KeyError, ValueError, TypeError) as err:
         message = err.args[0] if isinstance(err, KeyError) else str(err)
-        raise ValueError(f"{argname}: {os.fspath(path)} does not fit this model ({message}); its sizes must match "
-                         f"{sizes}") from None
+        # other keys or shapes: another model's sizes; a NaN or a dtype is the file's own fault
+        hint = f"; its sizes must match {sizes}" if "keys do not match" in message or "expected shape" in message else ""
+        raise ValueError(f"{argname}: {os.fspath(path)} does not fit this model ({message}){hint}") from None
     with open(path, "rb") as f:
         return {"path": os.fspath(path), "sha256": hashlib.file_digest(f, "sha256").hexdigest()}

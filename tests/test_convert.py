@@ -788,3 +788,19 @@ def test_attention_torch_cannot_hold_is_refused_by_name(arguments, named):
     with pytest.raises(NotImplementedError, match=rf"^convert: no PyTorch mapping for nnx.MultiHeadAttention 'attn' "
                                                   rf"with {named}: torch.nn.MultiheadAttention has"):
         jsr.torch_state_dict(Net(nnx.Rngs(0)))
+
+
+def test_a_state_dict_files_errors_hint_at_sizes_only_where_sizes_differ(tmp_path):
+    # A NaN in the file is the file's fault, not a size to set: no "its sizes must match" there.
+    from jax_scan_rnn.convert import load_state_dict_file, save_safetensors
+
+    lstm = jsr.LSTM(3, 4, rngs=nnx.Rngs(0))
+    sd = jsr.torch_state_dict(lstm)
+    bad = {**sd, "bias_hh_l0": np.full_like(sd["bias_hh_l0"], np.nan)}
+    save_safetensors(bad, tmp_path / "nan.safetensors")
+    with pytest.raises(ValueError) as err:
+        load_state_dict_file(lstm, bad, tmp_path / "nan.safetensors", "init_from", "hidden_size")
+    assert "does not fit this model" in str(err.value) and "its sizes must" not in str(err.value)
+    with pytest.raises(ValueError, match=r"\); its sizes must match hidden_size$"):
+        load_state_dict_file(jsr.LSTM(3, 5, rngs=nnx.Rngs(0)), sd, tmp_path / "nan.safetensors", "init_from",
+                             "hidden_size")
