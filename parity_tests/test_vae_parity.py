@@ -381,3 +381,27 @@ def test_twenty_adam_steps_end_in_the_same_parameters(dtype):
     ours_sd = jsr.torch_state_dict(ours)
     for key, value in ref.state_dict().items():
         assert_close(f"parameter {key} after {steps} Adam steps ({dtype})", ours_sd[key], value, TRAJECTORY_ATOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_decoder_alone_from_a_given_z_and_its_gradients(dtype):
+    # loss(z=...): the CharRNN (--decoder-only) a run exports is scored alike in torch: no encoder, KL 0.
+    ref, ours = make_pair(dtype)
+    tokens, lengths = make_batch()
+    z = np.zeros((len(lengths), ours.latent_size), DTYPES[dtype][0])
+    t_out = ref.loss(*to_torch(tokens, lengths), z=torch.from_numpy(z), beta=0.5)
+    t_out["total"].backward()
+    t_grads = {k: p.grad for k, p in ref.named_parameters() if p.grad is not None}
+
+    def total(model):
+        return model.loss(jnp.asarray(tokens), jnp.asarray(lengths), z=jnp.asarray(z), beta=0.5)["total"]
+
+    j_out = ours.loss(jnp.asarray(tokens), jnp.asarray(lengths), z=jnp.asarray(z), beta=0.5)
+    context = f"decoder alone from z = 0 ({dtype})"
+    assert_losses_close(context, j_out, t_out, dtype)
+    assert float(t_out["kl"]) == 0.0
+    holder = nnx.clone(ours)
+    nnx.update(holder, nnx.grad(total)(ours))
+    j_grads = {k: v for k, v in jsr.torch_state_dict(holder).items() if k in t_grads}
+    assert set(t_grads) == {k for k in t_grads if not k.startswith(("gru_encoder", "fc_mu", "fc_logvar"))}
+    assert_grads_close(j_grads, t_grads, grad_rtol_for(DTYPES[dtype][0]), context=context)

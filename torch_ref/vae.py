@@ -324,6 +324,7 @@ class SeqVAE(nn.Module):
         beta: float = 1.0,
         free_bits: float = 0.0,
         eps: Tensor | None = None,
+        z: Tensor | None = None,
         replace_mask: Tensor | None = None,
         word_mask: Tensor | None = None,
         mode: str = "argmax",
@@ -332,6 +333,9 @@ class SeqVAE(nn.Module):
         tau: float = 1.0,
     ) -> dict[str, Tensor]:
         """Encode, sample z (with `eps`), decode (the decoder options are passed to `decode`), and score.
+
+        `z` [B, Z] given: decode from it instead, with no encoder and no KL (0), as jsr.SeqVAE's `loss(z=...)`:
+        zeros make the decoder alone a CharRNN (`train vae --decoder-only`'s model).
 
         Returns a dict of tensors:
             recon       scalar: sum over t and over positions with tokens != <pad> of
@@ -343,8 +347,12 @@ class SeqVAE(nn.Module):
         """
         _check_number("beta", beta, 0)
         _check_number("free_bits", free_bits, 0)
-        mu, logvar = self.encode(tokens, lengths)
-        z = self.reparameterize(mu, logvar, eps)
+        if z is None:
+            mu, logvar = self.encode(tokens, lengths)
+            z = self.reparameterize(mu, logvar, eps)
+        else:
+            self._check_z(z, batch=tokens.shape[0])
+            mu = logvar = torch.zeros_like(z)  # no posterior: KL(N(0, 1) || N(0, 1)) = 0 in every dimension
         logits = self.decode(z, tokens, replace_mask=replace_mask, word_mask=word_mask, mode=mode, gumbel=gumbel,
                              temperature=temperature, tau=tau)
         # cross_entropy wants the classes in dim 1: [B, V, T] against [B, T]; <pad> targets add nothing.
