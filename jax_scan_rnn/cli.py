@@ -725,7 +725,6 @@ def traveller_data(task, stats, path: str | None, *, returns: bool = True, fill:
     `fill` is given) and checked against what the model was trained on."""
     from jax_scan_rnn.tasks import traveller as task_lib
 
-    as_trained = fill in (None, task.fill)  # another --fill reads other values: not compared with the run's
     if fill is not None:
         task = dataclasses.replace(task, fill=fill)
     if path is None and not Path(task.data).is_file():
@@ -745,7 +744,7 @@ def traveller_data(task, stats, path: str | None, *, returns: bool = True, fill:
         raise ValueError(f"--checkpoint: the run's data file {source} now has {data.num_steps} steps per path, "
                          f"{stats.num_steps} when the model was trained: its periods would move; pass --data FILE "
                          "to evaluate on a file as a whole")
-    if path is None and as_trained and stats.data_sha256 and task_lib.data_digest(data) != stats.data_sha256:
+    if path is None and stats.data_sha256 and task_lib.data_digest(data) != stats.data_sha256:
         raise ValueError(f"--checkpoint: the run's data file {source} is not the data the model was trained on (its "
                          "values changed since, or the run was given other data in Python): its periods would be "
                          "scored on other values; pass --data FILE to evaluate on a file as a whole")

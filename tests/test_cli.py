@@ -311,6 +311,7 @@ def test_only_snake_case_fields_become_flags():
                            ("init_from: holds hidden_size=32, latent_size=8, decoder_hidden_size=32; f(a, k=1) b=2",
                             "--init-from: holds --hidden-size 32, --latent-size 8, --decoder-hidden-size 32; "
                             "f(a, k=1) --b 2"),
+                           ("batch_size: got 1) steps=3", "--batch-size: got 1) --steps 3"),  # a stray ")" too
                            ("RESOURCE_EXHAUSTED: os_error_code='28'", "RESOURCE_EXHAUSTED: os_error_code='28'"),
                            ("cfg.steps: expected at least the checkpoint's step 2, got 1",  # fit's, on --resume
                             "--steps: expected at least the checkpoint's step 2, got 1")):
@@ -755,6 +756,11 @@ def test_a_resumed_runs_data_change_is_named_by_what_moved():
     assert data_change(saved, {**saved, "train_end": 260}) == "training steps 280 -> 260"
     assert data_change(saved, {**saved, "asset_names": ["b"]}) == "assets ['a'] -> ['b']"
     assert data_change(saved, {**saved, "mean": [0.5]}) == "its training period's mean, std or covariance"
+    # A run saved before the data's digest: compared on its statistics alone, not changed for lacking one.
+    assert data_change(saved, {**saved, "data_sha256": "ab"}) is None
+    digested = {**saved, "data_sha256": "ab"}
+    assert data_change(digested, {**saved, "data_sha256": "cd"}) == ("its values (sha256), though not the training "
+                                                                    "period's mean, std or covariance")
 
 
 def test_the_progress_bar_says_when_a_resumed_runs_metrics_changed(capsys):
@@ -809,6 +815,8 @@ def test_command_config_is_the_clis_train_config(argv, fields):
     words = ["train", "traveller", *argv]
     assert train_config(build_parser(words).parse_args(words)) == command_config(TRAIN_DEFAULTS, **fields)
     assert command_config(TRAIN_DEFAULTS) != TrainConfig(**TRAIN_DEFAULTS)
+    # The warm-up when not given: a tenth of the updates, at most 100.
+    assert [command_config({}, steps=n).warmup_steps for n in (5, 200, 1000, 5000)] == [0, 20, 100, 100]
 
 
 def test_an_export_named_for_the_other_format_is_refused(tiny_run, tmp_path, capsys):

@@ -899,8 +899,10 @@ def test_fit_trains_with_an_optax_transformation_of_ones_own(tmp_path):
     assert logged == losses
     assert [r["loss"] for r in hist.train] == losses  # rows 1-3 read back from the interrupted run's log
     assert all(math.isnan(r["lr"]) for r in hist.train)  # not known: no schedule of fit's
+    # A default written out (another float object of the same value) is no change.
+    fit(DropMLP(nnx.Rngs(0)), loss_fn, batch_fn, replace(cfg, steps=1, learning_rate=float("0.001")), optimizer=tx)
     for field, value in (("learning_rate", 1e-2), ("clip_norm", None), ("weight_decay", 0.1), ("warmup_steps", 1),
-                         ("lr_schedule", "constant")):
+                         ("lr_schedule", "constant"), ("final_lr_fraction", 0.5)):
         with pytest.raises(ValueError, match=rf"^cfg\.{field}: not read with optimizer="):
             fit(DropMLP(nnx.Rngs(0)), loss_fn, batch_fn, replace(cfg, **{field: value}), optimizer=tx)
     with pytest.raises(TypeError, match="optimizer"):
@@ -924,3 +926,34 @@ def test_steps_per_s_is_the_rate_since_the_last_row(monkeypatch):
     hist = fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), mse_fn, timed_batches, TrainConfig(steps=6, log_every=2))
     assert [r["steps_per_s"] for r in hist.train] == [2.0, 1.0, 1.0]  # updates 1-2 in 1 s, then 2 per 2 s
     assert [r["elapsed_s"] for r in hist.train] == [1.0, 3.0, 5.0]
+
+
+def test_a_checkpoint_from_before_logged_metrics_resumes_its_window(tmp_path, monkeypatch):
+    # Checkpoints written before runs recorded loss_fn's metric names: the same metrics are assumed, the log window
+    # restored (no metrics_changed), and the resumed rows are the uninterrupted run's.
+    import jax_scan_rnn.train as train_module
+
+    save = train_module.ckpt.save
+
+    def save_as_before(directory, step, state, metadata, **kwargs):
+        return save(directory, step, state, {k: v for k, v in metadata.items() if k != "logged_metrics"}, **kwargs)
+
+    cfg = TrainConfig(steps=4, log_every=3, checkpoint_every=1, clip_norm=None)
+    monkeypatch.setattr(train_module.ckpt, "save", save_as_before)
+    with pytest.raises(TrainingStopped):  # after update 2, inside the first log window
+        fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), loss_fn, linear_batch_fn, cfg, out_dir=tmp_path,
+            stop=iter([False, True]).__next__)
+    monkeypatch.setattr(train_module.ckpt, "save", save)
+    events = []
+    resumed = fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), loss_fn, linear_batch_fn, cfg, out_dir=tmp_path, resume=True,
+                  callback=events.append)
+    assert resumed.resumed_from == 2 and not [e for e in events if e["event"] == "metrics_changed"]
+    straight = fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), loss_fn, linear_batch_fn, cfg)
+    assert [(r["step"], r["loss"], r["metrics"]) for r in resumed.train] == [
+        (r["step"], r["loss"], r["metrics"]) for r in straight.train]
+
+
+def test_strict_json_writes_null_for_a_nan_in_a_tuple_too():
+    from jax_scan_rnn.runlog import strict_json
+
+    assert strict_json({"a": (1.0, float("nan")), "b": [float("inf")]}) == '{"a": [1.0, null], "b": [null]}'

@@ -325,6 +325,12 @@ def test_resume_on_a_data_file_that_changed_is_refused_unless_overridden(run, ca
             f"--checkpoint: the run's data file {path} is not the data the model was trained on (its values changed "
             "since, or the run was given other data in Python): its periods would be scored on other values; pass "
             "--data FILE to evaluate on a file as a whole")
+        # A return alone revised (the features as trained): named too.
+        returned = returns.copy()
+        returned[300, 0] += 0.01
+        write_csv(path, features, returned)
+        assert main(["evaluate", "traveller", "--checkpoint", str(out)]) == 2
+        assert "is not the data the model was trained on" in capsys.readouterr().err
     finally:
         path.write_bytes(original)
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before

@@ -884,7 +884,7 @@ def test_evaluation_during_training_scores_the_validation_split(corpus):
     assert got == pytest.approx(recon(dataset.valid), rel=1e-5) and got != pytest.approx(recon(dataset.test), rel=1e-5)
 
 
-def test_evaluate_reads_the_runs_vocabulary_and_refuses_data_changed_since(corpus, tmp_path, capsys):
+def test_evaluate_reads_the_runs_vocabulary_and_refuses_data_changed_since(corpus, tmp_path, capsys, monkeypatch):
     # A run started --init-from a model that never wrote an S has that model's vocabulary, not the one its data
     # builds: evaluate reads the data with the run's own (as --resume does). A data file changed since the run
     # (its lines reordered: other test molecules, some the model trained on) is refused, as --resume refuses it.
@@ -908,6 +908,13 @@ def test_evaluate_reads_the_runs_vocabulary_and_refuses_data_changed_since(corpu
     assert err.endswith(f"--checkpoint: the run's data file {corpus} is not the data it was trained on (its molecules "
                         "changed since): its test split would hold other molecules, maybe ones the model trained on; "
                         "restore the file, or score other molecules with sample vae and your own metrics"), err
+    # A run saved before runs recorded their data's digest: nothing to compare, evaluated as before.
+    from jax_scan_rnn import checkpoint
+
+    read = checkpoint.read_metadata
+    monkeypatch.setattr(checkpoint, "read_metadata",
+                        lambda *a, **k: {key: v for key, v in read(*a, **k).items() if key != "data_sha256"})
+    assert main(["evaluate", "vae", "--checkpoint", str(out), "-n", "5"]) == 0
 
 
 # ----------------------------------------------------------------------------------------------------
