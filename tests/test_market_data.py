@@ -569,3 +569,75 @@ def test_each_step_says_where_it_came_from(tmp_path):
     assert data.time_slice(1, 2).source_steps.tolist() == [[2], [1]]
     plain = read(path, feature_cols=["f"], return_cols=None, returns=False, fill="ffill")  # one path: 0, its rows
     assert plain.path_labels == (0,) and plain.source_steps.tolist() == [list(range(6))]
+
+
+@pytest.mark.parametrize("name", ["Date", "DATE", "TimeStamp"])
+def test_a_date_column_is_found_in_any_case(tmp_path, name):
+    """A column headed 'Date' or 'DATE' (as many exports write it) is checked for time order like 'date': a file
+    written newest first is refused, naming the column as the file spells it."""
+    header = [name, *HEADER[1:]]
+    check(read_table(write_csv(tmp_path / "ok.csv", table_rows(), header)))
+    with pytest.raises(ValueError, match=rf"rows must be in time order \(oldest first\), but column '{name}' goes "
+                                         r"back from 2024-01-06 to 2024-01-05 at row 3\b"):
+        read_table(write_csv(tmp_path / "newest.csv", table_rows()[::-1], header))
+
+
+@pytest.mark.parametrize("zone", [None, datetime.UTC, datetime.timezone(datetime.timedelta(hours=-5))])
+def test_parquet_timestamps_are_compared_with_their_time_of_day(tmp_path, zone):
+    """A parquet TIMESTAMP column of intraday bars: bars of one day at different hours are successive bars (read
+    as they are), not the same bar repeated; zone-aware or naive alike. The same bars newest first are refused by
+    their times, and the same time twice is a repeated bar."""
+    def stamps(rows):
+        return [[datetime.datetime(2024, 1, 2, 9 + t // 2, 30, tzinfo=zone), *row[1:]] for t, row in enumerate(rows)]
+
+    check(read_table(write_parquet(tmp_path / "bars.parquet", stamps(table_rows()))))
+    rows = stamps(table_rows())[::-1]
+    with pytest.raises(ValueError, match=r"rows must be in time order \(oldest first\), but column 'date' goes back "
+                                         r"from 2024-01-02 14:30:00.* to 2024-01-02 13:30:00.* at row 3\b"):
+        read_table(write_parquet(tmp_path / "newest.parquet", rows))
+    rows = [row for row in stamps(table_rows()) if row[4] == "x"]
+    rows[3][0] = rows[2][0]
+    with pytest.raises(ValueError, match=r"column 'date', row 4: 2024-01-02 11:30:00.* repeats row 3 in the same "
+                                         r"path: a repeated bar"):
+        read_table(write_parquet(tmp_path / "twice.parquet", rows))
+
+
+@pytest.mark.parametrize("missing", ["NaN", "NA", "nan", " na "])
+def test_a_nan_date_among_iso_dates_is_a_missing_date(tmp_path, missing):
+    """A date cell written 'NaN' or 'NA' (as pandas and R write a missing value) in a column of ISO dates is a
+    missing date, named as such: it must not make the column look 'not ISO dates' and switch the order check off
+    (a newest-first file would then train on time run backwards)."""
+    newest_first = table_rows()[::-1]
+    newest_first[5][0] = missing
+    with pytest.raises(ValueError, match=r"column 'date', row 6 \(line 7\): date missing \(the column's other cells "
+                                         r"are dates, checked for time order\)"):
+        read_table(write_csv(tmp_path / "nan.csv", newest_first))
+
+
+def test_gross_returns_draw_the_price_warning_and_mixed_sign_returns_do_not(tmp_path):
+    """Gross returns 1 + r (all positive, mean about 1.0) given as returns would train as a 100% gain a step: they
+    draw the price warning. A column with down periods is a return series whatever its mean: no warning."""
+    rows = [row for row in table_rows() if row[4] == "x"]
+    for t, row in enumerate(rows):
+        row[2] = 1.0 + (0.01 if t % 2 else -0.01)  # ret_a: gross returns, mean exactly 1.0
+        row[5] = [5.0, -1.0, 3.0, 4.0, -2.0, 6.0][t]  # ret_b: large mean 2.5 but down periods: returns
+    path = write_csv(tmp_path / "m.csv", rows)
+    with pytest.warns(UserWarning) as caught:
+        read_table(path, path_col=None)
+    assert [str(w.message) for w in caught] == [
+        ("m.csv: column 'ret_a' looks like prices, not returns (every value > 0, mean 1): the return columns must "
+         "be per-period returns as fractions")]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        data = read_table(path, path_col=None, return_cols=["ret_b"])
+    np.testing.assert_array_equal(data.returns[0, :, 0], [5.0, -1.0, 3.0, 4.0, -2.0, 6.0])
+
+
+def test_time_slice_refuses_a_stop_before_its_start():
+    """time_slice(3, 2) is a mistake (not an empty slice, which is time_slice(3, 3)): refused, naming stop and
+    the range it must lie in."""
+    data = MarketData(FEATURES, RETURNS, ("mom", "vol"), ("a", "b"))
+    with pytest.raises(ValueError, match=rf"^stop: expected an int in \[3, {T}\], got 2$"):
+        data.time_slice(3, 2)
+    with pytest.raises(ValueError, match=rf"^stop: expected an int in \[{T}, {T}\], got 0$"):
+        data.time_slice(T, 0)

@@ -461,3 +461,28 @@ def test_bucketing_leaves_out_the_same_rows_as_the_plain_epoch_when_nothing_divi
         plain = [int(i) for step in range(3) for i in batch_at(tokens, lengths, 3, step, seed)[0][:, 0]]
         pooled = [int(i) for step in range(3) for i in batch_at(tokens, lengths, 3, step, seed, pool=2)[0][:, 0]]
         assert sorted(pooled) == sorted(plain) and len(set(pooled)) == 9, (seed, plain, pooled)
+
+
+def test_names_first_needs_more_than_half_of_the_unparsable_lines_named(tmp_path):
+    """"Most" unparsable first fields followed by a SMILES means more than half: a file where exactly half are
+    (as many bad SMILES with a name after them as name-first lines) is not taken for name-first; one more is."""
+    half = tmp_path / "half.smi"
+    half.write_text("mol1 CCO\nXyz mol2\nCCN ok\nmol3 c1ccccc1\nQq mol4\n")  # 4 unparsable firsts, 2 named
+    assert not sm.names_first(half)
+    half.write_text("mol1 CCO\nXyz mol2\n")  # 1 of 2
+    assert not sm.names_first(half)
+    more = tmp_path / "more.smi"
+    more.write_text("mol1 CCO\nXyz mol2\nmol3 c1ccccc1\n")  # 2 of 3
+    assert sm.names_first(more)
+
+
+@pytest.mark.parametrize("bad", [-1, 6, 7])
+def test_decode_refuses_ids_outside_the_vocabulary(bad):
+    """Ids must lie in [0, size): the id equal to the size (one past the last token) and -1 (which numpy indexing
+    would read as the last token, decoding a character the model never wrote) are refused, naming the range."""
+    vocab = Vocabulary.build(["ab", "ca"])
+    assert vocab.size == 6
+    assert vocab.decode(np.array([[3, 5, 2]])) == ["ac"]  # the last id, 5, is still a token
+    with pytest.raises(ValueError, match=rf"^tokens: expected ids in \[0, 6\), got values in \[{min(bad, 2)}, "
+                                         rf"{max(bad, 3)}\]$"):
+        vocab.decode(np.array([[3, bad, 2]]))

@@ -1017,3 +1017,45 @@ def test_a_hand_written_side_file_is_read_as_torch_ref_reads_its_arguments(corpu
     task_lib.InitFrom.read(path).check(task)
     with pytest.raises(ValueError, match=r"holds a model with bidirectional=False; this run's has bidirectional=True"):
         task_lib.InitFrom.read(path).check(replace(task, bidirectional=True))
+
+
+def test_the_limit_counts_lines_read_before_the_kekule_rewrite_drops_repeats(tmp_path):
+    """With the Kekulé rewrite (the default), --limit N reads the first N parsable lines; the rewrite then keeps each
+    molecule once, so a file writing each molecule twice (as given, then with explicit hydrogens) yields N / 2
+    molecules, the repeats counted as duplicates, and the dataset still says reading stopped at the limit."""
+    from rdkit import Chem
+
+    lines = [w for s in SMILES for w in (s, Chem.MolToSmiles(Chem.MolFromSmiles(s), allHsExplicit=True))]
+    assert all(a != b for a, b in zip(lines[::2], lines[1::2]))  # two ways of writing each, never the same string
+    path = write_lines(tmp_path / "twice.smi", lines)
+    dataset = task_lib.load_dataset(tiny(path, limit=80))
+    kept = dataset.train + dataset.valid + dataset.test
+    assert sorted(kept) == sorted(smiles.canonical_smiles(s, kekule=True) for s in SMILES[:40])
+    assert dataset.skipped == {"duplicate": 40}
+    assert dataset.limit_reached  # 80 lines read: the file may hold more molecules
+    whole = task_lib.load_dataset(tiny(path, limit=300))
+    assert len(whole.train + whole.valid + whole.test) == 99  # all but C10 + benzene (21 characters in Kekulé form)
+    assert whole.skipped == {"too_long": 2, "duplicate": 99} and not whole.limit_reached  # 200 lines, all read
+
+
+def test_moses_strings_rdkit_cannot_parse_are_unparsable_not_too_long(tmp_path, monkeypatch):
+    """MOSES's strings are read unparsed (curated); the Kekulé rewrite then parses them: one rdkit cannot parse is
+    counted as unparsable, and only a molecule whose Kekulé form is longer than max_length as too_long."""
+    import gzip
+    import importlib.machinery
+    import importlib.util
+
+    folder = tmp_path / "moses"
+    (folder / "dataset" / "data").mkdir(parents=True)
+    with gzip.open(folder / "dataset" / "data" / "train.csv.gz", "wt") as f:
+        f.write("SMILES,SPLIT\n" + "".join(f"{s},train\n" for s in [*SMILES, "C1CC", "Xyz", "C" * 30]))
+    find_spec = importlib.util.find_spec
+    fake = importlib.machinery.ModuleSpec("moses", None, is_package=True)
+    fake.submodule_search_locations = [str(folder)]
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: fake if name == "moses" else find_spec(name, *a))
+    task = tiny("moses")
+    assert task.writes_kekule
+    dataset = task_lib.load_dataset(task)
+    assert sorted(dataset.train + dataset.valid + dataset.test) == sorted(
+        smiles.canonical_smiles(s, kekule=True) for s in SMILES if len(smiles.canonical_smiles(s, kekule=True)) <= 20)
+    assert dataset.skipped == {"unparsable": 2, "too_long": 2}  # C1CC, Xyz; C * 30 and C10 + benzene (21)
