@@ -1189,9 +1189,8 @@ def cmd_encode_vae(args: argparse.Namespace) -> int:
 
 @command("evaluate vae")
 def cmd_evaluate_vae(args: argparse.Namespace) -> int:
-    from jax_scan_rnn.tasks import vae as task_lib
-
     from jax_scan_rnn import checkpoint
+    from jax_scan_rnn.tasks import vae as task_lib
     from jax_scan_rnn.train import CHECKPOINT_DIR
 
     check_output_file(args.output)

@@ -497,8 +497,9 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
         return batch if data_sharding is None else put_batch(batch, data_sharding)
 
     first_batch = batch_fn(0)
-    step = TrainStep(model, loss_fn, optimizer or make_optimizer(cfg), put(first_batch),
-                     None if optimizer else make_lr_schedule_for(cfg))
+    own = optimizer is not None
+    step = TrainStep(model, loss_fn, optimizer if own else make_optimizer(cfg), put(first_batch),
+                     None if own else make_lr_schedule_for(cfg))
     carry = step.init(state_sharding)
     writer = jax.process_index() == 0  # one process writes the log and the plot; every process checkpoints
     log = RunLog(out, write=writer)
