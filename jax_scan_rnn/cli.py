@@ -920,7 +920,7 @@ def write_export(state_dict: dict, args: argparse.Namespace, side: dict | None) 
     if side is not None:
         refuse_run_file(str(side_file(args.output)), "--output (its side file)")
     suffixes = {"torch": (".pt", ".pth"), "safetensors": (".safetensors",)}[args.format]
-    if Path(args.output).suffix not in suffixes:  # the name --init-from (and a reader) takes the format from
+    if Path(args.output).suffix.lower() not in suffixes:  # the name --init-from (and a reader) takes the format from
         raise ValueError(f"--output: expected a {' or '.join(suffixes)} file for --format {args.format}, got "
                          f"{args.output}")
     if args.format == "torch":

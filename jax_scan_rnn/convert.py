@@ -623,7 +623,7 @@ def read_state_dict_file(path: str | os.PathLike, argname: str = "path") -> dict
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{argname}: no file at {path}")
-    suffix = os.path.splitext(path)[1]
+    suffix = os.path.splitext(path)[1].lower()
     if suffix not in (".pt", ".pth", ".safetensors"):
         raise ValueError(f"{argname}: expected a .pt, .pth or .safetensors file, got {os.path.basename(path)}")
     with open(path, "rb") as f:

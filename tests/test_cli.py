@@ -829,6 +829,8 @@ def test_an_export_named_for_the_other_format_is_refused(tiny_run, tmp_path, cap
         err = capsys.readouterr().err.strip()
         assert err.endswith(f"--output: expected a {wanted} file for --format {fmt}, got {tmp_path / name}"), err
     assert not list(tmp_path.iterdir())
+    assert main(["export", "traveller", "--checkpoint", str(tiny_run), "--format", "torch", "--output",
+                 str(tmp_path / "W.PT")]) == 0
 
 
 def test_a_state_dict_file_is_read_as_what_it_holds(tmp_path):
@@ -840,6 +842,8 @@ def test_a_state_dict_file_is_read_as_what_it_holds(tmp_path):
     save_safetensors({"w": np.arange(3, dtype=np.float32)}, tmp_path / "w.safetensors")
     (tmp_path / "w.safetensors").rename(tmp_path / "w.pt")
     assert read_state_dict_file(tmp_path / "w.pt")["w"].tolist() == [0.0, 1.0, 2.0]
+    (tmp_path / "w.pt").rename(tmp_path / "W.SAFETENSORS")  # a suffix in capitals (a Windows user's) is the same
+    assert read_state_dict_file(tmp_path / "W.SAFETENSORS")["w"].tolist() == [0.0, 1.0, 2.0]
     torch.save(torch.nn.Linear(2, 2), tmp_path / "module.pt")
     with pytest.raises(ValueError) as err:
         read_state_dict_file(tmp_path / "module.pt", "init_from")
