@@ -1019,10 +1019,10 @@ def test_a_hand_written_side_file_is_read_as_torch_ref_reads_its_arguments(corpu
         task_lib.InitFrom.read(path).check(replace(task, bidirectional=True))
 
 
-def test_the_limit_counts_lines_read_before_the_kekule_rewrite_drops_repeats(tmp_path):
-    """With the Kekulé rewrite (the default), --limit N reads the first N parsable lines; the rewrite then keeps each
-    molecule once, so a file writing each molecule twice (as given, then with explicit hydrogens) yields N / 2
-    molecules, the repeats counted as duplicates, and the dataset still says reading stopped at the limit."""
+def test_the_limit_counts_distinct_molecules_under_the_kekule_rewrite(tmp_path):
+    """With the Kekulé rewrite (the default), --limit N keeps the first N distinct molecules: a file writing each
+    molecule twice (as given, then with explicit hydrogens) still yields N, the repeats counted as duplicates, and
+    the dataset says reading stopped at the limit; a molecule whose Kekulé form is too long is then dropped."""
     from rdkit import Chem
 
     lines = [w for s in SMILES for w in (s, Chem.MolToSmiles(Chem.MolFromSmiles(s), allHsExplicit=True))]
@@ -1030,12 +1030,12 @@ def test_the_limit_counts_lines_read_before_the_kekule_rewrite_drops_repeats(tmp
     path = write_lines(tmp_path / "twice.smi", lines)
     dataset = task_lib.load_dataset(tiny(path, limit=80))
     kept = dataset.train + dataset.valid + dataset.test
-    assert sorted(kept) == sorted(smiles.canonical_smiles(s, kekule=True) for s in SMILES[:40])
-    assert dataset.skipped == {"duplicate": 40}
-    assert dataset.limit_reached  # 80 lines read: the file may hold more molecules
+    assert sorted(kept) == sorted(smiles.canonical_smiles(s, kekule=True) for s in SMILES[:80])
+    assert dataset.skipped == {"duplicate": 79}  # the second writing of the first 79 (reading stops at the 80th)
+    assert dataset.limit_reached  # the file may hold more molecules
     whole = task_lib.load_dataset(tiny(path, limit=300))
     assert len(whole.train + whole.valid + whole.test) == 99  # all but C10 + benzene (21 characters in Kekulé form)
-    assert whole.skipped == {"too_long": 2, "duplicate": 99} and not whole.limit_reached  # 200 lines, all read
+    assert whole.skipped == {"too_long": 1, "duplicate": 100} and not whole.limit_reached  # 200 lines, all read
 
 
 def test_moses_strings_rdkit_cannot_parse_are_unparsable_not_too_long(tmp_path, monkeypatch):

@@ -350,21 +350,19 @@ def load_dataset(task: VAETask, vocab: smiles.Vocabulary | None = None) -> Datas
     (canonical SMILES) an earlier line holds, however written, is a "duplicate", so that no molecule is in two
     parts of the split; with `task.smiles_check=False` only the length, repeated-line and character checks apply.
     With `task.writes_kekule`, every molecule is then rewritten as rdkit's canonical SMILES in Kekulé form.
-    `max_length` applies to the form the model learns, after that rewrite ("too_long"), and so does the
-    de-duplication; `limit` then counts the lines kept before it (those then too long or repeated are not
-    replaced). Raises ValueError, naming `--data`, when the data holds fewer usable sequences than
+    `max_length` applies to the form the model learns, after that rewrite ("too_long"); `limit` counts the distinct
+    molecules read before it (one whose Kekulé form is then too long is not replaced). Raises ValueError, naming `--data`, when the data holds fewer usable sequences than
     `min_sequences(task.batch_size)`, or when too few validation/test sequences remain once those with characters
     unseen in the training part are dropped: nothing is trained on data that cannot be evaluated.
     """
     file_smiles = None if smiles.is_builtin_source(task.data) else task.smiles_check
     # The length limit applies to the strings the model learns: with the Kekulé rewrite, to its forms, below (a file
-    # written with explicit hydrogens is several times longer than its molecules' Kekulé forms); so does the
-    # de-duplication there (one Kekulé form per molecule), which spares the loader a canonical form of every line.
+    # written with explicit hydrogens is several times longer than its molecules' Kekulé forms). Repeats go in the
+    # loader, so that --limit counts distinct molecules (a file writing each twice gave half of them).
     rewrite = task.writes_kekule
     try:
         loaded = smiles.load_sequences(task.data, max_length=None if rewrite else task.max_length, limit=task.limit,
-                                       smiles=file_smiles, canonicalize=False if file_smiles else None,
-                                       dedupe=not rewrite)
+                                       smiles=file_smiles, canonicalize=False if file_smiles else None)
     except (FileNotFoundError, ValueError) as err:
         if not str(err).startswith("source: "):  # a missing file, MOSES's data not installed, a table without a
             raise  # SMILES column: the library names `source`, the user knows --data
