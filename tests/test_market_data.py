@@ -641,3 +641,16 @@ def test_time_slice_refuses_a_stop_before_its_start():
         data.time_slice(3, 2)
     with pytest.raises(ValueError, match=rf"^stop: expected an int in \[{T}, {T}\], got 0$"):
         data.time_slice(T, 0)
+
+
+def test_a_date_beside_a_time_of_day_column_may_repeat(tmp_path):
+    # A broker's intraday export: a date and a time column, 2 bars a day. The date repeats within the path by design;
+    # only a date going back is refused. The one-column case still refuses a repeated bar.
+    path = tmp_path / "bars.csv"
+    rows = [("2024-01-02", "09:30", 1, 0.01), ("2024-01-02", "10:00", 2, 0.02), ("2024-01-03", "09:30", 3, 0.03),
+            ("2024-01-03", "10:00", 4, 0.04)]
+    path.write_text("date,time,f,r\n" + "".join(f"{d},{t},{f},{r}\n" for d, t, f, r in rows))
+    assert read(path, feature_cols=["f"], return_cols=["r"]).num_steps == 4
+    path.write_text("date,time,f,r\n" + "".join(f"{d},{t},{f},{r}\n" for d, t, f, r in reversed(rows)))
+    with pytest.raises(ValueError, match=r"rows must be in time order \(oldest first\), but column 'date' goes back"):
+        read(path, feature_cols=["f"], return_cols=["r"])

@@ -397,8 +397,10 @@ def _check_time_order(file: str, columns: list[str], get: Callable, ids: np.ndar
     neither a feature nor a return, when its non-blank cells are all ISO dates or times (or parquet dates): within
     a path each stamp must be later than the one before (an equal one is the same bar twice, trained on twice), a
     blank cell is an error (one gap must not switch the check off), and the stamps must all have a time zone or
-    none (the two cannot be ordered). A column of other dates is taken as it comes."""
-    for name in (c for c in columns if c.lower() in DATE_COLUMNS and c not in exclude):
+    none (the two cannot be ordered). A column of other dates is taken as it comes. Where the file has more than one
+    such column (a broker's date and time of day), a stamp may repeat in one of them: only going back is an error."""
+    stamped = [c for c in columns if c.lower() in DATE_COLUMNS and c not in exclude]
+    for name in stamped:
         cells = get(name)
         try:
             stamps = [_stamp(cell) for cell in cells]
@@ -419,10 +421,11 @@ def _check_time_order(file: str, columns: list[str], get: Callable, ids: np.ndar
         last: dict = {}
         for i, (path, stamp) in enumerate(zip(ids.tolist(), stamps)):
             j = last.get(path)
-            if j is not None and stamp == stamps[j]:
+            if j is not None and stamp == stamps[j] and len(stamped) == 1:
                 raise ValueError(f"{file}: column {name!r}, {where(i)}: {cells[i]} repeats {where(j)} in the same "
-                                 f"path: a repeated bar (the same period twice); remove one, or give path_col if the "
-                                 f"rows are of several assets")
+                                 f"path: a repeated bar (the same period twice); remove one, give path_col if the "
+                                 f"rows are of several assets, or write local times with their UTC offset if the "
+                                 f"clock went back")
             if j is not None and stamp < stamps[j]:
                 raise ValueError(f"{file}: rows must be in time order (oldest first), but column {name!r} goes back "
                                  f"from {cells[j]} to {cells[i]} at {where(i)}; a file written newest first "
