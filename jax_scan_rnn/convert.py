@@ -628,9 +628,11 @@ def read_state_dict_file(path: str | os.PathLike, argname: str = "path") -> dict
         raise ValueError(f"{argname}: expected a .pt, .pth or .safetensors file, got {os.path.basename(path)}")
     with open(path, "rb") as f:
         head = f.read(9)
-    # Read as what it holds, whatever its suffix says (a safetensors file named .pt): a safetensors file starts
-    # with its header's length (8 bytes) and the header's "{", a torch.save file with a zip's or a pickle's mark.
-    if suffix == ".safetensors" or (len(head) == 9 and head[8:] == b"{" and not head.startswith((b"PK", b"\x80"))):
+    # Read as what it holds, whatever its suffix says (a safetensors file named .pt, or the other way): a safetensors
+    # file starts with its header's length (8 bytes) and the header's "{", a torch.save file with a zip's or a
+    # pickle's mark.
+    saved_by_torch = head.startswith((b"PK", b"\x80"))
+    if not saved_by_torch and (suffix == ".safetensors" or (len(head) == 9 and head[8:] == b"{")):
         try:
             return load_safetensors(path)
         except ValueError as err:
@@ -639,13 +641,16 @@ def read_state_dict_file(path: str | os.PathLike, argname: str = "path") -> dict
 
     torch = require("torch", "reading a .pt state_dict")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with open(path, "rb") as f:  # a file object: torch reads a path named .safetensors as safetensors
+            return torch.load(f, map_location="cpu", weights_only=True)
     except Exception as err:  # pickle and zip errors of every kind: the file is the problem
         if "Unsupported global" in str(err):  # torch.save(model): a pickled module, which weights_only refuses
             raise ValueError(f"{argname}: {path} holds pickled Python objects (a whole module saved with "
-                             "torch.save(model)?), not a state_dict of tensors: save model.state_dict() instead") from None
+                             "torch.save(model)?), not a state_dict of tensors: save model.state_dict() "
+                             "instead") from None
         first = (str(err).strip().splitlines() or [""])[0]  # torch's own lines after it advise weights_only=False
-        raise ValueError(f"{argname}: {path} is not a readable torch state_dict ({type(err).__name__}: {first})") from None
+        raise ValueError(f"{argname}: {path} is not a readable torch state_dict "
+                         f"({type(err).__name__}: {first})") from None
 
 
 def load_state_dict_file(module: nnx.Module, state_dict: Mapping[str, Any], path: str | os.PathLike, argname: str,
@@ -660,7 +665,8 @@ def load_state_dict_file(module: nnx.Module, state_dict: Mapping[str, Any], path
     except (KeyError, ValueError, TypeError) as err:
         message = err.args[0] if isinstance(err, KeyError) else str(err)
         # other keys or shapes: another model's sizes; a NaN or a dtype is the file's own fault
-        hint = f"; its sizes must match {sizes}" if "keys do not match" in message or "expected shape" in message else ""
+        sized = "keys do not match" in message or "expected shape" in message
+        hint = f"; its sizes must match {sizes}" if sized else ""
         raise ValueError(f"{argname}: {os.fspath(path)} does not fit this model ({message}){hint}") from None
     with open(path, "rb") as f:
         return {"path": os.fspath(path), "sha256": hashlib.file_digest(f, "sha256").hexdigest()}

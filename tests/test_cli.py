@@ -844,6 +844,8 @@ def test_a_state_dict_file_is_read_as_what_it_holds(tmp_path):
     assert read_state_dict_file(tmp_path / "w.pt")["w"].tolist() == [0.0, 1.0, 2.0]
     (tmp_path / "w.pt").rename(tmp_path / "W.SAFETENSORS")  # a suffix in capitals (a Windows user's) is the same
     assert read_state_dict_file(tmp_path / "W.SAFETENSORS")["w"].tolist() == [0.0, 1.0, 2.0]
+    torch.save({"w": torch.ones(2)}, tmp_path / "t.safetensors")  # torch's file named .safetensors: read as torch's
+    assert read_state_dict_file(tmp_path / "t.safetensors")["w"].tolist() == [1.0, 1.0]
     torch.save(torch.nn.Linear(2, 2), tmp_path / "module.pt")
     with pytest.raises(ValueError) as err:
         read_state_dict_file(tmp_path / "module.pt", "init_from")

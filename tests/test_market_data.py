@@ -654,3 +654,14 @@ def test_a_date_beside_a_time_of_day_column_may_repeat(tmp_path):
     path.write_text("date,time,f,r\n" + "".join(f"{d},{t},{f},{r}\n" for d, t, f, r in reversed(rows)))
     with pytest.raises(ValueError, match=r"rows must be in time order \(oldest first\), but column 'date' goes back"):
         read(path, feature_cols=["f"], return_cols=["r"])
+
+
+def test_integer_path_ids_of_a_parquet_file_stay_integers(tmp_path):
+    # pyarrow reads an integer column as floats here: the positions file would name the path 101.0, not 101.
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"id": [101, 202, 101, 202], "f": [1.0, 2.0, 3.0, 4.0], "r": [0.01, 0.02, 0.03, 0.04]}),
+                   tmp_path / "m.parquet")
+    data = read(tmp_path / "m.parquet", feature_cols=["f"], return_cols=["r"], path_col="id")
+    assert data.path_labels == (101, 202) and all(type(k) is int for k in data.path_labels)

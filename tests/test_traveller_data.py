@@ -509,3 +509,21 @@ def test_without_a_validation_period_the_cli_says_what_the_eval_figures_score(ru
     printed = capsys.readouterr().out
     assert ("train steps 0-339, no validation period (the bar's eval figures score the training period), test "
             "340-399") in printed, printed
+
+
+def test_the_data_digest_ignores_path_order_and_digits_beyond_float32():
+    # A file re-saved by a spreadsheet (15 significant digits) or listing its paths in another order holds the data
+    # the model was trained on: evaluate must not refuse it; a changed value, a renamed path, are other data.
+    from jax_scan_rnn.data.market_data import MarketData
+    from jax_scan_rnn.tasks.traveller import data_digest
+
+    rng = np.random.default_rng(0)
+    x, r = rng.standard_normal((2, 30, 3)), 0.01 * rng.standard_normal((2, 30, 2))
+    names = (("f0", "f1", "f2"), ("a", "b"))
+    base = data_digest(MarketData(x, r, *names, path_labels=("A", "B")))
+    assert data_digest(MarketData(x[::-1], r[::-1], *names, path_labels=("B", "A"))) == base
+    assert data_digest(MarketData(x * (1 + 1e-15), r, *names, path_labels=("A", "B"))) == base
+    revised = r.copy()
+    revised[1, 20, 0] += 1e-4
+    assert data_digest(MarketData(x, revised, *names, path_labels=("A", "B"))) != base
+    assert data_digest(MarketData(x, r, *names, path_labels=("A", "C"))) != base

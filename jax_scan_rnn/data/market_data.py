@@ -157,7 +157,8 @@ def read(path, *, feature_cols: Sequence[str] | None = None, return_cols: Sequen
     else:
         index: dict = {}
         ids = np.array([index.setdefault(k, len(index)) for k in get(path_col)], np.int64)
-        labels = list(index)
+        # a parquet integer id column reads as floats: 101.0 is the path 101
+        labels = [int(k) if isinstance(k, float) and k.is_integer() else k for k in index]
     _check_time_order(path.name, columns, get, ids, where, exclude=[*names, path_col])
     cells = [f"column {c!r}" for c in names]
     return _assemble(path.name, matrix, ids, labels, where, cells, names, len(features), fill)
@@ -532,9 +533,9 @@ def _assemble(file: str, matrix: np.ndarray, ids: np.ndarray, labels: list, wher
 
 def _warn_if_prices(file: str, returns: np.ndarray, cells: list[str]) -> None:
     """Warn about each return column that looks like a price. Thresholds: a real return series has down periods,
-    and averages far below +50% a period (even a daily crypto series averages well under 1%); a price is positive,
-    and almost always above 0.5. So every value > 0 with a mean > 0.5 is a price (or a gross return 1 + r),
-    never a simple return."""
+    and averages far below +50% a period (even a daily crypto series averages well under 1%); a price is positive.
+    So every value > 0 with a mean > 0.5 is a price (or a gross return 1 + r), never a simple return. Not caught:
+    prices below 0.5 (a currency quoted per yen, a penny stock) and percent returns (1.0 for 1%)."""
     for a, what in enumerate(cells):
         column = returns[..., a]
         if column.size and (column > 0).all() and column.mean() > 0.5:

@@ -163,13 +163,17 @@ class DataStats:
 
 
 def data_digest(data: market_data.MarketData) -> str:
-    """sha256 of the data as read: names, shapes and float64 values. Saved with a run (`DataStats`), so that a file
-    revised since (a value changed that the training period's statistics do not show, a validation row) or data
-    given to `train` that is not the file's is named by `--resume` and `evaluate` instead of scored silently."""
+    """sha256 of the data as the model reads it: names, shapes, and each path's values in float32 (a file re-saved
+    with more digits reads the same), the paths in their labels' order (a file listing its paths in another order
+    holds the same data). Saved with a run (`DataStats`), so that a file revised since (a value changed that the
+    training period's statistics do not show, a validation row) or data given to `train` that is not the file's is
+    named by `--resume` and `evaluate` instead of scored silently."""
     digest = hashlib.sha256(json.dumps([data.feature_names, data.asset_names, data.features.shape,
                                         data.returns.shape]).encode())
-    for values in (data.features, data.returns):
-        digest.update(np.ascontiguousarray(values, np.float64).tobytes())
+    for i in sorted(range(data.num_paths), key=lambda i: str(data.path_labels[i])):
+        digest.update(str(data.path_labels[i]).encode())
+        for values in (data.features[i], data.returns[i]):
+            digest.update(np.ascontiguousarray(values, np.float32).tobytes())
     return digest.hexdigest()
 
 
