@@ -371,7 +371,8 @@ def _molecules(items: Iterable[str], canonicalize: bool, dedupe: bool, molecule_
         elif molecule_filter is not None and (reason := molecule_filter.reject_reason(mol)):
             skipped[reason] += 1
         else:
-            canonical = Chem.MolToSmiles(mol) if canonicalize or dedupe else item  # half a parse's time: if read
+            # the canonical form only where it is read (it costs half a parse)
+            canonical = Chem.MolToSmiles(mol) if canonicalize or dedupe else item
             yield canonical if canonicalize else item, canonical
 
 
