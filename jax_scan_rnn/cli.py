@@ -705,12 +705,21 @@ def load_run(args: argparse.Namespace, model: str) -> tuple:
 
     task_lib = importlib.import_module(f"jax_scan_rnn.tasks.{model}")
     run = run_directory(args.checkpoint, args.step)
+
+    def load(step):
+        try:
+            return task_lib.load(run, step)
+        except ValueError as err:  # "out_dir: expected a VAE run, got model 'traveller'": the CLI's user gave it
+            if str(err).startswith("out_dir:"):
+                raise ValueError(f"--checkpoint:{str(err).removeprefix('out_dir:')}") from None
+            raise
+
     if args.step is not None:
-        return *task_lib.load(run, args.step), args.step
+        return *load(args.step), args.step
     for attempt in range(3):
         step, skipped = checkpoint.newest_valid_step(run / CHECKPOINT_DIR)
         try:
-            loaded = task_lib.load(run, step)
+            loaded = load(step)
         except checkpoint.CheckpointError:
             if attempt == 2 or checkpoint.latest_step(run / CHECKPOINT_DIR) == step:
                 raise

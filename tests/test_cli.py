@@ -418,6 +418,21 @@ def test_resuming_another_models_run_is_one_line_before_any_work(tiny_run, monke
     assert {p: p.read_bytes() for p in tiny_run.rglob("*") if p.is_file()} == before
 
 
+@pytest.mark.parametrize("command", [["evaluate", "vae"], ["export", "vae", "--format", "torch", "--output", "m.pt"],
+                                     ["sample", "vae"]])
+@pytest.mark.parametrize("step", [[], ["--step", "2"]])
+def test_another_models_run_given_to_checkpoint_names_the_flag(tiny_run, capsys, command, step):
+    """A Traveller run given to a VAE command: one line naming --checkpoint (the Python API's load names out_dir)."""
+    from jax_scan_rnn.tasks import vae as task_lib
+
+    assert main([*command, "--checkpoint", str(tiny_run), *step]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"--checkpoint: expected a VAE run, got model 'traveller' in {tiny_run}"), err
+    assert len(err.splitlines()) == 1, err
+    with pytest.raises(ValueError, match="^out_dir: expected a VAE run, got model 'traveller'"):
+        task_lib.load(tiny_run)
+
+
 def test_a_folder_of_ones_own_called_checkpoints_is_not_a_run(tiny_run, tmp_path, capsys):
     mine = tmp_path / "checkpoints"
     mine.mkdir()

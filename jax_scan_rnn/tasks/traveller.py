@@ -397,7 +397,7 @@ def load(out_dir: str | Path, step: int | None = None) -> tuple[Traveller, Trave
 
     meta = checkpoint.read_metadata(Path(out_dir) / "checkpoints", step)
     if meta.get("model") != "traveller":
-        raise ValueError(f"checkpoint: expected a Traveller run, got model {meta.get('model')!r} in {out_dir}")
+        raise ValueError(f"out_dir: expected a Traveller run, got model {meta.get('model')!r} in {out_dir}")
     task = TravellerTask.from_json(meta["task"])
     stats = DataStats.from_json(meta["data_stats"]) if "data_stats" in meta else None
     model = build_model(task, meta.get("seed", 0), stats)

@@ -817,7 +817,7 @@ def load(out_dir: str | Path, step: int | None = None) -> tuple[SeqVAE, smiles.V
 
     meta = checkpoint.read_metadata(Path(out_dir) / "checkpoints", step)
     if meta.get("model") != "vae":
-        raise ValueError(f"checkpoint: expected a VAE run, got model {meta.get('model')!r} in {out_dir}")
+        raise ValueError(f"out_dir: expected a VAE run, got model {meta.get('model')!r} in {out_dir}")
     task = VAETask.from_json(meta["task"])
     vocab = smiles.Vocabulary.from_json(meta["vocab"])
     model = build_model(task, vocab.size, meta.get("seed", 0))
