@@ -30,7 +30,7 @@ import platform
 import re
 import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 from jax_scan_rnn import options, validate
@@ -388,28 +388,34 @@ def flag_for(field: str) -> str:
     return options.flag(TrainConfig, field)
 
 
+def flagged(message: str, only: Collection[str] | None = None) -> str:
+    """A task's `field: ...` (or `TrainConfig.field: ...`) message as the CLI's user reads it, `--field: ...`:
+    they know the flag, not the field. With `only`: when every field named first is one of `only`."""
+    head, sep, rest = message.partition(":")
+    # "a, b: ..." names two; "TrainConfig.steps" (its checks) and fit's "cfg.steps" are the same field
+    fields = [name.strip().removeprefix("TrainConfig.").removeprefix("cfg.") for name in head.split(",")]
+    # A field is snake_case; XLA's and tensorstore's "RESOURCE_EXHAUSTED: ..." are not one.
+    if not (sep and all(re.fullmatch(r"[a-z][a-z0-9_]*", field) for field in fields)):
+        return message
+    if only is not None and not set(fields) <= set(only):
+        return message
+    # "at most steps=10" and "with hidden_size=32, latent_size=8" too, not a constructor's
+    # "LSTM(6, 8, num_layers=2)" in a hint: only outside parentheses
+    pieces, depth = re.split(r"([()])", rest), 0
+    for i, piece in enumerate(pieces):
+        depth = depth + 1 if piece == "(" else max(depth - 1, 0) if piece == ")" else depth
+        if depth == 0 and piece not in "()":
+            pieces[i] = re.sub(r"\b([a-z_]+)=", lambda m: f"{flag_for(m.group(1))} ", piece)
+    return f"{', '.join(map(flag_for, fields))}:{''.join(pieces)}"
+
+
 @contextlib.contextmanager
 def flag_names():
-    """Turn a task's `field: ...` (or `TrainConfig.field: ...`) ValueError into `--field: ...`: the CLI's
-    user knows the flag, not the field."""
+    """Raise a task's `field: ...` ValueError (or FileNotFoundError) as `--field: ...` (`flagged`)."""
     try:
         yield
     except (ValueError, FileNotFoundError) as err:
-        message = str(err)
-        head, sep, rest = message.partition(":")
-        # "a, b: ..." names two; "TrainConfig.steps" (its checks) and fit's "cfg.steps" are the same field
-        fields = [name.strip().removeprefix("TrainConfig.").removeprefix("cfg.") for name in head.split(",")]
-        # A field is snake_case; XLA's and tensorstore's "RESOURCE_EXHAUSTED: ..." are not one.
-        if sep and all(re.fullmatch(r"[a-z][a-z0-9_]*", field) for field in fields):
-            # "at most steps=10" and "with hidden_size=32, latent_size=8" too, not a constructor's
-            # "LSTM(6, 8, num_layers=2)" in a hint: only outside parentheses
-            pieces, depth = re.split(r"([()])", rest), 0
-            for i, piece in enumerate(pieces):
-                depth = depth + 1 if piece == "(" else max(depth - 1, 0) if piece == ")" else depth
-                if depth == 0 and piece not in "()":
-                    pieces[i] = re.sub(r"\b([a-z_]+)=", lambda m: f"{flag_for(m.group(1))} ", piece)
-            rest = "".join(pieces)
-            message = f"{', '.join(map(flag_for, fields))}:{rest}"
+        message = flagged(str(err))
         try:
             renamed = type(err)(message)
         except TypeError:  # an error whose constructor takes more (UnicodeDecodeError): its message, as a ValueError
@@ -653,9 +659,11 @@ def cmd_train_traveller(args: argparse.Namespace) -> int:
                  "no validation period (the bar's eval figures score the training period)")
               + f", test {stats.valid_end}-{data.num_steps - 1}")
     check_simulated_markets(task)
-    if args.init_from is not None:  # a file of other sizes is one line before --out is made (train reads it again)
-        with flag_names():
-            task_lib.load_init(task_lib.build_model(task, cfg.seed, None if data is None else stats), args.init_from)
+    if args.init_from is not None:  # a file of other sizes is one line before --out is made (train reads it again,
+        with flag_names(), warnings.catch_warnings():  # and warns then)
+            warnings.simplefilter("ignore")
+            stats = None if data is None else stats
+            task_lib.load_init(task_lib.build_model(task, cfg.seed, stats), args.init_from, stats)
     out = Path(args.out)
     dp = data_parallel(args, task.batch_size)
     with output_directory(out, args.resume):
@@ -920,14 +928,13 @@ def write_positions_csv(file, positions, assets, data) -> None:
             writer.writerow([label, step, *(f"{v:.8g}" for v in row)])
 
 
-def write_export(state_dict: dict, args: argparse.Namespace, side: dict | None) -> Path | None:
-    """`state_dict` ({torch key: np.ndarray}) to --output in --format, and `side` (if any) as JSON to FILE.json, each
+def write_export(state_dict: dict, args: argparse.Namespace, side: dict) -> Path:
+    """`state_dict` ({torch key: np.ndarray}) to --output in --format, and `side` as JSON to FILE.json, each
     written atomically. Returns the side file's path. The side file may not be a training run's own file either
     (`--output RUN/evaluation` would replace the run's evaluation.json): refused before anything is written."""
     from jax_scan_rnn.convert import save_safetensors, side_file
 
-    if side is not None:
-        refuse_run_file(str(side_file(args.output)), "--output (its side file)")
+    refuse_run_file(str(side_file(args.output)), "--output (its side file)")
     suffixes = {"torch": (".pt", ".pth"), "safetensors": (".safetensors",)}[args.format]
     if Path(args.output).suffix.lower() not in suffixes:  # the name --init-from (and a reader) takes the format from
         raise ValueError(f"--output: expected a {' or '.join(suffixes)} file for --format {args.format}, got "
@@ -940,8 +947,6 @@ def write_export(state_dict: dict, args: argparse.Namespace, side: dict | None) 
                          binary=True)
     else:
         save_safetensors(state_dict, args.output)  # atomically, as every output
-    if side is None:
-        return None
     path = side_file(args.output)
     write_atomically(str(path), lambda f: f.write(json.dumps(side, indent=2) + "\n"))
     return path
@@ -951,15 +956,16 @@ def write_export(state_dict: dict, args: argparse.Namespace, side: dict | None) 
 def cmd_export_traveller(args: argparse.Namespace) -> int:
     """The weights as a PyTorch state_dict that the seed's class (and torch_ref.Traveller) loads."""
     import jax_scan_rnn as jsr
+    from jax_scan_rnn.tasks import traveller as task_lib
 
     check_output_file(args.output)
     model, task, stats, step = load_run(args, "traveller")
-    side = write_export(jsr.torch_state_dict(model), args, None if stats is None else stats.to_json())
-    lstm = model.lstm_layers
-    print(f"state_dict of torch_ref.Traveller({model.num_inputs}, {lstm.hidden_size}, {lstm.num_layers}, "
-          f"{task.dropout}, num_assets={model.num_assets}), step {step} of {args.checkpoint} -> {args.output}")
-    if side is not None:
-        print(f"the model reads features standardised with the training period's mean and std: {side}")
+    side = task_lib.export_side(model, task, stats)
+    path = write_export(jsr.torch_state_dict(model), args, side)
+    shown = ", ".join(f"{k}={v}" for k, v in side["arguments"].items())
+    print(f"state_dict of torch_ref.Traveller({shown}), step {step} of {args.checkpoint} -> {args.output}")
+    print("its arguments" + ("" if stats is None else " and the standardisation of the features it reads (the "
+                              "training period's mean and std)") + f": {path}")
     return 0
 
 
@@ -1535,9 +1541,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     name = f"{args.command} {args.model}" if getattr(args, "model", None) else args.command
     with warnings.catch_warnings():  # put back as they were on return (a caller's, a test's)
         # A warning of the library's (a price column given as returns) is one line naming the command, not a
-        # source line of the package's
-        warnings.showwarning = lambda message, *_, **__: print(f"jax-scan-rnn {name}: warning: {message}",
-                                                               file=sys.stderr)
+        # source line of the package's; one that names an option's field ("init_from: ...") names its flag
+        warnings.showwarning = lambda message, *_, **__: print(
+            f"jax-scan-rnn {name}: warning: {flagged(str(message), only=vars(args))}", file=sys.stderr)
         return run_command(name, args)
 
 

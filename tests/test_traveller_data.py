@@ -3,6 +3,7 @@ over, and weights in and out of the seed's own PyTorch class."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 
 import numpy as np
@@ -281,7 +282,9 @@ def test_export_loads_into_the_seeds_class_and_gives_the_same_positions(run, fmt
     seed = Seed(4, 8, 1, 0.0)
     seed.load_state_dict(state_dict)  # strict: every key of the seed's class, nothing else
     side = json.loads(target.with_name(target.name + ".json").read_text())
-    assert side["standardiser"]["names"] == ["f0", "f1", "f2", "f3"]
+    assert side["model"] == "torch_ref.Traveller" and side["arguments"] == {
+        "num_inputs": 4, "hidden_size": 8, "num_layers": 1, "dropout": 0.0, "num_assets": 2}
+    assert side["data_stats"]["standardiser"]["names"] == ["f0", "f1", "f2", "f3"]
     # The seed's own forward (its loop over nn.LSTM, the seed's [T, 1, F] -> [T, 2]) against the JAX model.
     model, _, stats = task_lib.load(out)
     x = stats.standardiser(features[None])
@@ -374,6 +377,60 @@ def test_init_from_a_torch_state_dict_starts_there(tmp_path, capsys):
     assert "state_dict['lstm_layers.weight_ih_l0']: expected shape (32, 6), got (64, 6)" in err, err
     assert "its 'lstm_layers' is a torch.nn.LSTM(6, 16), this model's a LSTM(6, 8)" in err, err
     assert not (tmp_path / "run2").exists()  # refused before the run's directory is made
+
+
+def test_init_from_an_export_checks_its_features_and_assets_by_name(run, tmp_path, capsys):
+    """The weights read their inputs by position: an export's side file names them, so the same columns in
+    another order are refused (one line, before --out is made), and other names or the other market are said."""
+    folder, out, features, returns = run
+    target = tmp_path / "model.pt"
+    assert main(["export", "traveller", "--checkpoint", str(out), "--format", "torch", "--output", str(target)]) == 0
+    capsys.readouterr()
+    # A file whose columns come in another order: each weight would read another column.
+    for kind, f_order, r_order in (("features", [1, 0, 2, 3], [0, 1]), ("assets", [0, 1, 2, 3], [1, 0])):
+        swapped = tmp_path / f"swapped_{kind}.csv"
+        write_csv(swapped, features[:, f_order], returns[:, r_order])
+        names = {"features": [f"f{i}" for i in f_order], "assets": [f"r_{'ab'[i]}" for i in r_order]}[kind]
+        text = swapped.read_text().splitlines()
+        header = ["date", *(f"f{i}" for i in f_order), *(f"r_{'ab'[i]}" for i in r_order)]
+        swapped.write_text("\n".join([",".join(header), *text[1:]]) + "\n")
+        assert main(["train", "traveller", "--data", str(swapped), "--feature-cols", "f*", "--return-cols", "r_*",
+                     *TINY, "--steps", "1", "--init-from", str(target), "--out", str(tmp_path / "swapped")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith("jax-scan-rnn train traveller: error: --init-from: "), err
+        assert f"reads its {kind} in the order" in err and f"holds them in the order {names}: write its columns in " \
+            "the model's order" in err, err
+        assert not (tmp_path / "swapped").exists()
+    # Other names (a fine-tune on a new file): trained, with one warning line naming --init-from.
+    renamed = tmp_path / "renamed.csv"
+    renamed.write_text(folder.joinpath("prices.csv").read_text().replace("f0,", "g0,", 1))
+    assert main(["train", "traveller", "--data", str(renamed), "--feature-cols", "f*,g0", "--return-cols", "r_*",
+                 *TINY, "--steps", "1", "--init-from", str(target), "--out", str(tmp_path / "renamed")]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if ": warning: " in line]
+    assert warned == [f"jax-scan-rnn train traveller: warning: --init-from: {target}'s model was trained on the "
+                      f"features ['f0', 'f1', 'f2', 'f3'] ({target}.json), this run's are ['g0', 'f1', 'f2', 'f3']: "
+                      "they are matched by position"], warned
+    # A model of the simulated market (its export's side file has no data_stats) into a run on your data.
+    sim = tmp_path / "sim"
+    assert main(["train", "traveller", *TINY, "--steps", "1", "--train-paths", "64", "--eval-paths", "4",
+                 "--eval-steps", "16", "--out", str(sim)]) == 0
+    assert main(["export", "traveller", "--checkpoint", str(sim), "--format", "torch", "--output",
+                 str(tmp_path / "sim.pt")]) == 0
+    assert "data_stats" not in json.loads((tmp_path / "sim.pt.json").read_text())
+    capsys.readouterr()
+    with pytest.warns(UserWarning, match=r"^init_from: .*sim.pt's model was trained on the simulated market "):
+        task_lib.load_init(task_lib.load(out)[0], tmp_path / "sim.pt", task_lib.load(out)[2])
+    # An older export's side file (the DataStats itself) is read as it was; another model's is refused.
+    side = json.loads((tmp_path / "model.pt.json").read_text())
+    (tmp_path / "model.pt.json").write_text(json.dumps(side["data_stats"]))
+    model, _, stats = task_lib.load(out)
+    swapped = dataclasses.replace(stats, asset_names=("r_b", "r_a"))
+    with pytest.raises(ValueError, match=r"^init_from: .*model.pt's model reads its assets in the order \['r_a', "):
+        task_lib.load_init(model, target, swapped)
+    (tmp_path / "model.pt.json").write_text(json.dumps({"model": "torch_ref.SeqVAE"}))
+    with pytest.raises(ValueError, match=r"^init_from: .*model.pt.json is not the side file `export traveller` "
+                                         r"writes \(ValueError: it describes a torch_ref.SeqVAE\)"):
+        task_lib.load_init(model, target, stats)
 
 
 @pytest.mark.parametrize("num_assets", [1, 5])

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -365,7 +366,7 @@ def train(
             learned = score_period(positions(m, features)[0], data, stats, start, stop, task.periods_per_year)
             return {"utility": learned["utility"], "sharpe": learned["sharpe"] or 0.0}
     if init_from is not None:
-        metadata["init_from"] = load_init(model, init_from)
+        metadata["init_from"] = load_init(model, init_from, stats)
     history = fit(
         model,
         make_loss_fn(task, None if stats is None else stats.objective),
@@ -381,11 +382,64 @@ def train(
     return model, history, stats
 
 
-def load_init(model: Traveller, path: str | Path) -> dict:
-    """Load a PyTorch state_dict file into `model`; returns {path, sha256} for the run's metadata."""
-    from jax_scan_rnn.convert import load_state_dict_file, read_state_dict_file
+def export_side(model: Traveller, task: TravellerTask, stats: DataStats | None) -> dict:
+    """What `export traveller` writes beside the weights (FILE.json) and `load_init` reads back:
+    `torch_ref.Traveller`'s arguments and, for a run on your data, its `DataStats` (the standardisation the
+    weights expect, the order of their features and assets)."""
+    lstm = model.lstm_layers
+    side = {"model": "torch_ref.Traveller",
+            "arguments": {"num_inputs": model.num_inputs, "hidden_size": lstm.hidden_size,
+                          "num_layers": lstm.num_layers, "dropout": task.dropout, "num_assets": model.num_assets}}
+    return side | ({"data_stats": stats.to_json()} if stats is not None else {})
 
-    return load_state_dict_file(model, read_state_dict_file(path, "init_from"), path, "init_from",
+
+def _trained_on(path: Path) -> DataStats | None | bool:
+    """The `DataStats` in `path`'s side file, None for a model of the simulated market, False without a side file
+    (a state_dict of the seed's class, written by hand). An older export's side file is the DataStats itself."""
+    from jax_scan_rnn.convert import side_file
+
+    side = side_file(path)
+    if not side.is_file():
+        return False
+    try:
+        data = json.loads(side.read_text())
+        if data.get("model", "torch_ref.Traveller") != "torch_ref.Traveller":
+            raise ValueError(f"it describes a {data['model']}")
+        saved = data.get("data_stats", data if "standardiser" in data else None)
+        return None if saved is None else DataStats.from_json(saved)
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        raise ValueError(f"init_from: {side} is not the side file `export traveller` writes "
+                         f"({type(err).__name__}: {err})") from None
+
+
+def load_init(model: Traveller, path: str | Path, stats: DataStats | None = None) -> dict:
+    """Load a PyTorch state_dict file into `model`; returns {path, sha256} for the run's metadata.
+
+    The weights are matched to inputs by position, so when the file has `export traveller`'s side file
+    (FILE.json) its features and assets are compared with this run's (`stats`: your data's, None: the simulated
+    market's): the same names in another order is a ValueError (each weight would read another column); other
+    names, or a model of the other market, is a warning (a fine-tune on new data may rename its columns)."""
+    from jax_scan_rnn.convert import load_state_dict_file, read_state_dict_file, side_file
+
+    path = Path(path)
+    state_dict = read_state_dict_file(path, "init_from")
+    trained = _trained_on(path)
+    if trained is not False and (trained is None) != (stats is None):
+        where = {True: "the simulated market", False: "your data"}
+        warnings.warn(f"init_from: {path}'s model was trained on {where[trained is None]} ({side_file(path)}), this "
+                      f"run trains on {where[stats is None]}: its inputs are matched by position", stacklevel=2)
+    elif trained:
+        for kind, theirs, ours in (("features", trained.standardiser.names, stats.standardiser.names),
+                                   ("assets", trained.asset_names, stats.asset_names)):
+            if theirs == ours:
+                continue
+            if sorted(theirs) == sorted(ours):  # columns are read in the data file's order
+                raise ValueError(f"init_from: {path}'s model reads its {kind} in the order {list(theirs)} "
+                                 f"({side_file(path)}), this run's data file holds them in the order {list(ours)}: "
+                                 "write its columns in the model's order")
+            warnings.warn(f"init_from: {path}'s model was trained on the {kind} {list(theirs)} ({side_file(path)}), "
+                          f"this run's are {list(ours)}: they are matched by position", stacklevel=2)
+    return load_state_dict_file(model, state_dict, path, "init_from",
                                 "hidden_size, num_layers and the data's features and assets (an LSTM's input is "
                                 "the positions, then the features)")
 
