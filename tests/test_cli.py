@@ -806,6 +806,18 @@ def test_a_library_warning_is_one_line_naming_the_command(monkeypatch, capsys):
                                                         "prices, not returns")
     assert warnings.showwarning is before
 
+    # One that names an option's field names its flag; a field the command has no option for stays as written.
+    def names(args):
+        warnings.warn("init_from: model.pt's model was trained on the simulated market", UserWarning)
+        warnings.warn("state_dict: values cast to the module's parameter dtype", UserWarning)
+        return 0
+
+    monkeypatch.setitem(cli.COMMANDS, "train traveller", names)
+    assert cli.main(["train", "traveller"]) == 0
+    assert capsys.readouterr().err.splitlines()[-2:] == [
+        "jax-scan-rnn train traveller: warning: --init-from: model.pt's model was trained on the simulated market",
+        "jax-scan-rnn train traveller: warning: state_dict: values cast to the module's parameter dtype"]
+
 
 def test_flag_names_keeps_an_error_whose_constructor_takes_more():
     # UnicodeDecodeError is a ValueError that cannot be built from a message: it stays a ValueError with its own
