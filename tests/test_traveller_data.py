@@ -285,6 +285,9 @@ def test_export_loads_into_the_seeds_class_and_gives_the_same_positions(run, fmt
     assert side["model"] == "torch_ref.Traveller" and side["arguments"] == {
         "num_inputs": 4, "hidden_size": 8, "num_layers": 1, "dropout": 0.0, "num_assets": 2}
     assert side["data_stats"]["standardiser"]["names"] == ["f0", "f1", "f2", "f3"]
+    import torch_ref
+
+    torch_ref.Traveller(**side["arguments"]).load_state_dict(state_dict)  # strict: the arguments are the model's
     # The seed's own forward (its loop over nn.LSTM, the seed's [T, 1, F] -> [T, 2]) against the JAX model.
     model, _, stats = task_lib.load(out)
     x = stats.standardiser(features[None])
