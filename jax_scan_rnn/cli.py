@@ -11,7 +11,9 @@
     jax-scan-rnn train vae            # the SMILES sequence VAE (teacher forcing; --decoding scheduled)
     jax-scan-rnn train vae --preset moses   # MOSES's VAE and data (one GPU); explicit flags override it
     jax-scan-rnn sample vae --checkpoint runs/vae -n 1000
+    jax-scan-rnn encode vae --checkpoint runs/vae --input mols.smi --output latents.npz
     jax-scan-rnn evaluate vae --checkpoint runs/vae
+    jax-scan-rnn export vae --checkpoint runs/vae --format torch --output vae.pt
     jax-scan-rnn bench [--quick]      # scan vs loop timings, tables and plots
 
 Errors in arguments or data (ValueError, TypeError, KeyError, FileNotFoundError), and a `JAX_PLATFORMS` that
@@ -1263,33 +1265,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return bench.run(args)
 
 
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive int, got {text}")
-    return value
-
-
-def positive_int_list(text: str) -> tuple[int, ...]:
-    """`"4,1000"` -> (4, 1000): comma-separated positive ints (the T or B values of a sweep)."""
-    try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
-    return values
-
-
 # `check --seed` and `sample vae --seed`: the seed options' range and message, from the parser `options` gives them
 SEED = options.argument_type(int, lo=0, hi=validate.SEED_MAX)
-
-
-def positive_float(text: str) -> float:
-    value = float(text)
-    if not 0 < value < math.inf:
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text}")
-    return value
+POSITIVE_INT = options.argument_type(int, lo=1)
+POSITIVE_FLOAT = options.argument_type(float, lo=0, lo_open=True)  # finite too, as validate.real's every number
 
 
 def add_train_arguments(parser: argparse.ArgumentParser, task: type, defaults: dict, out: str,
@@ -1308,7 +1287,7 @@ def add_train_arguments(parser: argparse.ArgumentParser, task: type, defaults: d
     group.add_argument("--override", action="store_true",
                        help="with --resume: continue even if options given differ from the run's saved ones (listed)")
     group.add_argument(
-        "--devices", type=positive_int, default=None,
+        "--devices", type=POSITIVE_INT, default=None,
         help="data-parallel over this many devices: the batch is split, parameters replicated (default: all)",
     )
     group.add_argument(
@@ -1359,7 +1338,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     sub.add_parser("info", help="devices and library versions")
     check = sub.add_parser("check", help="parity self-check against torch.nn on random weights")
-    check.add_argument("--steps", type=positive_int, default=500, help="sequence length T (default: 500)")
+    check.add_argument("--steps", type=POSITIVE_INT, default=500, help="sequence length T (default: 500)")
     check.add_argument("--seed", type=SEED, default=0, help="random seed (default: 0)")
     bench_parser = sub.add_parser("bench", help="time scan against every kind of loop (benchmarks/)")
     if words[:1] == ["bench"]:
@@ -1397,9 +1376,9 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     sv = sample.add_parser("vae", help="SMILES from the prior z ~ N(0, I) or from given latents (--latents), in "
                                       "one jitted call")
     trained_run_arguments(sv)
-    sv.add_argument("-n", type=positive_int, default=1000,
+    sv.add_argument("-n", type=POSITIVE_INT, default=1000,
                     help="number of samples (default: 1000); with --latents, samples per row (default: 1)")
-    sv.add_argument("--temperature", type=positive_float, default=1.0, help="sampling temperature (default: 1.0)")
+    sv.add_argument("--temperature", type=POSITIVE_FLOAT, default=1.0, help="sampling temperature (default: 1.0)")
     sv.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (default: 0, off)")
     sv.add_argument("--greedy", action="store_true", help="argmax decoding instead of sampling")
     sv.add_argument("--seed", type=SEED, default=0, help="random seed (default: 0)")
@@ -1442,8 +1421,8 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     evaluate = model_commands(sub, "evaluate", "evaluate a trained model")
     ev = evaluate.add_parser("traveller", help="out-of-sample utility table and a positions plot")
     trained_run_arguments(ev)
-    ev.add_argument("--paths", type=positive_int, default=None, help="held-out paths (default: the task's)")
-    ev.add_argument("--horizon", type=positive_int, default=None, help="steps per held-out path")
+    ev.add_argument("--paths", type=POSITIVE_INT, default=None, help="held-out paths (default: the task's)")
+    ev.add_argument("--horizon", type=POSITIVE_INT, default=None, help="steps per held-out path")
     ev.add_argument("--plot", default=None,
                     help="positions plot path (default: CHECKPOINT/positions-stepN[-PERIOD or -FILE].png, named by "
                          "the step, period or file scored; the training's own positions.png is left as it is)")
@@ -1454,7 +1433,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     ev.add_argument("--fill", default=None, choices=market_data.FILLS, help=f"with --data: {FILL_HELP}")
     ev = evaluate.add_parser("vae", help="reconstruction, prior-sample validity/uniqueness/novelty, KL, interpolation")
     trained_run_arguments(ev)
-    ev.add_argument("-n", type=positive_int, default=1000, help="prior samples (default: 1000)")
+    ev.add_argument("-n", type=POSITIVE_INT, default=1000, help="prior samples (default: 1000)")
     ev.add_argument("--metrics", choices=("basic", "moses"), default="basic",
                     help="moses: also MOSES's table (FCD/SNN/Frag/Scaf against MOSES's test set, or the held-out "
                          "split without molsets; IntDiv, Filters, Novelty) beside MOSES's published VAE and CharRNN "

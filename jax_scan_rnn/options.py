@@ -29,16 +29,14 @@ from jax_scan_rnn import validate
 _NO_DEFAULT = dataclasses.MISSING
 
 
-def option(default: Any = _NO_DEFAULT, help: str = "", *, factory: Any = _NO_DEFAULT, lo: float | None = None,
-           hi: float | None = None, lo_open: bool = False, hi_open: bool = False,
-           choices: tuple | None = None, flag: str | None = None, cli: bool = True, none: str = "off") -> Any:
-    """A dataclass field with what `check` and `add_arguments` need. `flag` replaces `--field-name`; `cli=False`
-    keeps the option off the command line (it is still checked); `none` is what a None default means, as the
-    help's "(default: ...)" says it."""
+def option(default: Any = _NO_DEFAULT, help: str = "", *, lo: float | None = None, hi: float | None = None,
+           lo_open: bool = False, hi_open: bool = False, choices: tuple | None = None, flag: str | None = None,
+           none: str = "off") -> Any:
+    """A dataclass field with what `check` and `add_arguments` need. `flag` replaces `--field-name`; `none` is
+    what a None default means, as the help's "(default: ...)" says it. A field not made by `option` is checked
+    but kept off the command line."""
     meta = {"help": help, "lo": lo, "hi": hi, "lo_open": lo_open, "hi_open": hi_open, "choices": choices,
-            "flag": flag, "cli": cli, "none": none}
-    if factory is not _NO_DEFAULT:
-        return dataclasses.field(default_factory=factory, metadata=meta)
+            "flag": flag, "cli": True, "none": none}
     return dataclasses.field(default=default, metadata=meta)
 
 

@@ -105,7 +105,7 @@ TINY_TRAVELLER = ["train", "traveller", "--steps", "2", "--hidden-size", "4", "-
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["check", "--steps", "0"], "argument --steps: expected a positive int, got 0"),
+    (["check", "--steps", "0"], "argument --steps: expected an int >= 1, got 0"),
     (["train", "traveller", "--steps", "10", "--warmup-steps", "50"], "--warmup-steps: expected at most --steps 10, got 50"),
     (["train", "traveller", "--seq-len", "10000000"],
      "the simulated training market (--train-paths x --seq-len, --num-assets): needs about"),

@@ -16,8 +16,19 @@ from jax_scan_rnn.bench.machine import host_kind
 from jax_scan_rnn.bench.methods import METHODS, check_method_keys
 from jax_scan_rnn.bench.report import (criteria, earlier_results, file_stem, format_ratio, format_us, headline,
                                        write_results)
-from jax_scan_rnn.cli import positive_int, positive_int_list
+from jax_scan_rnn.cli import POSITIVE_INT
 from jax_scan_rnn.lock import RunDirectoryLocked, RunDirectoryUnwritable, run_lock
+
+
+def positive_int_list(text: str) -> tuple[int, ...]:
+    """`"4,1000"` -> (4, 1000): comma-separated positive ints (the T or B values of a sweep)."""
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    return values
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -53,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-call-s", type=float, metavar="S", help="skip cases predicted to take longer per call")
     parser.add_argument("--budget-s", type=float, metavar="S", help="start no new case after S seconds")
     parser.add_argument("--repeats", type=int, metavar="N", help="timed samples per case (at most)")
-    parser.add_argument("--torch-threads", type=positive_int, metavar="N",
+    parser.add_argument("--torch-threads", type=POSITIVE_INT, metavar="N",
                         help="torch intra-op threads on CPU (default: the faster of 1 and torch's default)")
     parser.add_argument("--label", metavar="NAME", help="preset name used in the output file names")
     parser.add_argument("--replace", action="store_true",
