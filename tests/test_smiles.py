@@ -109,6 +109,28 @@ def test_a_byte_order_mark_is_not_part_of_the_first_line(tmp_path):
         assert load_sequences(tmp_path / name).sequences == ["CCO", "CCN"], name  # as text too
 
 
+def test_limit_reached_only_when_a_usable_sequence_was_left_out(tmp_path):
+    """A file of exactly `limit` usable molecules was read whole: `limit_reached` is False (the CLI must not say
+    the data was cut); one more usable molecule makes it True. Skipped lines count only up to the last one kept:
+    the look past the limit adds none."""
+    exact = tmp_path / "exact.smi"
+    exact.write_text("CCO\nOCC\nCCN\nC(\nCCC\n")  # 3 molecules, a duplicate, an unparsable line
+    got = load_sequences(exact, smiles=True, limit=3)
+    assert got.sequences == ["CCO", "CCN", "CCC"] and not got.limit_reached
+    assert got.skipped == {"duplicate": 1, "unparsable": 1}
+    assert not load_sequences(exact, limit=5).limit_reached and load_sequences(exact, limit=4).limit_reached  # text
+    assert not load_sequences(exact, smiles=True, limit=4).limit_reached
+    assert not load_sequences(exact, smiles=True).limit_reached
+    more = tmp_path / "more.smi"
+    more.write_text("CCO\nOCC\nCCN\nC(\nCCC\nX\nCCS\n")  # one more molecule after an unparsable line
+    got = load_sequences(more, smiles=True, limit=3)
+    assert got.sequences == ["CCO", "CCN", "CCC"] and got.limit_reached
+    assert got.skipped == {"duplicate": 1, "unparsable": 1}  # "X", read to find "CCS", is not counted
+    only_bad = tmp_path / "only_bad.smi"
+    only_bad.write_text("CCO\nCCN\nCCC\nC(\nOCC\n")  # nothing usable after the third: not cut
+    assert not load_sequences(only_bad, smiles=True, limit=3).limit_reached
+
+
 def test_max_length_none_keeps_every_length(tmp_path):
     path = tmp_path / "long.smi"
     path.write_text("C" * 80 + "\nCCO\n")

@@ -550,6 +550,19 @@ def test_a_limit_that_stops_reading_is_reported(corpus):
     assert not task_lib.load_dataset(tiny(corpus, limit=None, kekule=False)).limit_reached
 
 
+def test_a_limit_equal_to_the_data_is_not_reported_as_reached(tmp_path):
+    """A file of exactly N molecules read with --limit N was read whole: not reported as cut, nor named as the cause
+    of too few sequences; N + 1 molecules with --limit N are."""
+    for kekule in (False, True):
+        exact = task_lib.load_dataset(tiny(write_lines(tmp_path / "exact.smi", SMILES[:60]), limit=60, kekule=kekule))
+        assert not exact.limit_reached, kekule
+        more = task_lib.load_dataset(tiny(write_lines(tmp_path / "more.smi", SMILES[:61]), limit=60, kekule=kekule))
+        assert more.limit_reached, kekule
+    write_lines(tmp_path / "few.smi", SMILES[:12])  # fewer than min_sequences(8): refused, the limit not blamed
+    with pytest.raises(ValueError, match=r"holds 12 usable sequences, needs at least"):  # no "(--limit 12)"
+        task_lib.load_dataset(tiny(tmp_path / "few.smi", limit=12))
+
+
 def test_minimum_is_derived_from_the_split_and_the_batch_size(tmp_path):
     from jax_scan_rnn.data import smiles
 

@@ -311,7 +311,7 @@ class Dataset:
     train_variants: list[list[str]] | None = None
     # The training molecules' canonical SMILES where loading computed them (`--kekule`); see `canonical_train`.
     loaded_canonical: frozenset[str] | None = None
-    limit_reached: bool = False  # reading stopped at `VAETask.limit` usable sequences: the data may hold more
+    limit_reached: bool = False  # reading stopped at `VAETask.limit` usable sequences and the data holds more
 
     @cached_property
     def digest(self) -> str:
@@ -397,7 +397,7 @@ def load_dataset(task: VAETask, vocab: smiles.Vocabulary | None = None) -> Datas
     needed = min_sequences(task.batch_size)
     if usable < needed:
         percent = "/".join(f"{100 * f:g}" for f in SPLIT_FRACTIONS)
-        limited = f" (--limit {task.limit})" if task.limit is not None and usable >= task.limit else ""
+        limited = f" (--limit {task.limit})" if loaded.limit_reached else ""
         raise ValueError(
             f"--data {task.data}: holds {usable} usable sequence{'s' if usable > 1 else ''}{limited}, needs at least "
             f"{needed}: the {percent} % train/valid/test split must leave one training batch (--batch-size "
@@ -441,8 +441,8 @@ def load_dataset(task: VAETask, vocab: smiles.Vocabulary | None = None) -> Datas
             f"and {MIN_TEST} test sequences (skipped: {skipped_text()})"
         )
     loaded_canonical = None if canonical_of is None else frozenset(canonical_of[s] for s in train_seqs)
-    limit_reached = task.limit is not None and len(loaded.sequences) == task.limit
-    return Dataset(vocab, train_seqs, valid_seqs, test_seqs, skipped, variants, loaded_canonical, limit_reached)
+    return Dataset(vocab, train_seqs, valid_seqs, test_seqs, skipped, variants, loaded_canonical,
+                   loaded.limit_reached)
 
 
 def model_arguments(task: VAETask, vocab_size: int) -> dict[str, Any]:

@@ -219,6 +219,7 @@ class LoadResult:
     sequences: list[str]  # kept sequences, in file order (the first occurrence of duplicates)
     skipped: dict[str, int]  # reason -> number of lines skipped for it (reasons with a zero count absent)
     sources: tuple[str, ...] = ()  # files read, in order
+    limit_reached: bool = False  # `limit` sequences were kept and the source holds at least one more it would keep
 
 
 @dataclass(frozen=True)
@@ -442,10 +443,11 @@ def load_sequences(
         dedupe: drop repeats, counted as "duplicate": with `smiles`, repeated molecules (the same canonical
             SMILES, however each line writes it; without `canonicalize`, the first line's string is kept), else
             repeated strings.
-        limit: stop once this many sequences are kept (None: all).
+        limit: stop once this many sequences are kept (None: all). Whether that left one out is
+            `LoadResult.limit_reached`; `skipped` counts the lines read up to the last one kept.
 
     Returns:
-        LoadResult(sequences, skipped, sources). Skip reasons: "undecodable" (not UTF-8), "empty",
+        LoadResult(sequences, skipped, sources, limit_reached). Skip reasons: "undecodable" (not UTF-8), "empty",
         "unparsable", "fragments", "element", "charged", "size", "too_long", "duplicate".
     """
     source = os.fspath(instance("source", source, (str, os.PathLike)))
@@ -476,5 +478,9 @@ def load_sequences(
     # (sequence, dedupe key): a molecule is one however it is written; any other text is its string.
     keyed = _molecules(items, canonicalize, dedupe, molecule_filter, skipped) if smiles else ((s, s) for s in items)
     with silence_rdkit() if smiles else contextlib.nullcontext():  # the generators above run here
-        kept = list(itertools.islice(_short_and_new(keyed, max_length, dedupe, skipped), limit))
-    return LoadResult(kept, dict(skipped), paths)
+        usable = _short_and_new(keyed, max_length, dedupe, skipped)
+        kept = list(itertools.islice(usable, limit))
+        counted = dict(skipped)  # before the look past the limit, whose skipped lines were not to be read
+        # A file of exactly `limit` usable sequences was read whole: only one more usable sequence was left out.
+        limit_reached = len(kept) == limit and next(usable, None) is not None
+    return LoadResult(kept, counted, paths, limit_reached)
