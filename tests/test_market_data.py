@@ -616,21 +616,56 @@ def test_a_nan_date_among_iso_dates_is_a_missing_date(tmp_path, missing):
 
 def test_gross_returns_draw_the_price_warning_and_mixed_sign_returns_do_not(tmp_path):
     """Gross returns 1 + r (all positive, mean about 1.0) given as returns would train as a 100% gain a step: they
-    draw the price warning. A column with down periods is a return series whatever its mean: no warning."""
+    draw the price warning. A column with down periods is a return series whatever its mean: no price warning (one
+    this large, a median |r| of 350%, is percent: it draws that warning instead)."""
     rows = [row for row in table_rows() if row[4] == "x"]
     for t, row in enumerate(rows):
         row[2] = 1.0 + (0.01 if t % 2 else -0.01)  # ret_a: gross returns, mean exactly 1.0
         row[5] = [5.0, -1.0, 3.0, 4.0, -2.0, 6.0][t]  # ret_b: large mean 2.5 but down periods: returns
     path = write_csv(tmp_path / "m.csv", rows)
+    percent = ("m.csv: column 'ret_b' looks like percent returns, not fractions (median |value| 3.5; a decimal daily "
+               "return's is about 0.01): divide a percent column by 100")
     with pytest.warns(UserWarning) as caught:
         read_table(path, path_col=None)
     assert [str(w.message) for w in caught] == [
         ("m.csv: column 'ret_a' looks like prices, not returns (every value > 0, mean 1): the return columns must "
-         "be per-period returns as fractions")]
+         "be per-period returns as fractions"), percent]
+    with pytest.warns(UserWarning) as caught:
+        data = read_table(path, path_col=None, return_cols=["ret_b"])
+    assert [str(w.message) for w in caught] == [percent]
+    np.testing.assert_array_equal(data.returns[0, :, 0], [5.0, -1.0, 3.0, 4.0, -2.0, 6.0])
+
+
+def test_prices_at_any_scale_and_percent_returns_draw_a_warning_decimal_returns_none(tmp_path):
+    """A price below 0.5 (a penny stock, a currency ~0.3) moves by a small part of its level each day: the price
+    warning; percent returns (1.5 for 1.5%) the percent warning; realistic decimal daily returns (|r| 0.01 to 0.05
+    and a crash day of -20%), and the same all positive, none. Each warning is one line naming the column and file."""
+    rng = np.random.default_rng(1)
+    steps = 250
+    daily = rng.choice([-1, 1], steps) * rng.uniform(0.01, 0.05, steps)
+    daily[100] = -0.2  # a crash day
+    columns = {"penny": 0.3 * np.cumprod(1 + daily),  # a price around 0.3: mean < 0.5
+               "fx": 0.0067 * np.exp(np.cumsum(0.005 * rng.standard_normal(steps))),  # USD per yen
+               "pct": 100 * daily,  # percent
+               "dec": daily,  # decimal: no warning
+               "up": np.abs(daily)}  # decimal, all positive (a run of up days): no warning
+    names = list(columns)
+    path = tmp_path / "d.csv"
+    rows = [[f"day{t}", rng.normal(), *(columns[c][t] for c in names)] for t in range(steps)]
+    write_csv(path, rows, header=["date", "mom", *names])
+    with pytest.warns(UserWarning) as caught:
+        read(path, feature_cols=["mom"], return_cols=names)
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 3 and all("\n" not in m for m in messages), messages
+    assert re.fullmatch(r"d\.csv: column 'penny' looks like prices, not returns \(every value > 0, median step "
+                        r"[0-9.]+% of the median value 0\.[0-9]+\): the return columns must be per-period returns as "
+                        r"fractions", messages[0]), messages[0]
+    assert messages[1].startswith("d.csv: column 'fx' looks like prices, not returns (every value > 0, median step ")
+    assert re.fullmatch(r"d\.csv: column 'pct' looks like percent returns, not fractions \(median \|value\| [0-9.]+; "
+                        r"a decimal daily return's is about 0\.01\): divide a percent column by 100", messages[2])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        data = read_table(path, path_col=None, return_cols=["ret_b"])
-    np.testing.assert_array_equal(data.returns[0, :, 0], [5.0, -1.0, 3.0, 4.0, -2.0, 6.0])
+        read(path, feature_cols=["mom"], return_cols=["dec", "up"])
 
 
 def test_time_slice_refuses_a_stop_before_its_start():

@@ -15,7 +15,8 @@ chosen at t would be paid a return already realised at t: look-ahead, and a back
 Returns are simple returns as decimal fractions: 0.01 is +1% (not percent, not log returns, not prices). The
 objective's risk aversion and trading cost (gamma, lambda) do not scale with the unit: percent returns (1.0 for
 1%) give a different optimum, not the same one scaled. A return column that looks like prices (every value > 0,
-mean > 0.5) draws a warning.
+and a mean > 0.5 or steps small beside its level) or like percent (both signs, median |value| > 0.2) draws a
+warning.
 
 Formats of `read`:
     .npz      arrays features [N, T, F] and returns [N, T, A]; optional feature_names [F], asset_names [A]
@@ -531,16 +532,41 @@ def _assemble(file: str, matrix: np.ndarray, ids: np.ndarray, labels: list, wher
                       tuple(names[num_features:]), None if labels == [WHOLE_FILE] else tuple(labels), np.stack(steps))
 
 
+# A price moves each period by a few percent of its level at most (a crypto coin's median daily move is ~3%); a
+# positive return series moves by about its own size (it is as likely to halve as to double).
+PRICE_STEP = 0.1  # median |x[t+1] - x[t]| / median x below it: a price, whatever its scale
+PERCENT_TYPICAL = 0.2  # median |r| above it in a two-signed column: percent (a decimal daily return's is ~0.01)
+PERCENT_SIGNS = 0.1  # fewest of the values on each side of 0 for a column to read as returns (its signs mixed)
+
+
 def _warn_if_prices(file: str, returns: np.ndarray, cells: list[str]) -> None:
-    """Warn about each return column that looks like a price. Thresholds: a real return series has down periods,
-    and averages far below +50% a period (even a daily crypto series averages well under 1%); a price is positive.
-    So every value > 0 with a mean > 0.5 is a price (or a gross return 1 + r), never a simple return. Not caught:
-    prices below 0.5 (a currency quoted per yen, a penny stock) and percent returns (1.0 for 1%)."""
+    """Warn about each return column [N, T] that looks like prices or like percent returns.
+
+    Prices: every value > 0 (a real return series has down periods) and either a mean > 0.5 (a return series
+    averages far below +50% a period: this is a gross return 1 + r too) or a median step
+    |x[t+1] - x[t]| (within a path) below `PRICE_STEP` of the median value: a price at any scale (a penny stock,
+    a currency quoted per yen). A positive, slowly moving return series (a cash rate's daily return) reads the
+    same: it draws the warning too. Percent: values of both signs (each side at least `PERCENT_SIGNS` of them)
+    whose median |r| is above `PERCENT_TYPICAL` (20% a period; a decimal daily return's is ~0.01, a monthly one's
+    ~0.05). Not caught: percent returns of a calm asset (a bond's daily 0.2%) and prices of a one-step file."""
     for a, what in enumerate(cells):
         column = returns[..., a]
-        if column.size and (column > 0).all() and column.mean() > 0.5:
-            warnings.warn(f"{file}: {what} looks like prices, not returns (every value > 0, mean {column.mean():.4g}): "
-                          f"the return columns must be per-period returns as fractions", UserWarning,
+        if not column.size:
+            continue
+        if (column > 0).all():
+            steps = np.abs(np.diff(column, axis=-1))
+            level = np.median(column)
+            step = np.median(steps) / level if steps.size else np.inf
+            if column.mean() > 0.5 or step < PRICE_STEP:
+                why = (f"mean {column.mean():.4g}" if column.mean() > 0.5
+                       else f"median step {step:.2%} of the median value {level:.4g}")
+                warnings.warn(f"{file}: {what} looks like prices, not returns (every value > 0, {why}): the return "
+                              f"columns must be per-period returns as fractions", UserWarning,
+                              stacklevel=validate.user_stacklevel())
+        elif min((column < 0).mean(), (column > 0).mean()) >= PERCENT_SIGNS and \
+                (typical := np.median(np.abs(column))) > PERCENT_TYPICAL:
+            warnings.warn(f"{file}: {what} looks like percent returns, not fractions (median |value| {typical:.4g}; a "
+                          f"decimal daily return's is about 0.01): divide a percent column by 100", UserWarning,
                           stacklevel=validate.user_stacklevel())
 
 
