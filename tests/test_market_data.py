@@ -361,6 +361,36 @@ def test_rows_newest_first_are_refused_by_their_date_column(tmp_path, suffix):
     read_table(write(tmp_path / f"us{suffix}", us_dates))
 
 
+def test_a_local_clock_going_back_is_refused_saying_how_to_write_it(tmp_path):
+    """Naive local stamps repeat an hour when daylight saving time ends (here 02:00-03:00 on 2024-10-27, half-hour
+    bars): no zone says which 02:30 came first, so the step back is refused, and the message says how to write it
+    (UTC offsets or UTC, or a date and a time-of-day column), each of which then reads."""
+    local = ["00:30", "01:00", "01:30", "02:00", "02:30", "02:00", "02:30", "03:00"]  # 02:00 and 02:30 twice
+    offsets = ["+02:00"] * 5 + ["+01:00"] * 3  # CEST, then CET
+    header = ["datetime", "mom", "ret"]
+
+    def rows(stamps):
+        return [[stamp, 0.1 * t, 0.01 * (-1) ** t] for t, stamp in enumerate(stamps)]
+
+    hint = (r"if a local clock went back \(daylight saving time ended\), write each stamp with its UTC offset "
+            r"\(2024-10-27T02:30\+01:00\) or in UTC, or the date and the time of day as two columns \(date, time\)$")
+    path = write_csv(tmp_path / "dst.csv", rows([f"2024-10-27T{t}" for t in local]), header)
+    with pytest.raises(ValueError, match=r"^dst\.csv: rows must be in time order \(oldest first\), but column "
+                                         r"'datetime' goes back from 2024-10-27T02:30 to 2024-10-27T02:00 at row 6 "
+                                         r"\(line 7\); a file written newest first must be reversed; or, " + hint):
+        read(path, feature_cols=["mom"], return_cols=["ret"])
+    hourly = write_csv(tmp_path / "hourly.csv", rows([f"2024-10-27T{t}" for t in ("01:00", "02:00", "02:00")]),
+                       header)
+    with pytest.raises(ValueError, match=r"row 3 \(line 4\): 2024-10-27T02:00 repeats row 2 \(line 3\) in the same "
+                                         r"path: a repeated bar .*, or " + hint):
+        read(hourly, feature_cols=["mom"], return_cols=["ret"])
+    zoned = write_csv(tmp_path / "zoned.csv", rows([f"2024-10-27T{t}{z}" for t, z in zip(local, offsets)]), header)
+    assert read(zoned, feature_cols=["mom"], return_cols=["ret"]).num_steps == len(local)
+    split = write_csv(tmp_path / "split.csv", [["2024-10-27", t, *row[1:]] for t, row in zip(local, rows(local))],
+                      ["date", "time", "mom", "ret"])
+    assert read(split, feature_cols=["mom"], return_cols=["ret"]).num_steps == len(local)
+
+
 @pytest.mark.parametrize("suffix", [".csv", ".parquet"])
 def test_the_time_order_check_does_not_switch_itself_off(tmp_path, suffix):
     """A blank date, the same date twice in one path, and zone-aware beside naive stamps each used to switch the

@@ -31,7 +31,10 @@ Time order: a column named date, datetime, time or timestamp (any case), neither
 non-blank cells are all ISO dates or times (2024-01-02, 2024-01-02T15:30) or parquet dates is checked. Within a
 path each stamp must be later than the one before (a file written newest first, or the same bar twice, is
 refused); a blank cell is refused (date missing); and the stamps must all have a time zone, or none. A column
-of other dates (01/02/2024 reads either way) is taken as it comes.
+of other dates (01/02/2024 reads either way) is taken as it comes. Local times without a zone repeat an hour when
+daylight saving time ends (01:00-02:00 twice): that is refused as going back in time, as nothing in the file says
+which hour came first; write the stamps with their UTC offset (2024-10-27T02:30+01:00) or in UTC, or the date and
+the time of day as two columns (date, time: only the dates are then checked, and may repeat).
 
 Missing values (empty cell, "nan"/"NA", parquet null, NaN in npz) follow `fill`:
     error  (default) refuse, naming the first one;
@@ -57,6 +60,7 @@ import warnings
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from fnmatch import fnmatchcase
 from pathlib import Path
 
@@ -390,6 +394,9 @@ def _read_parquet(path: Path):
 
 
 DATE_COLUMNS = ("date", "datetime", "time", "timestamp")  # a column of these names (any case) is checked for order
+# How to write a naive local clock's repeated hour (daylight saving time ends): the file gives no zone to order it by.
+CLOCK_BACK = ("if a local clock went back (daylight saving time ended), write each stamp with its UTC offset "
+              "(2024-10-27T02:30+01:00) or in UTC, or the date and the time of day as two columns (date, time)")
 
 
 def _check_time_order(file: str, columns: list[str], get: Callable, ids: np.ndarray, where: Callable[[int], str],
@@ -400,7 +407,9 @@ def _check_time_order(file: str, columns: list[str], get: Callable, ids: np.ndar
     a path each stamp must be later than the one before (an equal one is the same bar twice, trained on twice), a
     blank cell is an error (one gap must not switch the check off), and the stamps must all have a time zone or
     none (the two cannot be ordered). A column of other dates is taken as it comes. Where the file has more than one
-    such column (a broker's date and time of day), a stamp may repeat in one of them: only going back is an error."""
+    such column (a broker's date and time of day), a stamp may repeat in one of them: only going back is an error.
+    A naive local clock that goes back at most an hour (the hour repeated when daylight saving time ends) is refused
+    too, as no zone says where it belongs: the message says how to write it (`CLOCK_BACK`)."""
     stamped = [c for c in columns if c.lower() in DATE_COLUMNS and c not in exclude]
     for name in stamped:
         cells = get(name)
@@ -426,12 +435,13 @@ def _check_time_order(file: str, columns: list[str], get: Callable, ids: np.ndar
             if j is not None and stamp == stamps[j] and len(stamped) == 1:
                 raise ValueError(f"{file}: column {name!r}, {where(i)}: {cells[i]} repeats {where(j)} in the same "
                                  f"path: a repeated bar (the same period twice); remove one, give path_col if the "
-                                 f"rows are of several assets, or write local times with their UTC offset if the "
-                                 f"clock went back")
+                                 f"rows are of several assets, or {CLOCK_BACK}")
             if j is not None and stamp < stamps[j]:
+                # within an hour, on a clock without a zone: maybe the autumn night's repeated hour
+                clock = f"; or, {CLOCK_BACK}" if not zoned[i] and stamps[j] - stamp <= timedelta(hours=1) else ""
                 raise ValueError(f"{file}: rows must be in time order (oldest first), but column {name!r} goes back "
                                  f"from {cells[j]} to {cells[i]} at {where(i)}; a file written newest first "
-                                 "must be reversed")
+                                 f"must be reversed{clock}")
             last[path] = i
 
 
