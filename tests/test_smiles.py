@@ -228,27 +228,6 @@ def test_kekule_forms_are_canonical_kekule_and_canonical_smiles_in_workers_or_no
     assert sm.kekule_forms(given) == expected
 
 
-def test_loading_with_kekule_gives_kekule_forms_of_the_kept_sequences(rdkit_set, tmp_path):
-    """`load_sequences(kekule=True)`: the same sequences, skips and order as without, and `kekule_forms` of them,
-    written from the Mol each line was checked with (the "rdkit" source's 14,734 molecules, and a file kept as
-    written: explicit hydrogens, duplicates, lines that do not parse) or, for text not parsed, by `kekule_forms`."""
-    loaded = load_sequences("rdkit", kekule=True)
-    assert (loaded.sequences, loaded.skipped) == (rdkit_set.sequences, rdkit_set.skipped)
-    assert rdkit_set.kekule_forms is None and loaded.kekule_forms == sm.kekule_forms(rdkit_set.sequences)
-    from rdkit import Chem
-
-    lines = [w for s in rdkit_set.sequences[:500] for w in (Chem.MolToSmiles(Chem.MolFromSmiles(s), allHsExplicit=True),
-                                                           s, "C1CC")]
-    path = tmp_path / "mols.smi"
-    path.write_text("\n".join(lines) + "\n")
-    for smiles in (True, False):
-        plain = load_sequences(path, smiles=smiles, canonicalize=False, max_length=None)
-        loaded = load_sequences(path, smiles=smiles, canonicalize=False, max_length=None, kekule=True)
-        assert (loaded.sequences, loaded.skipped) == (plain.sequences, plain.skipped), smiles
-        assert loaded.kekule_forms == sm.kekule_forms(plain.sequences), smiles
-    assert plain.kekule_forms is None and None in loaded.kekule_forms  # text: "C1CC" kept, and has no form
-
-
 def test_ctrl_c_during_kekule_forms_is_quiet_in_the_workers_and_stops_every_one(monkeypatch):
     """A terminal's Ctrl-C reaches every worker: each exits 130 without a traceback (the CLI says it, once). The
     caller's KeyboardInterrupt (or any error) kills the workers still running instead of leaving them orphaned."""

@@ -703,27 +703,6 @@ def test_augment_writes_each_training_molecule_several_ways(corpus):
         tiny(corpus, augment=2, smiles_check=False)
 
 
-def test_loading_parses_each_line_once_under_the_kekule_rewrite(corpus, monkeypatch):
-    """Loading a SMILES file checks each line with rdkit and writes its Kekulé form and canonical SMILES from that
-    one parse (a second parse of every kept molecule cost as much as the first)."""
-    import rdkit.Chem
-
-    parsed = []
-
-    class Counting:  # rdkit.Chem, counting its parses
-        def __getattr__(self, name):
-            return getattr(rdkit.Chem, name)
-
-        def MolFromSmiles(self, text, *args, **kwargs):
-            parsed.append(text)
-            return rdkit.Chem.MolFromSmiles(text, *args, **kwargs)
-
-    monkeypatch.setattr(smiles.sources, "_chem", Counting)
-    dataset = task_lib.load_dataset(tiny(corpus))
-    assert len(dataset.train + dataset.valid + dataset.test) == 99  # all but C10 + benzene (too long in Kekulé form)
-    assert sorted(parsed) == sorted([*SMILES, "C" * 200, "C1CC", "Xyz"])  # every non-empty line, once
-
-
 def test_kekule_writes_every_part_in_kekule_form(corpus):
     """--kekule: the same molecules, each written in Kekulé form (no aromatic atom) in training, validation and
     test, and in every randomized way of --augment; a molecule that grows past --max-length in that form is

@@ -362,7 +362,7 @@ def load_dataset(task: VAETask, vocab: smiles.Vocabulary | None = None) -> Datas
     rewrite = task.writes_kekule
     try:
         loaded = smiles.load_sequences(task.data, max_length=None if rewrite else task.max_length, limit=task.limit,
-                                       smiles=file_smiles, canonicalize=False if file_smiles else None, kekule=rewrite)
+                                       smiles=file_smiles, canonicalize=False if file_smiles else None)
     except (FileNotFoundError, ValueError) as err:
         if not str(err).startswith("source: "):  # a missing file, MOSES's data not installed, a table without a
             raise  # SMILES column: the library names `source`, the user knows --data
@@ -370,7 +370,7 @@ def load_dataset(task: VAETask, vocab: smiles.Vocabulary | None = None) -> Datas
     sequences, skipped = loaded.sequences, dict(loaded.skipped)
     canonical_of = None  # Kekulé form -> canonical SMILES, for novelty (one parse gives both)
     if rewrite:  # every part in one form: the test set is reconstructed as the model learnt to write
-        forms = loaded.kekule_forms  # from the parse that checked each line, where loading parsed them
+        forms = smiles.kekule_forms(sequences)
         valid = [f for f in forms if f is not None]
         short = [(k, c) for k, c in valid if len(k) <= task.max_length]
         canonical_of = dict(short)

@@ -17,10 +17,9 @@ Sources (`load_sequences`):
   `is_builtin_source` tells the two kinds apart.
 
 Loading is a pipeline of generators: the source's fields, then (SMILES only) parse, filter and
-canonicalise (and, asked for, write the Kekulé form from the same parse), then the length limit and
-de-duplication (of SMILES by molecule, of other text by string). Bad lines never stop it: each is skipped and
-counted by reason in `LoadResult.skipped`. rdkit, an optional extra, is imported only by the functions that
-need it.
+canonicalise, then the length limit and de-duplication (of SMILES by molecule, of other text by
+string). Bad lines never stop it: each is skipped and counted by reason in `LoadResult.skipped`. rdkit,
+an optional extra, is imported only by the functions that need it.
 """
 
 from __future__ import annotations
@@ -221,8 +220,6 @@ class LoadResult:
     skipped: dict[str, int]  # reason -> number of lines skipped for it (reasons with a zero count absent)
     sources: tuple[str, ...] = ()  # files read, in order
     limit_reached: bool = False  # `limit` sequences were kept and the source holds at least one more it would keep
-    # `kekule_forms(sequences)` when asked for (`kekule=True`): with `smiles`, from the parse that checked each line
-    kekule_forms: list[tuple[str, str] | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -363,11 +360,10 @@ def file_fields(path: str, smiles: bool, skipped: Counter) -> Iterator[tuple[int
 
 
 def _molecules(items: Iterable[str], canonicalize: bool, dedupe: bool, molecule_filter: MoleculeFilter | None,
-               kekule: bool, skipped: Counter) -> Iterator[tuple[str, str, tuple[str, str] | None]]:
-    """(sequence, de-duplication key, forms) of the items that parse as SMILES and pass `molecule_filter`, the rest
-    counted: the sequence is the item, or its canonical SMILES if `canonicalize`; the key is the canonical SMILES (one
-    per molecule, however written) if `dedupe` (else not read); forms are `kekule_forms`'s (Kekulé form,
-    canonical SMILES) if `kekule`, written from the same Mol (parsing again took a third of the load time)."""
+               skipped: Counter) -> Iterator[tuple[str, str]]:
+    """(sequence, de-duplication key) of the items that parse as SMILES and pass `molecule_filter`, the rest counted:
+    the sequence is the item, or its canonical SMILES if `canonicalize`; the key is the canonical SMILES (one per
+    molecule, however written) if `dedupe`, else the item (not read)."""
     Chem = _chem()
     for item in items:
         mol = parse_smiles(item)
@@ -376,25 +372,24 @@ def _molecules(items: Iterable[str], canonicalize: bool, dedupe: bool, molecule_
         elif molecule_filter is not None and (reason := molecule_filter.reject_reason(mol)):
             skipped[reason] += 1
         else:
-            written = Chem.MolToSmiles(mol, kekuleSmiles=True) if kekule else None
             # the canonical form only where it is read (it costs half a parse)
-            canonical = Chem.MolToSmiles(mol) if canonicalize or dedupe or kekule else item
-            yield canonical if canonicalize else item, canonical, None if written is None else (written, canonical)
+            canonical = Chem.MolToSmiles(mol) if canonicalize or dedupe else item
+            yield canonical if canonicalize else item, canonical
 
 
-def _short_and_new(items: Iterable[tuple[str, str, object]], max_length: int | None, dedupe: bool,
-                   skipped: Counter) -> Iterator[tuple[str, object]]:
-    """(sequence, extra) of the items (sequence, dedupe key, extra) of at most `max_length` characters (None: any),
-    each key once if `dedupe`; the rest counted."""
+def _short_and_new(items: Iterable[tuple[str, str]], max_length: int | None, dedupe: bool,
+                   skipped: Counter) -> Iterator[str]:
+    """The items of (sequence, dedupe key) of at most `max_length` characters (None: any), each key once if
+    `dedupe`; the rest counted."""
     seen = set()
-    for item, key, extra in items:
+    for item, key in items:
         if max_length is not None and len(item) > max_length:
             skipped["too_long"] += 1
         elif dedupe and key in seen:
             skipped["duplicate"] += 1
         else:
             seen.add(key)
-            yield item, extra
+            yield item
 
 
 def names_first(path: str | os.PathLike, lines: int = 1000) -> bool:
@@ -426,7 +421,6 @@ def load_sequences(
     molecule_filter: MoleculeFilter | None = None,
     dedupe: bool = True,
     limit: int | None = None,
-    kekule: bool = False,
 ) -> LoadResult:
     """Load sequences (SMILES or any text) from `source`, skipping and counting bad lines.
 
@@ -451,18 +445,15 @@ def load_sequences(
             repeated strings.
         limit: stop once this many sequences are kept (None: all). Whether that left one out is
             `LoadResult.limit_reached`; `skipped` counts the lines read up to the last one kept.
-        kekule: also give `LoadResult.kekule_forms`, `kekule_forms(sequences)`: with `smiles`, written from
-            the Mol each line was checked with (one parse per line), else by `kekule_forms` itself.
 
     Returns:
-        LoadResult(sequences, skipped, sources, limit_reached, kekule_forms). Skip reasons: "undecodable"
-        (not UTF-8), "empty", "unparsable", "fragments", "element", "charged", "size", "too_long", "duplicate".
+        LoadResult(sequences, skipped, sources, limit_reached). Skip reasons: "undecodable" (not UTF-8), "empty",
+        "unparsable", "fragments", "element", "charged", "size", "too_long", "duplicate".
     """
     source = os.fspath(instance("source", source, (str, os.PathLike)))
     max_length = integer("max_length", max_length, lo=1, none=True)
     limit = integer("limit", limit, lo=0, none=True)
     dedupe = boolean("dedupe", dedupe)
-    kekule = boolean("kekule", kekule)
     is_moses = is_builtin_source(source) and source != "rdkit"
     smiles = (source == "rdkit") if smiles is None else boolean("smiles", smiles)
     canonicalize = (smiles and not is_moses) if canonicalize is None else boolean("canonicalize", canonicalize)
@@ -484,15 +475,12 @@ def load_sequences(
         raise FileNotFoundError(
             f"source: expected 'rdkit', 'moses', 'moses:<split>' or an existing file, got {source!r}"
         )
-    # (sequence, dedupe key, Kekulé forms): a molecule is one however it is written; any other text is its string.
-    keyed = (_molecules(items, canonicalize, dedupe, molecule_filter, kekule, skipped) if smiles
-             else ((s, s, None) for s in items))
+    # (sequence, dedupe key): a molecule is one however it is written; any other text is its string.
+    keyed = _molecules(items, canonicalize, dedupe, molecule_filter, skipped) if smiles else ((s, s) for s in items)
     with silence_rdkit() if smiles else contextlib.nullcontext():  # the generators above run here
         usable = _short_and_new(keyed, max_length, dedupe, skipped)
         kept = list(itertools.islice(usable, limit))
         counted = dict(skipped)  # before the look past the limit, whose skipped lines were not to be read
         # A file of exactly `limit` usable sequences was read whole: only one more usable sequence was left out.
         limit_reached = len(kept) == limit and next(usable, None) is not None
-    sequences = [sequence for sequence, _ in kept]
-    forms = ([form for _, form in kept] if smiles else kekule_forms(sequences)) if kekule else None
-    return LoadResult(sequences, counted, paths, limit_reached, forms)
+    return LoadResult(kept, counted, paths, limit_reached)
