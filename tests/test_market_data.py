@@ -15,7 +15,7 @@ from jax_scan_rnn.data.market_data import (FILLS, MarketData, Standardiser, esti
 N, T = 2, 6
 RNG = np.random.default_rng(0)
 FEATURES = RNG.normal(size=(N, T, 2)).round(4)  # [mom, vol]
-RETURNS = RNG.normal(size=(N, T, 2)).round(4)  # [ret_a, ret_b]
+RETURNS = (0.01 * RNG.normal(size=(N, T, 2))).round(6)  # [ret_a, ret_b]: daily decimal returns, as a file holds
 HEADER = ["date", "mom", "ret_a", "vol", "id", "ret_b"]  # interleaved: selection follows file order
 
 
@@ -568,7 +568,7 @@ def test_selected_columns_keep_the_files_order_and_paths_are_ordered_apart(tmp_p
     assert m.features[0, :, 0].tolist() == [1, 2, 3] and m.returns[0, 0].tolist() == [0.1, 0.2]
     rows = ["date,asset,f,r"]
     for t in range(4):
-        rows += [f"2024-01-0{t + 1},a,{t},0.01", f"2020-01-0{t + 1},b,{-t},0.02"]
+        rows += [f"2024-01-0{t + 1},a,{t},{(-1) ** t * 0.01}", f"2020-01-0{t + 1},b,{-t},{(-1) ** t * 0.02}"]
     (tmp_path / "paths.csv").write_text("\n".join(rows) + "\n")
     m = read(tmp_path / "paths.csv", feature_cols=["f"], return_cols=["r"], path_col="asset")
     assert m.features.shape == (2, 4, 1) and m.features[1, :, 0].tolist() == [0, -1, -2, -3]
