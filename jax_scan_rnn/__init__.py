@@ -13,6 +13,7 @@ kernel, and the matrix-vector code inside it; `xla_flags.py` says what they do, 
 how to opt out).
 """
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING
 
 from jax_scan_rnn import versions, xla_flags
@@ -56,6 +57,9 @@ def __getattr__(name: str):
         value = getattr(importlib.import_module(f"jax_scan_rnn.{_EXPORTS[name]}"), name)
         globals()[name] = value  # later lookups skip this function
         return value
+    # A submodule too (`jsr.cells.HAND_WRITTEN_VJP`, `jsr.train.fit`), as after `import jax_scan_rnn.cells`
+    if not name.startswith("_") and importlib.util.find_spec(f"jax_scan_rnn.{name}") is not None:
+        return importlib.import_module(f"jax_scan_rnn.{name}")  # the import binds it here
     raise AttributeError(f"module 'jax_scan_rnn' has no attribute {name!r}")
 
 

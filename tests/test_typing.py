@@ -79,6 +79,18 @@ def test_type_checkers_see_each_lazy_name_where_it_is_loaded_from():
         assert (package / "py.typed").is_file(), package
 
 
+def test_submodules_are_reached_from_the_package_as_the_docs_write_them():
+    """`jsr.cells.HAND_WRITTEN_VJP` (README) and `jsr.cells.matmul` (docs/tuning_cpu.md) in a fresh process, before any
+    other name is touched; a name that is neither an export nor a submodule is Python's AttributeError."""
+    code = ("import sys, jax_scan_rnn as jsr\n"
+            "assert 'jax' not in sys.modules  # the import itself stays light\n"
+            "assert jsr.cells.HAND_WRITTEN_VJP is True and callable(jsr.cells.matmul) and callable(jsr.train.fit)\n"
+            "try:\n    jsr.nonexistent\nexcept AttributeError as err:\n    print(err)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "module 'jax_scan_rnn' has no attribute 'nonexistent'"
+
+
 def checker_errors(checker: str, tmp_path: Path) -> tuple[list[tuple[str, int, str]], str]:
     """(file, line, message) of each error `checker` (mypy or basedpyright, pyright's command-line build that
     pip installs with its own node) reports for the README's block, USER_CALLS + MISUSES and the examples, and its raw
