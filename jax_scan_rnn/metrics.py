@@ -55,7 +55,6 @@ import csv
 import functools
 import gzip
 import importlib.metadata
-import importlib.util
 import math
 import os
 from collections import Counter
@@ -66,6 +65,7 @@ import numpy as np
 
 from jax_scan_rnn import validate
 from jax_scan_rnn.data.smiles import PAD, parse_smiles, silence_rdkit
+from jax_scan_rnn.data.smiles.sources import molsets_file
 from jax_scan_rnn.optional import require
 
 
@@ -190,14 +190,11 @@ def _fcd_torch_utils():
 
 
 def _molsets_file(*parts: str) -> str:
-    """Path of a file of the molsets package (folder `moses`), found without importing moses."""
-    spec = importlib.util.find_spec("moses")  # a top-level find_spec does not run moses/__init__.py
-    for folder in (spec and spec.submodule_search_locations) or ():
-        path = os.path.join(folder, *parts)
-        if os.path.isfile(path):
-            return path
-    raise ImportError(f"MOSES's data (moses/{'/'.join(parts)}) needs molsets, which is not installed: "
-                      "pip install --no-deps molsets (only its data files are read)")
+    path = molsets_file(*parts)
+    if path is None:
+        raise ImportError(f"MOSES's data (moses/{'/'.join(parts)}) needs molsets, which is not installed: "
+                          "pip install --no-deps molsets (only its data files are read)")
+    return path
 
 
 def _molsets_version() -> str:

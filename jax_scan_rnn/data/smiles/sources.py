@@ -291,18 +291,27 @@ def _rdkit_fields(skipped: Counter) -> tuple[tuple[str, ...], Iterator[str]]:
     return tuple(path for _, path in found), itertools.chain.from_iterable(fields)
 
 
-def _moses_file(split_name: str) -> str:
-    """Path of the molsets package's `moses/dataset/data/<split>.csv.gz`, found without importing moses."""
-    spec = importlib.util.find_spec("moses")  # a top-level find_spec does not run moses/__init__.py
+def molsets_file(*parts: str) -> str | None:
+    """Path of the file `parts` of the molsets package (folder `moses`), or None without molsets: found without
+    importing moses, whose own imports fail on current pandas (a top-level find_spec does not run its __init__)."""
+    spec = importlib.util.find_spec("moses")
     for folder in (spec and spec.submodule_search_locations) or ():
-        path = os.path.join(folder, "dataset", "data", f"{split_name}.csv.gz")
+        path = os.path.join(folder, *parts)
         if os.path.isfile(path):
             return path
-    raise FileNotFoundError(
-        f"source: the MOSES data file moses/dataset/data/{split_name}.csv.gz was not found; install it with "
-        "`pip install --no-deps molsets` (--no-deps: only its data files are read, and its pinned dependencies "
-        "do not build), or use the 'rdkit' source, which ships with rdkit"
-    )
+    return None
+
+
+def _moses_file(split_name: str) -> str:
+    """Path of the molsets package's `moses/dataset/data/<split>.csv.gz`."""
+    path = molsets_file("dataset", "data", f"{split_name}.csv.gz")
+    if path is None:
+        raise FileNotFoundError(
+            f"source: the MOSES data file moses/dataset/data/{split_name}.csv.gz was not found; install it with "
+            "`pip install --no-deps molsets` (--no-deps: only its data files are read, and its pinned dependencies "
+            "do not build), or use the 'rdkit' source, which ships with rdkit"
+        )
+    return path
 
 
 def moses_split(source: str, name: str = "source") -> str:
