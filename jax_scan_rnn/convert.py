@@ -53,7 +53,9 @@ The one table of what maps to what (`_layout`), per kind of submodule:
     any other module             recurse into its submodules; the attribute name is the key prefix
                                  (`lstm_layers.weight_ih_l0`, `output_layer.weight`, `layers.0.weight`), a
                                  position or key inside nnx.List/Dict or plain lists and dicts (`heads.a.weight`)
-    anything else                a parameter no row maps is a NotImplementedError naming it, never left out
+    anything else                a parameter no row maps is a NotImplementedError naming it, never left out; so is
+                                 any other nnx.Variable (a class of the user's own) but random streams, sown
+                                 values and attention's decoding cache, which are not weights
 
 Only permutations and reversals of axes, reshapes and copies: both directions are bit-exact. Models do not import
 this module; it knows their layout by walking their attributes, so a model whose attribute names are its torch
@@ -229,16 +231,25 @@ def _children(container: Any, prefix: str) -> Iterator[Entry]:
             yield from _children(value, f"{prefix}{name}.")
 
 
+# The nnx.Variables that are not weights, so no torch key stands for them: random streams (torch's generator is
+# global, not in a state_dict), values sown by a call, attention's decoding cache.
+NOT_WEIGHTS = (nnx.RngState, nnx.Intermediate, nnx.Cache)
+
+
 def _full_layout(module: nnx.Module) -> list[Entry]:
-    """`_layout(module)`, checked to hold every parameter of the module: one that no row maps (held by a module of
-    another kind, or inside a container the walk does not know) would otherwise be left out of `torch_state_dict`
-    without a word."""
+    """`_layout(module)`, checked to hold every Variable of the module but `NOT_WEIGHTS`: one that no row maps (held
+    by a module of another kind, inside a container the walk does not know, or of a Variable class of the user's
+    own) would otherwise be left out of `torch_state_dict`, and left as it was by `load_torch_state_dict`, without a
+    word."""
     layout = list(_layout(module))
     mapped = {id(param) for entry in layout for param in entry.params}
     for path, node in nnx.iter_graph(module):
-        if isinstance(node, (nnx.Param, nnx.BatchStat)) and id(node) not in mapped:
-            raise NotImplementedError(f"convert: no PyTorch mapping for parameter {'.'.join(map(str, path))} of "
-                                      f"{type(module).__name__}")
+        if isinstance(node, nnx.Variable) and not isinstance(node, NOT_WEIGHTS) and id(node) not in mapped:
+            weight = isinstance(node, (nnx.Param, nnx.BatchStat))
+            kind = "" if type(node) in (nnx.Param, nnx.BatchStat) else f" (a {type(node).__name__}" + (
+                ")" if weight else ", an nnx.Variable that is neither an nnx.Param nor an nnx.BatchStat)")
+            raise NotImplementedError(f"convert: no PyTorch mapping for {'parameter' if weight else 'state'} "
+                                      f"{'.'.join(map(str, path))} of {type(module).__name__}{kind}")
     return layout
 
 

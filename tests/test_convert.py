@@ -328,6 +328,37 @@ def test_unknown_parameter_has_no_silent_mapping():
         jsr.torch_state_dict(Odd())
 
 
+def test_state_of_a_variable_class_of_its_own_is_named_both_ways_never_left_out():
+    class Scale(nnx.Param):  # a weight: mapped where a Param is, and named where none is
+        pass
+
+    class Running(nnx.Variable):  # state a torch twin would keep as a buffer
+        pass
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.head = nnx.Linear(2, 3, rngs=rngs)
+            self.dropout = nnx.Dropout(0.1, rngs=rngs)  # random streams and a cache are not weights: no key
+            self.cache = nnx.Cache(np.zeros(3, np.float32))
+
+    net = Net(nnx.Rngs(0))
+    net.head.kernel = Scale(net.head.kernel[...])
+    state_dict = jsr.torch_state_dict(net)
+    assert sorted(state_dict) == ["head.bias", "head.weight"]
+    jsr.load_torch_state_dict(net, state_dict)
+    net.total = Running(np.ones(3, np.float32))
+    message = (r"^convert: no PyTorch mapping for state total of Net \(a Running, an nnx.Variable that is neither an "
+               r"nnx.Param nor an nnx.BatchStat\)$")
+    with pytest.raises(NotImplementedError, match=message):
+        jsr.torch_state_dict(net)  # was the state_dict without it, without a word
+    with pytest.raises(NotImplementedError, match=message):
+        jsr.load_torch_state_dict(net, state_dict)  # was a load that left it as it was
+    del net.total
+    net.gain = Scale(np.ones(3, np.float32))
+    with pytest.raises(NotImplementedError, match=r"^convert: no PyTorch mapping for parameter gain of Net \(a Scale\)$"):
+        jsr.torch_state_dict(net)
+
+
 def test_nested_modules_use_attribute_names_as_prefixes():
     class Net(nnx.Module):
         def __init__(self, rngs):
