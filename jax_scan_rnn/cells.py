@@ -97,6 +97,9 @@ class RNNCellBase(nnx.Module):
         self.input_size = input_size
         self.hidden_size = hidden_size
         self.compute_dtype = compute_dtype
+        # The mode NNX's `.train()` / `.eval()` set (False / True), as on nnx.Dropout. No number here depends on it
+        # (a cell has no dropout): it is the mode a torch twin is given (`convert.to_torch_module`), as a layer's.
+        self.deterministic = False
         gh = self.num_gates * hidden_size
         bound = 1.0 / math.sqrt(hidden_size)
         self.w_ih = nnx.Param(_torch_uniform(rngs.params(), (input_size, gh), bound, param_dtype))

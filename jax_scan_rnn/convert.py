@@ -337,8 +337,8 @@ def from_torch_module(module: Any, *, rngs: nnx.Rngs | None = None) -> nnx.Modul
 
 def to_torch_module(module: nnx.Module) -> Any:
     """The `torch.nn` twin of a jsr `LSTM`, `GRU`, `RNN`, `LSTMCell`, `GRUCell` or `RNNCell`: built with the same
-    constructor arguments, holding its weights bit for bit in their dtype, in its mode (`eval()` when the jsr
-    module's dropout is off), on the CPU (needs torch: `pip install 'jax-scan-rnn[torch]'`)."""
+    constructor arguments, holding its weights bit for bit in their dtype, in its mode (`eval()` after the jsr
+    module's `.eval()`: a layer's dropout is off, a cell records the mode), on the CPU (needs torch: `pip install 'jax-scan-rnn[torch]'`)."""
     from jax_scan_rnn.optional import require
 
     torch = require("torch", "to_torch_module")
@@ -359,7 +359,7 @@ def to_torch_module(module: nnx.Module) -> Any:
     # torch.from_numpy knows no bfloat16: through float32, which holds every bfloat16 value exactly.
     twin.load_state_dict({k: torch.from_numpy(np.asarray(v, np.float32 if v.dtype == jnp.bfloat16 else v.dtype))
                           .to(dtype) for k, v in state_dict.items()})
-    if not cell and module.dropout.deterministic:
+    if (module if cell else module.dropout).deterministic:
         twin.eval()
     return twin
 

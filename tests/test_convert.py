@@ -678,7 +678,7 @@ TWIN_CONSTRUCTORS = [  # torch.nn modules as a porter builds them, each kind and
     lambda: torch.nn.GRU(3, 5, bias=False),
     lambda: torch.nn.RNN(3, 5, 2, nonlinearity="relu", dropout=0.2).eval(),
     lambda: torch.nn.LSTMCell(3, 5),
-    lambda: torch.nn.GRUCell(3, 5, bias=False),
+    lambda: torch.nn.GRUCell(3, 5, bias=False).eval(),  # a cell's mode as a layer's (its twin was in train mode)
     lambda: torch.nn.RNNCell(3, 5, nonlinearity="relu"),
     lambda: torch.nn.GRU(3, 5).to(torch.bfloat16),
 ]
