@@ -320,7 +320,8 @@ def from_torch_module(module: Any, *, rngs: nnx.Rngs | None = None) -> nnx.Modul
         lstm = jsr.from_torch_module(torch.nn.LSTM(8, 32, num_layers=2, batch_first=True))
 
     Parameters take the torch weights' dtype where JAX holds it (float64 needs `jax_enable_x64`; float32 otherwise,
-    with the load's warning naming the cast). `rngs` draws the twin's dropout masks (default `nnx.Rngs(0)`).
+    with the load's warning naming the cast): for another, give the torch module in it (`module.double()`). `rngs`
+    draws the twin's dropout masks (default `nnx.Rngs(0)`).
     """
     kind = _twin_kind(module, torch_side=True)
     state_dict = module.state_dict()
@@ -335,13 +336,21 @@ def from_torch_module(module: Any, *, rngs: nnx.Rngs | None = None) -> nnx.Modul
     return ours
 
 
-def to_torch_module(module: nnx.Module) -> Any:
+def to_torch_module(module: nnx.Module, *, dtype: Any = None, device: Any = None) -> Any:
     """The `torch.nn` twin of a jsr `LSTM`, `GRU`, `RNN`, `LSTMCell`, `GRUCell` or `RNNCell`: built with the same
     constructor arguments, holding its weights bit for bit in their dtype, in its mode (`eval()` after the jsr
-    module's `.eval()`: a layer's dropout is off, a cell records the mode), on the CPU (needs torch: `pip install 'jax-scan-rnn[torch]'`)."""
+    module's `.eval()`: a layer's dropout is off, a cell records the mode), on the CPU (needs torch: `pip install
+    'jax-scan-rnn[torch]'`).
+
+    `dtype` (a floating `torch.dtype`) and `device` are torch.nn constructors' own: the twin is built with them, its
+    weights cast as `.to(dtype)` casts them (exact to a wider dtype), as `to_torch_module(module).to(device, dtype)`.
+    """
     from jax_scan_rnn.optional import require
 
     torch = require("torch", "to_torch_module")
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype: expected None or a floating torch.dtype (torch.float64, say), as torch.nn's "
+                        f"constructors take, got {dtype!r}")
     kind = _twin_kind(module, torch_side=False)
     cell = kind.endswith("Cell")
     if kind == "LSTMCell" and module.proj_size:
@@ -354,11 +363,12 @@ def to_torch_module(module: nnx.Module) -> Any:
         warnings.warn(f"to_torch_module: the twin computes in its weights' dtype; torch.nn.{kind} has nothing like "
                       f"this module's compute_dtype={jnp.dtype(compute_dtype).name}", UserWarning, stacklevel=2)
     state_dict = torch_state_dict(module)
-    dtype = getattr(torch, str(next(iter(state_dict.values())).dtype))
-    twin = getattr(torch.nn, kind)(**arguments, dtype=dtype)
-    # torch.from_numpy knows no bfloat16: through float32, which holds every bfloat16 value exactly.
+    weights = getattr(torch, str(next(iter(state_dict.values())).dtype))
+    twin = getattr(torch.nn, kind)(**arguments, dtype=dtype or weights, device=device)
+    # torch.from_numpy knows no bfloat16: through float32, which holds every bfloat16 value exactly. The load
+    # copies each value to the twin's dtype and device.
     twin.load_state_dict({k: torch.from_numpy(np.asarray(v, np.float32 if v.dtype == jnp.bfloat16 else v.dtype))
-                          .to(dtype) for k, v in state_dict.items()})
+                          .to(weights) for k, v in state_dict.items()})
     if (module if cell else module.dropout).deterministic:
         twin.eval()
     return twin

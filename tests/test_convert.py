@@ -706,6 +706,17 @@ def test_a_torch_module_and_its_jsr_twin_carry_arguments_weights_and_mode_both_w
     np.testing.assert_allclose(np.asarray(got, np.float32), want.float().numpy(), atol=atol)
 
 
+def test_to_torch_module_takes_torch_constructors_dtype_and_device():
+    ours = jsr.GRU(3, 4, rngs=nnx.Rngs(0))
+    twin = jsr.to_torch_module(ours, dtype=torch.float64, device="cpu")  # was a TypeError: unexpected keyword
+    assert twin.weight_ih_l0.dtype == torch.float64 and twin.weight_ih_l0.device == torch.device("cpu")
+    for key, value in jsr.torch_state_dict(ours).items():  # float32 into float64: exact
+        assert torch.equal(twin.state_dict()[key], torch.from_numpy(value).double()), key
+    with pytest.raises(TypeError, match=r"^dtype: expected None or a floating torch.dtype \(torch.float64, say\), as "
+                                        r"torch.nn's constructors take, got 'float64'$"):
+        jsr.to_torch_module(ours, dtype="float64")
+
+
 def test_a_subclass_has_its_torch_bases_twin_and_other_modules_are_named():
     class Mine(torch.nn.GRU):
         pass
