@@ -29,10 +29,14 @@ The one table of what maps to what (`_layout`), per kind of submodule:
     nnx.RMSNorm                  weight = scale      (torch's default eps, None, is the dtype's machine epsilon,
                                  1.19e-7 for float32; Flax's, 1e-6, differs: a warning names the module)
     nnx.BatchNorm                weight = scale      bias = bias   running_mean = mean   running_var = var
-                                 num_batches_tracked: torch's counter, which nnx.BatchNorm has not: an integer
-                                 on load, 0 on export (torch reads it only with momentum=None). nnx's momentum m
-                                 is torch's 1 - m (torch's default 0.1 is 0.9; Flax's default, 0.99, differs: a
-                                 warning names the module). Both normalise with the batch's biased variance; torch
+                                 (nnx.BatchNorm holds mean and var in float32 whatever its param_dtype: a float64
+                                 torch's are rounded, the load's cast warning saying so). num_batches_tracked:
+                                 torch's counter, which nnx.BatchNorm has not: checked to be an integer and dropped
+                                 on load, 0 on export. torch reads it only with momentum=None, a cumulative average
+                                 nnx's fixed-rate momentum cannot compute (such a model trained on after a round
+                                 trip starts its average again); with a momentum it changes no number. nnx's
+                                 momentum m is torch's 1 - m (torch's default 0.1 is 0.9; Flax's default, 0.99,
+                                 differs: a warning names the module). Both normalise with the batch's biased variance; torch
                                  averages the unbiased one into running_var, Flax the biased one
     nnx.Conv, n spatial dims     weight = kernel permuted [*K, I/groups, O] -> [O, I/groups, *K] (torch.nn.Conv1d
                                  for n=1, Conv2d, Conv3d), bias = bias. Padding, strides and dilation are
@@ -57,10 +61,10 @@ The one table of what maps to what (`_layout`), per kind of submodule:
                                  any other nnx.Variable (a class of the user's own) but random streams, sown
                                  values and attention's decoding cache, which are not weights
 
-Only permutations and reversals of axes, reshapes and copies: both directions are bit-exact. Models do not import
-this module; it knows their layout by walking their attributes, so a model whose attribute names are its torch
-twin's converts with no code of its own. torch is never imported here: a torch tensor is recognised by its
-`.detach()` method.
+Only permutations and reversals of axes, reshapes and copies: both directions are bit-exact (but for BatchNorm's
+float64 running statistics and its counter, above). Models do not import this module; it knows their layout by
+walking their attributes, so a model whose attribute names are its torch twin's converts with no code of its own.
+torch is never imported here: a torch tensor is recognised by its `.detach()` method.
 """
 from __future__ import annotations
 
@@ -438,7 +442,7 @@ def load_torch_state_dict(module: nnx.Module, state_dict: Mapping[str, Any]) -> 
                 or _flax_cell_hint(module))
         raise KeyError(f"state_dict: keys do not match {type(module).__name__}: missing {missing}, unexpected "
                        f"{unexpected}{hint}")
-    updates, casts = [], {}
+    updates, casts, running = [], {}, False
     for entry in layout:
         key = entry.key
         if not entry.params:
@@ -458,9 +462,12 @@ def load_torch_state_dict(module: nnx.Module, state_dict: Mapping[str, Any]) -> 
             raise ValueError(_non_finite_message(key, value, cast))
         if value.dtype != dtype:
             casts.setdefault((str(value.dtype), str(dtype)), []).append(key)
+            running |= isinstance(entry.params[0], nnx.BatchStat)
         updates += _from_torch(entry, cast)
     if casts:
-        warnings.warn(_cast_warning(casts), UserWarning, stacklevel=2)
+        # (a float64 model's running statistics are cast to float32 too, which its param_dtype would not say)
+        note = "; nnx.BatchNorm holds its running statistics in float32 whatever its param_dtype" if running else ""
+        warnings.warn(_cast_warning(casts) + note, UserWarning, stacklevel=2)
     for param, value in updates:
         param[...] = value
 

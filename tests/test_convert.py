@@ -6,6 +6,7 @@ import os
 import re
 import warnings
 
+import jax
 import numpy as np
 import pytest
 import torch
@@ -513,6 +514,30 @@ def test_a_batch_norms_running_statistics_map_to_torchs_and_give_its_numbers():
     with pytest.warns(UserWarning, match=r"nnx.BatchNorm 'norm' has momentum 0.99, which is torch's momentum=0.01; "
                                          r"torch.nn.BatchNorm1d's default is 0.1"):
         jsr.torch_state_dict(ours)
+
+
+@pytest.mark.skipif(not jax.config.jax_enable_x64, reason="float64 parameters need jax_enable_x64 (conftest sets it)")
+def test_a_float64_batch_norm_round_trip_is_exact_but_for_what_nnx_cannot_hold_and_says_so():
+    """torch -> jax -> torch of a float64 BatchNorm1d (x64 on, as conftest sets it): its weights come back bit for
+    bit; its running statistics are float32 in nnx.BatchNorm whatever its param_dtype, and its counter is not held,
+    as the module docstring says; the load's warning names the statistics and why."""
+    torch.manual_seed(0)
+    ref = torch.nn.BatchNorm1d(3, dtype=torch.float64)
+    with torch.no_grad():
+        ref.weight.normal_(), ref.bias.normal_()
+        for _ in range(3):
+            ref(torch.randn(8, 3, dtype=torch.float64))
+    ours = nnx.BatchNorm(3, momentum=0.9, epsilon=1e-5, param_dtype=np.float64, rngs=nnx.Rngs(0))
+    with pytest.warns(UserWarning, match=r"^state_dict: values cast to the module's parameter dtype: 2 from float64 "
+                                         r"to float32 \('running_mean', 'running_var'\); nnx.BatchNorm holds its "
+                                         r"running statistics in float32 whatever its param_dtype$"):
+        jsr.load_torch_state_dict(ours, ref.state_dict())
+    back = jsr.torch_state_dict(ours)
+    for key in ("weight", "bias"):
+        assert back[key].dtype == np.float64 and np.array_equal(back[key], ref.state_dict()[key].numpy()), key
+    for key in ("running_mean", "running_var"):
+        np.testing.assert_array_equal(back[key], ref.state_dict()[key].numpy().astype(np.float32), err_msg=key)
+    assert int(ref.num_batches_tracked) == 3 and back["num_batches_tracked"] == 0  # nnx.BatchNorm has no counter
 
 
 def test_convolutions_group_and_rms_norms_map_to_torchs_and_give_its_numbers():
