@@ -285,7 +285,9 @@ class RNNBase(nnx.Module):
           x: floating input, `[T, B, I]` (batch_first=False, torch's default), `[B, T, I]`
             (batch_first=True), or one unbatched sequence `[T, I]`.
           initial_state: None (zeros) or the public state layout (LSTM `(h, c)`, GRU `h`; `[L*D, B, H]`,
-            `[L*D, H]` for unbatched input), torch's `hx`.
+            `[L*D, H]` for unbatched input), torch's `hx`. Cast to the dtype the call computes in, as Flax's
+            modules cast their inputs (torch raises on a dtype mismatch instead): a float64 state under
+            `jax_enable_x64` into a float32 call is rounded, as the float32 computation would round it.
           hx: torch's keyword for `initial_state` (`lstm(x, hx=(h0, c0))`, as torch code calls it); give one.
           lengths: optional `[B]` int, the valid steps of each sequence, as torch's
             `pack_padded_sequence`: steps `t >= lengths[b]` neither change the state nor produce output
