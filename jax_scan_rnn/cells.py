@@ -94,6 +94,8 @@ class RNNCellBase(nnx.Module):
         validate.boolean("bias", bias)
         if compute_dtype is not None and not jnp.issubdtype(compute_dtype, jnp.floating):
             raise TypeError(f"compute_dtype: expected None or a floating dtype, got {compute_dtype!r}")
+        if not jnp.issubdtype(param_dtype, jnp.floating):
+            raise TypeError(f"param_dtype: expected a floating dtype, got {param_dtype!r}")
         self.input_size = input_size
         self.hidden_size = hidden_size
         self.compute_dtype = compute_dtype
@@ -125,8 +127,8 @@ class RNNCellBase(nnx.Module):
         return _add_bias(self.matmul(x, self.w_ih[...]), self.b_ih)
 
     def initial_state(self, batch_size: int, dtype=jnp.float32):
-        """The zero state for `batch_size` sequences (`[B, H]` arrays)."""
-        raise NotImplementedError
+        """The zero state for `batch_size` sequences: `h [B, R]` (an LSTM's carries its `c [B, H]` too)."""
+        return jnp.zeros((validate.integer("batch_size", batch_size, lo=1), self.state_size), dtype)
 
     def step(self, carry, xp: Array):
         """One recurrent step from a projected input `xp [B, G*H]`; returns `(new_carry, h [B, H])`."""
@@ -228,7 +230,8 @@ class LSTMCell(RNNCellBase):
         return self.proj_size or self.hidden_size
 
     def initial_state(self, batch_size: int, dtype=jnp.float32) -> tuple[Array, Array]:
-        return jnp.zeros((batch_size, self.state_size), dtype), jnp.zeros((batch_size, self.hidden_size), dtype)
+        h = super().initial_state(batch_size, dtype)
+        return h, jnp.zeros((h.shape[0], self.hidden_size), dtype)
 
     def step(self, carry: tuple[Array, Array], xp: Array) -> tuple[tuple[Array, Array], Array]:
         h, c = carry
@@ -252,9 +255,6 @@ class GRUCell(RNNCellBase):
 
     num_gates = 3
 
-    def initial_state(self, batch_size: int, dtype=jnp.float32) -> Array:
-        return jnp.zeros((batch_size, self.hidden_size), dtype)
-
     def step(self, carry: Array, xp: Array) -> tuple[Array, Array]:
         h = gru_gates(xp, self._hidden_projection(carry), carry)
         return h, h
@@ -277,9 +277,6 @@ class RNNCell(RNNCellBase):
     def __init__(self, input_size: int, hidden_size: int, bias: bool = True, nonlinearity: str = "tanh", **kwargs):
         self.nonlinearity = validate.choice("nonlinearity", nonlinearity, NONLINEARITIES)
         super().__init__(input_size, hidden_size, bias, **kwargs)
-
-    def initial_state(self, batch_size: int, dtype=jnp.float32) -> Array:
-        return jnp.zeros((batch_size, self.hidden_size), dtype)
 
     def step(self, carry: Array, xp: Array) -> tuple[Array, Array]:
         pre = xp + self._hidden_projection(carry)

@@ -130,6 +130,10 @@ class RNNBase(nnx.Module):
 
         self.layers = cells()  # forward direction, layer k
         self.reverse_layers = cells() if bidirectional else nnx.List([])  # backward direction, layer k
+        if not hasattr(rngs, "dropout"):  # (the cells took their params above; Flax's KeyError from inside otherwise)
+            raise ValueError("rngs: expected an nnx.Rngs with a 'dropout' stream, held even at dropout=0 (e.g. "
+                             "nnx.Rngs(0), or nnx.Rngs(params=0, dropout=1)), got one with streams "
+                             f"{sorted(k for k, v in vars(rngs).items() if isinstance(v, nnx.RngStream))}")
         self.dropout = nnx.Dropout(float(dropout), rngs=rngs)
 
     def cell_arguments(self) -> dict:
@@ -289,7 +293,8 @@ class RNNBase(nnx.Module):
             modules cast their inputs (torch raises on a dtype mismatch instead): a float64 state under
             `jax_enable_x64` into a float32 call is rounded, as the float32 computation would round it.
           hx: torch's keyword for `initial_state` (`lstm(x, hx=(h0, c0))`, as torch code calls it); give one.
-          lengths: optional `[B]` int, the valid steps of each sequence, as torch's
+          lengths: optional `[B]` int (an array or a list; through `jsr.jit` a tuple is static, one compile per
+            value), the valid steps of each sequence, as torch's
             `pack_padded_sequence`: steps `t >= lengths[b]` neither change the state nor produce output
             (their outputs are 0), and the backward direction starts at step `lengths[b] - 1`. Checked
             to lie in 1..T when concrete, and by `jsr.jit` when on the host (`check_arguments`); traced
@@ -375,6 +380,8 @@ def check_lengths(lengths, batch_size: int, steps: int) -> Array:
     bad entry); traced ones (under `jit`) cannot be checked and are clipped to 0..T instead, so a bad length
     never yields NaN. Shared by `RNNBase` (`lengths=`) and the SeqVAE's encoder.
     """
+    if isinstance(lengths, (list, tuple)) and any(isinstance(v, jax.core.Tracer) for v in lengths):
+        lengths = jnp.asarray(lengths)  # a list traced entry by entry (through nnx.jit or jax.jit): one array
     if isinstance(lengths, jax.core.Tracer):
         _check_length_layout(lengths, batch_size)
         return jnp.clip(lengths, 0, steps)

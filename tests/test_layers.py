@@ -87,6 +87,41 @@ def test_rngs_must_be_an_rngs():
         jsr.GRU(3, 4, rngs=0)
 
 
+def test_rngs_without_a_dropout_stream_is_named():
+    # Flax's own KeyError("No RngStream named 'dropout'") came from inside, for a 1-layer GRU at dropout=0 too.
+    with pytest.raises(ValueError, match=r"^rngs: expected an nnx.Rngs with a 'dropout' stream, held even at "
+                                         r"dropout=0 .* got one with streams \['params'\]$"):
+        jsr.GRU(3, 4, rngs=nnx.Rngs(params=0))
+    jsr.GRU(3, 4, rngs=nnx.Rngs(params=0, dropout=1))
+    with pytest.raises(ValueError, match=r"^rngs: expected an nnx.Rngs with a 'dropout' stream"):
+        jsr.Traveller(3, 4, rngs=nnx.Rngs(params=0))
+
+
+@pytest.mark.parametrize("make", [lambda: jsr.GRU(3, 5, rngs=nnx.Rngs(0)), lambda: jsr.LSTMCell(3, 5, rngs=nnx.Rngs(0)),
+                                  lambda: jsr.RNNCell(3, 5, rngs=nnx.Rngs(0)),
+                                  lambda: jsr.Traveller(3, 5, rngs=nnx.Rngs(0))])
+@pytest.mark.parametrize("size", [True, 0, -2, 1.5])
+def test_initial_state_batch_size_is_checked(make, size):
+    # A bool was batch 1 (False: 0) without a word; -2 and 1.5 failed inside jnp.zeros without naming it.
+    with pytest.raises(ValueError, match=rf"^batch_size: expected an int >= 1, got {size}$"):
+        make().initial_state(size)
+
+
+def test_lstm_cells_initial_state_holds_h_of_the_projection_and_c_of_the_hidden_size():
+    h, c = jsr.LSTM(3, 5, proj_size=2, num_layers=2, rngs=nnx.Rngs(0)).initial_state(4, jnp.float64)
+    assert (h.shape, c.shape, h.dtype, c.dtype) == ((2, 4, 2), (2, 4, 5), jnp.float64, jnp.float64)
+    assert jsr.GRUCell(3, 5, rngs=nnx.Rngs(0)).initial_state(4).shape == (4, 5)
+
+
+def test_a_list_of_lengths_traced_entry_by_entry_is_one_traced_array():
+    # nnx.jit/jax.jit trace a list's entries one by one: "lengths: expected an integer array, got list" before.
+    model = jsr.GRU(3, 4, batch_first=True, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(0), (2, 6, 3))
+    got = nnx.jit(lambda m, x, lengths: m(x, lengths=lengths)[0])(model, x, [5, 3])
+    np.testing.assert_array_equal(got, nnx.jit(lambda m, x, lengths: m(x, lengths=lengths)[0])(model, x,
+                                                                                                jnp.array([5, 3])))
+
+
 def test_gru_initial_state_shape():
     model = jsr.GRU(3, 5, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match=r"initial_state: expected a \[1, 2, 5\] array, got shape \(1, 3, 5\)"):
@@ -315,6 +350,9 @@ def test_bf16_compute_keeps_float32_state_and_stays_close(cls):
 def test_bad_compute_dtype():
     with pytest.raises(TypeError, match="compute_dtype: expected None or a floating dtype"):
         jsr.GRU(3, 4, compute_dtype=jnp.int8, rngs=nnx.Rngs(0))
+    # Flax's "dtype argument to uniform must be a float dtype" before, not naming it
+    with pytest.raises(TypeError, match="^param_dtype: expected a floating dtype"):
+        jsr.GRU(3, 4, param_dtype=jnp.int32, rngs=nnx.Rngs(0))
 
 
 # Summation order differs between the thin (broadcast-multiply-sum) form and a matmul call, so results
