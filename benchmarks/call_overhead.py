@@ -40,7 +40,7 @@ import time
 
 from timed_run import append_run, results_file  # this folder's script: the script's own directory is on sys.path
 
-from jax_scan_rnn.cli import positive_int, positive_int_list  # the CLI's option checks (no JAX import)
+from jax_scan_rnn.cli import POSITIVE_INT, positive_int_list  # the CLI's option checks (no JAX import)
 
 ARMS = ("eager", "nnx.jit", "cached_partial", "bare jax.jit", "jsr.jit", "torch seed loop")
 
@@ -275,7 +275,7 @@ def table(rows: list[dict], info: dict, command: str, parts: dict, live_rows: li
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seq-lens", type=positive_int_list, default="4,1000", help="comma-separated T values")
-    parser.add_argument("--rounds", type=positive_int, default=20,
+    parser.add_argument("--rounds", type=POSITIVE_INT, default=20,
                         help="rounds of interleaved calls (each: one eager call)")
     parser.add_argument("--calls", type=int, default=0,
                         help="calls of each compiled arm per round (0: 200 for T <= 100, else 40)")

@@ -26,7 +26,7 @@ from timed_run import append_run, measurement_end, measurement_start, results_fi
 
 import jax_scan_rnn as jsr  # noqa: E402
 from jax_scan_rnn import cells, xla_flags  # noqa: E402
-from jax_scan_rnn.cli import positive_int  # noqa: E402  the CLI's option check
+from jax_scan_rnn.cli import POSITIVE_INT  # noqa: E402  the CLI's option check
 
 MODELS = {
     "traveller": lambda: jsr.Traveller(8, 64, 2, rngs=nnx.Rngs(0)),
@@ -58,10 +58,10 @@ def case(name: str, batch: int, steps: int) -> tuple:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=positive_int, default=7)
-    parser.add_argument("--calls", type=positive_int, default=5)
-    parser.add_argument("--compiles", type=positive_int, default=3)
-    parser.add_argument("--steps", type=positive_int, default=1000)
+    parser.add_argument("--rounds", type=POSITIVE_INT, default=7)
+    parser.add_argument("--calls", type=POSITIVE_INT, default=5)
+    parser.add_argument("--compiles", type=POSITIVE_INT, default=3)
+    parser.add_argument("--steps", type=POSITIVE_INT, default=1000)
     parser.add_argument("--out", default=None, type=results_file, help="append the run to this JSON file (default: print only)")
     args = parser.parse_args()
     run = measurement_start("cell_vjp.py")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from timed_run import CACHE_ENV, append_run, results_file  # noqa: E402
-from jax_scan_rnn.cli import positive_int  # noqa: E402  the CLI's option check
+from jax_scan_rnn.cli import POSITIVE_INT  # noqa: E402  the CLI's option check
 
 CLI = [sys.executable, "-m", "jax_scan_rnn.cli"]
 
@@ -44,7 +44,7 @@ def timed(argv: list[str], cache: str) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=positive_int, default=3)
+    parser.add_argument("--rounds", type=POSITIVE_INT, default=3)
     parser.add_argument("--out", default=None, type=results_file, help="append the run to this JSON file (default: print only)")
     args = parser.parse_args()
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from timed_run import append_run, results_file  # noqa: E402
-from jax_scan_rnn.cli import positive_int  # noqa: E402  the CLI's option check
+from jax_scan_rnn.cli import POSITIVE_INT  # noqa: E402  the CLI's option check
 
 WAYS = ("eager", "compiled")
 MODELS = ("traveller", "vae")
@@ -49,7 +49,7 @@ print(time.perf_counter() - start)
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=positive_int, default=5)
+    parser.add_argument("--rounds", type=POSITIVE_INT, default=5)
     parser.add_argument("--out", default=None, type=results_file, help="append the run to this JSON file (default: print only)")
     args = parser.parse_args()
     times: dict[str, dict[str, list[float]]] = {m: {w: [] for w in WAYS} for m in MODELS}

@@ -23,7 +23,7 @@ from flax import nnx
 
 sys.path.insert(0, str(Path(__file__).parent))
 from timed_run import append_run, measurement_end, measurement_start, results_file  # noqa: E402
-from jax_scan_rnn.cli import positive_int  # noqa: E402  the CLI's option check
+from jax_scan_rnn.cli import POSITIVE_INT  # noqa: E402  the CLI's option check
 
 from jax_scan_rnn import scan  # noqa: E402
 from jax_scan_rnn.bench import jax_methods  # noqa: E402
@@ -81,9 +81,9 @@ def unroll_1():
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=positive_int, default=7)
-    parser.add_argument("--batch", type=positive_int, default=1)
-    parser.add_argument("--steps", type=positive_int, default=1000)
+    parser.add_argument("--rounds", type=POSITIVE_INT, default=7)
+    parser.add_argument("--batch", type=POSITIVE_INT, default=1)
+    parser.add_argument("--steps", type=POSITIVE_INT, default=1000)
     parser.add_argument("--out", default=None, type=results_file, help="append the run to this JSON file (default: print only)")
     args = parser.parse_args()
     ctx = Context(BenchConfig.peers())

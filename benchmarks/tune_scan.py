@@ -44,7 +44,7 @@ import subprocess
 import sys
 import time
 
-from jax_scan_rnn.cli import positive_int
+from jax_scan_rnn.cli import POSITIVE_INT
 from timed_run import results_file  # this folder's script: the script's own directory is on sys.path
 
 FLAG_CONFIGS = ["1x64", "1x128", "1x256", "1x64:f64", "1x256:f64", "4x64", "64x64", "8x128", "64x64:f64", "128x256"]
@@ -653,7 +653,7 @@ def main(argv=None) -> None:
     parser.add_argument("configs", nargs="*", help="BxH or BxH:f64 (default: the module's lists)")
     parser.add_argument("--out", type=results_file, help="also write the rows as JSON here")
     parser.add_argument("--threshold", type=int, help="flag: this small-loop threshold instead of the library's")
-    parser.add_argument("--rounds", type=positive_int, default=None,
+    parser.add_argument("--rounds", type=POSITIVE_INT, default=None,
                         help="gemv: processes per tiling, rotated (default 3); gpu-compile: processes per arm (default 1); unroll, unroll-layers: interleaved "
                              "rounds (default 5)")
     args = parser.parse_args(argv)

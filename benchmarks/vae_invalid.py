@@ -28,7 +28,7 @@ import numpy as np
 
 from jax_scan_rnn import metrics
 from jax_scan_rnn.checkpoint import CheckpointError
-from jax_scan_rnn.cli import positive_int
+from jax_scan_rnn.cli import POSITIVE_INT
 from jax_scan_rnn.data import smiles
 from jax_scan_rnn.optional import require
 from jax_scan_rnn.tasks import vae as vae_task
@@ -133,7 +133,7 @@ def summary(samples: list[str], max_len: int) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--run", required=True, help="a `jax-scan-rnn train vae` output directory")
-    parser.add_argument("--samples", type=positive_int, default=10_000, help="prior samples per sampler")
+    parser.add_argument("--samples", type=POSITIVE_INT, default=10_000, help="prior samples per sampler")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (both samplers)")
     parser.add_argument("--out", type=results_file, help="append the result to this JSON results file")
     args = parser.parse_args(argv)

@@ -21,7 +21,7 @@ import numpy as np
 from flax import nnx
 
 import jax_scan_rnn as jsr
-from jax_scan_rnn.cli import positive_int, positive_int_list
+from jax_scan_rnn.cli import POSITIVE_INT, positive_int_list
 from call_overhead import machine  # this folder's scripts: the script's own directory is on sys.path
 from timed_run import append_run, results_file
 
@@ -48,9 +48,9 @@ def measure(hidden: int, steps: int, rounds: int, calls: int) -> dict:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden-sizes", type=positive_int_list, default="32,64,128,256", help="comma-separated H values")
-    parser.add_argument("--steps", type=positive_int, default=1000, help="T of each call")
-    parser.add_argument("--rounds", type=positive_int, default=7)
-    parser.add_argument("--calls", type=positive_int, default=20, help="calls per round")
+    parser.add_argument("--steps", type=POSITIVE_INT, default=1000, help="T of each call")
+    parser.add_argument("--rounds", type=POSITIVE_INT, default=7)
+    parser.add_argument("--calls", type=POSITIVE_INT, default=20, help="calls per round")
     parser.add_argument("--out", type=results_file, help="append the run to this JSON file (created if missing)")
     args = parser.parse_args(argv)
     load_before = os.getloadavg()[0]

@@ -1265,6 +1265,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return bench.run(args)
 
 
+def positive_int_list(text: str) -> tuple[int, ...]:
+    """`"4,1000"` -> (4, 1000): comma-separated positive ints (the T or B values of a sweep)."""
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    return values
+
+
 # `check --seed` and `sample vae --seed`: the seed options' range and message, from the parser `options` gives them
 SEED = options.argument_type(int, lo=0, hi=validate.SEED_MAX)
 POSITIVE_INT = options.argument_type(int, lo=1)

@@ -16,19 +16,8 @@ from jax_scan_rnn.bench.machine import host_kind
 from jax_scan_rnn.bench.methods import METHODS, check_method_keys
 from jax_scan_rnn.bench.report import (criteria, earlier_results, file_stem, format_ratio, format_us, headline,
                                        write_results)
-from jax_scan_rnn.cli import POSITIVE_INT
+from jax_scan_rnn.cli import POSITIVE_INT, positive_int_list
 from jax_scan_rnn.lock import RunDirectoryLocked, RunDirectoryUnwritable, run_lock
-
-
-def positive_int_list(text: str) -> tuple[int, ...]:
-    """`"4,1000"` -> (4, 1000): comma-separated positive ints (the T or B values of a sweep)."""
-    try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
-    return values
 
 
 # ----------------------------------------------------------------------------------------------------
