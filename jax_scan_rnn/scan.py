@@ -21,11 +21,13 @@ chunk, inside the rematerialised region, so the projected `[T, B, G*H]` inputs a
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jax_scan_rnn import validate
 from jax_scan_rnn.cells import explain_forward_mode
@@ -139,16 +141,78 @@ def time_scan(
 
 
 def _scan_by_use(step, carry, xs, plain: int, differentiated: int) -> tuple[PyTree, PyTree]:
-    """`lax.scan(step, carry, xs)` at unroll `plain`, and at `differentiated` when JAX differentiates it: a
-    `custom_jvp` whose derivative rule is JAX's own derivative of the other scan (the same numbers either way;
-    forward and reverse mode both work)."""
+    """`lax.scan(step, carry, xs)` at unroll `plain`, and at `differentiated` when JAX differentiates it, with the
+    same numbers either way. The derivative rule is JAX's own derivative of the other scan, given to JAX as:
+
+    - a `custom_vjp` (forward pass and backward pass of the unroll-`differentiated` scan, `jax.vjp`) when `step`
+      holds a `custom_vjp` itself (the cells' hand-written gate derivatives): forward mode cannot go through such a
+      step anyway, and reverse mode then composes with `vmap` either way round (grad of vmap included);
+    - else a `custom_jvp` (`jax.jvp` of the other scan): forward mode and reverse mode, under `vmap` too.
+
+    Why not one `custom_jvp` for both: under `vmap` inside `grad`, JAX batches a `custom_jvp`'s rule, and the rule's
+    `jax.jvp` of a scan over a `custom_vjp` makes a scan holding that `custom_vjp`'s linearisation (`custom_lin`),
+    which JAX cannot batch ("can't apply forward-mode autodiff (jvp) to a custom_vjp function")."""
     # A custom rule differentiates only its arguments: the arrays `step` reads from outside (the weights) become
     # arguments, and `step_of(carry, x_t, *weights)` evaluates `step`'s traced program.
-    step_of, weights = jax.closure_convert(step, carry, jax.tree.map(lambda x: x[0], xs))
+    x_0 = jax.tree.map(lambda x: x[0], xs)
+    step_of, weights = jax.closure_convert(step, carry, x_0)
 
     def scan_at(unroll: int) -> Callable:
         return lambda weights, carry, xs: jax.lax.scan(lambda c, x: step_of(c, x, *weights), carry, xs, unroll=unroll)
 
+    step_jaxpr = jax.make_jaxpr(step_of)(carry, x_0, *weights).jaxpr
+    if any(eqn.primitive.name.startswith("custom_vjp") for eqn in _equations(step_jaxpr)):
+        return _vjp_by_use(scan_at(plain), scan_at(differentiated), weights, carry, xs)
     run = jax.custom_jvp(scan_at(plain))
     run.defjvp(lambda primals, tangents: jax.jvp(scan_at(differentiated), primals, tangents))
     return run(weights, carry, xs)
+
+
+def _vjp_by_use(plain: Callable, differentiated: Callable, *args) -> PyTree:
+    """`plain(*args)`, whose reverse-mode derivative is `jax.vjp(differentiated, ...)` with respect to the arguments
+    JAX differentiates only (`symbolic_zeros`), as JAX's own derivative of `differentiated` is: the same compiled
+    train step, where a `jax.vjp` in all arguments would also compute the input sequence's cotangent for nothing."""
+    leaves, tree = jax.tree.flatten(args)
+
+    def call(fn: Callable) -> Callable:
+        return lambda *leaves: fn(*jax.tree.unflatten(tree, leaves))
+
+    def forward(*primals: jax.custom_derivatives.CustomVJPPrimal):
+        moving = tuple(i for i, p in enumerate(primals) if p.perturbed)
+
+        def of_moving(*moved):
+            values = [p.value for p in primals]
+            for i, value in zip(moving, moved):
+                values[i] = value
+            return call(differentiated)(*values)
+
+        out, vjp = jax.vjp(of_moving, *[primals[i].value for i in moving])
+        return out, jax.tree_util.Partial(functools.partial(_cotangents, moving, len(primals)), vjp)
+
+    run = jax.custom_vjp(call(plain))
+    run.defvjp(forward, lambda backward, cotangent: backward(cotangent), symbolic_zeros=True)
+    return run(*leaves)
+
+
+def _cotangents(moving: tuple[int, ...], count: int, vjp: Callable, cotangent: PyTree) -> tuple:
+    """The cotangents of all `count` inputs: `vjp(cotangent)`'s for the inputs at `moving`, None (zero) for the
+    others; symbolic zeros in `cotangent` (outputs nothing reads) made arrays for `vjp`."""
+    symbolic = jax.custom_derivatives.SymbolicZero
+    cotangent = jax.tree.map(lambda c: np.zeros(c.shape, c.dtype) if isinstance(c, symbolic) else c, cotangent,
+                             is_leaf=lambda c: isinstance(c, symbolic))
+    cotangents = [None] * count
+    for i, c in zip(moving, vjp(cotangent)):
+        cotangents[i] = c
+    return tuple(cotangents)
+
+
+def _equations(jaxpr) -> Iterator:
+    """Every equation of `jaxpr` (a `jax.make_jaxpr(...).jaxpr`), those of nested jaxprs (in jit, scan, cond, remat,
+    custom rules) included."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                sub = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's Jaxpr
+                if hasattr(sub, "eqns"):
+                    yield from _equations(sub)

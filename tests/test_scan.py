@@ -111,16 +111,9 @@ def test_auto_unroll_gives_the_same_numbers_as_unroll_1():
 
 def _scan_unrolls(jaxpr) -> list[int]:
     """The `unroll` of every `scan` in `jaxpr`, nested ones (in custom rules, conds, other scans) included."""
-    found = []
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "scan":
-            found.append(eqn.params["unroll"])
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, (tuple, list)) else (value,):
-                sub = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's Jaxpr
-                if hasattr(sub, "eqns"):
-                    found += _scan_unrolls(sub)
-    return found
+    from jax_scan_rnn.scan import _equations
+
+    return [eqn.params["unroll"] for eqn in _equations(jaxpr) if eqn.primitive.name == "scan"]
 
 
 @pytest.mark.parametrize("build", [
@@ -155,6 +148,78 @@ def test_auto_unroll_runs_a_forward_pass_at_one_and_a_differentiated_one_at_two(
         return jax.jvp(jax.grad(lambda x: loss(params, x, unroll)), (x,), (tangent,))[1]
 
     np.testing.assert_allclose(hessian_times_tangent("auto"), hessian_times_tangent(1), atol=REMAT_ATOL)
+
+
+# Unroll 2 against 1: the same float64 operations per step, fused and ordered differently.
+UNROLL_ATOL = 1e-12
+# Batch-1 calls under a vmap, as "auto" sees them (batch 1 on a CPU: unroll 1 forward, 2 differentiated).
+_LAYERS_AT_BATCH_1 = {
+    "GRU[T,I]": (lambda unroll: jsr.GRU(3, 4, 2, unroll=unroll, param_dtype=jnp.float64, rngs=nnx.Rngs(0)),
+                 lambda m, x: m(x)[0]),
+    "LSTM[T,1,I]": (lambda unroll: jsr.LSTM(3, 4, 2, unroll=unroll, param_dtype=jnp.float64, rngs=nnx.Rngs(0)),
+                    lambda m, x: m(x[:, None])[0]),
+    "Traveller[1,T,F]": (lambda unroll: jsr.Traveller(3, 4, 2, unroll=unroll, param_dtype=jnp.float64,
+                                                      rngs=nnx.Rngs(0)),
+                         lambda m, x: m(x[None])[0]),
+}
+
+
+@pytest.mark.parametrize("case", _LAYERS_AT_BATCH_1)
+def test_gradients_through_a_vmap_of_batch_1_calls_equal_unroll_1s(case):
+    """grad of a vmap whose calls each see batch 1 (unbatched sequences), and vmap of grad: the numbers of an
+    explicit unroll 1. (Once "auto"'s unroll-by-use rule was a custom_jvp, which JAX cannot batch inside a grad
+    over the cells' custom_vjp: a TypeError about forward mode.)"""
+    build, call = _LAYERS_AT_BATCH_1[case]
+    xs = jnp.asarray(np.random.default_rng(5).normal(size=(3, 6, 3)))  # 3 sequences, T=6, I=3
+
+    def grad_of_vmap(model):
+        return nnx.grad(lambda m: jnp.sum(jnp.sin(jax.vmap(lambda x: call(m, x))(xs))))(model)
+
+    def vmap_of_grad(model):
+        return nnx.vmap(nnx.grad(lambda m, x: jnp.sum(jnp.sin(call(m, x)))), in_axes=(None, 0))(model, xs)
+
+    for grads in (grad_of_vmap, vmap_of_grad):
+        got, want = grads(build("auto")), grads(build(1))
+        for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
+            np.testing.assert_allclose(a, b, rtol=0, atol=UNROLL_ATOL,
+                                       err_msg=f"{grads.__name__}: d loss / d {jax.tree_util.keystr(path)}")
+
+
+def test_gradients_of_an_nnx_vmap_ensemble_at_batch_1_equal_unroll_1s():
+    """An ensemble of jsr.LSTMs (nnx.vmap over the members), each reading one batch-1 sequence."""
+    x = jnp.asarray(np.random.default_rng(6).normal(size=(5, 1, 3)))
+
+    def grads(unroll):
+        @nnx.split_rngs(splits=2)
+        @nnx.vmap(in_axes=(0,), out_axes=0)
+        def make(rngs):
+            return jsr.LSTM(3, 4, 2, unroll=unroll, param_dtype=jnp.float64, rngs=rngs)
+
+        def loss(members):
+            return jnp.sum(jnp.sin(nnx.vmap(lambda m, x: m(x)[0], in_axes=(0, None))(members, x)))
+
+        return jax.tree.leaves(nnx.grad(loss)(make(nnx.Rngs(0))))
+
+    for a, b in zip(grads("auto"), grads(1)):
+        np.testing.assert_allclose(a, b, rtol=0, atol=UNROLL_ATOL)
+
+
+def test_forward_mode_through_a_vmap_of_batch_1_calls(monkeypatch):
+    """Forward mode where it works, through the cells' JAX-derived gates: the tangents of unroll 1; with the
+    cells' hand-written rule on it is refused, saying which switch to turn."""
+    from jax_scan_rnn import cells
+
+    build, call = _LAYERS_AT_BATCH_1["GRU[T,I]"]
+    xs = jnp.asarray(np.random.default_rng(7).normal(size=(3, 6, 3)))
+    tangent = jnp.ones_like(xs)
+
+    def forward(model):
+        return jax.jvp(jax.vmap(lambda x: call(model, x)), (xs,), (tangent,))[1]
+
+    with pytest.raises(TypeError, match="custom_vjp.*HAND_WRITTEN_VJP = False"):
+        forward(build("auto"))
+    monkeypatch.setattr(cells, "HAND_WRITTEN_VJP", False)
+    np.testing.assert_allclose(forward(build("auto")), forward(build(1)), rtol=0, atol=UNROLL_ATOL)
 
 
 def test_auto_hoist_follows_the_measured_rule():
