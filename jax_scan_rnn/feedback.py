@@ -87,27 +87,33 @@ def feedback_scan(
       `(final_carries, final_feedback, ys)` with `ys` the stacked `y_t`, time-major `[T, ...]`, and the final state
       in the form `carries` was given.
     """
+    # Shapes are static: wrong ones are refused here, naming the argument, rather than by lax.scan or an op inside.
+    validate.instance("core", core, RNNBase)  # a cell alone has no `step` over layers: jsr.GRU(...) wraps one
     stacked = not isinstance(carries, list)
     if stacked:
         carries = core.unstack_state(carries)
     if len(carries) != core.num_layers and not core.bidirectional:  # bidirectional: `core.step` says why not
         raise ValueError(f"carries: expected one per layer ({core.num_layers}), got {len(carries)}")
+    steps = _steps(xs)
+    h_0 = jax.tree.leaves(carries[0])[0]  # [B, R]: the inter-layer masks' shape and dtype
 
     if isinstance(dropout_key, str):
         validate.choice("dropout_key", dropout_key, ("core",))
         dropout_key = core.dropout_key() if dropout_masks is None else None
     elif dropout_masks is not None and dropout_key is not None:
         raise ValueError("dropout_key: expected None when dropout_masks are given (one source of masks)")
-    steps = jax.tree.leaves(xs)[0].shape[0]
+    if dropout_masks is not None:
+        validate.shape("dropout_masks", dropout_masks, (steps, core.num_layers - 1, *h_0.shape), "[T, L-1, B, H]")
     per_step = dropout_masks if dropout_key is None else jnp.arange(steps)  # masks, or step indices to draw from
 
     def body(state, step_in):
         carries, fb = state
         x_t, masks_t = step_in
         if dropout_key is not None:
-            h_prev = jax.tree.leaves(carries[0])[0]  # [B, R]: the masks' shape and dtype
-            masks_t = core.step_dropout_masks(dropout_key, masks_t, h_prev.shape, h_prev.dtype)
-        carries, h = core.step(carries, inject(fb, x_t), masks_t)
+            masks_t = core.step_dropout_masks(dropout_key, masks_t, h_0.shape, h_0.dtype)
+        xp0 = inject(fb, x_t)
+        _check_batch(xp0, h_0)
+        carries, h = core.step(carries, xp0, masks_t)
         y = readout(h, x_t)
         return (carries, feed(y, x_t)), y
 
@@ -116,3 +122,24 @@ def feedback_scan(
         body, (carries, feedback), (xs, per_step), prepare=prepare_xs, unroll=unroll, remat_chunk=remat_chunk
     )
     return (core.stack_carries(carries) if stacked else carries), feedback, ys
+
+
+def _steps(xs: PyTree) -> int:
+    """T, the leading size every leaf of `xs` shares."""
+    sizes = [jnp.shape(x)[0] if jnp.ndim(x) else None for x in jax.tree.leaves(xs)]
+    if not sizes:  # lax.scan needs a length; a [T, 0] array is per-step inputs of nothing
+        raise ValueError(f"xs: expected per-step inputs with time-major [T, ...] leaves (e.g. jnp.zeros((T, 0)) "
+                         f"for none), got {xs!r}")
+    if None in sizes or len(set(sizes)) > 1:
+        got = ", ".join(str(list(jnp.shape(x))) for x in jax.tree.leaves(xs))
+        raise ValueError(f"xs: expected time-major [T, ...] leaves with one T, got shapes {got}")
+    return sizes[0]
+
+
+def _check_batch(xp0: Array, h: Array) -> None:
+    """`carries`' batch against that of the step's input `xp0` (made by `inject` from `feedback` and `xs`): a
+    mismatch otherwise surfaces as a wrong `xp0`. Other shapes of `xp0` are `core.step`'s to refuse."""
+    if jnp.ndim(xp0) == 2 and jnp.ndim(h) == 2 and jnp.shape(xp0)[0] != h.shape[0]:
+        raise ValueError(f"carries: expected batch {jnp.shape(xp0)[0]}, that of the step's input (inject's xp0 "
+                         f"{list(jnp.shape(xp0))}, from feedback and xs), got batch {h.shape[0]} "
+                         f"(layer 0's {list(h.shape)})")

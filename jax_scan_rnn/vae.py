@@ -147,27 +147,19 @@ def _check_scalar(name: str, value: Any, **bounds) -> None:
         raise ValueError(f"{name}: expected a scalar, got shape {tuple(jnp.shape(value))}")
 
 
-def _check_shape(name: str, x: Array, expected: tuple[int | None, ...], symbols: str) -> None:
-    """ValueError unless x's shape is `expected` (None: any size >= 1); `symbols` spells it, e.g. "[B, Z]"."""
-    shape = tuple(x.shape)
-    if len(shape) != len(expected) or any(n == 0 or (e is not None and n != e) for n, e in zip(shape, expected)):
-        spelled = ", ".join(s if e is None else str(e) for s, e in zip(symbols[1:-1].split(", "), expected))
-        raise ValueError(f"{name}: expected shape {symbols} = [{spelled}], got {list(shape)}")
-
-
 def _check_mask(name: str, mask: Any, batch: int, steps: int) -> Array:
     """A bool [B, T] array (`replace_mask`, `word_mask`): TypeError for another dtype, ValueError for a shape."""
     mask = jnp.asarray(mask)
     if mask.dtype != jnp.bool_:
         raise TypeError(f"{name}: expected a bool array or None, got dtype {mask.dtype}")
-    _check_shape(name, mask, (batch, steps), "[B, T]")
+    validate.shape(name, mask, (batch, steps), "[B, T]")
     return mask
 
 
 def _as_float(name: str, x: Any, expected: tuple[int | None, ...], symbols: str, dtype) -> Array:
     """A floating array of the expected shape, cast to the model's compute dtype `dtype`."""
     x = validate.floating_array(name, x)
-    _check_shape(name, x, expected, symbols)
+    validate.shape(name, x, expected, symbols)
     return x.astype(dtype)
 
 

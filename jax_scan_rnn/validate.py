@@ -11,6 +11,8 @@ the argument, what was expected and what was given:
     boolean("bias", 1)                   TypeError: bias: expected True or False, got 1
     choice("lr_schedule", "cos", ("constant", "cosine"))
                                          ValueError: lr_schedule: expected one of 'constant', 'cosine', got 'cos'
+    shape("eps", eps, (4, None), "[B, Z]")
+                                         ValueError: eps: expected shape [B, Z] = [4, Z], got [4]
 
 Options (`choice`, `also`) match by equality, except that a bool matches only a bool (1 is not True).
 """
@@ -105,6 +107,17 @@ def instance(name: str, value: Any, cls: type | tuple[type, ...]) -> Any:
         names = " or ".join(c.__name__ for c in (cls if isinstance(cls, tuple) else (cls,)))
         raise TypeError(f"{name}: expected {names}, got {type(value).__name__}")
     return value
+
+
+def shape(name: str, value: Any, expected: tuple[int | None, ...], symbols: str) -> None:
+    """ValueError unless `value`'s shape is `expected`, each size as given or, for None, any size >= 1; `symbols`
+    spells the shape, e.g. "[B, Z]", and the message gives it with the sizes known: `[B, Z] = [4, Z]`."""
+    import numpy as np
+
+    got = tuple(np.shape(value))  # an array's, a torch tensor's, a nested list's
+    if len(got) != len(expected) or any(n != e if e is not None else n == 0 for n, e in zip(got, expected)):
+        spelled = ", ".join(s if e is None else str(e) for s, e in zip(symbols[1:-1].split(", "), expected))
+        raise ValueError(f"{name}: expected shape {symbols} = [{spelled}], got {list(got)}")
 
 
 def first_bad(name: str, values: Any, bad: Any, what: str) -> str:

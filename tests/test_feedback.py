@@ -99,3 +99,33 @@ def test_a_per_layer_list_of_the_wrong_length_names_carries():
     core = jsr.GRU(3, 5, 2, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match=r"carries: expected one per layer \(2\), got 1"):
         rollout(core, core.unstack_state(core.initial_state(3))[:1])
+
+
+# A wrong argument is refused in one line naming it, with what was expected and what was given (shapes are static),
+# rather than by lax.scan ("different leading axis sizes"), an op inside the step ("mul got incompatible shapes"),
+# Python ("list index out of range", "no attribute 'unstack_state'") or as a wrong xp0.
+@pytest.mark.parametrize("change, error, message", [
+    ({"xs": None}, ValueError,
+     (r"xs: expected per-step inputs with time-major \[T, \.\.\.\] leaves \(e\.g\. jnp\.zeros\(\(T, 0\)\) for none\), "
+      r"got None")),
+    ({"xs": ()}, ValueError, r"xs: expected per-step inputs .*, got \(\)"),
+    ({"xs": (jnp.zeros((6, 4, 2)), jnp.zeros(5))}, ValueError,
+     r"xs: expected time-major \[T, \.\.\.\] leaves with one T, got shapes \[6, 4, 2\], \[5\]"),
+    ({"dropout_masks": jnp.ones((6, 1, 4, 6))}, ValueError,
+     r"dropout_masks: expected shape \[T, L-1, B, H\] = \[6, 1, 4, 5\], got \[6, 1, 4, 6\]"),
+    ({"dropout_masks": jnp.ones((5, 1, 4, 5))}, ValueError,
+     r"dropout_masks: expected shape \[T, L-1, B, H\] = \[6, 1, 4, 5\], got \[5, 1, 4, 5\]"),
+    ({"core": jsr.GRUCell(3, 5, rngs=nnx.Rngs(0))}, TypeError, r"core: expected RNNBase, got GRUCell"),
+    ({"core": nnx.GRUCell(3, 5, rngs=nnx.Rngs(0))}, TypeError, r"core: expected RNNBase, got GRUCell"),
+    ({"carries": jnp.zeros((2, 3, 5))}, ValueError,
+     (r"carries: expected batch 4, that of the step's input \(inject's xp0 \[4, 15\], from feedback and xs\), "
+      r"got batch 3 \(layer 0's \[3, 5\]\)")),
+], ids=["xs-None", "xs-empty", "xs-two-T", "masks-H", "masks-T", "jsr-cell", "nnx-cell", "carries-batch"])
+def test_a_wrong_argument_is_named_in_one_line(change, error, message):
+    core = jsr.GRU(3, 5, 2, rngs=nnx.Rngs(0))
+    args = {"core": core, "carries": core.initial_state(4), "feedback": jnp.zeros((4, 1)), "xs": jnp.zeros((6, 4, 2)),
+            "dropout_key": None} | change
+    with pytest.raises(error, match=f"^{message}(\n|$)"):  # carries': checked in the scan body (JAX adds a note)
+        jsr.feedback_scan(
+            **args, inject=lambda fb, u_t: core.layers[0].input_projection(jnp.concatenate([fb, u_t], -1)),
+            readout=lambda h, u_t: h[:, :1], feed=lambda y, u_t: y)

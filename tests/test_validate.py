@@ -61,3 +61,11 @@ def test_integer_also_accepts_named_values_and_choice_tells_bools_from_ints():
         validate.choice("n", True, (1, 2))
     with pytest.raises(ValueError, match=r"^n: expected one of 1, 2, got array"):
         validate.choice("n", np.array([1, 2]), (1, 2))
+
+
+def test_shape_spells_the_expected_sizes_and_takes_any_size_of_one_or_more_for_none():
+    validate.shape("eps", np.zeros((4, 2)), (4, None), "[B, Z]")
+    validate.shape("masks", np.zeros((6, 0, 4)), (6, 0, 4), "[T, L-1, B]")  # a size given as 0 is that size
+    for bad in (np.zeros(4), np.zeros((3, 2)), np.zeros((4, 0)), np.zeros((4, 2, 1))):
+        with pytest.raises(ValueError, match=rf"^eps: expected shape \[B, Z\] = \[4, Z\], got \[{', '.join(map(str, bad.shape))}\]$"):
+            validate.shape("eps", bad, (4, None), "[B, Z]")
