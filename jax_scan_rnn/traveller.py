@@ -150,8 +150,7 @@ class Traveller(nnx.Module):
         if dropout_masks is not None:
             lstm = self.lstm_layers
             expected = (lstm.num_layers - 1, steps, batch, lstm.hidden_size)
-            if tuple(jnp.shape(dropout_masks)) != expected:
-                raise ValueError(f"dropout_masks: expected shape {list(expected)}, got {tuple(jnp.shape(dropout_masks))}")
+            validate.shape("dropout_masks", dropout_masks, expected, "[num_layers-1, T, B, H]")  # torch_ref's wording
             masks = jnp.asarray(validate.from_torch(dropout_masks), x.dtype)
             dropout_masks = jnp.swapaxes(masks, 0, 1)  # [T, L-1, B, H] for the scan
         positions, state = self._run(x, state, dropout_masks, unroll)

@@ -118,7 +118,8 @@ def test_bad_state_is_named():
 
 def test_dropout_masks_shape_is_checked():
     trav = model(num_layers=3, dropout=0.5)
-    with pytest.raises(ValueError, match=r"dropout_masks: expected shape \[2, 6, 1, 8\], got \(1, 6, 1, 8\)"):
+    with pytest.raises(ValueError, match=r"^dropout_masks: expected shape \[num_layers-1, T, B, H\] = \[2, 6, 1, 8\], "
+                                         r"got \[1, 6, 1, 8\]$"):
         trav(np.zeros((1, 6, 3)), dropout_masks=np.ones((1, 6, 1, 8)))
 
 
