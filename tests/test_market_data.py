@@ -730,3 +730,57 @@ def test_integer_path_ids_of_a_parquet_file_stay_integers(tmp_path):
                    tmp_path / "m.parquet")
     data = read(tmp_path / "m.parquet", feature_cols=["f"], return_cols=["r"], path_col="id")
     assert data.path_labels == (101, 202) and all(type(k) is int for k in data.path_labels)
+
+
+def unit_warnings(tmp_path, **columns):
+    """The return-unit warnings reading an npz whose return columns are `columns` ({name: [N, T]})."""
+    returns = np.stack(list(columns.values()), axis=-1)
+    path = tmp_path / "units.npz"
+    np.savez(path, features=np.zeros(returns.shape[:2] + (1,)), returns=returns, feature_names=["f"],
+             asset_names=list(columns))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        read(path)
+    return [str(w.message) for w in caught]
+
+
+def test_return_unit_warnings_hold_at_their_thresholds(tmp_path):
+    """The unit checks' thresholds against the series each is set for (`_warn_if_prices`): a decimal series is
+    never called percent or prices, percent returns and prices at any scale are."""
+    rng = np.random.default_rng(3)
+    signs = rng.choice([-1, 1], (1, 120))
+    # Decimal monthly returns of a volatile asset (median |r| ~0.1, under PERCENT_TYPICAL): no warning.
+    assert unit_warnings(tmp_path, monthly=signs * rng.uniform(0.05, 0.15, (1, 120))) == []
+    # Percent daily returns of a calm asset (median |r| ~0.5, i.e. 0.5%): percent.
+    (message,) = unit_warnings(tmp_path, calm=signs * rng.uniform(0.3, 0.7, (1, 120)))
+    assert "returns 'calm' looks like percent returns, not fractions" in message, message
+    # Decimal daily returns of a meme coin, three +500% days among 60 (mean |r| ~0.28, median ~0.03): the median
+    # is the typical size, so no warning.
+    coin = signs[:, :60] * rng.uniform(0.01, 0.05, (1, 60))
+    coin[0, [10, 30, 50]] = 5.0
+    assert unit_warnings(tmp_path, coin=coin) == []
+    # A column almost all of one sign (an oil future's price, negative for a few days) is not percent returns,
+    # whose signs are mixed (at least PERCENT_SIGNS on each side).
+    oil = np.full((1, 120), 20.0) + rng.uniform(-1, 1, (1, 120))
+    oil[0, 50:53] = -10.0
+    assert not any("percent" in m for m in unit_warnings(tmp_path, oil=oil))
+    # One step per path: no step to measure, so positive returns are not called prices.
+    assert unit_warnings(tmp_path, one=rng.uniform(0.001, 0.03, (20, 1))) == []
+    # Paths of two penny stocks (0.2 and 0.4), three in five calm: each moves by a small part of its level within
+    # its path, so prices, though the jumps from one path to the next are large (steps are taken within a path).
+    rows = np.arange(20)
+    prices = (np.where(rows % 2 == 0, 0.2, 0.4)[:, None]
+              + np.where(rows % 5 < 3, 0.002, 0.04)[:, None] * np.cumsum(rng.choice([-1, 1], (20, 3)), axis=1))
+    (message,) = unit_warnings(tmp_path, penny=prices)
+    assert "returns 'penny' looks like prices, not returns (every value > 0, median step" in message, message
+
+
+@pytest.mark.parametrize("back, hinted", [("01:30", True), ("01:00", False)])
+def test_a_naive_clock_back_at_most_an_hour_is_hinted_as_daylight_saving(tmp_path, back, hinted):
+    """The daylight-saving hint is for a naive clock going back at most an hour (the repeated hour); further back
+    is a file out of order, refused without it."""
+    rows = [[f"2024-10-27T{t}", 0.1, 0.01] for t in ("02:00", "02:30", back)]
+    path = write_csv(tmp_path / "back.csv", rows, ["datetime", "mom", "ret"])
+    with pytest.raises(ValueError, match="goes back from 2024-10-27T02:30") as err:
+        read(path, feature_cols=["mom"], return_cols=["ret"])
+    assert ("daylight saving time ended" in str(err.value)) == hinted, str(err.value)
