@@ -360,6 +360,21 @@ def test_state_of_a_variable_class_of_its_own_is_named_both_ways_never_left_out(
         jsr.torch_state_dict(net)
 
 
+
+def test_sown_values_are_no_weights_and_an_unmapped_batch_stat_is_a_parameter():
+    # A value a call sows (an nnx.Intermediate attribute, as `Module.sow` stores it) has no torch key and is not
+    # refused; a plain nnx.BatchStat no row maps is named as a parameter (a weight torch would hold), not as state.
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.head = nnx.Linear(2, 3, rngs=rngs)
+
+    net = Net(nnx.Rngs(0))
+    net.hidden = nnx.Intermediate((np.ones((1, 3), np.float32),))
+    assert sorted(jsr.torch_state_dict(net)) == ["head.bias", "head.weight"]
+    net.count = nnx.BatchStat(np.zeros(3, np.float32))
+    with pytest.raises(NotImplementedError, match=r"^convert: no PyTorch mapping for parameter count of Net$"):
+        jsr.torch_state_dict(net)
+
 def test_nested_modules_use_attribute_names_as_prefixes():
     class Net(nnx.Module):
         def __init__(self, rngs):
@@ -741,6 +756,16 @@ def test_to_torch_module_takes_torch_constructors_dtype_and_device():
                                         r"torch.nn's constructors take, got 'float64'$"):
         jsr.to_torch_module(ours, dtype="float64")
 
+
+
+def test_to_torch_module_builds_on_the_device_and_refuses_a_dtype_torch_cannot_hold_weights_in():
+    ours = jsr.GRU(3, 4, rngs=nnx.Rngs(0))
+    with warnings.catch_warnings():  # torch: a load into a meta parameter is a no-op (meta holds shapes only)
+        warnings.simplefilter("ignore")
+        twin = jsr.to_torch_module(ours, device="meta")
+    assert all(p.device == torch.device("meta") for p in twin.parameters())
+    with pytest.raises(TypeError, match=r"^dtype: expected None or a floating torch.dtype .* got torch.int64$"):
+        jsr.to_torch_module(ours, dtype=torch.int64)
 
 def test_a_subclass_has_its_torch_bases_twin_and_other_modules_are_named():
     class Mine(torch.nn.GRU):
