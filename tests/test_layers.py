@@ -120,6 +120,9 @@ def test_a_list_of_lengths_traced_entry_by_entry_is_one_traced_array():
     got = nnx.jit(lambda m, x, lengths: m(x, lengths=lengths)[0])(model, x, [5, 3])
     np.testing.assert_array_equal(got, nnx.jit(lambda m, x, lengths: m(x, lengths=lengths)[0])(model, x,
                                                                                                 jnp.array([5, 3])))
+    # One entry traced beside a Python int ([n, 3] inside a jitted function of n): one traced array too.
+    mixed = nnx.jit(lambda m, x, n: m(x, lengths=[n, 3])[0])(model, x, 5)
+    np.testing.assert_array_equal(mixed, got)
 
 
 def test_gru_initial_state_shape():
