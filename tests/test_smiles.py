@@ -196,6 +196,20 @@ def test_moses_source_missing_says_how_to_install(monkeypatch):
         load_sequences("moses")
 
 
+def test_molsets_file_is_a_file_the_package_holds_or_none(monkeypatch, tmp_path):
+    # A molsets folder without the file asked for (an older or partial install) is None, not a path that then
+    # fails to open.
+    from types import SimpleNamespace
+
+    from jax_scan_rnn.data.smiles.sources import molsets_file
+
+    (tmp_path / "dataset" / "data").mkdir(parents=True)
+    (tmp_path / "dataset" / "data" / "test.csv.gz").write_bytes(b"")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: SimpleNamespace(submodule_search_locations=[
+        str(tmp_path)]))
+    assert molsets_file("dataset", "data", "test.csv.gz") == str(tmp_path / "dataset" / "data" / "test.csv.gz")
+    assert molsets_file("metrics", "mcf.csv") is None
+
 @pytest.mark.skipif(importlib.util.find_spec("moses") is None, reason="molsets not installed")
 def test_moses_source_reads_the_data_without_importing_moses():
     result = load_sequences("moses:test", limit=500, smiles=True)
