@@ -436,6 +436,60 @@ def test_init_from_an_export_checks_its_features_and_assets_by_name(run, tmp_pat
         task_lib.load_init(model, target, stats)
 
 
+def test_init_from_without_a_side_file_or_from_the_other_market(run, tmp_path, capsys):
+    """A state_dict without a side file (written by hand for the seed's class) is loaded without a word on either
+    market; a model of your data into a run on the simulated market is said, naming both; a side file that is not
+    a JSON object is refused in one line; the simulated market's export is its arguments alone, and loads into a
+    run on the simulated market."""
+    import shutil
+    import warnings
+
+    folder, out, features, returns = run
+    target = tmp_path / "model.pt"
+    assert main(["export", "traveller", "--checkpoint", str(out), "--format", "torch", "--output", str(target)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "its arguments and the standardisation of the features it reads (the training period's mean and std): "
+        f"{target}.json")
+    model, _, stats = task_lib.load(out)
+    bare = tmp_path / "bare.pt"
+    shutil.copy(target, bare)  # no bare.pt.json
+    for market in (stats, None):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            task_lib.load_init(model, bare, market)
+    with pytest.warns(UserWarning, match=r"^init_from: .*model.pt's model was trained on your data \(.*model.pt.json\), "
+                                         r"this run trains on the simulated market: its inputs are matched by position$"):
+        task_lib.load_init(model, target, None)
+    target.with_name("model.pt.json").write_text("[]")
+    with pytest.raises(ValueError, match=r"^init_from: .*model.pt.json is not the side file `export traveller` "
+                                         r"writes \(AttributeError: "):
+        task_lib.load_init(model, target, stats)
+    sim = tmp_path / "sim"
+    assert main(["train", "traveller", *TINY, "--steps", "1", "--train-paths", "64", "--eval-paths", "4",
+                 "--eval-steps", "16", "--out", str(sim)]) == 0
+    assert main(["export", "traveller", "--checkpoint", str(sim), "--format", "torch", "--output",
+                 str(tmp_path / "sim.pt")]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"its arguments: {tmp_path / 'sim.pt'}.json"
+    assert main(["train", "traveller", *TINY, "--steps", "1", "--train-paths", "64", "--eval-paths", "4",
+                 "--eval-steps", "16", "--init-from", str(tmp_path / "sim.pt"), "--out", str(tmp_path / "again")]) == 0
+
+
+def test_export_side_holds_the_torch_twins_arguments():
+    # torch_ref.Traveller's dropout is the task's (it acts between layers, so with num_layers=2), and the
+    # simulated market has no DataStats to write.
+    torch = pytest.importorskip("torch")
+    import torch_ref
+
+    task = task_lib.TravellerTask(hidden_size=8, num_layers=2, dropout=0.25, num_assets=2)
+    model = task_lib.build_model(task, 0, None)
+    side = task_lib.export_side(model, task, None)
+    assert side == {"model": "torch_ref.Traveller", "arguments": {"num_inputs": 4, "hidden_size": 8, "num_layers": 2,
+                                                                  "dropout": 0.25, "num_assets": 2}}
+    twin = torch_ref.Traveller(**side["arguments"])
+    # strict: the arguments are the model's
+    twin.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in jsr.torch_state_dict(model).items()})
+    assert twin.lstm_layers.dropout == 0.25
+
 @pytest.mark.parametrize("num_assets", [1, 5])
 def test_n_assets_from_an_npz_file_and_on_the_simulated_market(num_assets, tmp_path):
     features, returns = market_rows(num_assets)
