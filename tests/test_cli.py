@@ -433,6 +433,23 @@ def test_another_models_run_given_to_checkpoint_names_the_flag(tiny_run, capsys,
         task_lib.load(tiny_run)
 
 
+@pytest.mark.parametrize("command", [["evaluate", "traveller"], ["export", "traveller", "--format", "torch",
+                                                                       "--output", "m.pt"]])
+def test_another_models_run_given_to_a_traveller_command_names_the_flag(tiny_run, capsys, monkeypatch, command):
+    """A run whose checkpoint says another model (here its metadata read as a VAE's) given to a Traveller command:
+    one line naming --checkpoint, as the VAE commands do (the Python API's load names out_dir)."""
+    from jax_scan_rnn import checkpoint
+    from jax_scan_rnn.tasks import traveller as task_lib
+
+    read = checkpoint.read_metadata
+    monkeypatch.setattr(checkpoint, "read_metadata", lambda *a, **k: {**read(*a, **k), "model": "vae"})
+    assert main([*command, "--checkpoint", str(tiny_run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"--checkpoint: expected a Traveller run, got model 'vae' in {tiny_run}"), err
+    assert len(err.splitlines()) == 1, err
+    with pytest.raises(ValueError, match="^out_dir: expected a Traveller run, got model 'vae'"):
+        task_lib.load(tiny_run)
+
 def test_a_folder_of_ones_own_called_checkpoints_is_not_a_run(tiny_run, tmp_path, capsys):
     mine = tmp_path / "checkpoints"
     mine.mkdir()
