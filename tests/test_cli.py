@@ -836,6 +836,15 @@ def test_a_library_warning_is_one_line_naming_the_command(monkeypatch, capsys):
         "jax-scan-rnn train traveller: warning: state_dict: values cast to the module's parameter dtype"]
 
 
+def test_a_message_is_flagged_with_only_when_every_field_it_names_is_an_option():
+    # "a, b: ..." names two: with `only` (the command's options) it becomes "--a, --b: ..." when both are options,
+    # and stays as written when one is not (state_dict is load_torch_state_dict's argument, no flag).
+    from jax_scan_rnn.cli import flagged
+
+    assert flagged("init_from, seed: do not match", only={"init_from", "seed"}) == "--init-from, --seed: do not match"
+    assert flagged("init_from, state_dict: do not match", only={"init_from", "seed"}) == (
+        "init_from, state_dict: do not match")
+
 def test_flag_names_keeps_an_error_whose_constructor_takes_more():
     # UnicodeDecodeError is a ValueError that cannot be built from a message: it stays a ValueError with its own
     # message (a one-line error), not "function takes exactly 5 arguments (1 given)".
