@@ -97,6 +97,17 @@ def test_rngs_without_a_dropout_stream_is_named():
         jsr.Traveller(3, 4, rngs=nnx.Rngs(params=0))
 
 
+def test_dropout_masks_are_drawn_from_the_dropout_stream_given():
+    # The same weights (params=0) and input in training mode: the dropout stream's seed alone decides the masks.
+    x = jax.random.normal(jax.random.key(0), (5, 2, 3))
+
+    def out(seed):
+        return jsr.GRU(3, 4, num_layers=2, dropout=0.5, rngs=nnx.Rngs(params=0, dropout=seed))(x)[0]
+
+    np.testing.assert_array_equal(out(1), out(1))
+    assert not np.array_equal(out(1), out(2))
+
+
 @pytest.mark.parametrize("make", [lambda: jsr.GRU(3, 5, rngs=nnx.Rngs(0)), lambda: jsr.LSTMCell(3, 5, rngs=nnx.Rngs(0)),
                                   lambda: jsr.RNNCell(3, 5, rngs=nnx.Rngs(0)),
                                   lambda: jsr.Traveller(3, 5, rngs=nnx.Rngs(0))])
