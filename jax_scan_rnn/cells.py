@@ -31,6 +31,7 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jax_scan_rnn import validate
@@ -128,7 +129,10 @@ class RNNCellBase(nnx.Module):
 
     def initial_state(self, batch_size: int, dtype=jnp.float32):
         """The zero state for `batch_size` sequences: `h [B, R]` (an LSTM's carries its `c [B, H]` too)."""
-        return jnp.zeros((validate.integer("batch_size", batch_size, lo=1), self.state_size), dtype)
+        # Only what is surely no size is refused: a symbolic size (jax.export) and a 0-d integer array are sizes.
+        if isinstance(batch_size, (bool, float)) or (isinstance(batch_size, (int, np.integer)) and batch_size < 1):
+            raise ValueError(f"batch_size: expected an int >= 1, got {batch_size!r}")
+        return jnp.zeros((batch_size, self.state_size), dtype)
 
     def step(self, carry, xp: Array):
         """One recurrent step from a projected input `xp [B, G*H]`; returns `(new_carry, h [B, H])`."""

@@ -1,6 +1,8 @@
 """Behaviour of jsr.LSTM/GRU outside parity: bad input, dropout modes, initial states, jit."""
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -111,11 +113,14 @@ def test_dropout_masks_are_drawn_from_the_dropout_stream_given():
 @pytest.mark.parametrize("make", [lambda: jsr.GRU(3, 5, rngs=nnx.Rngs(0)), lambda: jsr.LSTMCell(3, 5, rngs=nnx.Rngs(0)),
                                   lambda: jsr.RNNCell(3, 5, rngs=nnx.Rngs(0)),
                                   lambda: jsr.Traveller(3, 5, rngs=nnx.Rngs(0))])
-@pytest.mark.parametrize("size", [True, 0, -2, 1.5])
+@pytest.mark.parametrize("size", [True, 0, -2, 1.5, np.int64(0)])
 def test_initial_state_batch_size_is_checked(make, size):
     # A bool was batch 1 (False: 0) without a word; -2 and 1.5 failed inside jnp.zeros without naming it.
-    with pytest.raises(ValueError, match=rf"^batch_size: expected an int >= 1, got {size}$"):
+    with pytest.raises(ValueError, match=rf"^batch_size: expected an int >= 1, got {re.escape(repr(size))}$"):
         make().initial_state(size)
+    # A 0-d integer array is a size, as a symbolic one is (jax.export: tests/test_jax_export.py)
+    for size in (np.int64(3), np.array(3), jnp.int32(3)):
+        assert jax.tree.leaves(make().initial_state(size))[0].shape[-2] == 3
 
 
 def test_lstm_cells_initial_state_holds_h_of_the_projection_and_c_of_the_hidden_size():
