@@ -58,7 +58,7 @@ def __getattr__(name: str):
         globals()[name] = value  # later lookups skip this function
         return value
     # A submodule too (`jsr.cells.HAND_WRITTEN_VJP`, `jsr.train.fit`), as after `import jax_scan_rnn.cells`
-    if not name.startswith("_") and importlib.util.find_spec(f"jax_scan_rnn.{name}") is not None:
+    if name.isidentifier() and not name.startswith("_") and importlib.util.find_spec(f"jax_scan_rnn.{name}"):
         return importlib.import_module(f"jax_scan_rnn.{name}")  # the import binds it here
     raise AttributeError(f"module 'jax_scan_rnn' has no attribute {name!r}")
 

@@ -88,7 +88,9 @@ def feedback_scan(
       in the form `carries` was given.
     """
     # Shapes are static: wrong ones are refused here, naming the argument, rather than by lax.scan or an op inside.
-    validate.instance("core", core, RNNBase)  # a cell alone has no `step` over layers: jsr.GRU(...) wraps one
+    if not all(hasattr(core, name) for name in ("step", "unstack_state", "stack_carries", "num_layers")):
+        # a cell has no `step` over layers (jsr.GRU(...) wraps one); a user's module with these methods is a core
+        raise TypeError(f"core: expected a stack of layers (jsr.LSTM, jsr.GRU, jsr.RNN), got {type(core).__name__}")
     stacked = not isinstance(carries, list)
     if stacked:
         carries = core.unstack_state(carries)
@@ -102,8 +104,10 @@ def feedback_scan(
         dropout_key = core.dropout_key() if dropout_masks is None else None
     elif dropout_masks is not None and dropout_key is not None:
         raise ValueError("dropout_key: expected None when dropout_masks are given (one source of masks)")
-    if dropout_masks is not None:
-        validate.shape("dropout_masks", dropout_masks, (steps, core.num_layers - 1, *h_0.shape), "[T, L-1, B, H]")
+    if dropout_masks is not None:  # B may be 1: masks shared by the batch broadcast over it
+        batch = 1 if jnp.ndim(dropout_masks) == 4 and jnp.shape(dropout_masks)[2] == 1 else h_0.shape[0]
+        validate.shape("dropout_masks", dropout_masks, (steps, core.num_layers - 1, batch, h_0.shape[1]),
+                       "[T, L-1, B, H]")
     per_step = dropout_masks if dropout_key is None else jnp.arange(steps)  # masks, or step indices to draw from
 
     def body(state, step_in):

@@ -95,6 +95,39 @@ def test_the_state_as_the_layers_take_it_or_per_layer_gives_the_same_rollout(cls
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_a_core_of_ones_own_and_masks_shared_by_the_batch_are_taken():
+    """A module with a stack's methods is a core (not only jsr's classes), and inter-layer masks of batch 1 broadcast
+    over the batch, as they did before the arguments were checked."""
+
+    class Wrapped(nnx.Module):
+        def __init__(self):
+            self.gru = jsr.GRU(3, 5, 2, rngs=nnx.Rngs(0))
+            self.num_layers, self.layers = 2, self.gru.layers
+
+        def step(self, *args):
+            return self.gru.step(*args)
+
+        def unstack_state(self, state):
+            return self.gru.unstack_state(state)
+
+        def stack_carries(self, carries):
+            return self.gru.stack_carries(carries)
+
+        def dropout_key(self):
+            return None
+
+    wrapped = Wrapped()
+    core = wrapped.gru
+    mask = jax.random.bernoulli(jax.random.key(1), 0.5, (6, 1, 1, 5)).astype(jnp.float32) * 2
+    runs = []
+    for c, masks in ((wrapped, mask), (core, jnp.broadcast_to(mask, (6, 1, 4, 5)))):
+        runs.append(jsr.feedback_scan(
+            c, core.initial_state(4), jnp.zeros((4, 1), jnp.float32), jnp.ones((6, 4, 2), jnp.float32),
+            dropout_masks=masks, dropout_key=None, inject=lambda fb, u_t: core.layers[0].input_projection(jnp.concatenate([fb, u_t], -1)),
+            readout=lambda h, u_t: h[:, :1], feed=lambda y, u_t: y)[2])
+    np.testing.assert_array_equal(runs[0], runs[1])
+
+
 def test_a_per_layer_list_of_the_wrong_length_names_carries():
     core = jsr.GRU(3, 5, 2, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match=r"carries: expected one per layer \(2\), got 1"):
@@ -115,8 +148,9 @@ def test_a_per_layer_list_of_the_wrong_length_names_carries():
      r"dropout_masks: expected shape \[T, L-1, B, H\] = \[6, 1, 4, 5\], got \[6, 1, 4, 6\]"),
     ({"dropout_masks": jnp.ones((5, 1, 4, 5))}, ValueError,
      r"dropout_masks: expected shape \[T, L-1, B, H\] = \[6, 1, 4, 5\], got \[5, 1, 4, 5\]"),
-    ({"core": jsr.GRUCell(3, 5, rngs=nnx.Rngs(0))}, TypeError, r"core: expected RNNBase, got GRUCell"),
-    ({"core": nnx.GRUCell(3, 5, rngs=nnx.Rngs(0))}, TypeError, r"core: expected RNNBase, got GRUCell"),
+    ({"core": jsr.GRUCell(3, 5, rngs=nnx.Rngs(0))}, TypeError,
+     r"core: expected a stack of layers \(jsr.LSTM, jsr.GRU, jsr.RNN\), got GRUCell"),
+    ({"core": nnx.GRUCell(3, 5, rngs=nnx.Rngs(0))}, TypeError, r"core: expected a stack of layers .*, got GRUCell"),
     ({"carries": jnp.zeros((2, 3, 5))}, ValueError,
      (r"carries: expected batch 4, that of the step's input \(inject's xp0 \[4, 15\], from feedback and xs\), "
       r"got batch 3 \(layer 0's \[3, 5\]\)")),

@@ -85,6 +85,7 @@ def test_submodules_are_reached_from_the_package_as_the_docs_write_them():
     code = ("import sys, jax_scan_rnn as jsr\n"
             "assert 'jax' not in sys.modules  # the import itself stays light\n"
             "assert jsr.cells.HAND_WRITTEN_VJP is True and callable(jsr.cells.matmul) and callable(jsr.train.fit)\n"
+            "assert not hasattr(jsr, 'cells.x') and not hasattr(jsr, 'foo.bar')  # getattr's probes: a name only\n"
             "try:\n    jsr.nonexistent\nexcept AttributeError as err:\n    print(err)\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

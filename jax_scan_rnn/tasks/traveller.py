@@ -29,6 +29,7 @@ import json
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import EllipsisType
 
 import jax.numpy as jnp
 import numpy as np
@@ -412,18 +413,19 @@ def _trained_on(path: Path) -> DataStats | None | bool:
                          f"({type(err).__name__}: {err})") from None
 
 
-def load_init(model: Traveller, path: str | Path, stats: DataStats | None = None) -> dict:
+def load_init(model: Traveller, path: str | Path, stats: DataStats | None | EllipsisType = ...) -> dict:
     """Load a PyTorch state_dict file into `model`; returns {path, sha256} for the run's metadata.
 
-    The weights are matched to inputs by position, so when the file has `export traveller`'s side file
-    (FILE.json) its features and assets are compared with this run's (`stats`: your data's, None: the simulated
-    market's): the same names in another order is a ValueError (each weight would read another column); other
-    names, or a model of the other market, is a warning (a fine-tune on new data may rename its columns)."""
+    The weights are matched to inputs by position, so given the run's `stats` (your data's `DataStats`, None for
+    the simulated market) and a file with `export traveller`'s side file (FILE.json), its features and assets are
+    compared with the run's: the same names in another order is a ValueError (each weight would read another
+    column); other names, or a model of the other market, is a warning (a fine-tune on new data may rename its
+    columns). Without `stats`, nothing is compared."""
     from jax_scan_rnn.convert import load_state_dict_file, read_state_dict_file, side_file
 
     path = Path(path)
     state_dict = read_state_dict_file(path, "init_from")
-    trained = _trained_on(path)
+    trained = False if stats is ... else _trained_on(path)
     if trained is not False and (trained is None) != (stats is None):
         where = {True: "the simulated market", False: "your data"}
         warnings.warn(f"init_from: {path}'s model was trained on {where[trained is None]} ({side_file(path)}), this "
