@@ -325,7 +325,8 @@ def from_torch_module(module: Any, *, rngs: nnx.Rngs | None = None) -> nnx.Modul
 
     Parameters take the torch weights' dtype where JAX holds it (float64 needs `jax_enable_x64`; float32 otherwise,
     with the load's warning naming the cast): for another, give the torch module in it (`module.double()`). `rngs`
-    draws the twin's dropout masks (default `nnx.Rngs(0)`).
+    (default `nnx.Rngs(0)`) builds the twin: its params stream draws the weights the load then replaces, its dropout
+    stream the twin's dropout masks.
     """
     kind = _twin_kind(module, torch_side=True)
     state_dict = module.state_dict()

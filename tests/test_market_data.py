@@ -411,8 +411,10 @@ def test_the_time_order_check_does_not_switch_itself_off(tmp_path, suffix):
 
     rows = [row for row in table_rows() if row[4] == "x"]
     rows[3][0] = rows[2][0]  # the same bar twice
+    # a date-only file is not told about clocks going back (a time of day's repeated hour, above)
     with pytest.raises(ValueError, match=rf"column 'date', {line(4)}: 2024-01-03 repeats {line(3)} in the same "
-                                         r"path: a repeated bar \(the same period twice\)"):
+                                         r"path: a repeated bar \(the same period twice\); remove one, or give "
+                                         r"path_col if the rows are of several assets$"):
         read_table(write(tmp_path / f"twice{suffix}", rows))
     with pytest.raises(ValueError, match=rf"{line(2)}: 2024-01-01 repeats {line(1)} in the same path: .*path_col"):
         read_table(write(tmp_path / f"m{suffix}", table_rows()), path_col=None)  # two assets' rows as one path
@@ -653,8 +655,9 @@ def test_gross_returns_draw_the_price_warning_and_mixed_sign_returns_do_not(tmp_
         row[2] = 1.0 + (0.01 if t % 2 else -0.01)  # ret_a: gross returns, mean exactly 1.0
         row[5] = [5.0, -1.0, 3.0, 4.0, -2.0, 6.0][t]  # ret_b: large mean 2.5 but down periods: returns
     path = write_csv(tmp_path / "m.csv", rows)
-    percent = ("m.csv: column 'ret_b' looks like percent returns, not fractions (median |value| 3.5; a decimal daily "
-               "return's is about 0.01): divide a percent column by 100")
+    percent = ("m.csv: column 'ret_b' looks like percent returns, not fractions (median |value| 3.5; decimal "
+               "returns' is about 0.01 a day, below 0.3 even a volatile asset's monthly): divide a percent column by "
+               "100")
     with pytest.warns(UserWarning) as caught:
         read_table(path, path_col=None)
     assert [str(w.message) for w in caught] == [
@@ -669,16 +672,19 @@ def test_gross_returns_draw_the_price_warning_and_mixed_sign_returns_do_not(tmp_
 def test_prices_at_any_scale_and_percent_returns_draw_a_warning_decimal_returns_none(tmp_path):
     """A price below 0.5 (a penny stock, a currency ~0.3) moves by a small part of its level each day: the price
     warning; percent returns (1.5 for 1.5%) the percent warning; realistic decimal daily returns (|r| 0.01 to 0.05
-    and a crash day of -20%), and the same all positive, none. Each warning is one line naming the column and file."""
+    and a crash day of -20%), the same all positive, and a cash asset's (a few basis points a day, all positive and
+    as slow as a price), none. Each warning is one line naming the column and file. A price below PRICE_LEVEL (a
+    currency quoted per yen) reads as a cash asset's return: not caught."""
     rng = np.random.default_rng(1)
     steps = 250
     daily = rng.choice([-1, 1], steps) * rng.uniform(0.01, 0.05, steps)
     daily[100] = -0.2  # a crash day
     columns = {"penny": 0.3 * np.cumprod(1 + daily),  # a price around 0.3: mean < 0.5
-               "fx": 0.0067 * np.exp(np.cumsum(0.005 * rng.standard_normal(steps))),  # USD per yen
                "pct": 100 * daily,  # percent
                "dec": daily,  # decimal: no warning
-               "up": np.abs(daily)}  # decimal, all positive (a run of up days): no warning
+               "up": np.abs(daily),  # decimal, all positive (a run of up days): no warning
+               "cash": 0.0002 * np.exp(np.cumsum(0.002 * rng.standard_normal(steps))),  # a T-bill's daily return
+               "fx": 0.0067 * np.exp(np.cumsum(0.005 * rng.standard_normal(steps)))}  # USD per yen: not caught
     names = list(columns)
     path = tmp_path / "d.csv"
     rows = [[f"day{t}", rng.normal(), *(columns[c][t] for c in names)] for t in range(steps)]
@@ -686,16 +692,16 @@ def test_prices_at_any_scale_and_percent_returns_draw_a_warning_decimal_returns_
     with pytest.warns(UserWarning) as caught:
         read(path, feature_cols=["mom"], return_cols=names)
     messages = [str(w.message) for w in caught]
-    assert len(messages) == 3 and all("\n" not in m for m in messages), messages
+    assert len(messages) == 2 and all("\n" not in m for m in messages), messages
     assert re.fullmatch(r"d\.csv: column 'penny' looks like prices, not returns \(every value > 0, median step "
                         r"[0-9.]+% of the median value 0\.[0-9]+\): the return columns must be per-period returns as "
                         r"fractions", messages[0]), messages[0]
-    assert messages[1].startswith("d.csv: column 'fx' looks like prices, not returns (every value > 0, median step ")
     assert re.fullmatch(r"d\.csv: column 'pct' looks like percent returns, not fractions \(median \|value\| [0-9.]+; "
-                        r"a decimal daily return's is about 0\.01\): divide a percent column by 100", messages[2])
+                        r"decimal returns' is about 0\.01 a day, below 0\.3 even a volatile asset's monthly\): "
+                        r"divide a percent column by 100", messages[1]), messages[1]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        read(path, feature_cols=["mom"], return_cols=["dec", "up"])
+        read(path, feature_cols=["mom"], return_cols=["dec", "up", "cash", "fx"])
 
 
 def test_time_slice_refuses_a_stop_before_its_start():
@@ -749,8 +755,10 @@ def test_return_unit_warnings_hold_at_their_thresholds(tmp_path):
     never called percent or prices, percent returns and prices at any scale are."""
     rng = np.random.default_rng(3)
     signs = rng.choice([-1, 1], (1, 120))
-    # Decimal monthly returns of a volatile asset (median |r| ~0.1, under PERCENT_TYPICAL): no warning.
+    # Decimal monthly returns of a volatile asset (median |r| ~0.1), and of an altcoin at 35% a month (~0.24, under
+    # PERCENT_TYPICAL): no warning.
     assert unit_warnings(tmp_path, monthly=signs * rng.uniform(0.05, 0.15, (1, 120))) == []
+    assert unit_warnings(tmp_path, altcoin=signs * rng.uniform(0.19, 0.29, (1, 120))) == []
     # Percent daily returns of a calm asset (median |r| ~0.5, i.e. 0.5%): percent.
     (message,) = unit_warnings(tmp_path, calm=signs * rng.uniform(0.3, 0.7, (1, 120)))
     assert "returns 'calm' looks like percent returns, not fractions" in message, message

@@ -15,8 +15,8 @@ chosen at t would be paid a return already realised at t: look-ahead, and a back
 Returns are simple returns as decimal fractions: 0.01 is +1% (not percent, not log returns, not prices). The
 objective's risk aversion and trading cost (gamma, lambda) do not scale with the unit: percent returns (1.0 for
 1%) give a different optimum, not the same one scaled. A return column that looks like prices (every value > 0,
-and a mean > 0.5 or steps small beside its level) or like percent (both signs, median |value| > 0.2) draws a
-warning.
+and a mean > 0.5 or steps small beside a level of at least 0.1) or like percent (both signs, median |value| >
+0.3) draws a warning.
 
 Formats of `read`:
     .npz      arrays features [N, T, F] and returns [N, T, A]; optional feature_names [F], asset_names [A]
@@ -433,9 +433,10 @@ def _check_time_order(file: str, columns: list[str], get: Callable, ids: np.ndar
         for i, (path, stamp) in enumerate(zip(ids.tolist(), stamps)):
             j = last.get(path)
             if j is not None and stamp == stamps[j] and len(stamped) == 1:
+                clock = f", or {CLOCK_BACK}" if not zoned[i] and ":" in str(cells[i]) else ""  # a time of day
                 raise ValueError(f"{file}: column {name!r}, {where(i)}: {cells[i]} repeats {where(j)} in the same "
-                                 f"path: a repeated bar (the same period twice); remove one, give path_col if the "
-                                 f"rows are of several assets, or {CLOCK_BACK}")
+                                 f"path: a repeated bar (the same period twice); remove one, or give path_col if the "
+                                 f"rows are of several assets{clock}")
             if j is not None and stamp < stamps[j]:
                 # within an hour, on a clock without a zone: maybe the autumn night's repeated hour
                 clock = f"; or, {CLOCK_BACK}" if not zoned[i] and stamps[j] - stamp <= timedelta(hours=1) else ""
@@ -543,9 +544,13 @@ def _assemble(file: str, matrix: np.ndarray, ids: np.ndarray, labels: list, wher
 
 
 # A price moves each period by a few percent of its level at most (a crypto coin's median daily move is ~3%); a
-# positive return series moves by about its own size (it is as likely to halve as to double).
-PRICE_STEP = 0.1  # median |x[t+1] - x[t]| / median x below it: a price, whatever its scale
-PERCENT_TYPICAL = 0.2  # median |r| above it in a two-signed column: percent (a decimal daily return's is ~0.01)
+# positive return series moves by about its own size (it is as likely to halve as to double), but for a cash asset's,
+# which moves as slowly as a price: it is a few basis points a period, far below any price the step rule reads.
+PRICE_STEP = 0.1  # median |x[t+1] - x[t]| / median x below it: a price, whatever its scale above PRICE_LEVEL
+PRICE_LEVEL = 0.1  # median x at least: a cash asset's return (< 0.01 a period even monthly) is never read as a price
+# median |r| above it in a two-signed column: percent. A decimal daily return's is ~0.01; a volatile asset's monthly
+# one (an altcoin at 35% a month) ~0.24; percent daily returns of equities ~0.7, of a currency ~0.35.
+PERCENT_TYPICAL = 0.3
 PERCENT_SIGNS = 0.1  # fewest of the values on each side of 0 for a column to read as returns (its signs mixed)
 
 
@@ -553,12 +558,12 @@ def _warn_if_prices(file: str, returns: np.ndarray, cells: list[str]) -> None:
     """Warn about each return column [N, T] that looks like prices or like percent returns.
 
     Prices: every value > 0 (a real return series has down periods) and either a mean > 0.5 (a return series
-    averages far below +50% a period: this is a gross return 1 + r too) or a median step
-    |x[t+1] - x[t]| (within a path) below `PRICE_STEP` of the median value: a price at any scale (a penny stock,
-    a currency quoted per yen). A positive, slowly moving return series (a cash rate's daily return) reads the
-    same: it draws the warning too. Percent: values of both signs (each side at least `PERCENT_SIGNS` of them)
-    whose median |r| is above `PERCENT_TYPICAL` (20% a period; a decimal daily return's is ~0.01, a monthly one's
-    ~0.05). Not caught: percent returns of a calm asset (a bond's daily 0.2%) and prices of a one-step file."""
+    averages far below +50% a period: this is a gross return 1 + r too) or a median level of at least
+    `PRICE_LEVEL` that moves each step (within a path, the median |x[t+1] - x[t]|) by less than `PRICE_STEP` of
+    it: a price at any scale above that (a penny stock). Percent: values of both signs (each side at least
+    `PERCENT_SIGNS` of them) whose median |r| is above `PERCENT_TYPICAL`. Not caught: prices below `PRICE_LEVEL`
+    (a currency quoted per yen, read as a cash asset's return), percent returns of a calm asset (a bond's or a
+    currency's daily 0.2%), and prices of a one-step file."""
     for a, what in enumerate(cells):
         column = returns[..., a]
         if not column.size:
@@ -567,7 +572,7 @@ def _warn_if_prices(file: str, returns: np.ndarray, cells: list[str]) -> None:
             steps = np.abs(np.diff(column, axis=-1))
             level = np.median(column)
             step = np.median(steps) / level if steps.size else np.inf
-            if column.mean() > 0.5 or step < PRICE_STEP:
+            if column.mean() > 0.5 or (level >= PRICE_LEVEL and step < PRICE_STEP):
                 why = (f"mean {column.mean():.4g}" if column.mean() > 0.5
                        else f"median step {step:.2%} of the median value {level:.4g}")
                 warnings.warn(f"{file}: {what} looks like prices, not returns (every value > 0, {why}): the return "
@@ -575,8 +580,9 @@ def _warn_if_prices(file: str, returns: np.ndarray, cells: list[str]) -> None:
                               stacklevel=validate.user_stacklevel())
         elif min((column < 0).mean(), (column > 0).mean()) >= PERCENT_SIGNS and \
                 (typical := np.median(np.abs(column))) > PERCENT_TYPICAL:
-            warnings.warn(f"{file}: {what} looks like percent returns, not fractions (median |value| {typical:.4g}; a "
-                          f"decimal daily return's is about 0.01): divide a percent column by 100", UserWarning,
+            warnings.warn(f"{file}: {what} looks like percent returns, not fractions (median |value| {typical:.4g}; "
+                          f"decimal returns' is about 0.01 a day, below {PERCENT_TYPICAL:g} even a volatile asset's "
+                          "monthly): divide a percent column by 100", UserWarning,
                           stacklevel=validate.user_stacklevel())
 
 
