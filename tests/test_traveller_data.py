@@ -405,6 +405,14 @@ def test_init_from_an_export_checks_its_features_and_assets_by_name(run, tmp_pat
         assert f"reads its {kind} in the order" in err and f"holds them in the order {names}: write its columns in " \
             "the model's order" in err, err
         assert not (tmp_path / "swapped").exists()
+    # Other sizes: the side file's arguments named as flags, with the run's (not the state_dict's shapes).
+    assert main(["train", "traveller", "--data", str(folder / "prices.csv"), "--feature-cols", "f*", "--return-cols",
+                 "r_*", *TINY, "--hidden-size", "16", "--num-layers", "2", "--steps", "1", "--init-from",
+                 str(target), "--out", str(tmp_path / "sizes")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"jax-scan-rnn train traveller: error: --init-from: {target} holds a model with --hidden-size 8, "
+                   f"--num-layers 1 ({target}.json); this run's has --hidden-size 16, --num-layers 2: set them to "
+                   "the file's"), err
     # Other names (a fine-tune on a new file): trained, with one warning line naming --init-from.
     renamed = tmp_path / "renamed.csv"
     renamed.write_text(folder.joinpath("prices.csv").read_text().replace("f0,", "g0,", 1))

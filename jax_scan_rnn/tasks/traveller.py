@@ -394,20 +394,21 @@ def export_side(model: Traveller, task: TravellerTask, stats: DataStats | None) 
     return side | ({"data_stats": stats.to_json()} if stats is not None else {})
 
 
-def _trained_on(path: Path) -> DataStats | None | bool:
-    """The `DataStats` in `path`'s side file, None for a model of the simulated market, False without a side file
-    (a state_dict of the seed's class, written by hand). An older export's side file is the DataStats itself."""
+def _side_of(path: Path) -> tuple[dict, DataStats | None] | None:
+    """(`torch_ref.Traveller`'s arguments, the `DataStats` or None for a model of the simulated market) from `path`'s
+    side file; None without one (a state_dict of the seed's class, written by hand). An older export's side file is
+    the DataStats itself, without arguments."""
     from jax_scan_rnn.convert import side_file
 
     side = side_file(path)
     if not side.is_file():
-        return False
+        return None
     try:
         data = json.loads(side.read_text())
         if data.get("model", "torch_ref.Traveller") != "torch_ref.Traveller":
             raise ValueError(f"it describes a {data['model']}")
         saved = data.get("data_stats", data if "standardiser" in data else None)
-        return None if saved is None else DataStats.from_json(saved)
+        return dict(data.get("arguments", {})), None if saved is None else DataStats.from_json(saved)
     except (ValueError, KeyError, TypeError, AttributeError) as err:
         raise ValueError(f"init_from: {side} is not the side file `export traveller` writes "
                          f"({type(err).__name__}: {err})") from None
@@ -416,31 +417,43 @@ def _trained_on(path: Path) -> DataStats | None | bool:
 def load_init(model: Traveller, path: str | Path, stats: DataStats | None | EllipsisType = ...) -> dict:
     """Load a PyTorch state_dict file into `model`; returns {path, sha256} for the run's metadata.
 
-    The weights are matched to inputs by position, so given the run's `stats` (your data's `DataStats`, None for
-    the simulated market) and a file with `export traveller`'s side file (FILE.json), its features and assets are
-    compared with the run's: the same names in another order is a ValueError (each weight would read another
-    column); other names, or a model of the other market, is a warning (a fine-tune on new data may rename its
-    columns). Without `stats`, nothing is compared."""
+    Given the run's `stats` (your data's `DataStats`, None for the simulated market) and a file with `export
+    traveller`'s side file (FILE.json), the file's model is compared with the run's first: other sizes are a
+    ValueError naming each (`hidden_size=32`); the weights are matched to inputs by position, so the same feature or
+    asset names in another order are a ValueError (each weight would read another column), and other names, or a
+    model of the other market, a warning (a fine-tune on new data may rename its columns). Without `stats`, nothing
+    is compared."""
     from jax_scan_rnn.convert import load_state_dict_file, read_state_dict_file, side_file
 
     path = Path(path)
     state_dict = read_state_dict_file(path, "init_from")
-    trained = False if stats is ... else _trained_on(path)
-    if trained is not False and (trained is None) != (stats is None):
-        where = {True: "the simulated market", False: "your data"}
-        warnings.warn(f"init_from: {path}'s model was trained on {where[trained is None]} ({side_file(path)}), this "
-                      f"run trains on {where[stats is None]}: its inputs are matched by position", stacklevel=2)
-    elif trained:
-        for kind, theirs, ours in (("features", trained.standardiser.names, stats.standardiser.names),
-                                   ("assets", trained.asset_names, stats.asset_names)):
-            if theirs == ours:
-                continue
-            if sorted(theirs) == sorted(ours):  # columns are read in the data file's order
-                raise ValueError(f"init_from: {path}'s model reads its {kind} in the order {list(theirs)} "
-                                 f"({side_file(path)}), this run's data file holds them in the order {list(ours)}: "
-                                 "write its columns in the model's order")
-            warnings.warn(f"init_from: {path}'s model was trained on the {kind} {list(theirs)} ({side_file(path)}), "
-                          f"this run's are {list(ours)}: they are matched by position", stacklevel=2)
+    side = None if stats is ... else _side_of(path)
+    if side is not None:
+        arguments, trained = side
+        lstm = model.lstm_layers
+        ours = {"hidden_size": lstm.hidden_size, "num_layers": lstm.num_layers}
+        differ = [k for k in ours if k in arguments and arguments[k] != ours[k]]
+        if differ:
+            raise ValueError(f"init_from: {path} holds a model with " + ", ".join(f"{k}={arguments[k]}" for k in differ)
+                             + f" ({side_file(path)}); this run's has " + ", ".join(f"{k}={ours[k]}" for k in differ)
+                             + ": set them to the file's")
+        if (trained is None) != (stats is None):
+            where = {True: "the simulated market", False: "your data"}
+            warnings.warn(f"init_from: {path}'s model was trained on {where[trained is None]} ({side_file(path)}), "
+                          f"this run trains on {where[stats is None]}: its inputs are matched by position",
+                          stacklevel=2)
+        elif trained is not None:
+            for kind, theirs, mine in (("features", trained.standardiser.names, stats.standardiser.names),
+                                       ("assets", trained.asset_names, stats.asset_names)):
+                if theirs == mine:
+                    continue
+                if sorted(theirs) == sorted(mine):  # columns are read in the data file's order
+                    raise ValueError(f"init_from: {path}'s model reads its {kind} in the order {list(theirs)} "
+                                     f"({side_file(path)}), this run's data file holds them in the order "
+                                     f"{list(mine)}: write its columns in the model's order")
+                warnings.warn(f"init_from: {path}'s model was trained on the {kind} {list(theirs)} "
+                              f"({side_file(path)}), this run's are {list(mine)}: they are matched by position",
+                              stacklevel=2)
     return load_state_dict_file(model, state_dict, path, "init_from",
                                 "hidden_size, num_layers and the data's features and assets (an LSTM's input is "
                                 "the positions, then the features)")
