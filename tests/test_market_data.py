@@ -655,7 +655,8 @@ def test_gross_returns_draw_the_price_warning_and_mixed_sign_returns_do_not(tmp_
         row[2] = 1.0 + (0.01 if t % 2 else -0.01)  # ret_a: gross returns, mean exactly 1.0
         row[5] = [5.0, -1.0, 3.0, 4.0, -2.0, 6.0][t]  # ret_b: large mean 2.5 but down periods: returns
     path = write_csv(tmp_path / "m.csv", rows)
-    percent = ("m.csv: column 'ret_b' looks like percent returns, not fractions (median |value| 3.5; decimal "
+    percent = ("m.csv: column 'ret_b' looks like percent returns, not fractions (median non-zero |value| 3.5; "
+               "decimal "
                "returns' is about 0.01 a day, below 0.3 even a volatile asset's monthly): divide a percent column by "
                "100")
     with pytest.warns(UserWarning) as caught:
@@ -696,7 +697,8 @@ def test_prices_at_any_scale_and_percent_returns_draw_a_warning_decimal_returns_
     assert re.fullmatch(r"d\.csv: column 'penny' looks like prices, not returns \(every value > 0, median step "
                         r"[0-9.]+% of the median value 0\.[0-9]+\): the return columns must be per-period returns as "
                         r"fractions", messages[0]), messages[0]
-    assert re.fullmatch(r"d\.csv: column 'pct' looks like percent returns, not fractions \(median \|value\| [0-9.]+; "
+    assert re.fullmatch(r"d\.csv: column 'pct' looks like percent returns, not fractions \(median non-zero \|value\| "
+                        r"[0-9.]+; "
                         r"decimal returns' is about 0\.01 a day, below 0\.3 even a volatile asset's monthly\): "
                         r"divide a percent column by 100", messages[1]), messages[1]
     with warnings.catch_warnings():
@@ -767,6 +769,12 @@ def test_return_unit_warnings_hold_at_their_thresholds(tmp_path):
     coin = signs[:, :60] * rng.uniform(0.01, 0.05, (1, 60))
     coin[0, [10, 30, 50]] = 5.0
     assert unit_warnings(tmp_path, coin=coin) == []
+    # Zero returns (an illiquid asset's days without a trade, 70% of them) say nothing of the unit: percent returns
+    # among them are still percent, decimal ones still decimal.
+    idle = rng.uniform(0, 1, (1, 120)) < 0.7
+    (message,) = unit_warnings(tmp_path, idle_pct=np.where(idle, 0.0, signs * rng.uniform(0.5, 2.0, (1, 120))))
+    assert "returns 'idle_pct' looks like percent returns" in message, message
+    assert unit_warnings(tmp_path, idle=np.where(idle, 0.0, signs * rng.uniform(0.005, 0.05, (1, 120)))) == []
     # A column almost all of one sign (an oil future's price, negative for a few days) is not percent returns,
     # whose signs are mixed (at least PERCENT_SIGNS on each side).
     oil = np.full((1, 120), 20.0) + rng.uniform(-1, 1, (1, 120))

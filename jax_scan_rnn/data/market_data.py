@@ -15,8 +15,8 @@ chosen at t would be paid a return already realised at t: look-ahead, and a back
 Returns are simple returns as decimal fractions: 0.01 is +1% (not percent, not log returns, not prices). The
 objective's risk aversion and trading cost (gamma, lambda) do not scale with the unit: percent returns (1.0 for
 1%) give a different optimum, not the same one scaled. A return column that looks like prices (every value > 0,
-and a mean > 0.5 or steps small beside a level of at least 0.1) or like percent (both signs, median |value| >
-0.3) draws a warning.
+and a mean > 0.5 or steps small beside a level of at least 0.1) or like percent (both signs, median non-zero |value|
+> 0.3) draws a warning.
 
 Formats of `read`:
     .npz      arrays features [N, T, F] and returns [N, T, A]; optional feature_names [F], asset_names [A]
@@ -560,7 +560,7 @@ def _warn_if_prices(file: str, returns: np.ndarray, cells: list[str]) -> None:
     Prices: every value > 0 (a real return series has down periods) and either a mean > 0.5 (a return series
     averages far below +50% a period: this is a gross return 1 + r too) or a median level of at least
     `PRICE_LEVEL` that moves each step (within a path, the median |x[t+1] - x[t]|) by less than `PRICE_STEP` of
-    it: a price at any scale above that (a penny stock). Percent: values of both signs (each side at least
+    it: a price at any scale above that (a penny stock). Percent: non-zero values of both signs (each side at least
     `PERCENT_SIGNS` of them) whose median |r| is above `PERCENT_TYPICAL`. Not caught: prices below `PRICE_LEVEL`
     (a currency quoted per yen, read as a cash asset's return), percent returns of a calm asset (a bond's or a
     currency's daily 0.2%), and prices of a one-step file."""
@@ -578,11 +578,13 @@ def _warn_if_prices(file: str, returns: np.ndarray, cells: list[str]) -> None:
                 warnings.warn(f"{file}: {what} looks like prices, not returns (every value > 0, {why}): the return "
                               f"columns must be per-period returns as fractions", UserWarning,
                               stacklevel=validate.user_stacklevel())
-        elif min((column < 0).mean(), (column > 0).mean()) >= PERCENT_SIGNS and \
-                (typical := np.median(np.abs(column))) > PERCENT_TYPICAL:
-            warnings.warn(f"{file}: {what} looks like percent returns, not fractions (median |value| {typical:.4g}; "
-                          f"decimal returns' is about 0.01 a day, below {PERCENT_TYPICAL:g} even a volatile asset's "
-                          "monthly): divide a percent column by 100", UserWarning,
+            continue
+        moved = column[column != 0]  # an illiquid asset's (or a weekend's) zero returns say nothing of the unit
+        if moved.size and min((moved < 0).mean(), (moved > 0).mean()) >= PERCENT_SIGNS and \
+                (typical := np.median(np.abs(moved))) > PERCENT_TYPICAL:
+            warnings.warn(f"{file}: {what} looks like percent returns, not fractions (median non-zero |value| "
+                          f"{typical:.4g}; decimal returns' is about 0.01 a day, below {PERCENT_TYPICAL:g} even a "
+                          "volatile asset's monthly): divide a percent column by 100", UserWarning,
                           stacklevel=validate.user_stacklevel())
 
 
