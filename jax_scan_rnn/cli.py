@@ -650,7 +650,7 @@ def cmd_train_traveller(args: argparse.Namespace) -> int:
     cfg = train_config(args)
     if args.init_from is not None and not Path(args.init_from).is_file():
         raise FileNotFoundError(f"--init-from: no file at {args.init_from}")
-    data = None
+    data = stats = None  # the simulated market's
     if task.data is not None:  # read and checked before any work: a bad file or column is one line, naming its flag
         with flag_names():
             data = task_lib.read_data(task)
@@ -664,12 +664,11 @@ def cmd_train_traveller(args: argparse.Namespace) -> int:
     if args.init_from is not None:  # a file of other sizes is one line before --out is made (train reads it again,
         with flag_names(), warnings.catch_warnings():  # and warns then)
             warnings.simplefilter("ignore")
-            stats = None if data is None else stats
             task_lib.load_init(task_lib.build_model(task, cfg.seed, stats), args.init_from, stats)
     out = Path(args.out)
     dp = data_parallel(args, task.batch_size)
     with output_directory(out, args.resume):
-        check_resume(out, args, task, cfg, None if data is None else {"data_stats": stats.to_json()}, saved)
+        check_resume(out, args, task, cfg, None if stats is None else {"data_stats": stats.to_json()}, saved)
         market = "your data" if data is not None else f"the simulated market, {task.market.num_assets} assets"
         print(f"training the Traveller ({task.objective} objective, {market}) for {args.steps} steps on {dp.size} "
               f"device(s) -> {out}")
