@@ -119,7 +119,9 @@ def feedback_scan(
         _check_batch(xp0, h_0)
         carries, h = core.step(carries, xp0, masks_t)
         y = readout(h, x_t)
-        return (carries, feed(y, x_t)), y
+        fed = feed(y, x_t)
+        _check_fed(fed, fb)
+        return (carries, fed), y
 
     prepare_xs = None if prepare is None else (lambda pair: (prepare(pair[0]), pair[1]))
     (carries, feedback), ys = time_scan(
@@ -147,3 +149,15 @@ def _check_batch(xp0: Array, h: Array) -> None:
         raise ValueError(f"carries: expected batch {jnp.shape(xp0)[0]}, that of the step's input (inject's xp0 "
                          f"{list(jnp.shape(xp0))}, from feedback and xs), got batch {h.shape[0]} "
                          f"(layer 0's {list(h.shape)})")
+
+
+def _check_fed(fed: PyTree, feedback: PyTree) -> None:
+    """What `feed` returns is the next step's `feedback`, so it must have the given `feedback`'s structure, shapes
+    and dtypes; otherwise lax.scan's carry-type error (several lines, naming neither) would say it."""
+    given = jax.tree.map(lambda x: (jnp.shape(x), jnp.result_type(x)), feedback)
+    got = jax.tree.map(lambda x: (jnp.shape(x), jnp.result_type(x)), fed)
+    if jax.tree.structure(given) != jax.tree.structure(got) or jax.tree.leaves(given) != jax.tree.leaves(got):
+        def spelled(tree):
+            return jax.tree.map(lambda x: f"{jnp.result_type(x).name}{list(jnp.shape(x))}", tree)
+        raise ValueError(f"feedback: expected what `feed` returns each step, {spelled(fed)}, got {spelled(feedback)}: "
+                         "give feedback in feed's shape and dtype")

@@ -154,12 +154,20 @@ def test_a_per_layer_list_of_the_wrong_length_names_carries():
     ({"carries": jnp.zeros((2, 3, 5))}, ValueError,
      (r"carries: expected batch 4, that of the step's input \(inject's xp0 \[4, 15\], from feedback and xs\), "
       r"got batch 3 \(layer 0's \[3, 5\]\)")),
-], ids=["xs-None", "xs-empty", "xs-two-T", "masks-H", "masks-T", "jsr-cell", "nnx-cell", "carries-batch"])
+    ({"feedback": jnp.zeros((4, 1), jnp.float16), "xs": jnp.zeros((6, 4, 2), jnp.float32)}, ValueError,
+     r"feedback: expected what `feed` returns each step, float32\[4, 1\], got float16\[4, 1\]: give feedback in "
+     r"feed's shape and dtype"),
+    ({"feedback": jnp.zeros((4, 2), jnp.float32), "xs": jnp.zeros((6, 4, 2), jnp.float32)}, ValueError,
+     r"feedback: expected what `feed` returns each step, float32\[4, 1\], got float32\[4, 2\]: give .*"),
+], ids=["xs-None", "xs-empty", "xs-two-T", "masks-H", "masks-T", "jsr-cell", "nnx-cell", "carries-batch",
+        "feedback-dtype", "feedback-shape"])
 def test_a_wrong_argument_is_named_in_one_line(change, error, message):
     core = jsr.GRU(3, 5, 2, rngs=nnx.Rngs(0))
     args = {"core": core, "carries": core.initial_state(4), "feedback": jnp.zeros((4, 1)), "xs": jnp.zeros((6, 4, 2)),
             "dropout_key": None} | change
     with pytest.raises(error, match=f"^{message}(\n|$)"):  # carries': checked in the scan body (JAX adds a note)
         jsr.feedback_scan(
-            **args, inject=lambda fb, u_t: core.layers[0].input_projection(jnp.concatenate([fb, u_t], -1)),
-            readout=lambda h, u_t: h[:, :1], feed=lambda y, u_t: y)
+            # (layer 0 reads the feedback's first column, in the inputs' dtype: a wrong feedback reaches `feed`)
+            **args, readout=lambda h, u_t: h[:, :1], feed=lambda y, u_t: y,
+            inject=lambda fb, u_t: core.layers[0].input_projection(jnp.concatenate([fb[:, :1].astype(u_t.dtype), u_t],
+                                                                                   -1)))
