@@ -26,9 +26,10 @@ next input depends on the current output, so a whole-sequence scan per layer is 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
+import flax.errors
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -231,7 +232,7 @@ class RNNBase(nnx.Module):
         """
         if not self.dropout_active:
             return None
-        return self.dropout(jnp.ones((self.num_layers - 1, *shape), dtype))
+        return self._own_draw(lambda: self.dropout(jnp.ones((self.num_layers - 1, *shape), dtype)))
 
     def dropout_key(self) -> Array | None:
         """One key from the module's dropout stream for a whole call, or None when dropout is inactive.
@@ -242,7 +243,22 @@ class RNNBase(nnx.Module):
         if not self.dropout_active:
             return None
         rngs = self.dropout.rngs
-        return rngs[self.dropout.rng_collection]() if isinstance(rngs, nnx.Rngs) else rngs()
+        return self._own_draw(lambda: rngs[self.dropout.rng_collection]() if isinstance(rngs, nnx.Rngs) else rngs())
+
+    def _own_draw(self, draw: Callable[[], Array]) -> Array:
+        """`draw()` from the module's own dropout stream, with Flax's error under a plain JAX transform reworded.
+
+        Flax says "Cannot mutate RngCount from a different trace level", which names neither the cause (the
+        stream's counter is module state that `jax.jit`/`vmap`/`grad` cannot carry out) nor the ways out.
+        """
+        try:
+            return draw()
+        except flax.errors.TraceContextError as error:
+            raise flax.errors.TraceContextError(
+                f"dropout={self.dropout.rate}: in training mode the module draws its masks from its own nnx.Rngs, "
+                "whose counter a plain JAX transform (jax.jit, jax.vmap, jax.grad, lax.scan) cannot advance; use "
+                "the nnx transform (nnx.jit, nnx.vmap, nnx.grad, ...) or jsr.jit, or call .eval() for inference"
+            ) from error
 
     def step_dropout_masks(self, key: Array, t: Array, shape: tuple[int, ...], dtype) -> Array:
         """Step `t`'s scaled keep-masks `[L-1, *shape]`: `bernoulli(fold_in(key, t), 1 - rate) / (1 - rate)`."""
@@ -359,7 +375,7 @@ class RNNBase(nnx.Module):
         finals = []
         for k in range(self.num_layers):
             if k > 0:
-                seq = self.dropout(seq)
+                seq = self._own_draw(lambda: self.dropout(seq))
             carry, out = scan_layer(self.layers[k], next(carries), seq)
             finals.append(carry)
             if self.bidirectional:

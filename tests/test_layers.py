@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 
+import flax.errors
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -504,3 +505,24 @@ def test_the_elman_rnn_takes_torchs_arguments_and_names_a_wrong_one():
     with pytest.raises(KeyError, match=r"the state_dict comes from torch.nn.RNN\(4, 16, num_layers=2\), this model is "
                                        r"jsr.RNN\(4, 8\)"):
         jsr.load_torch_state_dict(jsr.RNN(4, 8, rngs=nnx.Rngs(0)), torch.nn.RNN(4, 16, 2).state_dict())
+
+
+PLAIN_TRANSFORMS = {
+    "jit": lambda f, x: jax.jit(f)(x[0]),
+    "vmap": lambda f, x: jax.vmap(f)(x),
+    "grad": lambda f, x: jax.grad(lambda x: f(x).sum())(x[0]),
+}
+
+
+@pytest.mark.parametrize("transform", PLAIN_TRANSFORMS)
+@pytest.mark.parametrize("build", ["lstm", "traveller"])
+def test_training_dropout_under_a_plain_jax_transform_names_the_way_out(build, transform):
+    # Flax's own "Cannot mutate RngCount from a different trace level" names neither cause nor way out.
+    x = jnp.ones((2, 5, 3, 4))
+    cls = jsr.LSTM if build == "lstm" else jsr.Traveller  # a whole-sequence draw; a per-call key for the loop
+    model = cls(4, 6, num_layers=2, dropout=0.2, rngs=nnx.Rngs(0))
+    f = lambda x: model(x)[0]  # noqa: E731
+    with pytest.raises(flax.errors.TraceContextError, match=r"dropout=0\.2: .*nnx\.jit, nnx\.vmap.* or call \.eval\(\)"):
+        PLAIN_TRANSFORMS[transform](f, x)
+    model.eval()
+    PLAIN_TRANSFORMS[transform](f, x)  # inference has no draw, so the plain transform is fine
