@@ -25,6 +25,7 @@ next input depends on the current output, so a whole-sequence scan per layer is 
 """
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
@@ -232,7 +233,11 @@ class RNNBase(nnx.Module):
         """
         if not self.dropout_active:
             return None
-        return self._own_draw(lambda: self.dropout(jnp.ones((self.num_layers - 1, *shape), dtype)))
+        return self._draw(lambda: self.dropout(jnp.ones((self.num_layers - 1, *shape), dtype)))
+
+    def _draw(self, draw: Callable[[], Array]) -> Array:
+        return own_stream_draw(f"dropout={self.dropout.rate}: the masks in training mode", draw,
+                               "call .eval() for inference")
 
     def dropout_key(self) -> Array | None:
         """One key from the module's dropout stream for a whole call, or None when dropout is inactive.
@@ -243,22 +248,7 @@ class RNNBase(nnx.Module):
         if not self.dropout_active:
             return None
         rngs = self.dropout.rngs
-        return self._own_draw(lambda: rngs[self.dropout.rng_collection]() if isinstance(rngs, nnx.Rngs) else rngs())
-
-    def _own_draw(self, draw: Callable[[], Array]) -> Array:
-        """`draw()` from the module's own dropout stream, with Flax's error under a plain JAX transform reworded.
-
-        Flax says "Cannot mutate RngCount from a different trace level", which names neither the cause (the
-        stream's counter is module state that `jax.jit`/`vmap`/`grad` cannot carry out) nor the ways out.
-        """
-        try:
-            return draw()
-        except flax.errors.TraceContextError as error:
-            raise flax.errors.TraceContextError(
-                f"dropout={self.dropout.rate}: in training mode the module draws its masks from its own nnx.Rngs, "
-                "whose counter a plain JAX transform (jax.jit, jax.vmap, jax.grad, lax.scan) cannot advance; use "
-                "the nnx transform (nnx.jit, nnx.vmap, nnx.grad, ...) or jsr.jit, or call .eval() for inference"
-            ) from error
+        return self._draw(lambda: rngs[self.dropout.rng_collection]() if isinstance(rngs, nnx.Rngs) else rngs())
 
     def step_dropout_masks(self, key: Array, t: Array, shape: tuple[int, ...], dtype) -> Array:
         """Step `t`'s scaled keep-masks `[L-1, *shape]`: `bernoulli(fold_in(key, t), 1 - rate) / (1 - rate)`."""
@@ -375,7 +365,7 @@ class RNNBase(nnx.Module):
         finals = []
         for k in range(self.num_layers):
             if k > 0:
-                seq = self._own_draw(lambda: self.dropout(seq))
+                seq = self._draw(functools.partial(self.dropout, seq))
             carry, out = scan_layer(self.layers[k], next(carries), seq)
             finals.append(carry)
             if self.bidirectional:
@@ -387,6 +377,21 @@ class RNNBase(nnx.Module):
         if unbatched:
             return seq[:, 0], jax.tree.map(lambda s: s[:, 0], final)
         return (jnp.swapaxes(seq, 0, 1) if self.batch_first else seq), final
+
+
+def own_stream_draw(what: str, draw: Callable[[], Array], instead: str) -> Array:
+    """`draw()` from a module's own `nnx.Rngs`, with Flax's error under a plain JAX transform reworded.
+
+    Flax says "Cannot mutate RngCount from a different trace level", which names neither the cause (the
+    stream's counter is module state that `jax.jit`/`vmap`/`grad` cannot carry out) nor the ways out.
+    """
+    try:
+        return draw()
+    except flax.errors.TraceContextError as error:
+        raise flax.errors.TraceContextError(
+            f"{what}: drawn from the module's own nnx.Rngs, whose counter a plain JAX transform (jax.jit, "
+            "jax.vmap, jax.grad, lax.scan) cannot advance; use the nnx transform (nnx.jit, nnx.vmap, nnx.grad, "
+            f"...) or jsr.jit, or {instead}") from error
 
 
 def check_lengths(lengths, batch_size: int, steps: int) -> Array:

@@ -76,7 +76,7 @@ from flax import nnx
 from jax_scan_rnn import validate
 from jax_scan_rnn.data.smiles import EOS, PAD, SOS  # the special token ids (docs/vae_spec.md)
 from jax_scan_rnn.feedback import feedback_scan
-from jax_scan_rnn.layers import GRU, Linear, check_host_lengths, check_lengths
+from jax_scan_rnn.layers import GRU, Linear, check_host_lengths, check_lengths, own_stream_draw
 from jax_scan_rnn.scan import Unroll, resolve_hoist
 
 Array = jax.Array
@@ -284,7 +284,7 @@ class SeqVAE(nnx.Module):
         mu = _as_float("mu", mu, (None, self.latent_size), "[B, Z]", dt)
         logvar = _as_float("logvar", logvar, tuple(mu.shape), "[B, Z]", dt)
         if eps is None:
-            eps = jax.random.normal(self.sample_rngs(), mu.shape, dt)
+            eps = jax.random.normal(own_stream_draw("eps", self.sample_rngs, "pass eps"), mu.shape, dt)
         eps = _as_float("eps", eps, tuple(mu.shape), "[B, Z]", dt)
         return mu + jnp.exp(0.5 * logvar) * eps
 
@@ -401,7 +401,8 @@ class SeqVAE(nnx.Module):
 
         replace_mask = _check_mask("replace_mask", replace_mask, batch, steps)
         if gumbel is None and mode != "argmax":
-            gumbel = jax.random.gumbel(self.sample_rngs(), (batch, steps, self.vocab_size), dt)
+            key = own_stream_draw("gumbel", self.sample_rngs, "pass gumbel")
+            gumbel = jax.random.gumbel(key, (batch, steps, self.vocab_size), dt)
         # Step t's feed decides a_{t+1}: it reads truth[t], the coin replace_mask[:, t+1] and gumbel[:, t].
         coins = jnp.concatenate([replace_mask[:, 1:], jnp.zeros((batch, 1), bool)], axis=1).T  # [T, B]
         noise = None if mode == "argmax" else jnp.swapaxes(gumbel, 0, 1)  # [T, B, V]
@@ -527,7 +528,7 @@ class SeqVAE(nnx.Module):
         elif gumbel is not None:
             xs = jnp.swapaxes(gumbel, 0, 1)  # [max_len, B, V]
         else:
-            key = self.sample_rngs()
+            key = own_stream_draw("gumbel", self.sample_rngs, "pass gumbel")
             xs = jax.vmap(lambda t: jax.random.fold_in(key, t))(jnp.arange(max_len))  # one key per step
 
         def choose(h, x_t):

@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import math
 
+import flax.errors
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -721,3 +722,21 @@ def test_bad_constructor_arguments(kwargs, message):
 def test_flags_are_bools():
     with pytest.raises(TypeError, match="^bidirectional: expected True or False, got 1$"):
         jsr.SeqVAE(V, H, Z, L, bidirectional=1, rngs=nnx.Rngs(0))
+
+
+def test_noise_from_the_modules_stream_under_a_plain_jax_transform_names_the_way_out():
+    # Flax's own "Cannot mutate RngCount from a different trace level" names neither cause nor way out.
+    model = make_model(dtype=jnp.float32)
+    z = randn(4, Z).astype(jnp.float32)
+    tokens, lengths = make_batch([5, 3, 4, 2], 5)
+    calls = {
+        "eps": lambda: jax.jit(lambda t, n: model(t, n)["loss"])(tokens, lengths),
+        "gumbel": lambda: jax.jit(lambda z: model.generate(z, 6, mode="sample"))(z),
+        "gumbel ": lambda: jax.jit(lambda z, t: model.decode(z, t, replace_mask=jnp.ones(t.shape, bool),
+                                                             mode="sample"))(z, tokens),
+    }
+    for name, call in calls.items():
+        with pytest.raises(flax.errors.TraceContextError,
+                           match=rf"^{name.strip()}: drawn from .*nnx\.jit.* or pass {name.strip()} \("):
+            call()
+    assert jax.jit(lambda z: model.generate(z, 6))(z).shape == (4, 6)  # greedy draws nothing
