@@ -1465,12 +1465,6 @@ def given_options(argv: Sequence[str]) -> set[str]:
     return set(vars(parser.parse_args(argv)))
 
 
-def interrupted(args: argparse.Namespace) -> str:
-    """What a Ctrl-C says: "interrupted", and for a training run what it left (`kept`)."""
-    left = kept(args)
-    return f"interrupted; {left}" if left else "interrupted"
-
-
 def kept(args: argparse.Namespace) -> str | None:
     """What a training run stopped before its end (Ctrl-C, a full disk) leaves in --out: its committed checkpoints
     (atomic: an interrupted save leaves the previous one intact), or none yet; None for another command (its output
@@ -1550,8 +1544,9 @@ def run_command(name: str, args: argparse.Namespace) -> int:
                   "=0 turns it off", file=sys.stderr)
     try:
         return COMMANDS[name](args)
-    except KeyboardInterrupt:
-        print(f"\njax-scan-rnn {name}: {interrupted(args)}", file=sys.stderr)
+    except KeyboardInterrupt:  # for a training run, also what it left (`kept`)
+        left = kept(args)
+        print(f"\njax-scan-rnn {name}: interrupted" + (f"; {left}" if left else ""), file=sys.stderr)
         return 130
     except Exception as err:
         from jax_scan_rnn.checkpoint import CheckpointError  # here: importing them at start-up imports JAX
