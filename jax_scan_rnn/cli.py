@@ -929,10 +929,12 @@ def write_positions_csv(file, positions, assets, data) -> None:
             writer.writerow([label, step, *(f"{v:.8g}" for v in row)])
 
 
-def write_export(state_dict: dict, args: argparse.Namespace, side: dict) -> Path:
-    """`state_dict` ({torch key: np.ndarray}) to --output in --format, and `side` as JSON to FILE.json, each
-    written atomically. Returns the side file's path. The side file may not be a training run's own file either
-    (`--output RUN/evaluation` would replace the run's evaluation.json): refused before anything is written."""
+def write_export(model, step: int, args: argparse.Namespace, side: dict) -> Path:
+    """`model`'s torch state_dict ({torch key: np.ndarray}) to --output in --format, and `side` (the torch model's
+    "model" class and its "arguments", ...) as JSON to FILE.json, each written atomically; says what was written
+    (`step` of --checkpoint). Returns the side file's path. The side file may not be a training run's own file
+    either (`--output RUN/evaluation` would replace the run's evaluation.json): refused before anything is written."""
+    import jax_scan_rnn as jsr
     from jax_scan_rnn.convert import save_safetensors, side_file
 
     refuse_run_file(str(side_file(args.output)), "--output (its side file)")
@@ -940,6 +942,7 @@ def write_export(state_dict: dict, args: argparse.Namespace, side: dict) -> Path
     if Path(args.output).suffix.lower() not in suffixes:  # the name --init-from (and a reader) takes the format from
         raise ValueError(f"--output: expected a {' or '.join(suffixes)} file for --format {args.format}, got "
                          f"{args.output}")
+    state_dict = jsr.torch_state_dict(model)
     if args.format == "torch":
         from jax_scan_rnn.optional import require
 
@@ -950,21 +953,19 @@ def write_export(state_dict: dict, args: argparse.Namespace, side: dict) -> Path
         save_safetensors(state_dict, args.output)  # atomically, as every output
     path = side_file(args.output)
     write_atomically(str(path), lambda f: f.write(json.dumps(side, indent=2) + "\n"))
+    shown = ", ".join(f"{k}={v}" for k, v in side["arguments"].items())
+    print(f"state_dict of {side['model']}({shown}), step {step} of {args.checkpoint} -> {args.output}")
     return path
 
 
 @command("export traveller")
 def cmd_export_traveller(args: argparse.Namespace) -> int:
     """The weights as a PyTorch state_dict that the seed's class (and torch_ref.Traveller) loads."""
-    import jax_scan_rnn as jsr
     from jax_scan_rnn.tasks import traveller as task_lib
 
     check_output_file(args.output)
     model, task, stats, step = load_run(args, "traveller")
-    side = task_lib.export_side(model, task, stats)
-    path = write_export(jsr.torch_state_dict(model), args, side)
-    shown = ", ".join(f"{k}={v}" for k, v in side["arguments"].items())
-    print(f"state_dict of torch_ref.Traveller({shown}), step {step} of {args.checkpoint} -> {args.output}")
+    path = write_export(model, step, args, task_lib.export_side(model, task, stats))
     print("its arguments" + ("" if stats is None else " and the standardisation of the features it reads (the "
                               "training period's mean and std)") + f": {path}")
     return 0
@@ -974,19 +975,15 @@ def cmd_export_traveller(args: argparse.Namespace) -> int:
 def cmd_export_vae(args: argparse.Namespace) -> int:
     """The weights as a PyTorch state_dict that torch_ref.SeqVAE loads, and in FILE.json what they are of no use
     without: torch_ref.SeqVAE's arguments and the vocabulary (token id -> character) the model reads and writes."""
-    import jax_scan_rnn as jsr
     from jax_scan_rnn.tasks import vae as task_lib
 
     check_output_file(args.output)
     model, vocab, task, step = load_run(args, "vae")
-    arguments = task_lib.model_arguments(task, vocab.size)
-    side = write_export(jsr.torch_state_dict(model), args, {
-        "model": "torch_ref.SeqVAE", "arguments": arguments,
+    side = write_export(model, step, args, {
+        "model": "torch_ref.SeqVAE", "arguments": task_lib.model_arguments(task, vocab.size),
         # Vocabulary.from_json(json.dumps(this)) rebuilds it; a molecule is one id per character, then <eos>.
         "vocabulary": json.loads(vocab.to_json()),
         "max_length": task.max_length, "kekule": task.writes_kekule, "decoder_only": task.decoder_only})
-    shown = ", ".join(f"{k}={v}" for k, v in arguments.items())
-    print(f"state_dict of torch_ref.SeqVAE({shown}), step {step} of {args.checkpoint} -> {args.output}")
     print(f"its arguments and vocabulary (token id -> character; ids 0-2: <pad>, <sos>, <eos>): {side}")
     if task.decoder_only:
         print("a CharRNN (--decoder-only): it decodes from z = 0, the encoder was not trained")
