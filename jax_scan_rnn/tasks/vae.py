@@ -27,8 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jax_scan_rnn import metrics
-from jax_scan_rnn import schedules, validate
+from jax_scan_rnn import metrics, schedules, validate
 from jax_scan_rnn.compiled import jit
 from jax_scan_rnn.options import check, option
 from jax_scan_rnn.data import smiles
@@ -613,16 +612,12 @@ def _greedy(model, z, max_len):
     return jit(model).generate(z, max_len, mode="greedy")
 
 
-def _teacher_forced_argmax(model, z, tokens):
-    return jnp.argmax(jit(model).decode(z, tokens), axis=-1)
-
-
 def sample_bytes(task: VAETask, vocab_size: int, n: int) -> int:
     """A bound on the memory `sample` takes for `n` samples of the model `task` builds (float32): the Gumbel
     noise `[n, T, V]` and the tokens `[n, T]` (T = max_length + 1), the latents, and one step's logits and
     decoder state."""
-    hidden = task.hidden_size if task.decoder_hidden_size is None else task.decoder_hidden_size
-    layers = task.num_layers if task.decoder_layers is None else task.decoder_layers
+    arguments = model_arguments(task, vocab_size)  # the decoder's sizes resolved
+    hidden, layers = arguments["decoder_hidden_size"], arguments["decoder_layers"]
     per_sample = (task.max_length + 1) * (vocab_size + 1) + task.latent_size + 2 * vocab_size + 2 * hidden * layers
     return 4 * n * per_sample
 
@@ -718,7 +713,7 @@ def reconstruction(model: SeqVAE, vocab: smiles.Vocabulary, sequences: list[str]
     tokens, lengths = encode(vocab, sequences, max_length)
     mu = _encode(model, tokens, lengths)[0]
     mask = tokens != smiles.PAD
-    forced = np.asarray(_teacher_forced_argmax(model, mu, tokens))
+    forced = np.asarray(jnp.argmax(jit(model).decode(mu, tokens), axis=-1))
     free = np.asarray(_greedy(model, mu, tokens.shape[1]))
     return {
         "tf_token_acc": metrics.token_accuracy(forced, tokens, mask),
