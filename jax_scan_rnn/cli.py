@@ -247,12 +247,10 @@ class ProgressBar:
 
 def train_config(args: argparse.Namespace):
     """The training options as a TrainConfig, checked (with --resume/--override) before any work."""
-    from jax_scan_rnn.train import TrainConfig
+    from jax_scan_rnn.train import TrainConfig, default_warmup
 
     if args.override and not args.resume:
         raise ValueError("--override: expected only with --resume (it accepts changed options of a resumed run)")
-    from jax_scan_rnn.train import default_warmup
-
     warmup = default_warmup(args.steps) if args.warmup_steps is None else args.warmup_steps
     with flag_names():  # "TrainConfig.warmup_steps: expected at most steps=10" -> the flags' names
         return options.from_args(TrainConfig, args, warmup_steps=warmup)
@@ -1057,9 +1055,8 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
     dataset = task_lib.load_dataset(task, vocab)
     check_memory("the final evaluation's samples (--eval-samples)",
                  task_lib.sample_bytes(task, dataset.vocab.size, task.eval_samples))
-    skipped = ", ".join(f"{k} {v}" for k, v in dataset.skipped.items()) or "none"
     print(f"data {task.data}: {len(dataset.train)} train / {len(dataset.valid)} valid / {len(dataset.test)} test "
-          f"sequences, vocabulary {dataset.vocab.size}; skipped: {skipped}"
+          f"sequences, vocabulary {dataset.vocab.size}; skipped: {task_lib.describe_skipped(dataset.skipped)}"
           + (f"; read up to --limit {task.limit}" if dataset.limit_reached else ""))
     with output_directory(out, args.resume):
         check_resume(out, args, task, cfg, {"data_sha256": dataset.digest}, saved)
