@@ -26,10 +26,8 @@ from typing import Any
 
 from jax_scan_rnn import validate
 
-_NO_DEFAULT = dataclasses.MISSING
 
-
-def option(default: Any = _NO_DEFAULT, help: str = "", *, lo: float | None = None, hi: float | None = None,
+def option(default: Any = dataclasses.MISSING, help: str = "", *, lo: float | None = None, hi: float | None = None,
            lo_open: bool = False, hi_open: bool = False, choices: tuple | None = None, flag: str | None = None,
            none: str = "off") -> Any:
     """A dataclass field with what `check` and `add_arguments` need. `flag` replaces `--field-name`; `none` is
