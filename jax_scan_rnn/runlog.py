@@ -11,7 +11,7 @@ import json
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, NoReturn
 
@@ -88,9 +88,9 @@ class History:
     step: int  # updates completed
     resumed_from: int | None = None  # checkpoint step the run resumed from, if it did
     out_dir: Path | None = None  # where metrics, curves and checkpoints were written
-    checkpoints_skipped: tuple[tuple[int, str], ...] = field(default=())  # invalid ones on resume
-    checkpoints_moved_aside: tuple[tuple[int, Path], ...] = field(default=())  # (step, where): kept, unused
-    checkpoint_stray_files: tuple[str, ...] = field(default=())  # unlisted files in the resumed checkpoint
+    checkpoints_skipped: tuple[tuple[int, str], ...] = ()  # invalid ones on resume
+    checkpoints_moved_aside: tuple[tuple[int, Path], ...] = ()  # (step, where): kept, unused
+    checkpoint_stray_files: tuple[str, ...] = ()  # unlisted files in the resumed checkpoint
 
     def series(self, key: str = "loss", split: str = "train") -> tuple[list[int], list[float]]:
         """(steps, values) of `key` (a row field such as `loss`/`lr`, or a metric name)."""
