@@ -218,9 +218,7 @@ def plot_curves(history: History, path: Path) -> None:
         values = [y for line in ax.lines for y in line.get_ydata()]
         if key == "loss" and min(values) > 0:
             ax.set_yscale("log")
-        ax.set_title(key)
-        ax.set_xlabel("step")
-        ax.set_ylabel(key)
+        ax.set(title=key, xlabel="step", ylabel=key)
         ax.grid(alpha=0.3)
         if key != "lr":
             ax.legend(fontsize="small")

@@ -489,8 +489,7 @@ def plot_positions(model: Traveller, task: TravellerTask, path: str | Path, *, s
         ax.plot(markowitz[:, asset], color="0.75", lw=0.8, label="Markowitz (ignores costs)")
         ax.plot(optimal[:, asset], color="k", lw=1.5, label="optimal (Garleanu-Pedersen)")
         ax.plot(learned[:, asset], color="tab:red", lw=1.2, ls="--", label="Traveller (learned)")
-        ax.set_ylabel(f"position, asset {asset}")
-        ax.set_ylim(-1.05, 1.05)
+        ax.set(ylabel=f"position, asset {asset}", ylim=(-1.05, 1.05))
     axes[0, 0].legend(loc="upper right", fontsize=8)
     axes[-1, 0].set_xlabel("step")
     title = "Held-out path: learned positions vs the optimal policy"
@@ -524,8 +523,7 @@ def plot_data(model: Traveller, data: market_data.MarketData, stats: DataStats, 
     axes[0].set_ylabel("cumulative net return")
     axes[0].legend(loc="upper left", fontsize=8)
     for asset in range(shown):
-        axes[1 + asset].set_ylabel(f"position, {stats.asset_names[asset]}")
-        axes[1 + asset].set_ylim(-1.05, 1.05)
+        axes[1 + asset].set(ylabel=f"position, {stats.asset_names[asset]}", ylim=(-1.05, 1.05))
     axes[-1].set_xlabel(f"step ({period} period of path 0)")
     fig.suptitle(f"{period} period: net of the cost model lam/2 dx'Sigma dx, lam = {stats.objective.lam:g}")
     return _save(fig, path)
