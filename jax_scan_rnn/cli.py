@@ -1290,14 +1290,10 @@ def add_train_arguments(parser: argparse.ArgumentParser, task: type, defaults: d
                        "settings for the options not given")
     group.add_argument("--override", action="store_true",
                        help="with --resume: continue even if options given differ from the run's saved ones (listed)")
-    group.add_argument(
-        "--devices", type=POSITIVE_INT, default=None,
-        help="data-parallel over this many devices: the batch is split, parameters replicated (default: all)",
-    )
-    group.add_argument(
-        "--multihost", action="store_true",
-        help="call jax.distributed.initialize() first (run the same command on every host; see README)",
-    )
+    group.add_argument("--devices", type=POSITIVE_INT, default=None, help="data-parallel over this many devices: the "
+                       "batch is split, parameters replicated (default: all)")
+    group.add_argument("--multihost", action="store_true",
+                       help="call jax.distributed.initialize() first (run the same command on every host; see README)")
 
 
 def model_commands(sub, name: str, help: str):

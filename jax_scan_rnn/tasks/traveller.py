@@ -43,9 +43,9 @@ from jax_scan_rnn.runlog import save_figure, strict_json, write_atomically
 from jax_scan_rnn.data import market_data, trading
 from jax_scan_rnn.train import TrainConfig, fit, restore_model
 
-TRAIN_DEFAULTS = {"steps": 1000, "learning_rate": 3e-3}  # `train traveller`'s, over TrainConfig's (`command_config`)
 from jax_scan_rnn.traveller import Traveller, TravellerState
 
+TRAIN_DEFAULTS = {"steps": 1000, "learning_rate": 3e-3}  # `train traveller`'s, over TrainConfig's (`command_config`)
 OBJECTIVES = ("utility", "mse")
 # A rolling Markowitz baseline's look-back on real data: one year of daily bars.
 MARKOWITZ_WINDOW = 252
@@ -327,17 +327,9 @@ def evaluate(model: Traveller, task: TravellerTask, market: trading.Market | Non
     return trading.utility_table(task.market, market, learned)
 
 
-def train(
-    task: TravellerTask,
-    cfg: TrainConfig,
-    out_dir: str | Path | None = None,
-    *,
-    resume: bool = False,
-    callback=None,
-    init_from: str | Path | None = None,
-    data: market_data.MarketData | None = None,
-    **fit_kwargs,
-):
+def train(task: TravellerTask, cfg: TrainConfig, out_dir: str | Path | None = None, *, resume: bool = False,
+          callback=None, init_from: str | Path | None = None, data: market_data.MarketData | None = None,
+          **fit_kwargs):
     """Train a fresh Traveller (or resume `out_dir`); returns `(model, history, stats)`, `stats` the
     `DataStats` of your data (None on the simulated market).
 
@@ -368,18 +360,9 @@ def train(
             return {"utility": learned["utility"], "sharpe": learned["sharpe"] or 0.0}
     if init_from is not None:
         metadata["init_from"] = load_init(model, init_from, stats)
-    history = fit(
-        model,
-        make_loss_fn(task, None if stats is None else stats.objective),
-        make_batch_fn(task, seed, data, stats),
-        cfg,
-        out_dir=out_dir,
-        eval_fn=eval_fn,
-        resume=resume,
-        callback=callback,
-        metadata=metadata,
-        **fit_kwargs,
-    )
+    history = fit(model, make_loss_fn(task, None if stats is None else stats.objective),
+                  make_batch_fn(task, seed, data, stats), cfg, out_dir=out_dir,
+                  eval_fn=eval_fn, resume=resume, callback=callback, metadata=metadata, **fit_kwargs)
     return model, history, stats
 
 

@@ -791,18 +791,8 @@ def train(task: VAETask, cfg: TrainConfig, out_dir: str | Path | None = None, *,
         acc = reconstruction(m, dataset.vocab, dataset.valid[:EVAL_RECONSTRUCT], task.max_length)
         return {"recon": float(out["recon"]), "kl": float(out["kl"]), "free_sequence_acc": acc["free_sequence_acc"]}
 
-    history = fit(
-        model,
-        make_loss_fn(task),
-        make_batch_fn(task, dataset, seed),
-        cfg,
-        out_dir=out_dir,
-        eval_fn=eval_fn,
-        resume=resume,
-        callback=callback,
-        metadata=metadata,
-        **fit_kwargs,
-    )
+    history = fit(model, make_loss_fn(task), make_batch_fn(task, dataset, seed), cfg, out_dir=out_dir,
+                  eval_fn=eval_fn, resume=resume, callback=callback, metadata=metadata, **fit_kwargs)
     return model, dataset, history
 
 
