@@ -693,14 +693,12 @@ def latents(model: SeqVAE, vocab: smiles.Vocabulary, task: VAETask, sequences: l
         else:
             index.append(i)
             kept.append(seq)
-    if not kept:
-        return {"index": np.zeros(0, np.int64), "sequences": [], "mu": np.zeros((0, model.latent_size), np.float32),
-                "logvar": np.zeros((0, model.latent_size), np.float32), "skipped": dict(skipped)}
     # In chunks: one call over a whole file would hold every molecule's hoisted input projections at once (on a GPU,
     # [N, T, 3H] floats: 300 GB for a million molecules at the default sizes).
     posterior = [_encode(model, *encode(vocab, kept[i:i + ENCODE_CHUNK], task.max_length))
                  for i in range(0, len(kept), ENCODE_CHUNK)]
-    mu, logvar = (np.concatenate([np.asarray(p[k], np.float32) for p in posterior]) for k in (0, 1))
+    empty = np.zeros((0, model.latent_size), np.float32)  # none kept: no call, mu and logvar [0, Z]
+    mu, logvar = (np.concatenate([empty, *(np.asarray(p[k], np.float32) for p in posterior)]) for k in (0, 1))
     return {"index": np.asarray(index, np.int64), "sequences": kept, "mu": mu, "logvar": logvar,
             "skipped": dict(skipped)}
 
