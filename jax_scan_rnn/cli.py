@@ -780,11 +780,10 @@ def cmd_evaluate_traveller(args: argparse.Namespace) -> int:
             raise ValueError(f"--plot: expected a file ending in one of {', '.join('.' + k for k in sorted(kinds))}, "
                              f"got {args.plot}")
     model, task, stats, step = load_run(args, "traveller")
-    checkpoint = Path(args.checkpoint)
     scored = None if stats is None else Path(args.data).stem if args.data else args.period or "test"
     # Named by what it shows, never the training's own positions.png: an evaluation of an earlier step or
     # another period must not replace the plot the run left (and one evaluation does not replace another's).
-    default = checkpoint / f"positions-step{step}{'' if scored is None else '-' + scored}.png"
+    default = Path(args.checkpoint) / f"positions-step{step}{'' if scored is None else '-' + scored}.png"
     target = Path(args.plot) if args.plot else default
     if stats is None:
         for name in ("data", "period", "fill"):
