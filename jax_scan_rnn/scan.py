@@ -108,6 +108,7 @@ def time_scan(
     Returns:
       `(final carry, ys)` with `ys` time-major `[T, ...]`, exactly as `lax.scan`.
     """
+    carry = _varying_like(carry, xs)
     # "auto" is the caller's to resolve (resolve_unroll)
     plain, differentiated = unroll if isinstance(unroll, tuple) and len(unroll) == 2 else (unroll, unroll)
     validate.integer("unroll", plain, lo=1)
@@ -138,6 +139,36 @@ def time_scan(
         carry, ys_tail = chunk(carry, jax.tree.map(lambda x: x[chunks * remat_chunk :], xs))
         ys = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), ys, ys_tail)
     return carry, ys
+
+
+def _varying_like(carry: PyTree, xs: PyTree) -> PyTree:
+    """`carry` marked as varying over every mesh axis that a leaf of `carry` or `xs` varies over.
+
+    Inside `shard_map` (`jax.shard_map`, `nnx.shard_map`) each array's type says over which mesh axes its value
+    differs between devices. A zero initial state made in the model varies over none, while the step mixes it
+    with the per-device inputs (a batch split over "data"), so the new carry varies over "data": `lax.scan` would
+    refuse the mismatch in a several-line type error. Outside `shard_map` nothing varies and `carry` is returned
+    as it is."""
+    leaves = [x for x in jax.tree.leaves((carry, xs)) if isinstance(x, jax.Array)]
+    axes = frozenset().union(*map(_varying_axes, leaves))
+    if not axes:
+        return carry
+
+    def vary(c):
+        missing = tuple(sorted(axes - _varying_axes(c)))
+        return jax.lax.pcast(c, missing, to="varying") if missing else c
+
+    return jax.tree.map(vary, carry)
+
+
+def _varying_axes(x: jax.Array) -> frozenset:
+    """The mesh axes over which `x` (an array or its type) varies inside `shard_map` (none outside it): its type's
+    `vma` (JAX <= 0.8's name), `manual_axis_type.varying` (JAX 0.10's)."""
+    aval = x if isinstance(x, jax.core.ShapedArray) else jax.typeof(x)
+    vma = getattr(aval, "vma", None)
+    if vma is None:
+        vma = getattr(getattr(aval, "manual_axis_type", None), "varying", frozenset())
+    return frozenset(vma)
 
 
 def _scan_by_use(step, carry, xs, plain: int, differentiated: int) -> tuple[PyTree, PyTree]:
@@ -198,12 +229,19 @@ def _cotangents(moving: tuple[int, ...], count: int, vjp: Callable, cotangent: P
     """The cotangents of all `count` inputs: `vjp(cotangent)`'s for the inputs at `moving`, None (zero) for the
     others; symbolic zeros in `cotangent` (outputs nothing reads) made arrays for `vjp`."""
     symbolic = jax.custom_derivatives.SymbolicZero
-    cotangent = jax.tree.map(lambda c: np.zeros(c.shape, c.dtype) if isinstance(c, symbolic) else c, cotangent,
+    cotangent = jax.tree.map(lambda c: _zeros(c.aval) if isinstance(c, symbolic) else c, cotangent,
                              is_leaf=lambda c: isinstance(c, symbolic))
     cotangents = [None] * count
     for i, c in zip(moving, vjp(cotangent)):
         cotangents[i] = c
     return tuple(cotangents)
+
+
+def _zeros(aval) -> jax.Array | np.ndarray:
+    """Zeros of `aval`'s shape and dtype that vary over its mesh axes (inside `shard_map`, `vjp` checks them)."""
+    zeros = np.zeros(aval.shape, aval.dtype)
+    axes = tuple(sorted(_varying_axes(aval)))
+    return jax.lax.pcast(zeros, axes, to="varying") if axes else zeros
 
 
 def _equations(jaxpr) -> Iterator:
