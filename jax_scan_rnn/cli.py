@@ -603,7 +603,17 @@ def data_parallel(args: argparse.Namespace, batch_size: int):
                              "that many" if cpu else ""))
     dp = DataParallel.create(args.devices)
     with flag_names():  # "batch_size: expected a multiple of the 2 devices ..." -> --batch-size
-        dp.check_batch_size(batch_size)
+        try:
+            dp.check_batch_size(batch_size)
+        except ValueError as err:
+            if args.devices is not None:
+                raise
+            # The user typed neither number (the README's own command on a 3- or 6-GPU machine): say where the
+            # device count came from, and which --devices would split the batch.
+            # (a share of the mesh would leave some processes of a multi-process run without a device: no hint there)
+            fits = max(n for n in range(1, dp.size + 1) if batch_size % n == 0)
+            hint = f"; --devices {fits} splits it evenly" if jax.process_count() == 1 else ""
+            raise ValueError(f"{err} (every device JAX sees, --devices not being given{hint})") from None
     return dp
 
 

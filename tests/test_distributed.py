@@ -85,6 +85,18 @@ def test_batch_must_split_evenly(tmp_path):
     assert "error: --batch-size: expected a multiple of the 3 devices it is split over, got 16" in result.stderr
 
 
+def test_a_default_device_count_that_does_not_split_the_batch_says_where_it_came_from(tmp_path):
+    # The README's own command on a machine with 3 devices: neither number was typed, so the error says that the
+    # count is every device and which --devices would do (it named --batch-size alone).
+    args = [a for a in train_args(tmp_path / "x", 3, 2) if a not in ("--devices", "3")]
+    result = run_cli(*args, host_devices=3)
+    assert result.returncode == 2
+    assert result.stderr.strip().endswith(
+        "error: --batch-size: expected a multiple of the 3 devices it is split over, got 16 (every device JAX sees, "
+        "--devices not being given; --devices 2 splits it evenly)"), result.stderr
+    assert not (tmp_path / "x").exists()
+
+
 def test_more_devices_than_exist_is_an_error(tmp_path):
     result = run_cli(*train_args(tmp_path / "x", 8, 2))
     assert result.returncode == 2
