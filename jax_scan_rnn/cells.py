@@ -93,10 +93,8 @@ class RNNCellBase(nnx.Module):
         input_size = validate.integer("input_size", input_size, lo=1)  # a plain int from here on
         hidden_size = validate.integer("hidden_size", hidden_size, lo=1)
         validate.boolean("bias", bias)
-        if compute_dtype is not None and not jnp.issubdtype(compute_dtype, jnp.floating):
-            raise TypeError(f"compute_dtype: expected None or a floating dtype, got {compute_dtype!r}")
-        if not jnp.issubdtype(param_dtype, jnp.floating):
-            raise TypeError(f"param_dtype: expected a floating dtype, got {param_dtype!r}")
+        compute_dtype = validate.float_dtype("compute_dtype", compute_dtype, none=True)
+        param_dtype = validate.float_dtype("param_dtype", param_dtype)
         self.input_size = input_size
         self.hidden_size = hidden_size
         self.compute_dtype = compute_dtype
@@ -225,7 +223,7 @@ class LSTMCell(RNNCellBase):
         validate.integer("proj_size", proj_size, lo=0, hi=hidden_size - 1)  # as torch: 0 or P < H
         self.proj_size = proj_size
         super().__init__(input_size, hidden_size, bias, **kwargs)
-        rngs, param_dtype = kwargs["rngs"], kwargs.get("param_dtype", jnp.float32)
+        rngs, param_dtype = kwargs["rngs"], validate.float_dtype("param_dtype", kwargs.get("param_dtype", jnp.float32))
         bound = 1.0 / math.sqrt(hidden_size)
         self.w_hr = nnx.Param(_torch_uniform(rngs.params(), (hidden_size, proj_size), bound, param_dtype)) if proj_size else None
 

@@ -225,8 +225,7 @@ class SeqVAE(nnx.Module):
         validate.integer("num_layers", num_layers, lo=1)
         validate.integer("decoder_hidden_size", decoder_hidden_size, lo=1, none=True)
         validate.integer("decoder_layers", decoder_layers, lo=1, none=True)
-        if not jnp.issubdtype(param_dtype, jnp.floating):
-            raise TypeError(f"param_dtype: expected a floating dtype, got {jnp.dtype(param_dtype)}")
+        param_dtype = validate.float_dtype("param_dtype", param_dtype)
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.latent_size = latent_size

@@ -149,6 +149,28 @@ def from_torch(tree: Any) -> Any:
     return jax.tree.map(_untorched, tree)
 
 
+def float_dtype(name: str, value: Any, *, none: bool = False) -> Any:
+    """`value`, a floating dtype (`jnp.bfloat16`, `"float16"`, `np.dtype("float64")`, or torch's `torch.float64`, which
+    means the dtype of its name, as in code copied from PyTorch), as its scalar type (`jnp.float64`, ...); None
+    with `none`. TypeError naming `name` for anything else (NumPy alone says "data type 'bf16' not understood",
+    naming no argument)."""
+    import jax.numpy as jnp
+
+    if value is None and none:
+        return None
+    given = value
+    if type(value).__module__ == "torch":  # a torch.dtype: "torch.bfloat16" -> "bfloat16"
+        value = str(value).removeprefix("torch.")
+    try:
+        dtype = None if value is None or isinstance(value, bool) else jnp.dtype(value)
+    except (TypeError, ValueError):
+        dtype = None
+    if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+        raise TypeError(f"{name}: expected {'None or ' if none else ''}a floating dtype (jnp.bfloat16, 'float16', "
+                        f"torch.float64, ...), got {given!r}")
+    return dtype.type
+
+
 def floating_array(name: str, value: Any, like: Any = None) -> Any:
     """`value` (a JAX or NumPy array, a torch tensor as `from_torch` reads it, a list) as a JAX array of a floating
     dtype: what every model's input is checked for first. TypeError naming `name` for another dtype. With `like`

@@ -375,6 +375,24 @@ def test_bad_compute_dtype():
         jsr.GRU(3, 4, param_dtype=jnp.int32, rngs=nnx.Rngs(0))
 
 
+@pytest.mark.parametrize("build", [
+    lambda **kw: jsr.GRU(3, 4, **kw, rngs=nnx.Rngs(0)),
+    lambda **kw: jsr.LSTM(3, 4, proj_size=2, **kw, rngs=nnx.Rngs(0)),
+    lambda **kw: jsr.Traveller(3, 4, 1, 0.0, **kw, rngs=nnx.Rngs(0)),
+    lambda **kw: jsr.SeqVAE(5, 4, 2, 1, **kw, rngs=nnx.Rngs(0)),
+], ids=["GRU", "LSTM-projected", "Traveller", "SeqVAE"])
+def test_dtypes_are_named_when_not_understood_and_torch_dtypes_mean_their_name(build):
+    # NumPy's own words before ("data type 'bf16' not understood", "Cannot interpret 'torch.float64' as a data
+    # type"), naming no argument; a torch dtype, as in code copied from PyTorch, now means the dtype of its name.
+    torch = pytest.importorskip("torch")
+    for name in ("param_dtype", "compute_dtype"):
+        with pytest.raises(TypeError, match=rf"^{name}: expected (None or )?a floating dtype .*, got 'bf16'$"):
+            build(**{name: "bf16"})
+    model = build(param_dtype=torch.float16, compute_dtype=torch.bfloat16)
+    assert {p.dtype for p in jax.tree.leaves(nnx.state(model, nnx.Param))} == {jnp.dtype(jnp.float16)}
+    assert build(param_dtype="float16", compute_dtype="bfloat16") is not None
+
+
 # Summation order differs between the thin (broadcast-multiply-sum) form and a matmul call, so results
 # agree to a few ulps of the magnitudes summed, |x| @ |w| (a dot product's rounding bound), not of the result.
 THIN_MATMUL_RTOL = {jnp.float32: 1e-6, jnp.float64: 1e-14}
