@@ -69,7 +69,8 @@ class Traveller(nnx.Module):
         which reads `[A + F]`, positions first). The default 2 is the seed's model, so its checkpoints load.
       param_dtype: parameter dtype; computation runs in the dtype holding both the inputs' and the
         parameters' (`jnp.promote_types`: a bfloat16 path to float32 weights runs in float32).
-      compute_dtype: None, or the LSTM matmuls' operand dtype (`jnp.bfloat16`); state stays float32.
+      compute_dtype: None, or the LSTM matmuls' operand dtype (`jnp.bfloat16`); the state stays in the dtype
+        computation runs in (float32 with float32 weights, float64 with float64 ones).
       unroll: default `lax.scan` unroll factor, or "auto" (measured per batch size, and for training or not:
         `scan.auto_unroll`).
       remat_chunk: None, or rematerialise the time loop in chunks of this many steps when training
