@@ -272,7 +272,10 @@ def torch_state_dict(module: nnx.Module) -> dict[str, np.ndarray]:
     """The module's parameters as a PyTorch `state_dict`: `{torch key: np.ndarray in torch layout}`.
 
     The keys are exactly the `state_dict()` keys of the `torch_ref` twin, so
-    `twin.load_state_dict({k: torch.from_numpy(v) ...})` loads it with `strict=True`.
+    `twin.load_state_dict({k: torch.from_numpy(v) ...})` loads it with `strict=True`. The arrays keep the
+    parameters' dtype; a bfloat16 model's are ml_dtypes' `bfloat16`, which `torch.from_numpy` refuses:
+    `torch.from_numpy(v.view(np.int16)).view(torch.bfloat16)` takes the same bits (or `save_safetensors`, whose
+    file `safetensors.torch.load_file` reads as bfloat16 tensors).
     """
     _check_module(module)
     out = {}

@@ -7,6 +7,7 @@ import re
 import warnings
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
@@ -197,6 +198,21 @@ def test_half_precision_torch_checkpoint_loads_into_float32(dtype):
         assert value.dtype == np.float32
         # Every half-precision value is exact in float32: nothing may be rounded on the way.
         np.testing.assert_array_equal(value, ref.state_dict()[key].float().numpy(), err_msg=key)
+
+
+def test_a_bfloat16_models_state_dict_loads_into_its_torch_twin_as_the_docstring_says():
+    # torch_state_dict's documented route, `torch.from_numpy(v)`, refuses ml_dtypes' bfloat16: the docstring now
+    # gives the bit view that works; weights and dtype come back unchanged through torch.
+    ours = jsr.Traveller(3, 4, 2, 0.0, param_dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    sd = jsr.torch_state_dict(ours)
+    with pytest.raises(TypeError, match="ml_dtypes.bfloat16"):
+        torch.from_numpy(sd["output_layer.weight"])
+    twin = torch_ref.Traveller(3, 4, 2, 0.0).to(torch.bfloat16)
+    twin.load_state_dict({k: torch.from_numpy(v.view(np.int16)).view(torch.bfloat16) for k, v in sd.items()})
+    back = jsr.Traveller(3, 4, 2, 0.0, param_dtype=jnp.bfloat16, rngs=nnx.Rngs(1))
+    jsr.load_torch_state_dict(back, twin.state_dict())
+    for key, value in jsr.torch_state_dict(back).items():
+        assert value.dtype == jnp.bfloat16 and np.array_equal(value.view(np.int16), sd[key].view(np.int16)), key
 
 
 def test_bfloat16_survives_a_safetensors_round_trip(tmp_path):
