@@ -67,6 +67,15 @@ class DataParallel:
         return put_batch(batch, self.data)
 
 
+def replicated_over(sharding: jax.sharding.Sharding) -> NamedSharding:
+    """A full copy on every device of `sharding` (over a NamedSharding's mesh; else over its devices, by id): the
+    state's placement beside a batch placed with `sharding`."""
+    if isinstance(sharding, NamedSharding) and isinstance(sharding.mesh, Mesh):
+        return NamedSharding(sharding.mesh, PartitionSpec())
+    devices = sorted(sharding.device_set, key=lambda d: (d.process_index, d.id))
+    return NamedSharding(Mesh(np.array(devices), (DATA_AXIS,)), PartitionSpec())
+
+
 def put_batch(batch, sharding: jax.sharding.Sharding):
     """Place a global batch (pytree of `[B, ...]` host arrays) with a batch-axis `sharding`.
 

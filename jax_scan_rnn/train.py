@@ -44,7 +44,7 @@ from flax import nnx
 from jax_scan_rnn import checkpoint as ckpt
 from jax_scan_rnn import validate, xla_flags
 from jax_scan_rnn.compiled import mode_flags
-from jax_scan_rnn.distributed import put_batch
+from jax_scan_rnn.distributed import put_batch, replicated_over
 from jax_scan_rnn.lock import run_lock
 from jax_scan_rnn.optional import available
 from jax_scan_rnn.options import check, option
@@ -448,7 +448,8 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
         (and reserved).
       data_sharding: if given, every batch is placed with it (e.g. batch-sharded for data parallelism; on
         several processes each contributes the rows of its own devices, `distributed.put_batch`).
-      state_sharding: if given, the training state is placed with it (e.g. replicated) before the loop.
+      state_sharding: if given, the training state is placed with it (e.g. replicated) before the loop. Default:
+        none with no `data_sharding`, else replicated over `data_sharding`'s devices (`distributed.replicated_over`).
       stop: `stop() -> bool`, asked after every update (with several processes: at log steps, all stopping when
         one asks); when it says True before the last update, `fit` writes a checkpoint of that update (with an
         `out_dir`) and raises `TrainingStopped`, so a preempted job loses no update: `resume=True` continues
@@ -491,6 +492,11 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
     if out is not None and not resume and earlier_run(out):
         raise ValueError(f"out_dir: expected no earlier run when resume=False, got {earlier_run(out)}; pass "
                          "resume=True to continue that run or choose another out_dir")
+
+    if data_sharding is not None and state_sharding is None:
+        # Left unplaced, a fresh state is replicated by the first step's jit, but a resumed one is restored onto
+        # this process's first device, where the step refuses it beside a batch on several: place both alike.
+        state_sharding = replicated_over(data_sharding)
 
     def put(batch):
         batch = validate.from_torch(batch)  # a torch DataLoader's tensors: data, as jsr.jit takes them

@@ -257,3 +257,42 @@ def test_layers_and_the_traveller_run_and_differentiate_inside_shard_map():
     assert result.returncode == 0, result.stderr[-2000:]
     worst = json.loads(result.stdout.strip().splitlines()[-1])
     assert all(w <= SHARD_MAP_ATOL for w in worst.values()), worst
+
+
+RESUME_SCRIPT = """
+import json, sys
+import numpy as np
+from flax import nnx
+import jax_scan_rnn as jsr
+from jax_scan_rnn.distributed import DataParallel
+from jax_scan_rnn.train import TrainConfig, fit
+
+dp = DataParallel.create(4)
+x = np.random.default_rng(0).normal(size=(8, 6, 3)).astype("float32")
+def loss_fn(model, batch):
+    return (model(batch)[0] ** 2).mean(), {}
+losses = {}
+# A constant learning rate: 2 steps resumed to 4 then do the math of 4 steps at once.
+for out, steps in (("whole", 4), ("resumed", 2), ("resumed", 4)):
+    rows = losses.setdefault(out, [])
+    try:  # the batch placed, the state not: data_sharding alone
+        fit(jsr.Traveller(3, 4, 1, 0.0, rngs=nnx.Rngs(0)), loss_fn, lambda i: x,
+            TrainConfig(steps=steps, log_every=1, eval_every=0, checkpoint_every=2, lr_schedule="constant",
+                        warmup_steps=0), out_dir=f"{sys.argv[1]}/{out}",
+            resume=True, data_sharding=dp.data, callback=lambda e: e["event"] == "log" and rows.append(e["loss"]))
+    except ValueError as err:
+        rows.append(str(err).splitlines()[0])
+print(json.dumps(losses))
+"""
+
+
+def test_a_run_given_only_data_sharding_resumes_as_it_started(tmp_path):
+    # A fresh state left unplaced was replicated by the step's jit, but a resumed one came back on device 0 only,
+    # and the step refused it beside the 4-device batch ("Received incompatible devices for jitted computation").
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    result = subprocess.run([sys.executable, "-c", RESUME_SCRIPT, str(tmp_path)], capture_output=True, text=True,
+                            env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    losses = json.loads(result.stdout.strip().splitlines()[-1])
+    assert len(losses["resumed"]) == 4, losses["resumed"]
+    assert max(abs(a - b) for a, b in zip(losses["resumed"], losses["whole"])) <= LOSS_ATOL, losses
