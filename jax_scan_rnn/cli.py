@@ -601,7 +601,10 @@ def data_parallel(args: argparse.Namespace, batch_size: int):
                          f"lists them), got {args.devices}" + (
                              f"; on a CPU, XLA_FLAGS=--xla_force_host_platform_device_count={args.devices} gives "
                              "that many" if cpu else ""))
-    dp = DataParallel.create(args.devices)
+    try:
+        dp = DataParallel.create(args.devices)
+    except ValueError as err:  # the library's argument is this command's flag
+        raise ValueError(str(err).replace("num_devices:", "--devices:", 1)) from None
     with flag_names():  # "batch_size: expected a multiple of the 2 devices ..." -> --batch-size
         try:
             dp.check_batch_size(batch_size)

@@ -35,12 +35,13 @@ class DataParallel:
 
     @classmethod
     def create(cls, num_devices: int | None = None) -> DataParallel:
-        """Use the first `num_devices` devices (all of them, across hosts, when None)."""
+        """Use the first `num_devices` devices (all of them, across hosts, when None); on several processes the
+        first `num_devices / process_count` of each process's own (`pick_devices`)."""
         devices = jax.devices()
         if num_devices is None:
             num_devices = len(devices)
         num_devices = validate.integer("num_devices", num_devices, lo=1, hi=len(devices))
-        return cls(Mesh(np.array(devices[:num_devices]), (DATA_AXIS,)))
+        return cls(Mesh(np.array(pick_devices(devices, num_devices, jax.process_count())), (DATA_AXIS,)))
 
     @property
     def size(self) -> int:
@@ -65,6 +66,25 @@ class DataParallel:
     def put(self, batch):
         """Place a global batch (pytree of `[B, ...]` host arrays) sharded over the mesh (`put_batch`)."""
         return put_batch(batch, self.data)
+
+
+def pick_devices(devices: list, count: int, processes: int) -> list:
+    """`count` of `devices` (`jax.devices()`: ordered by process) for a data-parallel mesh: the first `count`; on
+    `processes` > 1 processes the first `count / processes` of each process's, in process order, since every
+    process feeds the rows of its own devices (`put_batch`: process p the p-th of equal row blocks). The first
+    `count` alone would leave a process without a device in the mesh, and its rows nowhere to go (it crashed with
+    "generator raised StopIteration", the others waiting on it until a collective timed out)."""
+    if processes == 1:
+        return list(devices[:count])
+    each, rest = divmod(count, processes)
+    own: dict[int, list] = {}
+    for device in devices:
+        own.setdefault(device.process_index, []).append(device)
+    if rest or any(len(mine) < each for mine in own.values()):
+        raise ValueError(f"num_devices: expected a multiple of the {processes} processes, at most "
+                         f"{processes * min(len(mine) for mine in own.values())} (each process feeds its equal share "
+                         f"of the batch from its own devices), got {count}")
+    return [device for p in sorted(own) for device in own[p][:each]]
 
 
 def replicated_over(sharding: jax.sharding.Sharding) -> NamedSharding:

@@ -296,3 +296,21 @@ def test_a_run_given_only_data_sharding_resumes_as_it_started(tmp_path):
     losses = json.loads(result.stdout.strip().splitlines()[-1])
     assert len(losses["resumed"]) == 4, losses["resumed"]
     assert max(abs(a - b) for a, b in zip(losses["resumed"], losses["whole"])) <= LOSS_ATOL, losses
+
+
+def test_a_share_of_the_devices_of_several_processes_takes_each_process_alike():
+    # The first N devices of jax.devices() are process 0's: `--multihost --devices 2` on 2 processes of 2 devices
+    # left process 1 out of the mesh, which crashed ("generator raised StopIteration") while process 0 waited on it.
+    from collections import namedtuple
+
+    from jax_scan_rnn.distributed import pick_devices
+
+    Device = namedtuple("Device", "process_index id")
+    devices = [Device(p, 3 * p + k) for p in range(2) for k in range(3)]  # 2 processes of 3 devices
+    assert pick_devices(devices, 4, 1) == devices[:4]
+    assert pick_devices(devices, 2, 2) == [devices[0], devices[3]]
+    assert pick_devices(devices, 4, 2) == [devices[0], devices[1], devices[3], devices[4]]
+    assert pick_devices(devices, 6, 2) == devices
+    with pytest.raises(ValueError, match=r"^num_devices: expected a multiple of the 2 processes, at most 6 \(each "
+                                         r"process feeds its equal share of the batch from its own devices\), got 3$"):
+        pick_devices(devices, 3, 2)

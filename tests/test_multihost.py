@@ -198,3 +198,13 @@ def test_a_lost_process_stops_the_other_with_a_clear_message(tmp_path):
     assert procs[0].returncode != 0
     assert "another task died" in err, err[-3000:]  # JAX's coordination service names the cause
     assert waited < LOST_EXIT_TIMEOUT_S
+
+
+def test_fewer_devices_than_the_processes_hold_take_each_processes_share(tmp_path):
+    # --devices 2 on 2 processes of 2 devices: one device of each (it took process 0's two, and process 1 crashed).
+    one = tmp_path / "one"
+    train([*TRAVELLER, "--steps", "3", "--devices", "2", "--out", str(one)], 1)
+    two = tmp_path / "two"
+    results = train([*TRAVELLER, "--steps", "3", "--devices", "2", "--out", str(two)], 2)
+    assert "on 2 device(s)" in results[0][1]
+    assert_same_curve(losses(two), losses(one), "--devices 2: 2 processes vs 1")
