@@ -115,7 +115,7 @@ OPTIMIZER_FIELDS = ("learning_rate", "warmup_steps", "lr_schedule", "final_lr_fr
 class NonFiniteLossError(RuntimeError):
     """Training produced a non-finite loss, gradient norm or updated state at `step` (1-based update number)."""
 
-    def __init__(self, step: int, loss: float, grad_norm: float, last_checkpoint: int | None):
+    def __init__(self, step: int, loss: float, grad_norm: float, last_checkpoint: int | None, why: str = ""):
         self.step = step  # the first bad update (computed from batch_fn(step - 1))
         self.loss = loss
         self.grad_norm = grad_norm
@@ -128,7 +128,13 @@ class NonFiniteLossError(RuntimeError):
         super().__init__(
             f"non-finite {what} at step {step} (the update computed from batch_fn({step - 1})): loss={loss!r}, "
             f"grad_norm={grad_norm!r}; training stopped, the model holds the parameters after step {step - 1}, "
-            f"and {kept}")
+            f"and {kept}{why}")
+
+
+# Adam(W)'s state takes the parameters' dtype: in float16 a squared gradient below ~2.4e-4 is 0, and so is its
+# eps=1e-8, so the first update divides 0 by 0 (a finite loss and gradient, a NaN parameter).
+FLOAT16_ADAM = ("; the parameters are float16, where Adam's squared gradients and its eps (1e-8) round to 0 (0/0): "
+                "train float32 parameters with compute_dtype=jnp.float16, or bfloat16 ones")
 
 
 class TrainingStopped(Exception):
@@ -530,8 +536,11 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
                     continue
                 host = step.read(carry)
                 if host["bad"]["step"] >= 0:
-                    raise NonFiniteLossError(int(host["bad"]["step"]), float(host["bad"]["loss"]),
-                                             float(host["bad"]["grad_norm"]), ckpt.latest_step(ckdir) if ckdir else None)
+                    loss, grad_norm = float(host["bad"]["loss"]), float(host["bad"]["grad_norm"])
+                    float16 = any(p.dtype == jnp.float16 for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
+                    why = FLOAT16_ADAM if float16 and not own and math.isfinite(loss + grad_norm) else ""
+                    raise NonFiniteLossError(int(host["bad"]["step"]), loss, grad_norm,
+                                             ckpt.latest_step(ckdir) if ckdir else None, why)
                 step.write(carry)  # callbacks and eval_fn see the model holding the current state
                 now, window = time.time(), host["window"]
                 times = {"lr": float(window["lr"]), "wall_time": now, "elapsed_s": now - t_start}

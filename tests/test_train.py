@@ -18,6 +18,7 @@ import optax
 import pytest
 from flax import nnx
 
+import jax_scan_rnn as jsr
 from jax_scan_rnn import checkpoint as ckpt
 from jax_scan_rnn.train import (
     CHECKPOINT_DIR,
@@ -696,6 +697,22 @@ def test_non_finite_gradient_with_finite_loss_is_caught():
         fit(model, sqrt_loss, batch_fn, TrainConfig(steps=5, log_every=5))
     assert math.isfinite(ei.value.loss) and not math.isfinite(ei.value.grad_norm)
     assert_same_params(param_leaves(model), before)
+
+
+def test_float16_parameters_under_adam_say_why_their_update_is_not_finite():
+    # Adam's state in float16: squared gradients and eps round to 0, so a finite loss and gradient give a NaN
+    # update. It said only "non-finite parameters or optimizer state after the update".
+    model = jsr.Traveller(3, 4, 1, 0.0, param_dtype=jnp.float16, rngs=nnx.Rngs(0))
+    x = np.random.default_rng(0).normal(size=(2, 5, 3)).astype(np.float32)
+    with pytest.raises(NonFiniteLossError, match=r"non-finite parameters or optimizer state after the update at step "
+                                                 r"1 .*; the parameters are float16, where Adam's squared gradients "
+                                                 r"and its eps \(1e-8\) round to 0 \(0/0\): train float32 parameters "
+                                                 r"with compute_dtype=jnp.float16, or bfloat16 ones$") as ei:
+        fit(model, lambda m, b: ((m(b)[0] ** 2).mean(), {}), lambda i: x, TrainConfig(steps=2, log_every=1))
+    assert math.isfinite(ei.value.loss) and math.isfinite(ei.value.grad_norm)
+    # what it advises trains
+    model = jsr.Traveller(3, 4, 1, 0.0, compute_dtype=jnp.float16, rngs=nnx.Rngs(0))
+    fit(model, lambda m, b: ((m(b)[0] ** 2).mean(), {}), lambda i: x, TrainConfig(steps=2, log_every=1))
 
 
 def test_fit_argument_errors(tmp_path):
