@@ -65,6 +65,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from torch_ref.vae import _check_number
+
 # `torch._higher_order_ops.scan` is a private prototype (there is no public `torch.scan`, whatever the
 # seed's answer says). Its import path and signature have changed between releases, so it is guarded:
 # where it is missing, `scan_available()` is False and `method="scan"` raises a clear RuntimeError.
@@ -271,9 +273,7 @@ class Traveller(nn.Module):
 
     def __init__(self, num_inputs: int, hidden_size: int, num_layers: int, dropout: float, num_assets: int = 2):
         super().__init__()
-        # jax_scan_rnn/validate.py's rule and wording, so both twins refuse the same values alike.
-        if isinstance(num_assets, bool) or not isinstance(num_assets, int) or num_assets < 1:
-            raise ValueError(f"num_assets: expected an int >= 1, got {num_assets!r}")
+        _check_number("num_assets", num_assets, 1, integer=True)
         # Sizes and the dropout rate are read back from `output_layer` (num_assets) and `lstm_layers`
         # (input_size - num_assets, hidden_size, num_layers, dropout) rather than stored twice.
         self.lstm_layers = nn.LSTM(num_assets + num_inputs, hidden_size, num_layers, dropout=dropout, batch_first=True)
