@@ -272,13 +272,11 @@ def _write_manifest(path: Path, step: int) -> None:
 
 
 def _sha256(path: Path, *, fsync: bool = False) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
         if fsync:  # when saving: the bytes are durable before the manifest vouches for them
             os.fsync(f.fileno())
-    return h.hexdigest()
+    return digest
 
 
 def _files(root: Path) -> list[str]:
