@@ -197,6 +197,7 @@ def save(directory: str | os.PathLike, step: int, state: Any, metadata: Mapping[
         if step in manager.all_steps():  # orbax never overwrites a step
             _delete(manager, root, step)
         items = {ARRAYS: ocp.args.StandardSave(arrays), METADATA: ocp.args.JsonSave(metadata)}
+        failed = None
         try:
             manager.save(step, args=ocp.args.Composite(**items), force=True)  # force: also older than the newest
         except ValueError as e:  # tensorstore's OS error (a full disk) comes as a ValueError naming the code
@@ -205,8 +206,6 @@ def save(directory: str | os.PathLike, step: int, state: Any, metadata: Mapping[
                 raise
             failed = OSError(int(code[1]), os.strerror(int(code[1])), str(step_path(root, step)))
             failed.__cause__ = e  # raised below, out of this block: orbax's tasks are collected first
-        else:
-            failed = None
         if failed is not None:
             if jax.process_count() == 1:  # the half-written step gives its space back at once, not at the next save
                 for tmp in root.glob(f"{step_path(root, step).name}.orbax-checkpoint-tmp*"):
