@@ -214,8 +214,7 @@ def aim_portfolio(cfg: MarketConfig, signals) -> np.ndarray:
     """[B, T, K] signals -> [B, T, A] aim_t = (gamma Sigma)^{-1} B (I + a Phi / gamma)^{-1} f_t."""
     signals = _check_signals(cfg, signals)
     a = cfg.lam * trade_rate(cfg)
-    k = cfg.num_signals
-    discount = np.linalg.inv(np.eye(k) + cfg.Phi * a / cfg.gamma)
+    discount = np.linalg.inv(np.eye(cfg.num_signals) + cfg.Phi * a / cfg.gamma)
     aim_matrix = np.linalg.solve(cfg.gamma * cfg.Sigma, cfg.B @ discount)
     return signals @ aim_matrix.T
 
@@ -258,8 +257,7 @@ def _check_pair(name_a: str, a, name_b: str, b, last: int | None = None) -> None
     if a.ndim != 3 or (last is not None and a.shape[-1] != last):
         raise ValueError(f"{name_a}: expected shape [B, T, {last if last else 'N'}], got {tuple(a.shape)}")
     if tuple(b.shape) != tuple(a.shape):
-        expected = f"{tuple(a.shape)} (that of {name_a})"
-        raise ValueError(f"{name_b}: expected shape {expected}, got {tuple(b.shape)}")
+        raise ValueError(f"{name_b}: expected shape {tuple(a.shape)} (that of {name_a}), got {tuple(b.shape)}")
 
 
 def net_utility(positions, returns, objective: Objective | MarketConfig, *, per_step: bool = True):
@@ -298,15 +296,14 @@ def supervised_mse(positions, targets):
 
 def utility_table(cfg: MarketConfig, market: Market, learned_positions=None) -> dict[str, float]:
     """Mean per-step utility of each policy on `market`, plus "learned_over_optimal" if learned is given."""
-    table = {}
     policies = {"optimal": optimal_policy, "markowitz": markowitz_policy, "no_trade": no_trade_policy}
-    for name, policy in policies.items():
-        table[name] = float(net_utility(policy(cfg, market.signals), market.returns, cfg).mean())
+    table = {name: float(net_utility(policy(cfg, market.signals), market.returns, cfg).mean())
+             for name, policy in policies.items()}
     if learned_positions is not None:
         learned = np.asarray(learned_positions, dtype=np.float64)
         if learned.shape != market.returns.shape:
-            expected = f"{market.returns.shape} (that of market.returns)"
-            raise ValueError(f"learned_positions: expected shape {expected}, got {learned.shape}")
+            raise ValueError(f"learned_positions: expected shape {market.returns.shape} (that of market.returns), "
+                             f"got {learned.shape}")
         table["learned"] = float(net_utility(learned, market.returns, cfg).mean())
         table["learned_over_optimal"] = table["learned"] / table["optimal"]
     return table
