@@ -308,12 +308,8 @@ class Traveller(nn.Module):
         if batch_size < 0:
             raise ValueError(f"batch_size: expected an int >= 0, got {batch_size}")
         lstm = self.lstm_layers
-        zeros = lstm.weight_hh_l0.new_zeros
-        return TravellerState(
-            h=zeros(lstm.num_layers, batch_size, lstm.hidden_size),
-            c=zeros(lstm.num_layers, batch_size, lstm.hidden_size),
-            positions=zeros(batch_size, self.num_assets),
-        )
+        zeros, hc = lstm.weight_hh_l0.new_zeros, (lstm.num_layers, batch_size, lstm.hidden_size)
+        return TravellerState(h=zeros(hc), c=zeros(hc), positions=zeros(batch_size, self.num_assets))
 
     def sample_dropout_masks(
         self, seq_len: int, batch_size: int, *, generator: torch.Generator | None = None
@@ -395,9 +391,8 @@ class Traveller(nn.Module):
             (positions_t [B, A], state after the step; its `positions` is positions_t).
         """
         self._check_float_tensor("x_t", x_t)
-        num_inputs = self.num_inputs
-        if x_t.ndim != 2 or x_t.shape[1] != num_inputs:
-            raise ValueError(f"x_t: expected shape [B, {num_inputs}], got {list(x_t.shape)}")
+        if x_t.ndim != 2 or x_t.shape[1] != self.num_inputs:
+            raise ValueError(f"x_t: expected shape [B, {self.num_inputs}], got {list(x_t.shape)}")
         self._check_masks(dropout_masks, (x_t.shape[0],), "step")  # here, so its errors speak of [L-1, B, H]
         masks = None if dropout_masks is None else dropout_masks.unsqueeze(1)  # [L-1, T=1, B, H]
         positions, state = self._run(x_t.unsqueeze(1), state, "cell", "batch", masks, None)
