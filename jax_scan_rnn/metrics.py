@@ -96,15 +96,9 @@ def valid_canonical(smiles: Sequence[str]) -> list[str]:
     `jax_scan_rnn.data.smiles.canonical_smiles`'s, the one the "rdkit" data source stores.
     """
     Chem = require("rdkit.Chem", "SMILES metrics")
-
     smiles = _check_smiles_list(smiles, "smiles")
-    out = []
     with silence_rdkit():
-        for s in smiles:
-            mol = parse_smiles(s)
-            if mol is not None:
-                out.append(Chem.MolToSmiles(mol))
-    return out
+        return [Chem.MolToSmiles(mol) for mol in map(parse_smiles, smiles) if mol is not None]
 
 
 def uniqueness(smiles: Sequence[str], k: int | None = None) -> float:
