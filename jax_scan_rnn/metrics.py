@@ -179,10 +179,6 @@ def _chem():
     return require("rdkit.Chem", "MOSES metrics")
 
 
-def _fcd_torch_utils():
-    return require("fcd_torch.utils", "FCD/Test")
-
-
 def _molsets_file(*parts: str) -> str:
     path = molsets_file(*parts)
     if path is None:
@@ -430,7 +426,7 @@ def _torch_threads(torch, n: int):
 def _chemnet_model(device: str):
     """fcd_torch's ChemNet (the weights its wheel ships, nothing downloaded), in eval mode on `device`."""
     torch = require("torch", "FCD/Test")
-    utils = _fcd_torch_utils()
+    utils = require("fcd_torch.utils", "FCD/Test")
     path = os.path.join(os.path.dirname(utils.__file__), "ChemNet_v0.13_pretrained.pt")
     layers = torch.load(path, map_location="cpu", weights_only=True)
     return utils.load_imported_model(layers).eval().to(device)
