@@ -543,10 +543,7 @@ class Reference:
 
     def chemnet_gaussian(self, device: str = "cpu", n_jobs: int = 1):
         """(mean [512], covariance [512, 512]) of ChemNet's activations; None with fewer than 2 molecules."""
-        def compute(mols):
-            return _gaussian(chemnet_activations(mols, device=device, n_jobs=n_jobs))
-
-        return self._summary("fcd", compute)
+        return self._summary("fcd", lambda mols: _gaussian(chemnet_activations(mols, device=device, n_jobs=n_jobs)))
 
 
 @functools.lru_cache(maxsize=1)
@@ -783,8 +780,7 @@ def sequence_accuracy(predicted, target, mask=None) -> float:
     predicted, target, mask = _prediction_arrays(predicted, target, mask)
     if target.shape[0] == 0:
         raise ValueError("target: expected at least one row, got shape (0, T)")
-    correct = ((predicted == target) | ~mask).all(axis=1)
-    return float(correct.mean())
+    return float(((predicted == target) | ~mask).all(axis=1).mean())
 
 
 def kl_active_units(mu, threshold: float = 0.01) -> int:
