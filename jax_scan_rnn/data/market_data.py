@@ -60,7 +60,7 @@ import warnings
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from datetime import timedelta
+from datetime import date, datetime, timedelta
 from fnmatch import fnmatchcase
 from pathlib import Path
 
@@ -448,8 +448,6 @@ def _check_time_order(file: str, columns: list[str], get: Callable, ids: np.ndar
 
 def _stamp(cell):
     """A date column's cell -> datetime, None if blank; ValueError if it is not an ISO date or time."""
-    from datetime import date, datetime
-
     if cell is None or str(cell).strip().lower() in _MISSING:
         return None
     if isinstance(cell, datetime):
