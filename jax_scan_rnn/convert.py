@@ -278,15 +278,11 @@ def torch_state_dict(module: nnx.Module) -> dict[str, np.ndarray]:
     file `safetensors.torch.load_file` reads as bfloat16 tensors).
     """
     _check_module(module)
-    out = {}
-    for entry in _full_layout(module):
-        if not entry.params:  # a torch counter
-            out[entry.key] = np.array(0, np.int64)
-            continue
-        # A copy, never a view: JAX may share its CPU buffer with numpy, and torch.from_numpy shares
-        # numpy's, so an in-place torch update would otherwise write into the JAX parameter.
-        out[entry.key] = np.array(_to_torch(entry), order="C", copy=True)
-    return out
+    # A copy, never a view: JAX may share its CPU buffer with numpy, and torch.from_numpy shares
+    # numpy's, so an in-place torch update would otherwise write into the JAX parameter. An entry
+    # with no params is a torch counter: 0.
+    return {entry.key: np.array(_to_torch(entry), order="C", copy=True) if entry.params else np.array(0, np.int64)
+            for entry in _full_layout(module)}
 
 
 # torch.nn's recurrent modules (torch_ref's LSTM, GRU and RNN are these), each the twin of jsr's class of its name.
