@@ -234,10 +234,9 @@ class Compiled(Generic[P, R]):
         """`fast.name`: the module's public method `name`, compiled; AttributeError for anything else."""
         if name.startswith("_"):  # private and protocol names (`__deepcopy__`, ...) are not delegated
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        methods = self._methods
-        if name not in methods:
-            methods[name] = CompiledMethod(self, name)
-        return methods[name]
+        if name not in self._methods:
+            self._methods[name] = CompiledMethod(self, name)
+        return self._methods[name]
 
     def train(self, **attributes) -> Self:
         """`module.train(**attributes)`; returns self. Extra attributes named here are watched as mode flags."""
@@ -404,9 +403,8 @@ class CompiledMethod:
                 if outer is not None and module in outer:
                     # nnx.grad's tag is "grad"; nnx.jit's its JitWrapped function
                     name = tag if isinstance(tag, str) else type(tag).__name__.lower().removesuffix("wrapped")
-                    transform = f"nnx.{name}"
                     raise RuntimeError(
-                        f"jsr.jit: {self._qualname} called inside {transform} over the same model: the compiled "
+                        f"jsr.jit: {self._qualname} called inside nnx.{name} over the same model: the compiled "
                         "view reads the outer model's weights, which the transform does not trace (their gradients "
                         "would be zero, a jitted step would keep them as constants); call the model the function "
                         "is given there (`m(x)`)"
