@@ -126,8 +126,7 @@ def steps(directory: str | os.PathLike) -> list[int]:
 
 def latest_step(directory: str | os.PathLike) -> int | None:
     """The newest committed step in ``directory``, or ``None`` when there is none (not verified)."""
-    s = steps(directory)
-    return s[-1] if s else None
+    return max(steps(directory), default=None)
 
 
 def named_leaves(tree: Any, argname: str) -> tuple[list[str], list[Any], Any]:
@@ -353,8 +352,7 @@ def read_metadata(directory: str | os.PathLike, step: int | None = None) -> dict
     Lets another process rebuild the model (from a saved config) before calling :func:`restore`.
     """
     root = Path(directory).absolute()
-    step = latest_step(root) if step is None else step
-    if step is None:
+    if step is None and (step := latest_step(root)) is None:
         raise CheckpointError(f"checkpoint directory {root}: no checkpoint found")
     with _held(step_path(root, step)):
         _check(root, step)
