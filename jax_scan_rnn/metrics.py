@@ -109,9 +109,7 @@ def uniqueness(smiles: Sequence[str], k: int | None = None) -> float:
     uses all. Returns nan when there is no valid molecule (the fraction is undefined).
     """
     k = validate.integer("k", k, lo=1, none=True)
-    valid = valid_canonical(smiles)
-    if k is not None:
-        valid = valid[:k]
+    valid = valid_canonical(smiles)[:k]  # k=None: all
     if not valid:
         return float("nan")
     return len(set(valid)) / len(valid)
