@@ -509,8 +509,8 @@ def _assemble(file: str, matrix: np.ndarray, ids: np.ndarray, labels: list, wher
         raise ValueError(f"{file}: {cells[c]}, {where(i)}: missing return; fill={fill!r} fills features only, returns "
                          f"are never made up (a made-up return is scored as earned): use fill='drop', which drops the "
                          f"row, or remove the row")
-    if fill == "zero":  # features only: the returns have no gap (above)
-        matrix = np.concatenate([np.nan_to_num(matrix[:, :num_features], nan=0.0), matrix[:, num_features:]], axis=1)
+    if fill == "zero":  # features only: the returns have no gap, and nothing is inf (both refused above)
+        matrix = np.nan_to_num(matrix, nan=0.0)
     order = np.argsort(ids, kind="stable")  # rows grouped by path, file order kept within each
     blocks, steps = [], []
     for rows in np.split(order, np.cumsum(np.bincount(ids))[:-1]):
