@@ -482,11 +482,10 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
     emit = validate.function("callback", callback, none=True) or _unheard
     if optimizer is not None:
         validate.instance("optimizer", optimizer, optax.GradientTransformation)
-        for name in OPTIMIZER_FIELDS:
-            if getattr(cfg, name) != TrainConfig.__dataclass_fields__[name].default:
-                raise ValueError(f"cfg.{name}: not read with optimizer= (set it in your optax transformation); "
-                                 f"expected the default {TrainConfig.__dataclass_fields__[name].default!r}, got "
-                                 f"{getattr(cfg, name)!r}")
+        for field in TrainConfig.__dataclass_fields__.values():
+            if field.name in OPTIMIZER_FIELDS and getattr(cfg, field.name) != field.default:
+                raise ValueError(f"cfg.{field.name}: not read with optimizer= (set it in your optax transformation); "
+                                 f"expected the default {field.default!r}, got {getattr(cfg, field.name)!r}")
     metadata = {**(metadata or {})}
     for key in ("train_config", "logged_metrics"):
         if key in metadata:
