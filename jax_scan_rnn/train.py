@@ -400,9 +400,7 @@ def _holding_out_dir(fit_fn: Callable) -> Callable:
     @functools.wraps(fit_fn)
     def wrapper(*args, **kwargs):
         out_dir = kwargs.get("out_dir")
-        if out_dir is None or jax.process_index() != 0:
-            return fit_fn(*args, **kwargs)
-        with run_lock(out_dir):
+        with run_lock(out_dir) if out_dir is not None and jax.process_index() == 0 else contextlib.nullcontext():
             return fit_fn(*args, **kwargs)
 
     return wrapper
