@@ -506,8 +506,11 @@ def _abstract(target: Any, saved: Mapping[str, Any], path: Path) -> dict[str, ja
         want = jax.ShapeDtypeStruct(np.shape(leaf), dtype, sharding=getattr(leaf, "sharding", None) or _here())
         got = jax.eval_shape(jax.random.key_data, want) if _is_prng_key(want) else want  # a key: stored as key_data
         if (got.shape, got.dtype) != (tuple(saved[name].shape), saved[name].dtype):
+            # A float64 model built without x64 holds float32 (JAX only warns), so say what builds it.
+            x64 = ("; 64-bit leaves need jax.config.update('jax_enable_x64', True) before the model is built"
+                   if saved[name].dtype.itemsize == 8 and not jax.config.jax_enable_x64 else "")
             raise ValueError(f"target: leaf {name!r} expected shape {tuple(saved[name].shape)} dtype "
-                             f"{saved[name].dtype} (as saved in {path}), got shape {got.shape} dtype {got.dtype}")
+                             f"{saved[name].dtype} (as saved in {path}), got shape {got.shape} dtype {got.dtype}{x64}")
         abstract[name] = want
     return abstract
 

@@ -446,3 +446,16 @@ def test_the_fallback_is_the_newest_valid_step_not_any_older_one(tmp_path):
     step, skipped = ckpt.newest_valid_step(tmp_path)
     restored = ckpt.restore(tmp_path, fallback=True)
     assert step == restored.step == 3 and [s for s, _ in skipped] == [4] and float(restored.state["w"][0]) == 3.0
+
+
+def test_a_64_bit_leaf_restored_without_x64_says_what_builds_it(tmp_path):
+    # float64 parameters built without x64 are float32 (JAX only warns), so the mismatch alone misleads.
+    with jax.enable_x64(True):
+        ckpt.save(tmp_path, 1, {"w": jnp.zeros((2, 3), jnp.float64)})
+    with jax.enable_x64(False):
+        with pytest.raises(ValueError, match=r"dtype float64 .*got shape \(2, 3\) dtype float32; 64-bit leaves need "
+                                             r"jax\.config\.update\('jax_enable_x64', True\)"):
+            ckpt.restore(tmp_path, target={"w": jnp.zeros((2, 3), jnp.float32)})
+    with jax.enable_x64(True):  # under x64 the same mismatch is the model's own, and no hint is given
+        with pytest.raises(ValueError, match=r"dtype float32$"):
+            ckpt.restore(tmp_path, target={"w": jnp.zeros((2, 3), jnp.float32)})
