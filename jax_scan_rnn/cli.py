@@ -194,7 +194,8 @@ def sigterm_stops():
     try:
         yield asked.is_set
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        # None: a handler installed outside Python (an embedding program), which Python cannot put back.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 class ProgressBar:

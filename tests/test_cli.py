@@ -908,3 +908,17 @@ def test_a_state_dict_file_is_read_as_what_it_holds(tmp_path):
     with pytest.raises(ValueError, match=r"^init_from: .*junk.pt is not a readable torch state_dict \([A-Za-z]+Error: "
                                          r"[^\n]*\)$"):
         read_state_dict_file(tmp_path / "junk.pt", "init_from")
+
+
+def test_sigterm_stops_puts_back_a_handler_python_did_not_install(monkeypatch):
+    # signal.signal returns None for a handler installed outside Python; giving None back raised TypeError at the
+    # end of every training command, hiding its result.
+    import signal
+
+    from jax_scan_rnn.cli import sigterm_stops
+
+    installed = []
+    monkeypatch.setattr(signal, "signal", lambda signum, handler: installed.append(handler))  # returns None
+    with sigterm_stops() as asked:
+        assert not asked()
+    assert installed[-1] is signal.SIG_DFL
