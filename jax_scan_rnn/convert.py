@@ -316,19 +316,25 @@ def _constructor_arguments(module: Any, kind: str, bias: bool, dropout: float) -
     return arguments
 
 
-def from_torch_module(module: Any, *, rngs: nnx.Rngs | None = None) -> nnx.Module:
+def from_torch_module(module: Any, *, dtype: Any = None, rngs: nnx.Rngs | None = None) -> nnx.Module:
     """The jsr twin of a `torch.nn.LSTM`, `GRU`, `RNN`, `LSTMCell`, `GRUCell` or `RNNCell`: built with the same
     constructor arguments, holding its weights bit for bit, in its mode (after `.eval()`, dropout off).
 
         lstm = jsr.from_torch_module(torch.nn.LSTM(8, 32, num_layers=2, batch_first=True))
 
-    Parameters take the torch weights' dtype where JAX holds it (float64 needs `jax_enable_x64`; float32 otherwise,
-    with the load's warning naming the cast): for another, give the torch module in it (`module.double()`). `rngs`
+    Parameters take `dtype` (a floating dtype: `jnp.bfloat16`, `"float64"`, `torch.float16`, ...), by default the
+    torch weights' own, where JAX holds it (float64 needs `jax_enable_x64`; float32 otherwise, with the load's
+    warning naming the cast); the torch module itself is left as it is. `rngs`
     (default `nnx.Rngs(0)`) builds the twin: its params stream draws the weights the load then replaces, its dropout
     stream the twin's dropout masks.
     """
     kind = _twin_kind(module, torch_side=True)
     state_dict = module.state_dict()
+    if dtype is not None:
+        import torch
+
+        to = getattr(torch, jnp.dtype(validate.float_dtype("dtype", dtype)).name)
+        state_dict = {key: value.to(to) for key, value in state_dict.items()}
     dtype = str(next(iter(state_dict.values())).dtype).removeprefix("torch.")
     if dtype == "float64" and not jax.config.jax_enable_x64:
         dtype = "float32"

@@ -15,6 +15,7 @@ from flax import nnx
 from safetensors.torch import load_file as torch_load_file
 
 import jax_scan_rnn as jsr
+from jax_scan_rnn import validate
 import torch_ref
 
 
@@ -912,3 +913,18 @@ def test_a_state_dict_files_errors_hint_at_sizes_only_where_sizes_differ(tmp_pat
     with pytest.raises(ValueError, match=r"\); its sizes must match hidden_size$"):
         load_state_dict_file(jsr.LSTM(3, 5, rngs=nnx.Rngs(0)), sd, tmp_path / "nan.safetensors", "init_from",
                              "hidden_size")
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, "float64", torch.float16])
+def test_from_torch_module_takes_a_dtype_and_leaves_the_torch_module_as_it_is(dtype):
+    torch.manual_seed(0)
+    ref = torch.nn.LSTM(3, 4, num_layers=2)
+    want = validate.float_dtype("dtype", dtype)
+    ours = jsr.from_torch_module(ref, dtype=dtype)  # was a TypeError: unexpected keyword
+    assert ref.weight_ih_l0.dtype == torch.float32
+    for key, value in jsr.torch_state_dict(ours).items():  # each weight rounded once, as torch's .to(dtype) does
+        assert value.dtype == want, key
+        cast = ref.state_dict()[key].to(getattr(torch, np.dtype(want).name)).float().numpy()
+        assert np.array_equal(value.astype(np.float32), cast), key
+    with pytest.raises(TypeError, match=r"^dtype: expected a floating dtype .*got 'int32'"):
+        jsr.from_torch_module(ref, dtype="int32")
