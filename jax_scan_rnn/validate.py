@@ -153,11 +153,14 @@ def float_dtype(name: str, value: Any, *, none: bool = False) -> Any:
     """`value`, a floating dtype (`jnp.bfloat16`, `"float16"`, `np.dtype("float64")`, or torch's `torch.float64`, which
     means the dtype of its name, as in code copied from PyTorch), as its scalar type (`jnp.float64`, ...); None
     with `none`. TypeError naming `name` for anything else (NumPy alone says "data type 'bf16' not understood",
-    naming no argument)."""
+    naming no argument). Python's `float` stays `float`: JAX's default floating dtype where it is used, as
+    before, not a float64 that JAX truncates with a warning when x64 is off."""
     import jax.numpy as jnp
 
     if value is None and none:
         return None
+    if value is float:  # JAX's default float (float32, float64 under x64), not the float64 NumPy reads it as
+        return float
     given = value
     if type(value).__module__ == "torch":  # a torch.dtype: "torch.bfloat16" -> "bfloat16"
         value = str(value).removeprefix("torch.")

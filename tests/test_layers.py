@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+import warnings
 
 import flax.errors
 import jax
@@ -375,12 +376,15 @@ def test_bad_compute_dtype():
         jsr.GRU(3, 4, param_dtype=jnp.int32, rngs=nnx.Rngs(0))
 
 
-@pytest.mark.parametrize("build", [
+DTYPE_BUILDS = pytest.mark.parametrize("build", [
     lambda **kw: jsr.GRU(3, 4, **kw, rngs=nnx.Rngs(0)),
     lambda **kw: jsr.LSTM(3, 4, proj_size=2, **kw, rngs=nnx.Rngs(0)),
     lambda **kw: jsr.Traveller(3, 4, 1, 0.0, **kw, rngs=nnx.Rngs(0)),
     lambda **kw: jsr.SeqVAE(5, 4, 2, 1, **kw, rngs=nnx.Rngs(0)),
 ], ids=["GRU", "LSTM-projected", "Traveller", "SeqVAE"])
+
+
+@DTYPE_BUILDS
 def test_dtypes_are_named_when_not_understood_and_torch_dtypes_mean_their_name(build):
     # NumPy's own words before ("data type 'bf16' not understood", "Cannot interpret 'torch.float64' as a data
     # type"), naming no argument; a torch dtype, as in code copied from PyTorch, now means the dtype of its name.
@@ -391,6 +395,16 @@ def test_dtypes_are_named_when_not_understood_and_torch_dtypes_mean_their_name(b
     model = build(param_dtype=torch.float16, compute_dtype=torch.bfloat16)
     assert {p.dtype for p in jax.tree.leaves(nnx.state(model, nnx.Param))} == {jnp.dtype(jnp.float16)}
     assert build(param_dtype="float16", compute_dtype="bfloat16") is not None
+
+
+@DTYPE_BUILDS
+def test_pythons_float_as_a_dtype_is_jaxs_default_float_without_a_warning(build):
+    # Normalised to NumPy's float64 it warned "Explicitly requested dtype float64 is not available" on every
+    # parameter (x64 off), where `float` means JAX's default float and built float32 parameters silently.
+    with jax.enable_x64(False), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = build(param_dtype=float, compute_dtype=float)
+    assert {p.dtype for p in jax.tree.leaves(nnx.state(model, nnx.Param))} == {jnp.dtype(jnp.float32)}
 
 
 # Summation order differs between the thin (broadcast-multiply-sum) form and a matmul call, so results
