@@ -284,10 +284,15 @@ class TrainStep:
     def _merge(self, raw) -> dict:
         return nnx.merge(self.graphdef, self.tree(raw))
 
-    def init(self, sharding: jax.sharding.Sharding | None = None) -> dict:
+    def raw_state(self) -> list:
+        """The model's and optimiser's current state as the carry's `state` list (keys as their data)."""
+        return self._raw(jax.tree.leaves(nnx.state(self.objs)))
+
+    def init(self, sharding: jax.sharding.Sharding | None = None, state_sharding: Any = None) -> dict:
         """A carry holding copies of the model's and optimiser's current state, every array placed with
-        `sharding` (e.g. replicated over a data-parallel mesh; on several processes it must span them all)."""
-        raw = [jax.device_put(x, may_alias=False) for x in self._raw(jax.tree.leaves(nnx.state(self.objs)))]
+        `sharding` (e.g. replicated over a data-parallel mesh; on several processes it must span them all), the
+        state with `state_sharding` instead when given (one sharding per `raw_state` leaf)."""
+        raw = [jax.device_put(x, may_alias=False) for x in self.raw_state()]
         zero = np.float32(0)  # host NumPy values: placing them compiles nothing, unlike jnp.zeros
         window = {"count": np.int32(0), "loss": zero, "grad_norm": zero, "lr": zero,
                   "metrics": {k: zero for k in self.metric_names}}
@@ -298,7 +303,8 @@ class TrainStep:
         # Compiled here, so that no compilation lands inside the first logged window's timing.
         pinned = None if sharding is None else jax.tree.map(lambda x: x.sharding, window)
         self._zero = jax.jit(lambda tree: jax.tree.map(jnp.zeros_like, tree), out_shardings=pinned).lower(window).compile()
-        return {"state": raw if sharding is None else jax.device_put(raw, sharding), "window": window,
+        state_sharding = sharding if state_sharding is None else state_sharding
+        return {"state": raw if state_sharding is None else jax.device_put(raw, state_sharding), "window": window,
                 "bad": jax.device_put(bad, sharding)}
 
     def read(self, carry: dict) -> dict:
@@ -453,7 +459,8 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
       data_sharding: if given, every batch is placed with it (e.g. batch-sharded for data parallelism; on
         several processes each contributes the rows of its own devices, `distributed.put_batch`).
       state_sharding: if given, the training state is placed with it (e.g. replicated) before the loop. Default:
-        none with no `data_sharding`, else replicated over `data_sharding`'s devices (`distributed.replicated_over`).
+        none with no `data_sharding`, else replicated over `data_sharding`'s devices (`distributed.replicated_over`),
+        but for arrays already placed over exactly those devices (a model sharded over a "model" axis): kept so.
       stop: `stop() -> bool`, asked after every update (with several processes: at log steps, all stopping when
         one asks); when it says True before the last update, `fit` writes a checkpoint of that update (with an
         `out_dir`) and raises `TrainingStopped`, so a preempted job loses no update: `resume=True` continues
@@ -496,10 +503,6 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
         raise ValueError(f"out_dir: expected no earlier run when resume=False, got {earlier_run(out)}; pass "
                          "resume=True to continue that run or choose another out_dir")
 
-    if data_sharding is not None and state_sharding is None:
-        # Left unplaced, a fresh state is replicated by the first step's jit, but a resumed one is restored onto
-        # this process's first device, where the step refuses it beside a batch on several: place both alike.
-        state_sharding = replicated_over(data_sharding)
 
     def put(batch):
         batch = validate.from_torch(batch)  # a torch DataLoader's tensors: data, as jsr.jit takes them
@@ -509,12 +512,20 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
     own = optimizer is not None
     step = TrainStep(model, loss_fn, optimizer if own else make_optimizer(cfg), put(first_batch),
                      None if own else make_lr_schedule_for(cfg))
-    carry = step.init(state_sharding)
+    placement = state_sharding
+    if data_sharding is not None and state_sharding is None:
+        # Left unplaced, a fresh state is replicated by the first step's jit, but a resumed one is restored onto
+        # this process's first device, where the step refuses it beside a batch on several: place both alike,
+        # replicated over the batch's devices, but for a leaf already spread over them (a model sharded over
+        # another axis of the batch's mesh), which keeps its placement (replicated, it may no longer fit).
+        state_sharding = replicated_over(data_sharding)
+        placement = [x.sharding if _spread_over(x, data_sharding) else state_sharding for x in step.raw_state()]
+    carry = step.init(state_sharding, placement)
     writer = jax.process_index() == 0  # one process writes the log and the plot; every process checkpoints
     log = RunLog(out, write=writer)
     resumed: dict[str, Any] = {}
     if resume and ckpt.steps(ckdir):
-        carry, resumed = _resume(step, carry, ckdir, cfg, emit, state_sharding)
+        carry, resumed = _resume(step, carry, ckdir, cfg, emit, placement)
         log.resume_at(resumed["resumed_from"])
     start = resumed.get("resumed_from") or 0
     emit({"event": "start", "step": start, "steps": cfg.steps, "resumed_from": resumed.get("resumed_from")})
@@ -625,9 +636,16 @@ def _eval_values(result: Mapping[str, Any]) -> dict[str, float]:
         raise TypeError(f"eval_fn: expected to return dict[str, float], got {result!r}") from e
 
 
+def _spread_over(x, sharding: jax.sharding.Sharding) -> bool:
+    """Whether array `x` is already placed over exactly `sharding`'s devices, several of them."""
+    devices = getattr(getattr(x, "sharding", None), "device_set", set())
+    return len(devices) > 1 and devices == sharding.device_set
+
+
 def _resume(step: TrainStep, carry: dict, ckdir: Path, cfg: TrainConfig, emit: Callable,
-            sharding: jax.sharding.Sharding | None) -> tuple[dict, dict]:
-    """The carry from the newest valid checkpoint, and the History fields that describe the resume."""
+            sharding: Any) -> tuple[dict, dict]:
+    """The carry from the newest valid checkpoint, and the History fields that describe the resume; its state
+    placed with `sharding` (None: as restored; one sharding, or one per state leaf)."""
     def target(metadata: dict) -> dict:  # the log window as saved: it sums the metrics the saved run's loss_fn gave
         names = metadata.get("logged_metrics", step.metric_names)
         window = {**carry["window"], "metrics": {m: carry["window"]["metrics"].get(m, np.float32(0)) for m in names}}

@@ -298,6 +298,41 @@ def test_a_run_given_only_data_sharding_resumes_as_it_started(tmp_path):
     assert max(abs(a - b) for a, b in zip(losses["resumed"], losses["whole"])) <= LOSS_ATOL, losses
 
 
+MODEL_AXIS_SCRIPT = """
+import json, sys
+import jax, numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import jax_scan_rnn as jsr
+from jax_scan_rnn.train import TrainConfig, fit
+
+mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("data", "model"))
+x = np.random.default_rng(0).normal(size=(6, 4, 3)).astype("float32")
+def loss_fn(model, batch):
+    return (model(batch)[0] ** 2).mean(), {}
+specs = {}
+for steps in (2, 4):  # fresh, then resumed
+    model = jsr.LSTM(3, 8, rngs=nnx.Rngs(0))  # weights split over "model", the batch over "data"
+    nnx.update(model, jax.tree.map(lambda w: jax.device_put(w, NamedSharding(mesh, P(None, "model") if w.ndim == 2
+                                                                              else P())), nnx.state(model)))
+    fit(model, loss_fn, lambda i: x, TrainConfig(steps=steps, log_every=1, eval_every=0, checkpoint_every=2),
+        out_dir=sys.argv[1], resume=True, data_sharding=NamedSharding(mesh, P(None, "data")))
+    specs[steps] = sorted({str(w.sharding.spec) for w in jax.tree.leaves(nnx.state(model, nnx.Param)) if w.ndim == 2})
+print(json.dumps(specs))
+"""
+
+
+def test_data_sharding_alone_keeps_a_model_split_over_another_mesh_axis(tmp_path):
+    # The default state placement beside data_sharding replicated every array over the mesh, so a model split over
+    # a "model" axis came back whole on every device (each device holding all of it) after fit.
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    result = subprocess.run([sys.executable, "-c", MODEL_AXIS_SCRIPT, str(tmp_path)], capture_output=True, text=True,
+                            env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    specs = json.loads(result.stdout.strip().splitlines()[-1])
+    assert specs == {"2": ["P(None, 'model')"], "4": ["P(None, 'model')"]}, specs
+
+
 def test_a_share_of_the_devices_of_several_processes_takes_each_process_alike():
     # The first N devices of jax.devices() are process 0's: `--multihost --devices 2` on 2 processes of 2 devices
     # left process 1 out of the mesh, which crashed ("generator raised StopIteration") while process 0 waited on it.
