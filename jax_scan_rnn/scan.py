@@ -108,12 +108,12 @@ def time_scan(
     Returns:
       `(final carry, ys)` with `ys` time-major `[T, ...]`, exactly as `lax.scan`.
     """
-    carry = _varying_like(carry, xs)
+    prepare = (lambda xs: xs) if prepare is None else prepare
+    carry = _varying_like(step, carry, xs, prepare)
     # "auto" is the caller's to resolve (resolve_unroll)
     plain, differentiated = unroll if isinstance(unroll, tuple) and len(unroll) == 2 else (unroll, unroll)
     validate.integer("unroll", plain, lo=1)
     validate.integer("unroll", differentiated, lo=1)
-    prepare = (lambda xs: xs) if prepare is None else prepare
 
     def scan(carry, xs):
         if plain == differentiated:
@@ -141,30 +141,39 @@ def time_scan(
     return carry, ys
 
 
-def _varying_like(carry: PyTree, xs: PyTree) -> PyTree:
-    """`carry` marked as varying over every mesh axis that a leaf of `carry` or `xs` varies over.
+def _varying_like(step: Callable, carry: PyTree, xs: PyTree, prepare: Callable) -> PyTree:
+    """`carry` with each leaf marked as varying over the mesh axes that `step` makes it vary over.
 
     Inside `shard_map` (`jax.shard_map`, `nnx.shard_map`) each array's type says over which mesh axes its value
     differs between devices. A zero initial state made in the model varies over none, while the step mixes it
     with the per-device inputs (a batch split over "data"), so the new carry varies over "data": `lax.scan` would
-    refuse the mismatch in a several-line type error. Outside `shard_map` nothing varies and `carry` is returned
-    as it is."""
-    leaves = [x for x in jax.tree.leaves((carry, xs)) if isinstance(x, jax.Array)]
-    axes = frozenset().union(*map(_varying_axes, leaves))
-    if not axes:
+    refuse the mismatch in a several-line type error. Only such leaves are marked (found by tracing one step
+    abstractly until no leaf gains an axis): a leaf the step keeps invariant (a step counter) stays so, and may
+    leave `shard_map` unsplit. Outside `shard_map` nothing varies and `carry` is returned as it is, untraced."""
+    if not any(_varying_axes(x) for x in jax.tree.leaves((carry, xs)) if isinstance(x, jax.Array)):
         return carry
 
-    def vary(c):
-        missing = tuple(sorted(axes - _varying_axes(c)))
-        return jax.lax.pcast(c, missing, to="varying") if missing else c
+    def one_step(x):  # a step's input: x's type without the time axis (zeros, as x[0] fails on 0 steps)
+        axes = tuple(sorted(_varying_axes(x)))
+        zeros = jnp.zeros(x.shape[1:], x.dtype)
+        return jax.lax.pcast(zeros, axes, to="varying") if axes else zeros
 
-    return jax.tree.map(vary, carry)
+    def first_step(carry):
+        return step(carry, jax.tree.map(one_step, prepare(xs)))[0]
+
+    leaves, treedef = jax.tree.flatten(carry)
+    while True:
+        after, after_treedef = jax.tree.flatten(jax.eval_shape(first_step, jax.tree.unflatten(treedef, leaves)))
+        missing = [tuple(sorted(_varying_axes(b) - _varying_axes(a))) for a, b in zip(leaves, after)]
+        if after_treedef != treedef or not any(missing):  # another structure: lax.scan's own error says so
+            return jax.tree.unflatten(treedef, leaves)
+        leaves = [jax.lax.pcast(a, m, to="varying") if m else a for a, m in zip(leaves, missing)]
 
 
 def _varying_axes(x: jax.Array) -> frozenset:
-    """The mesh axes over which `x` (an array or its type) varies inside `shard_map` (none outside it): its type's
-    `vma` (JAX <= 0.8's name), `manual_axis_type.varying` (JAX 0.10's)."""
-    aval = x if isinstance(x, jax.core.ShapedArray) else jax.typeof(x)
+    """The mesh axes over which `x` (an array, its type or a `jax.ShapeDtypeStruct`) varies inside `shard_map`
+    (none outside it): its type's `vma` (JAX <= 0.8's name), `manual_axis_type.varying` (JAX 0.10's)."""
+    aval = x if isinstance(x, (jax.core.ShapedArray, jax.ShapeDtypeStruct)) else jax.typeof(x)
     vma = getattr(aval, "vma", None)
     if vma is None:
         vma = getattr(getattr(aval, "manual_axis_type", None), "varying", frozenset())

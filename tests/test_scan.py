@@ -278,3 +278,29 @@ def test_layers_hoisted_and_inside_give_the_same_numbers(remat_chunk):
         results.append([out, *jax.tree.leaves(grads), elbo, *jax.tree.leaves(vae_grads)])
     for a, b in zip(*results):
         np.testing.assert_allclose(b, a, atol=REMAT_ATOL)
+
+
+@pytest.mark.parametrize("steps", [5, 0])
+@pytest.mark.parametrize("remat_chunk", [None, 2])
+def test_inside_shard_map_a_carry_leaf_the_step_keeps_invariant_stays_invariant(remat_chunk, steps):
+    # The zero state is marked varying because the step mixes it with the split batch; marking every leaf over
+    # every axis also made a step counter varying, and shard_map refused it an unsplit output (out_specs P():
+    # "out_specs which require replication which can't be statically inferred"), which it had accepted.
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
+    P = jax.sharding.PartitionSpec
+
+    def step(carry, x):
+        count, h = carry
+        return (count + 1, 0.5 * h + x), h
+
+    def run(xs):
+        (count, h), ys = time_scan(step, (jnp.int32(0), jnp.zeros(xs.shape[1:])), xs, remat_chunk=remat_chunk)
+        return count, h, ys
+
+    xs = jnp.ones((steps, 4, 3))
+    split = jax.shard_map(run, mesh=mesh, in_specs=P(None, "data"), out_specs=(P(), P("data"), P(None, "data")))
+    count, h, ys = split(xs)
+    want = jax.lax.scan(step, (jnp.int32(0), jnp.zeros((4, 3))), xs)
+    assert int(count) == steps
+    np.testing.assert_array_equal(h, want[0][1])
+    np.testing.assert_array_equal(ys, want[1])
