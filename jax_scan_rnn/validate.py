@@ -153,19 +153,19 @@ def float_dtype(name: str, value: Any, *, none: bool = False) -> Any:
     """`value`, a floating dtype (`jnp.bfloat16`, `"float16"`, `np.dtype("float64")`, or torch's `torch.float64`, which
     means the dtype of its name, as in code copied from PyTorch), as its scalar type (`jnp.float64`, ...); None
     with `none`. TypeError naming `name` for anything else (NumPy alone says "data type 'bf16' not understood",
-    naming no argument). Python's `float` stays `float`: JAX's default floating dtype where it is used, as
-    before, not a float64 that JAX truncates with a warning when x64 is off."""
+    naming no argument). Python's `float`, and None without `none`, are `float`: JAX's default floating dtype
+    where it is used, as before, not a float64 that JAX truncates with a warning when x64 is off."""
     import jax.numpy as jnp
 
     if value is None and none:
         return None
-    if value is float:  # JAX's default float (float32, float64 under x64), not the float64 NumPy reads it as
-        return float
+    if value is float or value is None:  # JAX's default float (float32, float64 under x64), as jax.random's
+        return float  # dtype=None means; not the float64 NumPy reads both as
     given = value
     if type(value).__module__ == "torch":  # a torch.dtype: "torch.bfloat16" -> "bfloat16"
         value = str(value).removeprefix("torch.")
     try:
-        dtype = None if value is None or isinstance(value, bool) else jnp.dtype(value)
+        dtype = None if isinstance(value, bool) else jnp.dtype(value)
     except (TypeError, ValueError):
         dtype = None
     if dtype is None or not jnp.issubdtype(dtype, jnp.floating):

@@ -407,6 +407,16 @@ def test_pythons_float_as_a_dtype_is_jaxs_default_float_without_a_warning(build)
     assert {p.dtype for p in jax.tree.leaves(nnx.state(model, nnx.Param))} == {jnp.dtype(jnp.float32)}
 
 
+@DTYPE_BUILDS
+def test_param_dtype_none_is_jaxs_default_float_as_before(build):
+    # NumPy reads None as float64, so the old issubdtype check let it through and jax.random took it as its
+    # default dtype; validate.float_dtype refused it ("expected a floating dtype, got None").
+    with jax.enable_x64(False), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = build(param_dtype=None)
+    assert {p.dtype for p in jax.tree.leaves(nnx.state(model, nnx.Param))} == {jnp.dtype(jnp.float32)}
+
+
 # Summation order differs between the thin (broadcast-multiply-sum) form and a matmul call, so results
 # agree to a few ulps of the magnitudes summed, |x| @ |w| (a dot product's rounding bound), not of the result.
 THIN_MATMUL_RTOL = {jnp.float32: 1e-6, jnp.float64: 1e-14}
