@@ -26,9 +26,14 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def run_cli(*args: str, host_devices: int = 4) -> subprocess.CompletedProcess:
+def run_script(script: str, *args: str, host_devices: int = 4) -> subprocess.CompletedProcess:
+    """`script` run with `args` in a fresh interpreter that sees `host_devices` CPU devices."""
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={host_devices}", JAX_PLATFORMS="cpu")
-    return subprocess.run([sys.executable, "-c", SCRIPT, *args], capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+def run_cli(*args: str, host_devices: int = 4) -> subprocess.CompletedProcess:
+    return run_script(SCRIPT, *args, host_devices=host_devices)
 
 
 def train_args(out, devices: int, steps: int, *extra: str) -> list[str]:
@@ -166,9 +171,7 @@ def test_data_parallel_splits_the_batch_axis_and_replicates_the_state():
     # Sharding the time axis instead would train to the same losses (XLA gathers what it needs), only slower and
     # with every device holding every row: the losses cannot tell, so the placement is asserted where the step
     # traces it.
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
-    result = subprocess.run([sys.executable, "-c", SHARDING_SCRIPT], capture_output=True, text=True, env=env,
-                            timeout=300)
+    result = run_script(SHARDING_SCRIPT)
     assert result.returncode == 0, result.stderr[-2000:]
     seen = json.loads(result.stdout.strip().splitlines()[-1])
     assert seen["x"] == [2, 12, 3], f"each device's share of the [8, 12, 3] batch in fit's step: {seen['x']}"
@@ -251,9 +254,7 @@ SHARD_MAP_ATOL = 1e-6
 def test_layers_and_the_traveller_run_and_differentiate_inside_shard_map():
     # The zero initial state varies over no mesh axis, the per-device batch over "data": lax.scan refused the
     # carry's changing type in an 11-23 line TypeError, with JAX's default check_vma=True.
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
-    result = subprocess.run([sys.executable, "-c", SHARD_MAP_SCRIPT], capture_output=True, text=True, env=env,
-                            timeout=300)
+    result = run_script(SHARD_MAP_SCRIPT)
     assert result.returncode == 0, result.stderr[-2000:]
     worst = json.loads(result.stdout.strip().splitlines()[-1])
     assert all(w <= SHARD_MAP_ATOL for w in worst.values()), worst
@@ -289,9 +290,7 @@ print(json.dumps(losses))
 def test_a_run_given_only_data_sharding_resumes_as_it_started(tmp_path):
     # A fresh state left unplaced was replicated by the step's jit, but a resumed one came back on device 0 only,
     # and the step refused it beside the 4-device batch ("Received incompatible devices for jitted computation").
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
-    result = subprocess.run([sys.executable, "-c", RESUME_SCRIPT, str(tmp_path)], capture_output=True, text=True,
-                            env=env, timeout=300)
+    result = run_script(RESUME_SCRIPT, str(tmp_path))
     assert result.returncode == 0, result.stderr[-2000:]
     losses = json.loads(result.stdout.strip().splitlines()[-1])
     assert len(losses["resumed"]) == 4, losses["resumed"]
@@ -325,9 +324,7 @@ print(json.dumps(specs))
 def test_data_sharding_alone_keeps_a_model_split_over_another_mesh_axis(tmp_path):
     # The default state placement beside data_sharding replicated every array over the mesh, so a model split over
     # a "model" axis came back whole on every device (each device holding all of it) after fit.
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
-    result = subprocess.run([sys.executable, "-c", MODEL_AXIS_SCRIPT, str(tmp_path)], capture_output=True, text=True,
-                            env=env, timeout=300)
+    result = run_script(MODEL_AXIS_SCRIPT, str(tmp_path))
     assert result.returncode == 0, result.stderr[-2000:]
     specs = json.loads(result.stdout.strip().splitlines()[-1])
     assert specs == {"2": ["P(None, 'model')"], "4": ["P(None, 'model')"]}, specs
