@@ -260,6 +260,41 @@ def test_layers_and_the_traveller_run_and_differentiate_inside_shard_map():
     assert all(w <= SHARD_MAP_ATOL for w in worst.values()), worst
 
 
+STATE_SCRIPT = """
+import json
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import PartitionSpec as P
+from flax import nnx
+import jax_scan_rnn as jsr
+from jax_scan_rnn.distributed import DataParallel
+
+dp = DataParallel.create(4)
+rng = np.random.default_rng(0)
+x = rng.normal(size=(4, 8, 3)).astype("float32")  # replicated: every device runs the whole batch
+h0 = jax.device_put(rng.normal(size=(1, 4, 5)).astype("float32"), jax.NamedSharding(dp.mesh, P(None, "data")))
+model = jsr.LSTM(3, 5, batch_first=True, rngs=nnx.Rngs(0))
+def per_device(m, x, h):  # h [L=1, B, H], the device's own, beside a zero c: h varies over "data", c and x not
+    return m(x, (h, jnp.zeros(h.shape)))[0].mean()
+sharded = nnx.shard_map(lambda m, x, h: jax.lax.pmean(per_device(m, x[:1], h), "data"), mesh=dp.mesh,
+                        in_specs=(P(), P(), P(None, "data")), out_specs=P())
+got, got_grads = nnx.jit(nnx.value_and_grad(sharded))(model, x, h0)
+want, want_grads = nnx.jit(nnx.value_and_grad(lambda m, x, h: sum(per_device(m, x[:1], h[:, k:k + 1])
+                                                                    for k in range(4)) / 4))(model, x, h0)
+print(json.dumps(max([abs(float(got - want))] + [float(jnp.abs(a - b).max()) for a, b in
+                                                  zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads))])))
+"""
+
+
+def test_a_per_device_initial_state_beside_an_unvarying_one_runs_inside_shard_map():
+    # An initial state varying over "data" in h but not in c (nor in the inputs): c alone is marked varying, and h,
+    # varying already, is left as it is (marking it again is JAX's "Unsupported pcast from=varying").
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    result = subprocess.run([sys.executable, "-c", STATE_SCRIPT], capture_output=True, text=True, env=env,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) <= SHARD_MAP_ATOL
+
+
 RESUME_SCRIPT = """
 import json, sys
 import numpy as np
