@@ -715,6 +715,45 @@ def test_float16_parameters_under_adam_say_why_their_update_is_not_finite():
     fit(model, lambda m, b: ((m(b)[0] ** 2).mean(), {}), lambda i: x, TrainConfig(steps=2, log_every=1))
 
 
+
+class HalfAmongFull(nnx.Module):
+    """A float32 layer and one float16 parameter, which the losses below read at its zero gradient."""
+
+    def __init__(self, rngs: nnx.Rngs):
+        self.full = nnx.Linear(4, 1, rngs=rngs)
+        self.half = nnx.Param(jnp.zeros((3,), jnp.float16))
+
+    def __call__(self, x):
+        return self.full(x)
+
+
+def half_loss(model, batch):
+    x, y = batch
+    return jnp.mean((model(x) - y) ** 2) + jnp.sum(model.half[...].astype(jnp.float32) ** 2), {}
+
+
+def test_the_float16_adam_hint_is_given_where_it_is_the_cause_and_only_there():
+    cfg = TrainConfig(steps=2, log_every=1)
+    # One float16 parameter is enough: its zero gradient's Adam update is 0/0 beside float32 ones.
+    with pytest.raises(NonFiniteLossError, match=r"after the update at step 1 .*; the parameters are float16, where "
+                                                 r"Adam's .*, or bfloat16 ones$"):
+        fit(HalfAmongFull(nnx.Rngs(0)), half_loss, batch_fn, cfg)
+    # The same update under an optimizer of the caller's own: fit does not know it is Adam, so no hint.
+    with pytest.raises(NonFiniteLossError, match=r"after the update at step 1 ") as ei:
+        fit(HalfAmongFull(nnx.Rngs(0)), half_loss, batch_fn, cfg, optimizer=optax.adam(1e-3))
+    assert "float16" not in str(ei.value)
+    # A non-finite loss or gradient has a cause of its own, float16 parameters or not.
+    def nan_loss(model, batch):
+        return half_loss(model, batch)[0] * jnp.nan, {}
+
+    def nan_gradient(model, batch):  # d/dx sqrt(x) at 0 is inf: 0 * inf
+        return half_loss(model, batch)[0] + 0.0 * jnp.sqrt(jnp.abs(model.half[...].astype(jnp.float32)).sum()), {}
+
+    for loss, what in ((nan_loss, "loss"), (nan_gradient, "gradient norm")):
+        with pytest.raises(NonFiniteLossError, match=rf"^non-finite {what} at step 1 ") as ei:
+            fit(HalfAmongFull(nnx.Rngs(0)), loss, batch_fn, cfg)
+        assert "float16" not in str(ei.value), what
+
 def test_fit_argument_errors(tmp_path):
     cfg = TrainConfig(steps=2)
     m = DropMLP(nnx.Rngs(0))
