@@ -69,3 +69,18 @@ def test_shape_spells_the_expected_sizes_and_takes_any_size_of_one_or_more_for_n
     for bad in (np.zeros(4), np.zeros((3, 2)), np.zeros((4, 0)), np.zeros((4, 2, 1))):
         with pytest.raises(ValueError, match=rf"^eps: expected shape \[B, Z\] = \[4, Z\], got \[{', '.join(map(str, bad.shape))}\]$"):
             validate.shape("eps", bad, (4, None), "[B, Z]")
+
+
+def test_float_dtype_returns_the_scalar_type_and_names_anything_but_a_floating_dtype():
+    import re
+
+    import jax.numpy as jnp
+
+    for given, want in (("float16", jnp.float16), (np.dtype("float64"), jnp.float64), (jnp.bfloat16, jnp.bfloat16)):
+        assert validate.float_dtype("param_dtype", given) is jnp.dtype(want).type, given  # np.float16, ...
+    assert validate.float_dtype("compute_dtype", None, none=True) is None
+    assert validate.float_dtype("param_dtype", None) is float  # without none: JAX's default float, as float
+    # an int, a complex, a bool, a name NumPy does not know, a tuple NumPy refuses with a ValueError (not a TypeError)
+    for bad in (jnp.int32, jnp.complex64, True, "bf16", (np.float32, -1)):
+        with pytest.raises(TypeError, match=rf"^dtype: expected a floating dtype .*, got {re.escape(repr(bad))}$"):
+            validate.float_dtype("dtype", bad)
