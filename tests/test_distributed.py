@@ -381,3 +381,32 @@ def test_a_share_of_the_devices_of_several_processes_takes_each_process_alike():
     with pytest.raises(ValueError, match=r"^num_devices: expected a multiple of the 2 processes, at most 6 \(each "
                                          r"process feeds its equal share of the batch from its own devices\), got 3$"):
         pick_devices(devices, 3, 2)
+
+
+def test_the_share_error_names_what_the_process_with_fewest_devices_allows():
+    from collections import namedtuple
+
+    from jax_scan_rnn.distributed import pick_devices
+
+    Device = namedtuple("Device", "process_index id")
+    devices = [Device(0, 0), Device(0, 1), Device(1, 2), Device(1, 3), Device(1, 4)]  # 2 and 3 devices
+    assert pick_devices(devices, 4, 2) == [devices[0], devices[1], devices[2], devices[3]]
+    with pytest.raises(ValueError, match=r"^num_devices: expected a multiple of the 2 processes, at most 4 "):
+        pick_devices(devices, 6, 2)
+
+
+def test_data_parallel_create_and_the_cli_share_the_devices_by_process(monkeypatch):
+    # One device in this process, seen as one of 2 processes: 1 device cannot be shared equally by both, which
+    # DataParallel.create says in its argument's name and the CLI in its flag's.
+    import argparse
+
+    import jax
+
+    from jax_scan_rnn import cli
+    from jax_scan_rnn.distributed import DataParallel
+
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    with pytest.raises(ValueError, match=r"^num_devices: expected a multiple of the 2 processes, .*, got 1$"):
+        DataParallel.create(1)
+    with pytest.raises(ValueError, match=r"^--devices: expected a multiple of the 2 processes, .*, got 1$"):
+        cli.data_parallel(argparse.Namespace(multihost=False, devices=1), 2)
