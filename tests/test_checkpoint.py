@@ -1,6 +1,7 @@
 """Checkpoints: round trip (incl. nnx rng state), integrity manifest, stray files, atomicity under SIGKILL,
 fallback, setting aside, pruning."""
 
+import hashlib
 import json
 import os
 import signal
@@ -459,3 +460,21 @@ def test_a_64_bit_leaf_restored_without_x64_says_what_builds_it(tmp_path):
     with jax.enable_x64(True):  # under x64 the same mismatch is the model's own, and no hint is given
         with pytest.raises(ValueError, match=r"dtype float32$"):
             ckpt.restore(tmp_path, target={"w": jnp.zeros((2, 3), jnp.float32)})
+
+
+def test_the_manifest_holds_each_files_sha256_and_the_newest_step_is_the_default(tmp_path):
+    # A checkpoint written before (or by another tool) is verified against these digests: SHA-256 of the bytes.
+    for s in (2, 10, 3):  # saved out of order: the newest is the largest step, not the last saved
+        ckpt.save(tmp_path, s, {"w": jnp.full(3, float(s))}, {"step": s})
+    path = ckpt.step_path(tmp_path, 3)
+    files = json.loads((path / "MANIFEST.json").read_text())["files"]
+    assert files and all(v["sha256"] == hashlib.sha256((path / f).read_bytes()).hexdigest() for f, v in files.items())
+    assert ckpt.latest_step(tmp_path) == 10 and ckpt.read_metadata(tmp_path) == {"step": 10}
+    assert ckpt.read_metadata(tmp_path, 2) == {"step": 2}  # a step given is read, not the newest
+
+
+def test_a_32_bit_leaf_restored_into_another_dtype_gets_no_x64_hint(tmp_path):
+    ckpt.save(tmp_path, 1, {"w": jnp.zeros((2, 3), jnp.float32)})
+    with jax.enable_x64(False):
+        with pytest.raises(ValueError, match=r"dtype float32 .*got shape \(2, 3\) dtype bfloat16$"):
+            ckpt.restore(tmp_path, target={"w": jnp.zeros((2, 3), jnp.bfloat16)})
