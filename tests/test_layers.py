@@ -568,3 +568,10 @@ def test_training_dropout_under_a_plain_jax_transform_names_the_way_out(build, t
         PLAIN_TRANSFORMS[transform](f, x)
     model.eval()
     PLAIN_TRANSFORMS[transform](f, x)  # inference has no draw, so the plain transform is fine
+
+
+def test_dropout_masks_for_step_under_a_plain_jax_transform_name_the_way_out():
+    model = jsr.LSTM(4, 6, num_layers=3, dropout=0.2, rngs=nnx.Rngs(0))
+    with pytest.raises(flax.errors.TraceContextError, match=r"^dropout=0\.2: the masks in training mode: drawn from "
+                                                           r".*nnx\.jit.* or call \.eval\(\)"):
+        jax.jit(lambda: model.dropout_masks((5, 6), jnp.float32))()
