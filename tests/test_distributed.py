@@ -288,9 +288,7 @@ print(json.dumps(max([abs(float(got - want))] + [float(jnp.abs(a - b).max()) for
 def test_a_per_device_initial_state_beside_an_unvarying_one_runs_inside_shard_map():
     # An initial state varying over "data" in h but not in c (nor in the inputs): c alone is marked varying, and h,
     # varying already, is left as it is (marking it again is JAX's "Unsupported pcast from=varying").
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
-    result = subprocess.run([sys.executable, "-c", STATE_SCRIPT], capture_output=True, text=True, env=env,
-                            timeout=300)
+    result = run_script(STATE_SCRIPT)
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads(result.stdout.strip().splitlines()[-1]) <= SHARD_MAP_ATOL
 
@@ -363,6 +361,40 @@ def test_data_sharding_alone_keeps_a_model_split_over_another_mesh_axis(tmp_path
     assert result.returncode == 0, result.stderr[-2000:]
     specs = json.loads(result.stdout.strip().splitlines()[-1])
     assert specs == {"2": ["P(None, 'model')"], "4": ["P(None, 'model')"]}, specs
+
+
+PLACEMENT_SCRIPT = """
+import json
+import jax, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from flax import nnx
+import jax_scan_rnn as jsr
+from jax_scan_rnn.train import TrainConfig, fit
+
+x = np.random.default_rng(0).normal(size=(4, 6, 3)).astype("float32")
+losses = {}
+# a mesh of the devices in another order, its axis not named "data"; one device, not a mesh
+shardings = {"none": None,
+             "reversed mesh": NamedSharding(Mesh(np.array(jax.devices()[::-1]), ("batch",)), P("batch")),
+             "one device": jax.sharding.SingleDeviceSharding(jax.devices()[1])}
+for name, sharding in shardings.items():
+    rows = losses.setdefault(name, [])
+    fit(jsr.Traveller(3, 4, 1, 0.0, rngs=nnx.Rngs(0)), lambda m, b: ((m(b)[0] ** 2).mean(), {}), lambda i: x,
+        TrainConfig(steps=2, log_every=1), data_sharding=sharding,
+        callback=lambda e: e["event"] == "log" and rows.append(e["loss"]))
+print(json.dumps(losses))
+"""
+
+
+def test_the_default_state_placement_follows_any_data_sharding():
+    # The state is replicated over data_sharding's own mesh, in its device order (a mesh of the same devices in
+    # another order is "incompatible devices" to jit), and over a SingleDeviceSharding's device as a full copy
+    # (a spec naming the batch axis cannot place the state's scalars).
+    result = run_script(PLACEMENT_SCRIPT, host_devices=2)
+    assert result.returncode == 0, result.stderr[-2000:]
+    losses = json.loads(result.stdout.strip().splitlines()[-1])
+    for name in ("reversed mesh", "one device"):
+        assert max(abs(a - b) for a, b in zip(losses[name], losses["none"])) <= LOSS_ATOL, losses
 
 
 def test_a_share_of_the_devices_of_several_processes_takes_each_process_alike():
