@@ -753,6 +753,12 @@ def test_the_float16_adam_hint_is_given_where_it_is_the_cause_and_only_there():
         with pytest.raises(NonFiniteLossError, match=rf"^non-finite {what} at step 1 ") as ei:
             fit(HalfAmongFull(nnx.Rngs(0)), loss, batch_fn, cfg)
         assert "float16" not in str(ei.value), what
+    # float16 state that is no parameter (Adam does not update it) beside float32 parameters stepped to inf
+    model = HalfAmongFull(nnx.Rngs(0))
+    model.half = nnx.BatchStat(jnp.zeros((3,), jnp.float16))
+    with pytest.raises(NonFiniteLossError, match=r"after the update at step 1 ") as ei:
+        fit(model, half_loss, batch_fn, replace(cfg, learning_rate=1e39))  # inf in float32
+    assert "float16" not in str(ei.value)
 
 def test_fit_argument_errors(tmp_path):
     cfg = TrainConfig(steps=2)
