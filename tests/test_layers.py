@@ -573,5 +573,6 @@ def test_training_dropout_under_a_plain_jax_transform_names_the_way_out(build, t
 def test_dropout_masks_for_step_under_a_plain_jax_transform_name_the_way_out():
     model = jsr.LSTM(4, 6, num_layers=3, dropout=0.2, rngs=nnx.Rngs(0))
     with pytest.raises(flax.errors.TraceContextError, match=r"^dropout=0\.2: the masks in training mode: drawn from "
-                                                           r".*nnx\.jit.* or call \.eval\(\)"):
+                                                           r".*nnx\.jit.* or call \.eval\(\)") as ei:
         jax.jit(lambda: model.dropout_masks((5, 6), jnp.float32))()
+    assert isinstance(ei.value.__cause__, flax.errors.TraceContextError)  # Flax's own, as the direct cause
