@@ -423,6 +423,7 @@ def test_the_share_error_names_what_the_process_with_fewest_devices_allows():
     Device = namedtuple("Device", "process_index id")
     devices = [Device(0, 0), Device(0, 1), Device(1, 2), Device(1, 3), Device(1, 4)]  # 2 and 3 devices
     assert pick_devices(devices, 4, 2) == [devices[0], devices[1], devices[2], devices[3]]
+    assert pick_devices(devices[::-1], 2, 2) == [devices[1], devices[4]]  # process 0's share first, whatever the order
     with pytest.raises(ValueError, match=r"^num_devices: expected a multiple of the 2 processes, at most 4 "):
         pick_devices(devices, 6, 2)
 
