@@ -166,7 +166,7 @@ def float_dtype(name: str, value: Any, *, none: bool = False) -> Any:
         value = str(value).removeprefix("torch.")
     try:
         dtype = None if isinstance(value, bool) else jnp.dtype(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, SyntaxError):  # NumPy parses a string with a comma as a struct: "f4,," SyntaxError
         dtype = None
     if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
         raise TypeError(f"{name}: expected {'None or ' if none else ''}a floating dtype (jnp.bfloat16, 'float16', "

@@ -80,7 +80,8 @@ def test_float_dtype_returns_the_scalar_type_and_names_anything_but_a_floating_d
         assert validate.float_dtype("param_dtype", given) is jnp.dtype(want).type, given  # np.float16, ...
     assert validate.float_dtype("compute_dtype", None, none=True) is None
     assert validate.float_dtype("param_dtype", None) is float  # without none: JAX's default float, as float
-    # an int, a complex, a bool, a name NumPy does not know, a tuple NumPy refuses with a ValueError (not a TypeError)
-    for bad in (jnp.int32, jnp.complex64, True, "bf16", (np.float32, -1)):
+    # an int, a complex, a bool, a name NumPy does not know, a tuple NumPy refuses with a ValueError (not a TypeError),
+    # a typo NumPy parses as a struct and refuses with a SyntaxError
+    for bad in (jnp.int32, jnp.complex64, True, "bf16", (np.float32, -1), "f4,,"):
         with pytest.raises(TypeError, match=rf"^dtype: expected a floating dtype .*, got {re.escape(repr(bad))}$"):
             validate.float_dtype("dtype", bad)
