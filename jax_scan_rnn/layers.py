@@ -236,7 +236,7 @@ class RNNBase(nnx.Module):
         return self._draw(lambda: self.dropout(jnp.ones((self.num_layers - 1, *shape), dtype)))
 
     def _draw(self, draw: Callable[[], Array]) -> Array:
-        return own_stream_draw(f"dropout={self.dropout.rate}: the masks in training mode", draw,
+        return own_stream_draw(f"dropout={self.dropout.rate} (the masks of training mode)", draw,
                                "call .eval() for inference")
 
     def dropout_key(self) -> Array | None:

@@ -503,7 +503,6 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
         raise ValueError(f"out_dir: expected no earlier run when resume=False, got {earlier_run(out)}; pass "
                          "resume=True to continue that run or choose another out_dir")
 
-
     def put(batch):
         batch = validate.from_torch(batch)  # a torch DataLoader's tensors: data, as jsr.jit takes them
         return batch if data_sharding is None else put_batch(batch, data_sharding)

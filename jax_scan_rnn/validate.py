@@ -154,7 +154,7 @@ def float_dtype(name: str, value: Any, *, none: bool = False) -> Any:
     means the dtype of its name, as in code copied from PyTorch), as its scalar type (`jnp.float64`, ...); None
     with `none`. TypeError naming `name` for anything else (NumPy alone says "data type 'bf16' not understood",
     naming no argument). Python's `float`, and None without `none`, are `float`: JAX's default floating dtype
-    where it is used, as before, not a float64 that JAX truncates with a warning when x64 is off."""
+    where it is used, not a float64 that JAX truncates with a warning when x64 is off."""
     import jax.numpy as jnp
 
     if value is None and none:

@@ -564,7 +564,7 @@ def test_training_dropout_under_a_plain_jax_transform_names_the_way_out(build, t
     cls = jsr.LSTM if build == "lstm" else jsr.Traveller  # a whole-sequence draw; a per-call key for the loop
     model = cls(4, 6, num_layers=2, dropout=0.2, rngs=nnx.Rngs(0))
     f = lambda x: model(x)[0]  # noqa: E731
-    with pytest.raises(flax.errors.TraceContextError, match=r"dropout=0\.2: .*nnx\.jit, nnx\.vmap.* or call \.eval\(\)"):
+    with pytest.raises(flax.errors.TraceContextError, match=r"dropout=0\.2 \(the masks of training mode\): .*nnx\.jit, nnx\.vmap.* or call \.eval\(\)"):
         PLAIN_TRANSFORMS[transform](f, x)
     model.eval()
     PLAIN_TRANSFORMS[transform](f, x)  # inference has no draw, so the plain transform is fine
@@ -572,7 +572,7 @@ def test_training_dropout_under_a_plain_jax_transform_names_the_way_out(build, t
 
 def test_dropout_masks_for_step_under_a_plain_jax_transform_name_the_way_out():
     model = jsr.LSTM(4, 6, num_layers=3, dropout=0.2, rngs=nnx.Rngs(0))
-    with pytest.raises(flax.errors.TraceContextError, match=r"^dropout=0\.2: the masks in training mode: drawn from "
+    with pytest.raises(flax.errors.TraceContextError, match=r"^dropout=0\.2 \(the masks of training mode\): drawn from "
                                                            r".*nnx\.jit.* or call \.eval\(\)") as ei:
         jax.jit(lambda: model.dropout_masks((5, 6), jnp.float32))()
     assert isinstance(ei.value.__cause__, flax.errors.TraceContextError)  # Flax's own, as the direct cause
