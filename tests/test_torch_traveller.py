@@ -2,6 +2,7 @@
 dropout, errors."""
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -709,6 +710,28 @@ def test_any_number_of_assets_one_call_chunks_and_single_steps_are_bit_identical
 def test_bad_num_assets_is_named(num_assets):
     with pytest.raises(ValueError, match=rf"^num_assets: expected an int >= 1, got {num_assets!r}$"):
         Traveller(NUM_INPUTS, HIDDEN, 1, 0.0, num_assets)
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("num_inputs", 0),  # nn.LSTM took it: input_size = num_assets, and num_inputs read back 0
+        ("num_inputs", -1),  # ... and -1 built a model whose num_inputs is -1
+        ("num_inputs", 2.5),  # nn.LSTM's error spoke of its own input_size
+        ("hidden_size", 0),
+        ("hidden_size", "8"),
+        ("num_layers", 0),
+        ("num_layers", True),  # a bool is not a count; nn.LSTM took it as 1
+        ("dropout", 1.5),
+        ("dropout", float("nan")),
+        ("dropout", "0.1"),
+    ],
+)
+def test_bad_constructor_arguments_are_named(name, value):
+    args = {"num_inputs": NUM_INPUTS, "hidden_size": HIDDEN, "num_layers": 2, "dropout": 0.0} | {name: value}
+    expected = rf"^{name}: expected an? (int|finite number) .*, got {re.escape(repr(value))}$"
+    with pytest.raises(ValueError, match=expected):
+        Traveller(**args)
 
 
 def test_state_of_another_number_of_assets_is_refused():

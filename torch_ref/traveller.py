@@ -273,6 +273,12 @@ class Traveller(nn.Module):
 
     def __init__(self, num_inputs: int, hidden_size: int, num_layers: int, dropout: float, num_assets: int = 2):
         super().__init__()
+        # Checked here, not left to nn.LSTM: it would name its own arguments (num_inputs + num_assets is its
+        # input_size) and accepts num_inputs <= 0 (a model whose num_inputs reads back negative) and a bool.
+        _check_number("num_inputs", num_inputs, 1, integer=True)
+        _check_number("hidden_size", hidden_size, 1, integer=True)
+        _check_number("num_layers", num_layers, 1, integer=True)
+        _check_number("dropout", dropout, 0, 1)
         _check_number("num_assets", num_assets, 1, integer=True)
         # Sizes and the dropout rate are read back from `output_layer` (num_assets) and `lstm_layers`
         # (input_size - num_assets, hidden_size, num_layers, dropout) rather than stored twice.
