@@ -525,6 +525,9 @@ def test_errors_name_the_argument():
         (ValueError, "decoder_hidden_size", lambda: SeqVAE(V, H, Z, L, decoder_hidden_size=0)),
         (ValueError, "decoder_layers", lambda: SeqVAE(V, H, Z, L, decoder_layers=1.5)),
         (ValueError, "beta", lambda: model.loss(tokens, lengths, beta=float("nan"))),
+        # bool() read these as True: a bidirectional encoder and z concatenated, silently
+        (TypeError, "bidirectional", lambda: SeqVAE(V, H, Z, L, bidirectional="no")),
+        (TypeError, "concat_z", lambda: SeqVAE(V, H, Z, L, concat_z=2)),
     ]
     for error, name, call in cases:
         with pytest.raises(error, match=rf"^{name}: expected"):

@@ -159,8 +159,12 @@ class SeqVAE(nn.Module):
         self.num_layers = num_layers
         self.decoder_hidden_size = hidden_size if decoder_hidden_size is None else decoder_hidden_size
         self.decoder_layers = num_layers if decoder_layers is None else decoder_layers
-        self.bidirectional = bool(bidirectional)
-        self.concat_z = bool(concat_z)
+        # bool(x) would read any truthy value ("no", 2) as True; jsr.SeqVAE refuses them too.
+        for name, value in (("bidirectional", bidirectional), ("concat_z", concat_z)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{name}: expected True or False, got {value!r}")
+        self.bidirectional = bidirectional
+        self.concat_z = concat_z
         directions = 2 if bidirectional else 1
 
         self.gru_encoder = nn.GRU(vocab_size, hidden_size, num_layers, batch_first=True, bidirectional=bidirectional)
