@@ -506,6 +506,26 @@ def test_script_method_is_compiled_once_and_quiet():
     assert isinstance(scripted, torch.jit.ScriptFunction)
 
 
+@pytest.mark.parametrize("method", ALL_METHODS)
+def test_inference_mode_after_training_calls(method):
+    # "script" raised "Inference tensors cannot be saved for backward" here: TorchScript had planned the
+    # loop with autograd during the calls that backpropagated, and kept that plan under inference_mode.
+    model = make_model(2)
+    x = random_inputs(2, 4, NUM_INPUTS)
+    for _ in range(3):  # TorchScript's profiling executor settles its plan after a couple of runs
+        model(x, method=method)[0].sum().backward()
+    want, want_state = model(x, method=method)
+    for mode in (torch.no_grad, torch.inference_mode):
+        with mode():
+            got, state = model(x, method=method)
+        assert not got.requires_grad
+        # Not bit for bit: "scan" runs through Dynamo, which traces a graph of its own without autograd.
+        assert_close(got, want.detach(), TOL_F64, f"{method} under {mode.__name__}")
+        for name in TravellerState._fields:
+            what = f"{method} under {mode.__name__}, state.{name}"
+            assert_close(getattr(state, name), getattr(want_state, name).detach(), TOL_F64, what)
+
+
 def test_scan_unavailable_gives_a_clear_error(monkeypatch):
     monkeypatch.setattr(traveller_module, "_torch_scan", None)
     assert not scan_available()

@@ -434,8 +434,15 @@ class Traveller(nn.Module):
                 # Drawn up front rather than inside the loop, so that every method consumes randomness
                 # the same way and scan's combine function stays free of random ops.
                 masks = self.sample_dropout_masks(xs.shape[0], xs.shape[1])
+            weights = self.flat_weights()
+            if method == "script" and not torch.is_grad_enabled():
+                # TorchScript's executor, once it has run the loop with autograd, keeps choosing its
+                # differentiable plan for weights that require grad, and that plan saves tensors for
+                # backward: under torch.inference_mode that raises "Inference tensors cannot be saved for
+                # backward". Detached weights (no gradient is wanted here) select the plan without autograd.
+                weights = [w.detach() for w in weights]
             positions, position, h, c = _call_quietly(
-                loop or _loop_function(method), xs, state.positions, state.h, state.c, self.flat_weights(), masks
+                loop or _loop_function(method), xs, state.positions, state.h, state.c, weights, masks
             )
             state = TravellerState(h, c, position)
         return (positions[:, 0] if seed_layout else positions.transpose(0, 1)), state
