@@ -488,6 +488,21 @@ def test_sampled_masks_have_the_dropout_statistics():
     assert 0.2 < dropped < 0.3, f"fraction dropped {dropped} for p = 0.25"
 
 
+@pytest.mark.parametrize(
+    "args, error, expected",
+    [  # torch's own errors named no argument ("Trying to create tensor with negative dimension -1"), and
+        # a bool was taken as a size
+        ((-1, 2), ValueError, r"^seq_len: expected an int >= 0, got -1$"),
+        ((2.5, 2), TypeError, r"^seq_len: expected an int, got float$"),
+        ((True, 2), TypeError, r"^seq_len: expected an int, got bool$"),
+        ((3, -2), ValueError, r"^batch_size: expected an int >= 0, got -2$"),
+    ],
+)
+def test_bad_sample_dropout_masks_arguments_are_named(args, error, expected):
+    with pytest.raises(error, match=expected):
+        make_model(2, dropout=0.5).sample_dropout_masks(*args)
+
+
 # ---------------------------------------------------------------------------------------------------
 # TorchScript and scan specifics
 # ---------------------------------------------------------------------------------------------------

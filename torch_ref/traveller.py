@@ -224,6 +224,14 @@ def _scan_loop(
     return positions, position, h, c
 
 
+def _check_count(name: str, value) -> None:
+    """A size argument: TypeError unless a Python int (not a bool), ValueError if negative."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name}: expected an int >= 0, got {value}")
+
+
 def _loop_function(method: str) -> Callable[..., Tuple[Tensor, Tensor, Tensor, Tensor]]:
     """The loop function behind `method` ("cell", "script" or "scan", already checked to be one)."""
     if method == "script":
@@ -309,10 +317,7 @@ class Traveller(nn.Module):
     def initial_state(self, batch_size: int) -> TravellerState:
         """The zero state for `batch_size` sequences: h, c [L, B, H] and positions [B, A], all zeros, in the
         model's dtype and on its device. It is what `state=None` means."""
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int):
-            raise TypeError(f"batch_size: expected an int, got {type(batch_size).__name__}")
-        if batch_size < 0:
-            raise ValueError(f"batch_size: expected an int >= 0, got {batch_size}")
+        _check_count("batch_size", batch_size)
         lstm = self.lstm_layers
         zeros, hc = lstm.weight_hh_l0.new_zeros, (lstm.num_layers, batch_size, lstm.hidden_size)
         return TravellerState(h=zeros(hc), c=zeros(hc), positions=zeros(batch_size, self.num_assets))
@@ -327,6 +332,8 @@ class Traveller(nn.Module):
         as `forward(..., dropout_masks=...)` (or to another framework) to reproduce one draw exactly;
         `masks[:, t]` is what `step(..., dropout_masks=...)` takes for step t.
         """
+        _check_count("seq_len", seq_len)
+        _check_count("batch_size", batch_size)
         lstm = self.lstm_layers
         shape = (lstm.num_layers - 1, seq_len, batch_size, lstm.hidden_size)
         keep = 1.0 - float(lstm.dropout)
