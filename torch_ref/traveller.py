@@ -554,7 +554,12 @@ def compiled_loop(
     Dynamo refuses to trace an `nn.LSTM` module, even to read its weights ("Attempted to wrap RNN, GRU,
     or LSTM"), while the loop functions only see tensors. (`torch.compile(model, fullgraph=True)` of
     the whole model also works, for every method, under the experimental
-    `torch._dynamo.config.patch(allow_rnn=True)`.)
+    `torch._dynamo.config.patch(allow_rnn=True)`. Without `fullgraph=True`, i.e. `compiled_loop(...,
+    fullgraph=False)` or a plain `torch.compile(model)` (which breaks the graph at `nn.LSTM`), method
+    "scan" fails in torch 2.13's Inductor: its lowering of scan to a while loop calls `.item()`, raising
+    "DataDependentOutputException: aten._local_scalar_dense", unless
+    `torch._dynamo.config.capture_scalar_outputs = True`; a plain `torch.compile(model)` runs "loop", "cell"
+    and "script".)
 
     - "scan": the loop is one `scan` node, so compile time does not grow with T and a new T does not
       recompile beyond a one-off dynamic-shape recompile. Backward works (see the clones in
