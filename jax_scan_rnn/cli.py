@@ -424,6 +424,18 @@ def flag_names():
         raise renamed from None
 
 
+@contextlib.contextmanager
+def field_as_flag(field: str, flag: str):
+    """Raise a library ValueError about `field` (`field: ...`) as one about `flag`, the command's option that gave it
+    under another name (`flag_names` maps a field to the flag of the same name)."""
+    try:
+        yield
+    except ValueError as err:
+        if not str(err).startswith(f"{field}:"):
+            raise
+        raise ValueError(f"{flag}:{str(err).removeprefix(f'{field}:')}") from None
+
+
 def _flat(settings: dict, prefix: str = "") -> dict:
     out = {}
     for key, value in settings.items():
@@ -602,10 +614,8 @@ def data_parallel(args: argparse.Namespace, batch_size: int):
                          f"lists them), got {args.devices}" + (
                              f"; on a CPU, XLA_FLAGS=--xla_force_host_platform_device_count={args.devices} gives "
                              "that many" if cpu else ""))
-    try:
+    with field_as_flag("num_devices", "--devices"):
         dp = DataParallel.create(args.devices)
-    except ValueError as err:  # the library's argument is this command's flag
-        raise ValueError(str(err).replace("num_devices:", "--devices:", 1)) from None
     with flag_names():  # "batch_size: expected a multiple of the 2 devices ..." -> --batch-size
         try:
             dp.check_batch_size(batch_size)
@@ -728,12 +738,8 @@ def load_run(args: argparse.Namespace, model: str) -> tuple:
     run = run_directory(args.checkpoint, args.step)
 
     def load(step):
-        try:
+        with field_as_flag("out_dir", "--checkpoint"):  # "out_dir: expected a VAE run, got model 'traveller'"
             return task_lib.load(run, step)
-        except ValueError as err:  # "out_dir: expected a VAE run, got model 'traveller'": the CLI's user gave it
-            if str(err).startswith("out_dir:"):
-                raise ValueError(f"--checkpoint:{str(err).removeprefix('out_dir:')}") from None
-            raise
 
     if args.step is not None:
         return *load(args.step), args.step
