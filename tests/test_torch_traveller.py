@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -784,3 +785,11 @@ def test_state_of_another_number_of_assets_is_refused():
 def test_checkpoint_of_another_number_of_assets_is_refused_naming_the_keys():
     with pytest.raises(RuntimeError, match=r"size mismatch for output_layer\.weight.*\[2, 8\].*\[5, 8\]"):
         make_model(2, num_assets=5).load_state_dict(make_model(2).state_dict())
+
+
+def test_numpy_integers_are_sizes():
+    # jsr.Traveller takes NumPy's integers as sizes; nn.LSTM refuses them, so they are passed on as ints.
+    model = Traveller(np.int64(3), np.int64(8), np.int64(2), np.float32(0.25), num_assets=np.int32(2))
+    assert model.lstm_layers.hidden_size == 8 and model.num_assets == 2
+    assert model.initial_state(np.int64(4)).h.shape == (2, 4, 8)
+    assert model.sample_dropout_masks(np.int64(5), np.int64(4)).shape == (1, 5, 4, 8)

@@ -532,3 +532,18 @@ def test_errors_name_the_argument():
     for error, name, call in cases:
         with pytest.raises(error, match=rf"^{name}: expected"):
             call()
+
+
+def test_numpy_numbers_are_taken_as_their_python_values():
+    # Sizes read from a NumPy config or a sweep (np.int64) are integers as jsr.SeqVAE takes them; nn.GRU
+    # itself refuses NumPy's integers ("hidden_size should be of type int"), so they are passed on as ints.
+    import numpy as np
+
+    model = SeqVAE(np.int64(9), np.int64(6), np.int32(3), np.int64(1), decoder_hidden_size=np.int64(5))
+    assert (model.hidden_size, model.decoder_hidden_size, type(model.latent_size)) == (6, 5, int)
+    assert model.gru_decoder.hidden_size == 5
+    tokens = model.generate(torch.zeros(2, 3), max_len=np.int64(4), mode="sample", temperature=np.float32(0.5),
+                            top_k=np.int64(2))
+    assert tokens.shape == (2, 4)
+    with pytest.raises(ValueError, match=r"^hidden_size: expected an int >= 1, got np.float64\(6.0\)$"):
+        SeqVAE(9, np.float64(6.0), 3, 1)

@@ -58,6 +58,7 @@ A = `num_assets`, 2 for the seed's class (whose checkpoints therefore load into 
 """
 import functools
 import warnings
+from numbers import Integral
 from collections.abc import Callable
 from typing import List, NamedTuple, Optional, Tuple
 
@@ -224,12 +225,14 @@ def _scan_loop(
     return positions, position, h, c
 
 
-def _check_count(name: str, value) -> None:
-    """A size argument: TypeError unless a Python int (not a bool), ValueError if negative."""
-    if isinstance(value, bool) or not isinstance(value, int):
+def _check_count(name: str, value) -> int:
+    """A size argument as a Python int: TypeError unless an integer (NumPy's included, not a bool), ValueError
+    if negative."""
+    if isinstance(value, bool) or not isinstance(value, Integral):
         raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
     if value < 0:
         raise ValueError(f"{name}: expected an int >= 0, got {value}")
+    return int(value)
 
 
 def _loop_function(method: str) -> Callable[..., Tuple[Tensor, Tensor, Tensor, Tensor]]:
@@ -283,11 +286,11 @@ class Traveller(nn.Module):
         super().__init__()
         # Checked here, not left to nn.LSTM: it would name its own arguments (num_inputs + num_assets is its
         # input_size) and accepts num_inputs <= 0 (a model whose num_inputs reads back negative) and a bool.
-        _check_number("num_inputs", num_inputs, 1, integer=True)
-        _check_number("hidden_size", hidden_size, 1, integer=True)
-        _check_number("num_layers", num_layers, 1, integer=True)
-        _check_number("dropout", dropout, 0, 1)
-        _check_number("num_assets", num_assets, 1, integer=True)
+        num_inputs = _check_number("num_inputs", num_inputs, 1, integer=True)
+        hidden_size = _check_number("hidden_size", hidden_size, 1, integer=True)
+        num_layers = _check_number("num_layers", num_layers, 1, integer=True)
+        dropout = _check_number("dropout", dropout, 0, 1)
+        num_assets = _check_number("num_assets", num_assets, 1, integer=True)
         # Sizes and the dropout rate are read back from `output_layer` (num_assets) and `lstm_layers`
         # (input_size - num_assets, hidden_size, num_layers, dropout) rather than stored twice.
         self.lstm_layers = nn.LSTM(num_assets + num_inputs, hidden_size, num_layers, dropout=dropout, batch_first=True)
@@ -317,7 +320,7 @@ class Traveller(nn.Module):
     def initial_state(self, batch_size: int) -> TravellerState:
         """The zero state for `batch_size` sequences: h, c [L, B, H] and positions [B, A], all zeros, in the
         model's dtype and on its device. It is what `state=None` means."""
-        _check_count("batch_size", batch_size)
+        batch_size = _check_count("batch_size", batch_size)
         lstm = self.lstm_layers
         zeros, hc = lstm.weight_hh_l0.new_zeros, (lstm.num_layers, batch_size, lstm.hidden_size)
         return TravellerState(h=zeros(hc), c=zeros(hc), positions=zeros(batch_size, self.num_assets))
@@ -332,8 +335,8 @@ class Traveller(nn.Module):
         as `forward(..., dropout_masks=...)` (or to another framework) to reproduce one draw exactly;
         `masks[:, t]` is what `step(..., dropout_masks=...)` takes for step t.
         """
-        _check_count("seq_len", seq_len)
-        _check_count("batch_size", batch_size)
+        seq_len = _check_count("seq_len", seq_len)
+        batch_size = _check_count("batch_size", batch_size)
         lstm = self.lstm_layers
         shape = (lstm.num_layers - 1, seq_len, batch_size, lstm.hidden_size)
         keep = 1.0 - float(lstm.dropout)

@@ -45,6 +45,7 @@ are not given they are drawn from torch's global RNG (`torch.randn`; Gumbel as `
 from __future__ import annotations
 
 import math
+from numbers import Integral, Real
 from collections.abc import Callable, Sequence
 
 import torch
@@ -84,13 +85,16 @@ def pad_after_eos(tokens: Tensor) -> Tensor:
     return tokens.masked_fill(eos_before > 0, PAD)
 
 
-def _check_number(name: str, value, low: float, high: float | None = None, *, integer=False, above=False) -> None:
-    """ValueError unless `value` is a finite Python number (an int if `integer`; never a bool) >= `low` (> `low`
-    if `above`) and <= `high`: jax_scan_rnn/validate.py's rule and wording, which torch_ref does not import."""
-    ok = isinstance(value, int if integer else (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+def _check_number(name: str, value, low: float, high: float | None = None, *, integer=False, above=False):
+    """`value` as a Python int (if `integer`) or float; ValueError unless it is a finite real number (an integer
+    if `integer`, NumPy's included; never a bool) >= `low` (> `low` if `above`) and <= `high`:
+    jax_scan_rnn/validate.py's rule and wording, which torch_ref does not import. The plain Python value is
+    what `nn.GRU`/`nn.LSTM` take (they refuse NumPy's integers)."""
+    ok = isinstance(value, Integral if integer else Real) and not isinstance(value, bool) and math.isfinite(value)
     if not ok or (value <= low if above else value < low) or (high is not None and value > high):
         bounds = f"in [{low}, {high}]" if high is not None else f"{'>' if above else '>='} {low}"
         raise ValueError(f"{name}: expected {'an int' if integer else 'a finite number'} {bounds}, got {value!r}")
+    return int(value) if integer else float(value)
 
 
 def _check_float(name: str, x: Tensor, shape: tuple[int | None, ...], dtype: torch.dtype, what: str) -> None:
@@ -146,13 +150,14 @@ class SeqVAE(nn.Module):
         concat_z: bool = False,
     ):
         super().__init__()
-        _check_number("vocab_size", vocab_size, 3, integer=True)  # room for PAD, SOS, EOS
-        _check_number("hidden_size", hidden_size, 1, integer=True)
-        _check_number("latent_size", latent_size, 1, integer=True)
-        _check_number("num_layers", num_layers, 1, integer=True)
-        for name, value in (("decoder_hidden_size", decoder_hidden_size), ("decoder_layers", decoder_layers)):
-            if value is not None:
-                _check_number(name, value, 1, integer=True)
+        vocab_size = _check_number("vocab_size", vocab_size, 3, integer=True)  # room for PAD, SOS, EOS
+        hidden_size = _check_number("hidden_size", hidden_size, 1, integer=True)
+        latent_size = _check_number("latent_size", latent_size, 1, integer=True)
+        num_layers = _check_number("num_layers", num_layers, 1, integer=True)
+        if decoder_hidden_size is not None:
+            decoder_hidden_size = _check_number("decoder_hidden_size", decoder_hidden_size, 1, integer=True)
+        if decoder_layers is not None:
+            decoder_layers = _check_number("decoder_layers", decoder_layers, 1, integer=True)
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.latent_size = latent_size
@@ -390,11 +395,11 @@ class SeqVAE(nn.Module):
         given under "sample"; "greedy" ignores `temperature`, `top_k` and `gumbel` (checked when given).
         """
         self._check_z(z)
-        _check_number("max_len", max_len, 1, integer=True)
+        max_len = _check_number("max_len", max_len, 1, integer=True)
         if mode not in GENERATE_MODES:
             raise ValueError(f"mode: expected one of {GENERATE_MODES}, got {mode!r}")
         _check_number("temperature", temperature, 0, above=True)
-        _check_number("top_k", top_k, 0, self.vocab_size, integer=True)  # 0: off
+        top_k = _check_number("top_k", top_k, 0, self.vocab_size, integer=True)  # 0: off
         gumbel = self._gumbel_for(
             gumbel, (z.shape[0], max_len), needed=mode == "sample", device=z.device, what="[B, max_len, V]"
         )
