@@ -168,10 +168,16 @@ class Traveller(nnx.Module):
         XLA fuses the step's ops differently on its own than inside the scan). `state` None starts from the
         initial state; `dropout_masks` `[L-1, B, H]`, as `__call__`'s.
         """
-        x = jnp.asarray(validate.from_torch(inputs_t))
-        if x.ndim != 2:
+        # Checked here, not by `__call__`, whose errors would name `inputs` and speak of the added T = 1 axis.
+        x = validate.floating_array("inputs_t", inputs_t)
+        if x.ndim != 2 or x.shape[1] != self.num_inputs or 0 in x.shape:
             raise ValueError(f"inputs_t: expected shape [B, {self.num_inputs}], got {tuple(x.shape)}")
-        masks = None if dropout_masks is None else jnp.asarray(validate.from_torch(dropout_masks))[:, None]
+        masks = None
+        if dropout_masks is not None:
+            lstm = self.lstm_layers
+            validate.shape("dropout_masks", dropout_masks, (lstm.num_layers - 1, x.shape[0], lstm.hidden_size),
+                           "[num_layers-1, B, H]")  # torch_ref's wording
+            masks = jnp.asarray(validate.from_torch(dropout_masks))[:, None]
         positions, state = self(x[:, None], state, dropout_masks=masks, unroll=1)
         return positions[:, 0], state
 

@@ -123,6 +123,19 @@ def test_dropout_masks_shape_is_checked():
         trav(np.zeros((1, 6, 3)), dropout_masks=np.ones((1, 6, 1, 8)))
 
 
+def test_step_errors_name_its_own_arguments_and_shapes():
+    """`step` is called with [B, F] features and [L-1, B, H] masks: its errors say so, not what `__call__` (which
+    it runs on a T = 1 sequence) would say of `inputs` [B, T, F] and masks [L-1, T, B, H] the user never passed."""
+    trav = model(num_layers=3, dropout=0.5)
+    with pytest.raises(ValueError, match=r"^inputs_t: expected shape \[B, 3\], got \(2, 4\)$"):
+        trav.step(None, np.zeros((2, 4)))
+    with pytest.raises(TypeError, match=r"^inputs_t: expected a floating dtype, got int"):
+        trav.step(None, np.zeros((2, 3), np.int32))
+    with pytest.raises(ValueError, match=r"^dropout_masks: expected shape \[num_layers-1, B, H\] = \[2, 2, 8\], "
+                                         r"got \[2, 1, 7\]$"):
+        trav.step(None, np.zeros((2, 3)), dropout_masks=np.ones((2, 1, 7)))
+
+
 def test_dropout_in_training_only_and_ones_masks_equal_eval():
     trav = model(num_layers=3, dropout=0.5)
     x = np.random.default_rng(2).standard_normal((2, 12, 3))
