@@ -133,7 +133,7 @@ class RNNCellBase(nnx.Module):
         return jnp.zeros((batch_size, self.state_size), dtype)
 
     def step(self, carry, xp: Array):
-        """One recurrent step from a projected input `xp [B, G*H]`; returns `(new_carry, h [B, H])`."""
+        """One recurrent step from a projected input `xp [B, G*H]`; returns `(new_carry, h [B, R])`."""
         raise NotImplementedError
 
     def __call__(self, input: validate.ArrayInput, hx=None):

@@ -69,9 +69,9 @@ def feedback_scan(
       feedback: the value read at step 0 (e.g. zero positions, or the `<sos>` token), a pytree.
       xs: per-step inputs, a pytree whose leaves are time-major `[T, ...]`.
       inject: `(fb, x_t) -> xp0 [B, G*H]`, layer 0's projected input.
-      readout: `(h [B, H], x_t) -> y_t`, the step's output (any pytree).
+      readout: `(h [B, R], x_t) -> y_t`, the step's output (any pytree); R = H, or P for an LSTM with `proj_size`.
       feed: `(y_t, x_t) -> fb`, what the next step reads.
-      dropout_masks: `[T, L-1, B, H]` scaled inter-layer keep-masks, or None.
+      dropout_masks: `[T, L-1, B, R]` scaled inter-layer keep-masks (B may be 1, shared by the batch), or None.
       dropout_key: instead of `dropout_masks`, a key from which each step draws its own masks
         (`core.step_dropout_masks(key, t, ...)`), so no `[T, ...]` mask array exists and remat keeps
         training memory ~sqrt(T) with dropout on. The default, "core", is the core's own dropout stream
@@ -106,8 +106,9 @@ def feedback_scan(
         raise ValueError("dropout_key: expected None when dropout_masks are given (one source of masks)")
     if dropout_masks is not None:  # B may be 1: masks shared by the batch broadcast over it
         batch = 1 if jnp.ndim(dropout_masks) == 4 and jnp.shape(dropout_masks)[2] == 1 else h_0.shape[0]
+        width = "P" if getattr(core, "proj_size", 0) else "H"  # an LSTM's projection: layers read P features
         validate.shape("dropout_masks", dropout_masks, (steps, core.num_layers - 1, batch, h_0.shape[1]),
-                       "[T, L-1, B, H]")
+                       f"[T, L-1, B, {width}]")
     per_step = dropout_masks if dropout_key is None else jnp.arange(steps)  # masks, or step indices to draw from
 
     def body(state, step_in):

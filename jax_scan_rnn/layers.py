@@ -149,7 +149,8 @@ class RNNBase(nnx.Module):
         return self.num_directions * self.layers[0].state_size
 
     def initial_state(self, batch_size: int, dtype=jnp.float32):
-        """Zero state in the public layout: LSTM `(h, c)`, GRU `h`, each `[L*D, B, H]` (D directions)."""
+        """Zero state in the public layout: LSTM `(h [L*D, B, R], c [L*D, B, H])`, GRU and RNN `h [L*D, B, H]` (D
+        directions; R = H, or P with a projection)."""
         # torch's state order: layer 0 (forward, backward if bidirectional), layer 1, ...
         layers = zip(self.layers, self.reverse_layers) if self.bidirectional else zip(self.layers)
         return self.stack_carries([cell.initial_state(batch_size, dtype) for pair in layers for cell in pair])
@@ -263,9 +264,9 @@ class RNNBase(nnx.Module):
           carries: per-layer carries (see `unstack_state`).
           xp0: layer 0's projected input `[B, G*H]` (`layers[0].input_projection(x_t)`), so callers can
             hoist or assemble it (e.g. a precomputed part plus a fed-back part).
-          dropout_masks: `[L-1, B, H]` scaled keep-masks for this step, or None.
+          dropout_masks: `[L-1, B, R]` scaled keep-masks for this step, or None (R = H, or P with a projection).
         Returns:
-          `(new_carries, h)` with `h [B, H]` the last layer's output.
+          `(new_carries, h)` with `h [B, R]` the last layer's output.
         """
         if self.bidirectional:
             raise ValueError("step: a bidirectional RNN cannot run one step at a time (it needs the future)")

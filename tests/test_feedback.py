@@ -171,3 +171,14 @@ def test_a_wrong_argument_is_named_in_one_line(change, error, message):
             **args, readout=lambda h, u_t: h[:, :1], feed=lambda y, u_t: y,
             inject=lambda fb, u_t: core.layers[0].input_projection(jnp.concatenate([fb[:, :1].astype(u_t.dtype), u_t],
                                                                                    -1)))
+
+
+def test_the_masks_of_a_projected_lstm_are_spelled_with_p():
+    """With `proj_size=P` the layers pass P features to each other, so the masks are `[T, L-1, B, P]`; the error
+    spells that, not `[..., H] = [..., P]` (a width H, the hidden size, that the masks must not have)."""
+    core = jsr.LSTM(3, 5, 2, proj_size=2, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"^dropout_masks: expected shape \[T, L-1, B, P\] = \[6, 1, 4, 2\], "
+                                         r"got \[6, 1, 4, 5\]$"):
+        jsr.feedback_scan(core, core.initial_state(4), jnp.zeros((4, 1)), jnp.zeros((6, 4, 2)),
+                          inject=lambda fb, u_t: core.layers[0].input_projection(jnp.concatenate([fb, u_t], -1)),
+                          readout=lambda h, u_t: h[:, :1], feed=lambda y, u_t: y, dropout_masks=jnp.ones((6, 1, 4, 5)))
