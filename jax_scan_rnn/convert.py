@@ -622,6 +622,7 @@ def load_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
 
     Raises:
       FileNotFoundError: no file at `path`.
+      IsADirectoryError: `path` is a directory.
       ValueError: the file is not a whole `.safetensors` file (truncated, say, by an interrupted copy).
     """
     from safetensors import SafetensorError

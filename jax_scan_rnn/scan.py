@@ -12,7 +12,8 @@ measurements (the layers' default, `unroll="auto"`).
 plain scan keeps every step's intermediates: memory grows like T. With chunks of c steps, the outer scan
 keeps only the carry at each chunk boundary (T/c of them) and the backward pass recomputes one chunk at
 a time (`jax.checkpoint`), so memory grows like T/c + c, smallest near c = sqrt(T); the price is one
-extra forward pass. The results are the same; only what is stored differs.
+extra forward pass. The results are the same up to float rounding (the weights' gradient is summed chunk
+by chunk, in another order); only what is stored differs.
 
 `prepare` is the work hoisted out of the loop (typically the input projection `x @ W_ih + b_ih` of all
 steps, one big matmul). Without remat it runs once over all T steps; with remat it runs once per

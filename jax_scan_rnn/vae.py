@@ -347,10 +347,11 @@ class SeqVAE(nnx.Module):
         """Decode z [B, Z] against tokens [B, T] (int): -> logits [B, T, V], logits_t predicting tokens[:, t].
 
         Step t is fed a_0 = <sos>, then:
-        - `replace_mask=None`, teacher forcing: a_t = tokens[:, t-1]; the input projection of all steps is
-          one gather before the scan. `word_mask` bool [B, T] (word dropout, Bowman et al. 2016; column 0
-          is ignored: <sos> is always read): where word_mask[:, t], step t reads no token, e(a_t) = 0 (the
-          decoder still reads z when concat_z, and its state). Draw it with `replace_mask(key, shape, p)`.
+        - `replace_mask=None`, teacher forcing: a_t = tokens[:, t-1]; with `hoist_inputs` (not "auto"'s choice
+          on CPU) the input projection of all steps is one gather before the scan. `word_mask` bool [B, T] (word
+          dropout, Bowman et al. 2016; column 0 is ignored: <sos> is always read): where word_mask[:, t], step t
+          reads no token, e(a_t) = 0 (the decoder still reads z when concat_z, and its state). Draw it with
+          `replace_mask(key, shape, p)`.
         - `replace_mask` bool [B, T], scheduled sampling (one coin per token; column 0 is ignored):
           a_t = pred_{t-1} where replace_mask[:, t], else tokens[:, t-1]. pred_{t-1} from logits_{t-1}:
             "argmax"          argmax(logits_{t-1}) (ties: lowest index);
