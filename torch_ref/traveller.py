@@ -373,9 +373,9 @@ class Traveller(nn.Module):
                 training mode if dropout > 0 and num_layers > 1, and never in eval mode.
 
         Returns:
-            (positions, state): positions in (-1, 1), [B, T, A] for layout "batch", [T, A] for layout
-            "seed"; state, the `TravellerState` after the last step (its `positions` is the last row of
-            positions), to pass to the next call.
+            (positions, state): positions in [-1, 1] (a saturated tanh rounds to exactly -1 or 1), [B, T, A]
+            for layout "batch", [T, A] for layout "seed"; state, the `TravellerState` after the last step (its
+            `positions` is the last row of positions), to pass to the next call.
 
         Raises:
             ValueError: unknown method/layout; inputs not 3-D, with the wrong F, with no time step, or
