@@ -348,6 +348,11 @@ def test_vae_checks_host_tokens_and_lengths_the_traced_call_cannot():
         fast.loss(np.array(TOKENS), lengths=np.array([4, 6]))
     with pytest.raises(ValueError, match=r"tokens: expected ids"):
         fast.decode(jnp.zeros((2, 4)), bad_id)
+    # `fast(tokens, lengths)` is `fast.loss(...)`: checked alike, not a plausible loss of clipped lengths or a NaN
+    with pytest.raises(ValueError, match=r"lengths: expected values in \[1, T=5\], got lengths\[1\]=6"):
+        fast(np.array(TOKENS), np.array([4, 6]))
+    with pytest.raises(ValueError, match=r"tokens: expected ids in \[0, vocab_size=12\), got tokens\[1, 2\]=12"):
+        fast(bad_id, lengths=np.array(LENGTHS))
     # Device arrays are not read back (that would wait for the device): traced, as under jax.jit.
     mu, _ = fast.encode(TOKENS, jnp.array([4, 6], jnp.int32))
     assert np.isfinite(np.asarray(mu)).all()
