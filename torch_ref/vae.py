@@ -274,8 +274,9 @@ class SeqVAE(nn.Module):
                               y_hard = one_hot(argmax(y_soft)), fed y_hard + y_soft - y_soft.detach()
                               (forward value y_hard, gradient of y_soft); replaced positions only.
         `gumbel` [B, T, V] is standard Gumbel noise (its last step is unused), drawn with torch's RNG when
-        not given and the mode needs it; `mode`, `gumbel`, `temperature`, `tau` are ignored under teacher
-        forcing, `gumbel` under "argmax" (but checked when given). `temperature` is used by "sample" only,
+        not given and the mode needs it. Under teacher forcing `mode`, `temperature` and `tau` are checked but
+        unused and `gumbel` is not even checked (`jsr.SeqVAE` checks it); under "argmax" `gumbel` is unused but
+        checked when given. `temperature` is used by "sample" only,
         `tau` by "gumbel_softmax" only. `word_mask` with `replace_mask` raises ValueError: word dropout is
         defined on teacher forcing.
         """
