@@ -6,7 +6,7 @@
     fast = jsr.jit(lstm)                       # once: each jsr.jit(model) walks the model's graph
     out, (h, c) = fast(x)                      # x [T, B, I] (batch_first=False, torch's default) -> [T, B, H]
     step = jsr.jit(trav)                       # kept, and called once per market tick:
-    positions, state = step(x, state)          # the Traveller carries its state across calls
+    positions, state = step(x, state)          # the state goes back in: the next call continues from it
 
 Importing the package first adds two CPU settings to `XLA_FLAGS` (whole small loops compiled as one
 kernel, and the matrix-vector code inside it; `xla_flags.py` says what they do, what they measured, and

@@ -9,9 +9,10 @@ the seed):
     x_t = tanh(W_o h_t + b_o)                positions [A]
 
 It is stateful, as the seed's `DeepStatefulMVO`: a call returns the state after its last step
-(`TravellerState`: the LSTM's `h`, `c` and the last positions `x_t`), and the next call continues from
-it. So a live user takes one step per new market bar (`step`), and running T steps in one call, in
-chunks, or one at a time gives the same positions (bit for bit on CPU, tested).
+(`TravellerState`: the LSTM's `h`, `c` and the last positions `x_t`), and the next call given it continues
+from it (the module keeps none itself: a call without a state starts from zeros). So a live user takes one
+step per new market bar (`step`), and running T steps in one call, in chunks, or one at a time gives the
+same positions (bit for bit on CPU, tested).
 
     fast = jsr.jit(trav)
     positions, state = fast(history)            # [B, T, F] -> [B, T, A]; state after the last step
