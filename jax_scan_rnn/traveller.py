@@ -12,7 +12,8 @@ It is stateful, as the seed's `DeepStatefulMVO`: a call returns the state after 
 (`TravellerState`: the LSTM's `h`, `c` and the last positions `x_t`), and the next call given it continues
 from it (the module keeps none itself: a call without a state starts from zeros). So a live user takes one
 step per new market bar (`step`), and running T steps in one call, in chunks, or one at a time gives the
-same positions (bit for bit on CPU, tested).
+same positions (bit for bit on CPU, tested) in eval mode or with the same `dropout_masks`: training mode draws
+each call's own masks.
 
     fast = jsr.jit(trav)
     positions, state = fast(history)            # [B, T, F] -> [B, T, A]; state after the last step
@@ -167,7 +168,8 @@ class Traveller(nnx.Module):
         The same computation as one step of `__call__`, so stepping through a sequence equals one call over it:
         bit for bit through `jsr.jit` (one compiled program each); called eagerly, to float rounding (~1e-7:
         XLA fuses the step's ops differently on its own than inside the scan). `state` None starts from the
-        initial state; `dropout_masks` `[L-1, B, H]`, as `__call__`'s.
+        initial state; `dropout_masks` `[L-1, B, H]`, as `__call__`'s (in training mode without them each call
+        draws its own masks, so the steps equal one call only given the call's masks, `masks[:, t]`).
         """
         # Checked here, not by `__call__`, whose errors would name `inputs` and speak of the added T = 1 axis.
         x = validate.floating_array("inputs_t", inputs_t)
