@@ -548,8 +548,8 @@ class SeqVAE(nnx.Module):
     def check_arguments(self, method: str, args: tuple, kwargs: dict) -> None:
         """What `jsr.jit` checks before an `encode`, `decode` or `loss` call (and `model(...)`, which is `loss`),
         which the traced call cannot: host `tokens` (ids in [0, V)) and `lengths` (in 1..T), NumPy, lists or torch
-        tensors, with an eager call's errors. A `jax.Array` is left to the call (as under `jax.jit`; module docstring): reading it back
-        would wait for the device."""
+        tensors, with an eager call's errors. A `jax.Array` is left to the call (as under `jax.jit`; module
+        docstring): reading it back would wait for the device."""
         if method not in ("encode", "decode", "loss", "__call__"):  # `__call__` is `loss`
             return
         given = _signature(method).bind(self, *args, **kwargs).arguments
