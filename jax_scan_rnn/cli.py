@@ -1239,19 +1239,22 @@ def cmd_evaluate_vae(args: argparse.Namespace) -> int:
                          "molecules changed since): its test split would hold other molecules, maybe ones the model "
                          "trained on; restore the file, or score other molecules with sample vae and your own metrics")
     task = dataclasses.replace(task, eval_samples=args.n)
+    # The run's own seed, as its final evaluation drew them: -n of its --eval-samples gives its evaluation.json's
+    # samples, not another draw of them (a run saved before its seed was recorded: 0, as it then drew)
+    seed = saved.get("seed", 0)
     print(vae_evaluation_banner(task, len(dataset.test)), flush=True)
-    report = task_lib.evaluate(model, dataset, task)
+    report = task_lib.evaluate(model, dataset, task, seed=seed)
     print_vae_report(report)
     if args.metrics == "moses":
-        report["moses"] = moses_row(model, vocab, task, dataset, args.n)
+        report["moses"] = moses_row(model, vocab, task, dataset, args.n, seed)
     if args.output:
         write_atomically(args.output, lambda f: f.write(strict_json(report, indent=2) + "\n"))
     return 0
 
 
-def moses_row(model, vocab, task, dataset, n: int) -> dict:
-    """MOSES's metrics of `n` prior samples at temperature 1 (the report's own, seed 0), printed as MOSES's table
-    beside its published rows. The Test metrics compare with MOSES's test set when molsets is installed, else
+def moses_row(model, vocab, task, dataset, n: int, seed: int) -> dict:
+    """MOSES's metrics of `n` prior samples at temperature 1 (the report's own, drawn with `seed`), printed as
+    MOSES's table beside its published rows. The Test metrics compare with MOSES's test set when molsets is installed, else
     with this run's held-out split (the table says which)."""
     from jax_scan_rnn import metrics
     from jax_scan_rnn.tasks import vae as task_lib
@@ -1263,7 +1266,7 @@ def moses_row(model, vocab, task, dataset, n: int) -> dict:
         reference, where = dataset.test, f"the held-out split ({len(dataset.test)} molecules)"
     print(f"\nMOSES metrics of {n} prior samples against {where}: about {max(10, n // 80)} s on 2 cores...",
           flush=True)
-    generated = task_lib.sample(model, vocab, n, max_len=task.max_length + 1, seed=0, decoder_only=task.decoder_only)
+    generated = task_lib.sample(model, vocab, n, max_len=task.max_length + 1, seed=seed, decoder_only=task.decoder_only)
     # The canonical training set the basic evaluation already has: no second parse of every training molecule.
     row = metrics.moses_metrics(generated, list(dataset.canonical_train), reference, train_is_canonical=True)
     print(metrics.format_moses_table({"this run (T=1)": row}))
@@ -1452,7 +1455,9 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     ev.add_argument("--fill", default=None, choices=market_data.FILLS, help=f"with --data: {FILL_HELP}")
     ev = evaluate.add_parser("vae", help="reconstruction, prior-sample validity/uniqueness/novelty, KL, interpolation")
     trained_run_arguments(ev)
-    ev.add_argument("-n", type=POSITIVE_INT, default=1000, help="prior samples (default: 1000)")
+    ev.add_argument("-n", type=POSITIVE_INT, default=1000,
+                    help="prior samples (default: 1000), drawn with the run's --seed: its --eval-samples give the "
+                         "samples of its evaluation.json")
     ev.add_argument("--metrics", choices=("basic", "moses"), default="basic",
                     help="moses: also MOSES's table (FCD/SNN/Frag/Scaf against MOSES's test set, or the held-out "
                          "split without molsets; IntDiv, Filters, Novelty) beside MOSES's published VAE and CharRNN "

@@ -864,6 +864,24 @@ def test_sample_and_evaluate_read_their_options_and_export_records_the_kekule_fo
     assert "resuming with changed settings (--override): --steps 1 -> 10; --warmup-steps 0 -> 1\n" in said, said
 
 
+def test_evaluate_draws_the_runs_samples_with_the_runs_seed(corpus, tmp_path, monkeypatch):
+    """`evaluate vae -n N` of a run trained with --seed 1 and --eval-samples N scores the very samples of the run's
+    own evaluation.json (the same numbers, not another draw), and --metrics moses's row is of those samples too."""
+    out = tmp_path / "run"
+    assert main(["train", "vae", "--data", str(corpus), "--max-length", "20", "--hidden-size", "8", "--latent-size",
+                 "2", "--batch-size", "8", "--steps", "1", "--eval-samples", "6", "--eval-sequences", "2",
+                 "--seed", "1", "--out", str(out)]) == 0
+    scored = []  # what --metrics moses scores, without MOSES's data or ChemNet
+    monkeypatch.setattr(metrics, "moses_metrics", lambda generated, *a, **k: scored.append(generated) or {})
+    monkeypatch.setattr(metrics, "format_moses_table", lambda *a, **k: "")
+    assert main(["evaluate", "vae", "--checkpoint", str(out), "-n", "6", "--metrics", "moses", "--output",
+                 str(tmp_path / "r.json")]) == 0
+    trained, evaluated = (json.loads(p.read_text()) for p in (out / "evaluation.json", tmp_path / "r.json"))
+    for key in ("samples", "samples_greedy"):
+        assert evaluated[key] == trained[key], key
+    assert scored[0] == trained["samples"]["examples"]  # all 6 (examples keeps the first 10)
+
+
 def test_the_written_form_of_each_molecule_is_drawn_with_the_runs_seed():
     """--augment: which of a molecule's written forms a batch holds is the run's seed's draw (one molecule of four
     forms, batch 1: two seeds give two sequences of forms)."""
