@@ -1138,7 +1138,7 @@ def cmd_sample_vae(args: argparse.Namespace) -> int:
         write_atomically(args.output, lambda f: f.write("\n".join(generated) + "\n"))
     else:
         print("\n".join(generated))
-    if task.data in ("rdkit", "moses"):
+    if task.smiles_check:  # the samples are SMILES: a built-in set's, or a --data file's (not --no-smiles-check)
         print(f"valid {fraction(metrics.validity(generated))}  unterminated {fraction(task_lib.unterminated(tokens))}  "
               f"unique {fraction(metrics.uniqueness(generated))}", file=sys.stderr)
     return 0

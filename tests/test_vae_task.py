@@ -819,16 +819,24 @@ def test_sample_draws_n_per_given_latent_row_by_row(corpus):
 
 
 def test_sample_and_evaluate_read_their_options_and_export_records_the_kekule_form(corpus, tmp_path, capsys):
+    from jax_scan_rnn.cli import fraction
+
     out = tmp_path / "run"
     assert main(["train", "vae", "--data", str(corpus), "--max-length", "20", "--hidden-size", "8", "--latent-size",
                  "2", "--batch-size", "8", "--steps", "1", "--eval-samples", "2", "--eval-sequences", "2",
                  "--out", str(out)]) == 0
     drawn = {}
+    capsys.readouterr()
     for temperature in ("1", "5"):  # the same seed: only the temperature differs
         target = tmp_path / f"t{temperature}.txt"
         assert main(["sample", "vae", "--checkpoint", str(out), "-n", "20", "--temperature", temperature,
                      "--output", str(target)]) == 0
         drawn[temperature] = target.read_text()
+        # A run on your own SMILES file is told its samples' validity, as a run on a built-in set is.
+        generated = drawn[temperature].splitlines()
+        said = capsys.readouterr().err
+        assert said.startswith(f"valid {fraction(metrics.validity(generated))}  unterminated ") and \
+            said.endswith(f"  unique {fraction(metrics.uniqueness(generated))}\n"), said
     assert drawn["1"] != drawn["5"]
     np.save(tmp_path / "z.npy", np.zeros((3, 2), np.float32))  # given latents, no -n: one sample per row
     assert main(["sample", "vae", "--checkpoint", str(out), "--latents", str(tmp_path / "z.npy"), "--output",
