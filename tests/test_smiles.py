@@ -3,6 +3,7 @@
 import gzip
 import importlib.util
 import io
+import re
 import subprocess
 import sys
 
@@ -522,3 +523,26 @@ def test_decode_refuses_ids_outside_the_vocabulary(bad):
     with pytest.raises(ValueError, match=rf"^tokens: expected ids in \[0, 6\), got values in \[{min(bad, 2)}, "
                                          rf"{max(bad, 3)}\]$"):
         vocab.decode(np.array([[3, bad, 2]]))
+
+
+def test_gzip_is_known_by_its_content_and_a_broken_one_is_one_error_naming_the_file(tmp_path):
+    """A compressed file is read whatever its name's case (".CSV.GZ") or suffix (a ".gz" a browser already
+    unpacked is plain text); one cut short (an interrupted download) or not gzip inside is a ValueError naming
+    `source` and the file, never a traceback from the gzip module."""
+    lines = "CCO ethanol\nc1ccccc1 benzene\n"
+    table = "ID,SMILES\n1,CCO\n2,c1ccccc1\n"
+    packed = gzip.compress(table.encode())
+    (tmp_path / "MOLS.CSV.GZ").write_bytes(packed)
+    (tmp_path / "mols.smi.GZ").write_bytes(gzip.compress(lines.encode()))
+    (tmp_path / "unpacked.smi.gz").write_text(lines)
+    (tmp_path / "unpacked.csv.gz").write_text(table)
+    for name in ("MOLS.CSV.GZ", "mols.smi.GZ", "unpacked.smi.gz", "unpacked.csv.gz"):
+        result = load_sequences(tmp_path / name, smiles=True, canonicalize=False)
+        assert (result.sequences, result.skipped) == (["CCO", "c1ccccc1"], {}), name
+    (tmp_path / "cut.csv.gz").write_bytes(packed[: len(packed) // 2])
+    (tmp_path / "cut.smi.gz").write_bytes(gzip.compress(lines.encode())[:-9])
+    for name in ("cut.csv.gz", "cut.smi.gz"):
+        path = tmp_path / name
+        with pytest.raises(ValueError, match=rf"^source: expected a whole gzip stream, got {re.escape(str(path))} "
+                                             r"cut short or corrupt \(.+\)$"):
+            load_sequences(path, smiles=True)

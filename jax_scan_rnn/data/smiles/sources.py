@@ -34,6 +34,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -252,9 +253,26 @@ def is_builtin_source(source: str | os.PathLike) -> bool:
     return source in ("rdkit", "moses") or source.startswith("moses:")
 
 
+GZIP_MAGIC = b"\x1f\x8b"  # the first two bytes of every gzip stream (RFC 1952)
+
+
+@contextlib.contextmanager
+def _opened(path: str, **text) -> Iterator:
+    """The file at `path` open for reading: as bytes, or as text with `text` (open's encoding, errors, newline);
+    gunzipped when its content is gzip's, whatever its name says (a ".GZ"; a ".gz" a browser already unpacked).
+    A gzip stream cut short or corrupt (an interrupted download) is a ValueError naming `source` and the file."""
+    with open(path, "rb") as handle:
+        compressed = handle.read(len(GZIP_MAGIC)) == GZIP_MAGIC
+    try:
+        with (gzip.open if compressed else open)(path, "rt" if text else "rb", **text) as handle:
+            yield handle
+    except (EOFError, gzip.BadGzipFile, zlib.error) as err:  # cut short; a CRC or header error; corrupt data
+        raise ValueError(f"source: expected a whole gzip stream, got {path} cut short or corrupt ({err})") from None
+
+
 def _read_lines(path: str) -> list[bytes]:
-    """The raw lines of a file, gunzipped when its name ends in ".gz", without a leading UTF-8 byte-order mark."""
-    with (gzip.open if path.endswith(".gz") else open)(path, "rb") as handle:
+    """The raw lines of a file, gunzipped if compressed (`_opened`), without a leading UTF-8 byte-order mark."""
+    with _opened(path) as handle:
         # Windows editors start UTF-8 files with a BOM: it is no part of the first line (utf-8-sig, as tables are read).
         return handle.read().removeprefix(codecs.BOM_UTF8).splitlines()
 
@@ -327,16 +345,16 @@ TABLE_SUFFIXES = {".csv": ",", ".tsv": "\t"}  # a table's delimiter by its file'
 
 
 def _table_delimiter(path: str) -> str | None:
-    """The delimiter of a CSV or TSV file (".gz" allowed), whose SMILES are a column under a header, or None."""
-    return TABLE_SUFFIXES.get(Path(path.removesuffix(".gz")).suffix.lower())
+    """The delimiter of a CSV or TSV file (".gz" allowed, in any case), whose SMILES are a column under a header, or
+    None."""
+    return TABLE_SUFFIXES.get(Path(path[:-3] if path.lower().endswith(".gz") else path).suffix.lower())
 
 
 def _table_fields(path: str, delimiter: str, skipped: Counter) -> Iterator[tuple[int, str]]:
     """(data row number from 1, the column named "smiles" (in any case: MOSES's "SMILES", ZINC's "smiles")) of a CSV
     or TSV file with a header row, as the csv module reads it (quoted fields, even those holding a newline, as
     ZINC's do); rows without that field are counted as "empty"."""
-    with (gzip.open if path.endswith(".gz") else open)(path, "rt", encoding="utf-8-sig", errors="replace",
-                                                       newline="") as handle:
+    with _opened(path, encoding="utf-8-sig", errors="replace", newline="") as handle:
         rows = csv.reader(handle, delimiter=delimiter)
         header = next(rows, [])
         names = [name.strip().lower() for name in header]
@@ -436,9 +454,10 @@ def load_sequences(
     Args:
         source: "rdkit" (SMILES files shipped with rdkit), "moses" / "moses:train" / "moses:test" /
             "moses:test_scaffolds" (MOSES sets from `pip install --no-deps molsets`), or a path to a
-            text file (".gz" allowed) with one sequence per line (write "./rdkit" for a file that is
-            named like a source); with `smiles=True`, a ".csv" or ".tsv" file is a table whose header
-            names a "smiles" column (in any case), as MOSES's and ZINC's are.
+            text file with one sequence per line (write "./rdkit" for a file that is named like a source),
+            gzip-compressed too (known by its content, whatever the name); with `smiles=True`, a ".csv" or
+            ".tsv" file (".gz" after it allowed) is a table whose header names a "smiles" column (in any
+            case), as MOSES's and ZINC's are. A gzip file cut short or corrupt: ValueError.
         max_length: longest sequence kept, in characters (= tokens, <eos> excluded); longer: "too_long".
             None: any length (for a caller that rewrites the sequences and limits the form it keeps).
         smiles: parse each line with rdkit (unparsable lines: "unparsable"). None: True for "rdkit",
