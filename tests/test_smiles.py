@@ -546,3 +546,24 @@ def test_gzip_is_known_by_its_content_and_a_broken_one_is_one_error_naming_the_f
         with pytest.raises(ValueError, match=rf"^source: expected a whole gzip stream, got {re.escape(str(path))} "
                                              r"cut short or corrupt \(.+\)$"):
             load_sequences(path, smiles=True)
+
+
+def test_an_sd_file_is_refused_naming_the_file_not_read_line_by_line(tmp_path):
+    """An SD file given as SMILES lines would yield its property values that happen to parse ("N", a SMILES
+    property) as its molecules and count the rest as unparsable: refused in one line naming the file instead (a
+    file that is not chemistry, smiles=False, is read as the text it is)."""
+    from rdkit import Chem
+
+    path = tmp_path / "mine.sdf"
+    with Chem.SDWriter(str(path)) as writer:
+        for i, text in enumerate(["CCO", "c1ccccc1O", "CC(=O)Nc1ccc(O)cc1"]):
+            mol = Chem.MolFromSmiles(text)
+            mol.SetProp("_Name", f"mol{i}")
+            mol.SetProp("SMILES", text)
+            mol.SetProp("class", "N")
+            writer.write(mol)
+    with pytest.raises(ValueError, match=rf"^source: expected one SMILES per line or a .csv/.tsv table, got an "
+                                         rf"SD/MOL file \(its molfile blocks end with 'M  END'\) in "
+                                         rf"{re.escape(str(path))}: write its molecules as SMILES first"):
+        load_sequences(path, smiles=True)
+    assert len(load_sequences(path, smiles=False, dedupe=False).sequences) > 3 * 3  # text: every non-empty line

@@ -376,14 +376,25 @@ def _moses_fields(source: str, skipped: Counter) -> tuple[tuple[str, ...], Itera
     return (path,), (field for _, field in _table_fields(path, ",", skipped))
 
 
+# Lines that end a molfile ("M  END") or an SD record ("$$$$"); neither is a SMILES, nor begins one.
+SD_FILE_LINES = (b"M  END", b"$$$$")
+
+
 def file_fields(path: str, smiles: bool, skipped: Counter) -> Iterator[tuple[int, str]]:
     """(record number from 1, sequence) of each record of a data file, as `load_sequences` reads one: with `smiles`,
     the "smiles" column of a CSV/TSV (".gz" allowed) by data row, else each line's first whitespace-separated
-    field (a name may follow); without, each whole line. Empty and undecodable records are counted in `skipped`."""
+    field (a name may follow); without, each whole line. Empty and undecodable records are counted in `skipped`.
+    With `smiles`, an SD or MOL file (molfile blocks) is a ValueError naming `source` and the file: read line by
+    line, its property values that happen to parse ("N", a SMILES property) would be its molecules."""
     delimiter = _table_delimiter(path) if smiles else None
     if delimiter:
         return _table_fields(path, delimiter, skipped)
-    return _fields(_read_lines(path), 0 if smiles else None, None, skipped)
+    lines = _read_lines(path)
+    if smiles and any(line.rstrip() in SD_FILE_LINES for line in lines):
+        raise ValueError(f"source: expected one SMILES per line or a .csv/.tsv table, got an SD/MOL file (its "
+                         f"molfile blocks end with 'M  END') in {path}: write its molecules as SMILES first (rdkit: "
+                         "Chem.SDMolSupplier, Chem.MolToSmiles)")
+    return _fields(lines, 0 if smiles else None, None, skipped)
 
 
 def _molecules(items: Iterable[str], canonicalize: bool, dedupe: bool, molecule_filter: MoleculeFilter | None,
