@@ -1042,6 +1042,19 @@ def test_a_name_first_file_is_told_to_put_the_smiles_first(tmp_path):
         task_lib.load_dataset(tiny(path))
 
 
+def test_a_comma_separated_file_not_named_csv_is_told_to_be_named_csv(tmp_path):
+    """`CCO,mol1` lines in a .smi or .txt: every line unparsable, and --no-smiles-check would train on whole lines,
+    names too; the error says a comma-separated table is read as one when named .csv (and it then is)."""
+    lines = ["SMILES,name", *(f"{s},mol{i}" for i, s in enumerate(SMILES))]
+    for name in ("mols.smi", "mols.txt"):
+        path = write_lines(tmp_path / name, lines)
+        with pytest.raises(ValueError, match=r"unparsable 101; most lines hold commas, as a table does: a "
+                                             r"comma-separated table is read by its header's 'smiles' column when its "
+                                             r"name ends in .csv\)$"):
+            task_lib.load_dataset(tiny(path))
+    assert len(task_lib.load_dataset(tiny(write_lines(tmp_path / "mols.csv", lines))).train) > 80
+
+
 def test_a_hand_written_side_file_is_read_as_torch_ref_reads_its_arguments(corpus, tmp_path):
     # The README invites a side file for one's own torch_ref.SeqVAE: one that leaves out an argument with a default,
     # or gives the decoder's size as None (torch_ref's own default: the encoder's), describes the same model.

@@ -389,6 +389,9 @@ def load_dataset(task: VAETask, vocab: smiles.Vocabulary | None = None) -> Datas
         if smiles.names_first(task.data):  # `mol1 CCO`: --no-smiles-check would train on whole lines, names too
             return text + ("; most unparsable lines have a SMILES second: the SMILES must be each line's first field "
                            "(SMILES, then an optional name)")
+        if smiles.comma_separated(task.data):  # `CCO,mol1`: --no-smiles-check would train on whole lines, names too
+            return text + ("; most lines hold commas, as a table does: a comma-separated table is read by its "
+                           "header's 'smiles' column when its name ends in .csv")
         return text + "; if the file is not SMILES, pass --no-smiles-check"
 
     if usable == 0:

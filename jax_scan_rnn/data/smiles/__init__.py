@@ -21,6 +21,7 @@ from jax_scan_rnn.data.smiles.sources import (
     LoadResult,
     MoleculeFilter,
     canonical_smiles,
+    comma_separated,
     file_fields,
     is_builtin_source,
     kekule_forms,
@@ -35,7 +36,7 @@ from jax_scan_rnn.data.smiles.vocabulary import EOS, PAD, SOS, SPECIAL_TOKENS, V
 
 __all__ = [
     "DEFAULT_MAX_LENGTH", "DRUG_LIKE", "EOS", "PAD", "RDKIT_FILES", "SOS", "SPECIAL_TOKENS", "LoadResult",
-    "MoleculeFilter", "Vocabulary", "batch_at", "canonical_smiles", "file_fields", "is_builtin_source", "kekule_forms",
-    "load_sequences", "min_split_size", "moses_split", "names_first", "parse_smiles", "randomized_smiles",
-    "silence_rdkit", "split", "split_sizes", "trim",
+    "MoleculeFilter", "Vocabulary", "batch_at", "canonical_smiles", "comma_separated", "file_fields",
+    "is_builtin_source", "kekule_forms", "load_sequences", "min_split_size", "moses_split", "names_first",
+    "parse_smiles", "randomized_smiles", "silence_rdkit", "split", "split_sizes", "trim",
 ]

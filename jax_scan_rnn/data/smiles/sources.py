@@ -450,6 +450,17 @@ def names_first(path: str | os.PathLike, lines: int = 1000) -> bool:
     return named > unparsable / 2
 
 
+def comma_separated(path: str | os.PathLike, lines: int = 1000) -> bool:
+    """Whether a SMILES file looks like a comma-separated table under another name than .csv (`CCO,mol1`): most of
+    its first `lines` non-empty lines hold a comma in their first whitespace-separated field, which no SMILES holds.
+    False for a CSV/TSV table (read by its header)."""
+    path = os.fspath(path)
+    if _table_delimiter(path):
+        return False
+    fields = [line.split()[0] for line in itertools.islice(filter(bytes.strip, _read_lines(path)), lines)]
+    return sum(b"," in field for field in fields) > len(fields) / 2
+
+
 def load_sequences(
     source: str | os.PathLike = "rdkit",
     *,
