@@ -1223,6 +1223,13 @@ def cmd_evaluate_vae(args: argparse.Namespace) -> int:
     from jax_scan_rnn.train import CHECKPOINT_DIR
 
     check_output_file(args.output)
+    if "reference" in args.given and args.metrics != "moses":
+        raise ValueError("--reference: expected only with --metrics moses (it picks the set MOSES's Test metrics "
+                         f"compare with), got --metrics {args.metrics}")
+    if args.metrics == "moses" and args.reference == "moses":  # without molsets: one line now, not after the samples
+        from jax_scan_rnn import metrics
+
+        metrics.reference_set("moses")
     model, vocab, task, step = load_run(args, "vae")
     data_file = vae_data_file(task)
     refuse_an_input(args.output, "--output", {"the run's --data file": data_file})
@@ -1246,23 +1253,22 @@ def cmd_evaluate_vae(args: argparse.Namespace) -> int:
     report = task_lib.evaluate(model, dataset, task, seed=seed)
     print_vae_report(report)
     if args.metrics == "moses":
-        report["moses"] = moses_row(model, vocab, task, dataset, args.n, seed)
+        report["moses"] = moses_row(model, vocab, task, dataset, args.n, seed, args.reference)
     if args.output:
         write_atomically(args.output, lambda f: f.write(strict_json(report, indent=2) + "\n"))
     return 0
 
 
-def moses_row(model, vocab, task, dataset, n: int, seed: int) -> dict:
+def moses_row(model, vocab, task, dataset, n: int, seed: int, reference: str = "moses") -> dict:
     """MOSES's metrics of `n` prior samples at temperature 1 (the report's own, drawn with `seed`), printed as
-    MOSES's table beside its published rows. The Test metrics compare with MOSES's test set when molsets is installed, else
-    with this run's held-out split (the table says which)."""
+    MOSES's table beside its published rows. The Test metrics compare with `reference`: "moses", MOSES's test set
+    (as its published rows; an ImportError naming molsets without it), or "held-out", this run's test split."""
     from jax_scan_rnn import metrics
     from jax_scan_rnn.tasks import vae as task_lib
 
-    try:  # molsets' data files, read without importing moses (whose own imports fail on current pandas)
-        reference = metrics.reference_set("moses")
-        where = "MOSES's test set"
-    except ImportError:
+    if reference == "moses":  # molsets' data files, read without importing moses (whose imports fail on current pandas)
+        reference, where = metrics.reference_set("moses"), "MOSES's test set"
+    else:
         reference, where = dataset.test, f"the held-out split ({len(dataset.test)} molecules)"
     print(f"\nMOSES metrics of {n} prior samples against {where}: about {max(10, n // 80)} s on 2 cores...",
           flush=True)
@@ -1459,9 +1465,13 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
                     help="prior samples (default: 1000), drawn with the run's --seed: its --eval-samples give the "
                          "samples of its evaluation.json")
     ev.add_argument("--metrics", choices=("basic", "moses"), default="basic",
-                    help="moses: also MOSES's table (FCD/SNN/Frag/Scaf against MOSES's test set, or the held-out "
-                         "split without molsets; IntDiv, Filters, Novelty) beside MOSES's published VAE and CharRNN "
-                         "rows (about 2 min for -n 10000)")
+                    help="moses: also MOSES's table (FCD/SNN/Frag/Scaf against --reference; IntDiv, Filters, Novelty "
+                         "against the run's training split) beside MOSES's published VAE and CharRNN rows (about 2 min "
+                         "for -n 10000)")
+    ev.add_argument("--reference", choices=("moses", "held-out"), default="moses",
+                    help="with --metrics moses, the Test metrics' set: moses, MOSES's test set, as its published rows "
+                         "(needs `pip install --no-deps molsets`); held-out, the run's own test split (your own "
+                         "molecules' distribution) (default: moses)")
     ev.add_argument("--output", default=None, help="also write the report as JSON here")
     return parser
 

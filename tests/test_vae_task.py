@@ -180,8 +180,29 @@ def test_cli_train_sample_evaluate(corpus, tmp_path, capsys, monkeypatch):
     assert row["n_generated"] == 10 and 0.0 <= row["valid"] <= 1.0
     from importlib.util import find_spec
 
-    if find_spec("moses") is not None:  # molsets installed (CI installs it): its test set is the reference
+    if find_spec("moses") is not None:  # molsets installed (CI installs it): its test set, the default reference
         assert row["reference"].startswith("MOSES test set"), row["reference"]
+    # --reference held-out: the run's own test split, whatever is installed (before, it was the reference only
+    # when molsets was missing: the same command gave other numbers on another machine)
+    assert main(["evaluate", "vae", "--checkpoint", str(out), "-n", "10", "--metrics", "moses", "--reference",
+                 "held-out", "--output", str(tmp_path / "report.json")]) == 0
+    row = json.loads((tmp_path / "report.json").read_text())["moses"]
+    assert row["reference"].startswith("held-out split, n="), row["reference"]
+    from jax_scan_rnn import metrics
+
+    def no_molsets():
+        raise ImportError("MOSES's data needs molsets, which is not installed")
+
+    monkeypatch.setattr(metrics, "_moses_test_reference", no_molsets)  # the default reference without molsets:
+    capsys.readouterr()  # one line before any sample is drawn, not the held-out split in its place
+    assert main(["evaluate", "vae", "--checkpoint", str(out), "-n", "10", "--metrics", "moses"]) == 2
+    printed = capsys.readouterr()
+    assert printed.err == "jax-scan-rnn evaluate vae: error: MOSES's data needs molsets, which is not installed\n"
+    assert "prior samples" not in printed.out
+    assert main(["evaluate", "vae", "--checkpoint", str(out), "--reference", "held-out"]) == 2
+    assert capsys.readouterr().err == ("jax-scan-rnn evaluate vae: error: --reference: expected only with --metrics "
+                                       "moses (it picks the set MOSES's Test metrics compare with), got --metrics "
+                                       "basic\n")
 
 
 def check_encode_and_decode_given_latents(out, model, tmp_path, capsys):
