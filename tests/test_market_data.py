@@ -800,3 +800,18 @@ def test_a_naive_clock_back_at_most_an_hour_is_hinted_as_daylight_saving(tmp_pat
     with pytest.raises(ValueError, match="goes back from 2024-10-27T02:30") as err:
         read(path, feature_cols=["mom"], return_cols=["ret"])
     assert ("daylight saving time ended" in str(err.value)) == hinted, str(err.value)
+
+
+def test_integer_dates_are_checked_in_a_parquet_file_as_in_a_csv(tmp_path):
+    """Dates written as integers yyyymmdd (20240102, as many databases store them) are ISO basic dates: a CSV's are
+    checked for time order. A parquet integer column reads as floats (20240102.0), which used to read as 'not ISO
+    dates' and switch the check off, so the same table newest first trained on time run backwards; now it is refused
+    as the CSV is, and in time order it reads."""
+    def rows(table):
+        return [[int(row[0].replace("-", "")), *row[1:]] for row in table]
+
+    check(read_table(write_parquet(tmp_path / "ok.parquet", rows(table_rows()))))
+    for write, suffix in ((write_csv, "csv"), (write_parquet, "parquet")):
+        with pytest.raises(ValueError, match=r"rows must be in time order \(oldest first\), but column 'date' goes "
+                                             r"back from 20240106 to 20240105 at row 3\b"):
+            read_table(write(tmp_path / f"newest.{suffix}", rows(table_rows()[::-1])))

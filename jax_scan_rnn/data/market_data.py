@@ -28,13 +28,13 @@ whole file is one path), and is never a feature or a return. A boolean feature (
 as 0.0 / 1.0; a boolean return is an error.
 
 Time order: a column named date, datetime, time or timestamp (any case), neither a feature nor a return, whose
-non-blank cells are all ISO dates or times (2024-01-02, 2024-01-02T15:30) or parquet dates is checked. Within a
-path each stamp must be later than the one before (a file written newest first, or the same bar twice, is
-refused); a blank cell is refused (date missing); and the stamps must all have a time zone, or none. A column
-of other dates (01/02/2024 reads either way) is taken as it comes. Local times without a zone repeat an hour when
-daylight saving time ends (01:00-02:00 twice): that is refused as going back in time, as nothing in the file says
-which hour came first; write the stamps with their UTC offset (2024-10-27T02:30+01:00) or in UTC, or the date and
-the time of day as two columns (date, time: only the dates are then checked, and may repeat).
+non-blank cells are all ISO dates or times (2024-01-02, 2024-01-02T15:30, 20240102 as text or integers) or parquet
+dates is checked. Within a path each stamp must be later than the one before (a file written newest first, or the
+same bar twice, is refused); a blank cell is refused (date missing); and the stamps must all have a time zone, or
+none. A column of other dates (01/02/2024 reads either way) is taken as it comes. Local times without a zone repeat
+an hour when daylight saving time ends (01:00-02:00 twice): that is refused as going back in time, as nothing in the
+file says which hour came first; write the stamps with their UTC offset (2024-10-27T02:30+01:00) or in UTC, or the
+date and the time of day as two columns (date, time: only the dates are then checked, and may repeat).
 
 Missing values (empty cell, "nan"/"NA", parquet null, NaN in npz) follow `fill`:
     error  (default) refuse, naming the first one;
@@ -413,6 +413,8 @@ def _check_time_order(file: str, columns: list[str], get: Callable, ids: np.ndar
     stamped = [c for c in columns if c.lower() in DATE_COLUMNS and c not in exclude]
     for name in stamped:
         cells = get(name)
+        if isinstance(cells, np.ndarray):  # a parquet numeric column reads as floats: 20240102.0 is the date 20240102
+            cells = [int(c) if c.is_integer() else c for c in cells.tolist()]
         try:
             stamps = [_stamp(cell) for cell in cells]
         except ValueError:  # not ISO dates (01/02/2024 reads either way): nothing to check
