@@ -357,8 +357,9 @@ def test_rows_newest_first_are_refused_by_their_date_column(tmp_path, suffix):
     rows[3][0] = "2024-01-02"  # back in time within one path
     with pytest.raises(ValueError, match=r"goes back from 2024-01-03 to 2024-01-02 at row 4\b"):
         read_table(write(tmp_path / f"back{suffix}", rows))
-    us_dates = [[f"01/{31 - i:02d}/2024", *row[1:]] for i, row in enumerate(table_rows())]  # not ISO: not checked
-    read_table(write(tmp_path / f"us{suffix}", us_dates))
+    us_dates = [[f"01/{31 - i:02d}/2024", *row[1:]] for i, row in enumerate(table_rows())]  # month first: read so
+    with pytest.raises(ValueError, match=r"column 'date' goes back from 01/31/2024 to 01/29/2024 at row 3\b"):
+        read_table(write(tmp_path / f"us{suffix}", us_dates))
 
 
 def test_a_local_clock_going_back_is_refused_saying_how_to_write_it(tmp_path):
@@ -815,3 +816,22 @@ def test_integer_dates_are_checked_in_a_parquet_file_as_in_a_csv(tmp_path):
         with pytest.raises(ValueError, match=r"rows must be in time order \(oldest first\), but column 'date' goes "
                                              r"back from 20240106 to 20240105 at row 3\b"):
             read_table(write(tmp_path / f"newest.{suffix}", rows(table_rows()[::-1])))
+
+
+@pytest.mark.parametrize("form", ["%m/%d/%Y", "%d/%m/%Y", "%d.%m.%Y", "%Y/%m/%d", "%d-%b-%Y", "%m/%d/%Y %H:%M"])
+def test_dates_as_exports_write_them_are_checked_for_time_order(tmp_path, form):
+    """Data sites and spreadsheets write dates month or day first (01/31/2024, 31.01.2024, 31-Jan-2024), often newest
+    first: such a column used to be taken as it came, so a newest-first download trained on time run backwards. It is
+    read as each of these forms that reads all its cells: newest first it is refused naming the cells as written, in
+    time order it reads; 01/02 and 02/01 (either way round) read one of their two ways in order, and so are read."""
+    days = [datetime.datetime(2024, 1, 28) + datetime.timedelta(days=d) for d in range(T)]  # across a month's end
+    rows = [[days[t].strftime(form), *row[1:]] for t, row in enumerate(table_rows()[::2])]  # path 'x' alone
+
+    check_x = read_table(write_csv(tmp_path / "ok.csv", rows), path_col=None)
+    np.testing.assert_array_equal(check_x.features[0], FEATURES[0])
+    with pytest.raises(ValueError, match=rf"column 'date' goes back from {re.escape(rows[-1][0])} to "
+                                         rf"{re.escape(rows[-2][0])} at row 2\b.*must be reversed"):
+        read_table(write_csv(tmp_path / "newest.csv", rows[::-1]), path_col=None)
+    ambiguous = [[day, *row[1:]] for day, row in zip(("01/02/2024", "02/01/2024"), rows)]  # both orders read
+    for order in (ambiguous, ambiguous[::-1]):
+        assert read_table(write_csv(tmp_path / "two.csv", order), path_col=None).num_steps == 2

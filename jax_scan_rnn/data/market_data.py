@@ -28,13 +28,15 @@ whole file is one path), and is never a feature or a return. A boolean feature (
 as 0.0 / 1.0; a boolean return is an error.
 
 Time order: a column named date, datetime, time or timestamp (any case), neither a feature nor a return, whose
-non-blank cells are all ISO dates or times (2024-01-02, 2024-01-02T15:30, 20240102 as text or integers) or parquet
-dates is checked. Within a path each stamp must be later than the one before (a file written newest first, or the
-same bar twice, is refused); a blank cell is refused (date missing); and the stamps must all have a time zone, or
-none. A column of other dates (01/02/2024 reads either way) is taken as it comes. Local times without a zone repeat
-an hour when daylight saving time ends (01:00-02:00 twice): that is refused as going back in time, as nothing in the
-file says which hour came first; write the stamps with their UTC offset (2024-10-27T02:30+01:00) or in UTC, or the
-date and the time of day as two columns (date, time: only the dates are then checked, and may repeat).
+non-blank cells are all dates or times is checked: ISO (2024-01-02, 2024-01-02T15:30, 20240102 as text or integers),
+parquet dates, or an export's (01/31/2024, 31/01/2024, 31.01.2024, 2024/01/31, 31-Jan-2024, each with or without a
+time HH:MM[:SS]; `OTHER_DATE_FORMATS`). Within a path each stamp must be later than the one before (a file written
+newest first, or the same bar twice, is refused); a blank cell is refused (date missing); and the stamps must all
+have a time zone, or none. A column that reads two ways (01/02/2024: month or day first) passes if either reading is
+in order; a column of other cells is taken as it comes. Local times without a zone repeat an hour when daylight
+saving time ends (01:00-02:00 twice): that is refused as going back in time, as nothing in the file says which hour
+came first; write the stamps with their UTC offset (2024-10-27T02:30+01:00) or in UTC, or the date and the time of
+day as two columns (date, time: only the dates are then checked, and may repeat).
 
 Missing values (empty cell, "nan"/"NA", parquet null, NaN in npz) follow `fill`:
     error  (default) refuse, naming the first one;
@@ -394,6 +396,11 @@ def _read_parquet(path: Path):
 
 
 DATE_COLUMNS = ("date", "datetime", "time", "timestamp")  # a column of these names (any case) is checked for order
+# Dates as spreadsheets, brokers and data sites write them (many of those exports newest first), read where ISO does
+# not: month or day first, with or without a time of day. 01/02/2024 reads both ways; a day above 12 rules one out.
+OTHER_DATE_FORMATS = tuple(day + time for day in ("%m/%d/%Y", "%d/%m/%Y", "%m/%d/%y", "%d/%m/%y", "%Y/%m/%d",
+                                                  "%d.%m.%Y", "%Y.%m.%d", "%d-%b-%Y", "%d %b %Y", "%b %d, %Y")
+                           for time in ("", " %H:%M", " %H:%M:%S"))
 # How to write a naive local clock's repeated hour (daylight saving time ends): the file gives no zone to order it by.
 CLOCK_BACK = ("if a local clock went back (daylight saving time ended), write each stamp with its UTC offset "
               "(2024-10-27T02:30+01:00) or in UTC, or the date and the time of day as two columns (date, time)")
@@ -403,49 +410,69 @@ def _check_time_order(file: str, columns: list[str], get: Callable, ids: np.ndar
                       exclude: list) -> None:
     """Rows must be in time order: a file written newest first (as many exports are) would train on time run
     backwards, each return paid to the position chosen after it, without a word. Checked on a date column that is
-    neither a feature nor a return, when its non-blank cells are all ISO dates or times (or parquet dates): within
-    a path each stamp must be later than the one before (an equal one is the same bar twice, trained on twice), a
-    blank cell is an error (one gap must not switch the check off), and the stamps must all have a time zone or
-    none (the two cannot be ordered). A column of other dates is taken as it comes. Where the file has more than one
-    such column (a broker's date and time of day), a stamp may repeat in one of them: only going back is an error.
-    A naive local clock that goes back at most an hour (the hour repeated when daylight saving time ends) is refused
-    too, as no zone says where it belongs: the message says how to write it (`CLOCK_BACK`)."""
+    neither a feature nor a return, when its non-blank cells are all dates or times (`_readings`): within a path each
+    stamp must be later than the one before (an equal one is the same bar twice, trained on twice), a blank cell is
+    an error (one gap must not switch the check off), and the stamps must all have a time zone or none (the two
+    cannot be ordered). A column that reads as dates two ways (01/02/2024) passes if either reading is in order; a
+    column of other cells is taken as it comes. Where the file has more than one such column (a broker's date and
+    time of day), a stamp may repeat in one of them: only going back is an error. A naive local clock that goes back
+    at most an hour (the hour repeated when daylight saving time ends) is refused too, as no zone says where it
+    belongs: the message says how to write it (`CLOCK_BACK`)."""
     stamped = [c for c in columns if c.lower() in DATE_COLUMNS and c not in exclude]
     for name in stamped:
         cells = get(name)
         if isinstance(cells, np.ndarray):  # a parquet numeric column reads as floats: 20240102.0 is the date 20240102
             cells = [int(c) if c.is_integer() else c for c in cells.tolist()]
-        try:
-            stamps = [_stamp(cell) for cell in cells]
-        except ValueError:  # not ISO dates (01/02/2024 reads either way): nothing to check
-            continue
-        if all(stamp is None for stamp in stamps):
-            continue  # an empty column: nothing to check
-        if None in stamps:
-            i = stamps.index(None)
-            raise ValueError(f"{file}: column {name!r}, {where(i)}: date missing (the column's other cells are dates, "
-                             f"checked for time order); fill it in or remove the row")
-        zoned = [stamp.utcoffset() is not None for stamp in stamps]
-        if len(set(zoned)) > 1:
-            i = zoned.index(not zoned[0])
-            raise ValueError(f"{file}: column {name!r}, {where(i)}: {cells[i]} has {'a' if zoned[i] else 'no'} time "
-                             f"zone, the rows before it {'none' if zoned[i] else 'one'}; write every stamp with a "
-                             f"zone, or none")
-        last: dict = {}
-        for i, (path, stamp) in enumerate(zip(ids.tolist(), stamps)):
-            j = last.get(path)
-            if j is not None and stamp == stamps[j] and len(stamped) == 1:
-                clock = f", or {CLOCK_BACK}" if not zoned[i] and ":" in str(cells[i]) else ""  # a time of day
-                raise ValueError(f"{file}: column {name!r}, {where(i)}: {cells[i]} repeats {where(j)} in the same "
-                                 f"path: a repeated bar (the same period twice); remove one, or give path_col if the "
-                                 f"rows are of several assets{clock}")
-            if j is not None and stamp < stamps[j]:
-                # within an hour, on a clock without a zone: maybe the autumn night's repeated hour
-                clock = f"; or, {CLOCK_BACK}" if not zoned[i] and stamps[j] - stamp <= timedelta(hours=1) else ""
-                raise ValueError(f"{file}: rows must be in time order (oldest first), but column {name!r} goes back "
-                                 f"from {cells[j]} to {cells[i]} at {where(i)}; a file written newest first "
-                                 f"must be reversed{clock}")
-            last[path] = i
+        errors = [_order_error(file, name, cells, stamps, ids, where, len(stamped) == 1) for stamps in _readings(cells)]
+        if errors and all(errors):
+            raise ValueError(errors[0])
+
+
+def _order_error(file: str, name: str, cells: list, stamps: list, ids: np.ndarray, where: Callable[[int], str],
+                 alone: bool) -> str | None:
+    """What is wrong with the time order of one reading of a date column (`_check_time_order`), None if nothing;
+    `alone`: the file's only date column, in which a stamp may not repeat."""
+    if all(stamp is None for stamp in stamps):
+        return None  # an empty column: nothing to check
+    if None in stamps:
+        i = stamps.index(None)
+        return (f"{file}: column {name!r}, {where(i)}: date missing (the column's other cells are dates, checked for "
+                f"time order); fill it in or remove the row")
+    zoned = [stamp.utcoffset() is not None for stamp in stamps]
+    if len(set(zoned)) > 1:
+        i = zoned.index(not zoned[0])
+        return (f"{file}: column {name!r}, {where(i)}: {cells[i]} has {'a' if zoned[i] else 'no'} time zone, the rows "
+                f"before it {'none' if zoned[i] else 'one'}; write every stamp with a zone, or none")
+    last: dict = {}
+    for i, (path, stamp) in enumerate(zip(ids.tolist(), stamps)):
+        j = last.get(path)
+        if j is not None and stamp == stamps[j] and alone:
+            clock = f", or {CLOCK_BACK}" if not zoned[i] and ":" in str(cells[i]) else ""  # a time of day
+            return (f"{file}: column {name!r}, {where(i)}: {cells[i]} repeats {where(j)} in the same path: a repeated "
+                    f"bar (the same period twice); remove one, or give path_col if the rows are of several "
+                    f"assets{clock}")
+        if j is not None and stamp < stamps[j]:
+            # within an hour, on a clock without a zone: maybe the autumn night's repeated hour
+            clock = f"; or, {CLOCK_BACK}" if not zoned[i] and stamps[j] - stamp <= timedelta(hours=1) else ""
+            return (f"{file}: rows must be in time order (oldest first), but column {name!r} goes back from "
+                    f"{cells[j]} to {cells[i]} at {where(i)}; a file written newest first must be reversed{clock}")
+        last[path] = i
+    return None
+
+
+def _readings(cells: list) -> list[list]:
+    """Each way to read a date column's cells as datetimes (None where blank) that reads every cell: ISO dates or
+    times (or parquet dates) alone if they do, else each of `OTHER_DATE_FORMATS` that does; [] if none does."""
+    try:
+        return [[_stamp(cell) for cell in cells]]
+    except ValueError:
+        pass
+    texts = [None if cell is None or str(cell).strip().lower() in _MISSING else str(cell).strip() for cell in cells]
+    readings = []
+    for form in OTHER_DATE_FORMATS:
+        with contextlib.suppress(ValueError):  # most forms fail at the first cell
+            readings.append([None if text is None else datetime.strptime(text, form) for text in texts])
+    return readings
 
 
 def _stamp(cell):
