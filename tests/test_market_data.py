@@ -835,3 +835,37 @@ def test_dates_as_exports_write_them_are_checked_for_time_order(tmp_path, form):
     ambiguous = [[day, *row[1:]] for day, row in zip(("01/02/2024", "02/01/2024"), rows)]  # both orders read
     for order in (ambiguous, ambiguous[::-1]):
         assert read_table(write_csv(tmp_path / "two.csv", order), path_col=None).num_steps == 2
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".npz"])
+def test_an_unshifted_return_column_beside_its_own_feature_draws_a_warning(tmp_path, suffix):
+    """The look-ahead the module docstring warns about: a price file's return up to t (close[t] / close[t-1] - 1)
+    given as the return column, unshifted, beside a feature holding that same day's return (here its log). Every
+    score would then be paid a return the features already show; the pair's correlation (0.999) draws one warning
+    naming both columns. Shifted up one row, as the convention asks, the same columns draw none."""
+    rng = np.random.default_rng(2)
+    close = 100 * np.cumprod(1 + rng.normal(0.0003, 0.01, 201))
+    past = close[1:] / close[:-1] - 1  # [200] row t: the return up to t
+    header = ["date", "mom_1", "vol", "ret"]
+    days = [(datetime.date(2024, 1, 1) + datetime.timedelta(days=t)).isoformat() for t in range(200)]
+    vol = rng.uniform(0.005, 0.02, 200)
+
+    def write(name, ret, mom):
+        path = tmp_path / f"{name}{suffix}"
+        if suffix == ".npz":
+            np.savez(path, features=np.stack([mom, vol], -1)[None], returns=ret[None, :, None],
+                     feature_names=["mom_1", "vol"], asset_names=["ret"])
+        else:
+            write_csv(path, [[d, m, v, r] for d, m, v, r in zip(days, mom, vol, ret)], header)
+        return path
+
+    kw = {} if suffix == ".npz" else {"feature_cols": ["mom_1", "vol"], "return_cols": ["ret"]}
+    with pytest.warns(UserWarning) as caught:
+        read(write("unshifted", past, np.log1p(past)), **kw)
+    assert [str(w.message) for w in caught] == [
+        f"unshifted{suffix}: the feature 'mom_1' has correlation 1.000 with the return 'ret' of the same row: a "
+        "return column holds the return EARNED BY the position chosen at its row (the next period's); if it is the "
+        "return up to the row (close[t] / close[t-1] - 1), shift it up one row, or every score looks ahead"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        read(write("shifted", np.append(past[1:], 0.001), np.log1p(past)), **kw)  # the next day's return at t

@@ -10,7 +10,9 @@ In a CSV, row t holds the features known at t and the return from t to t+1:
 
 A price file usually has the return UP TO t on row t (close[t] / close[t-1] - 1): shift that column up by
 one row (ret_next[t] = ret[t + 1]) and drop the last row, which has no next return. Unshifted, the position
-chosen at t would be paid a return already realised at t: look-ahead, and a backtest too good to be true.
+chosen at t would be paid a return already realised at t: look-ahead, and a backtest too good to be true. A feature
+whose correlation with its row's return reaches `LOOK_AHEAD_CORRELATION` (the 1-day return up to t beside that
+unshifted return) draws a warning naming both; a looser look-ahead (a 5-day momentum beside it) is not caught.
 
 Returns are simple returns as decimal fractions: 0.01 is +1% (not percent, not log returns, not prices). The
 objective's risk aversion and trading cost (gamma, lambda) do not scale with the unit: percent returns (1.0 for
@@ -566,6 +568,7 @@ def _assemble(file: str, matrix: np.ndarray, ids: np.ndarray, labels: list, wher
         raise ValueError(f"{file}: no rows left{after}")
     data = np.stack(blocks)
     _warn_if_prices(file, data[..., num_features:], cells[num_features:])
+    _warn_if_look_ahead(file, data[..., :num_features], data[..., num_features:], names)
     return MarketData(data[..., :num_features], data[..., num_features:], tuple(names[:num_features]),
                       tuple(names[num_features:]), None if labels == [WHOLE_FILE] else tuple(labels), np.stack(steps))
 
@@ -613,6 +616,33 @@ def _warn_if_prices(file: str, returns: np.ndarray, cells: list[str]) -> None:
                           f"{typical:.4g}; decimal returns' is about 0.01 a day, below {PERCENT_TYPICAL:g} even a "
                           "volatile asset's monthly): divide a percent column by 100", UserWarning,
                           stacklevel=validate.user_stacklevel())
+
+
+# |correlation| of a feature with the same row's return at or above it: the feature is that return, not a forecast of
+# it. A daily signal that forecasts the next return with a correlation of even 0.1 is rare; 0.95 is the return itself
+# written twice (the 1-day return up to t beside an unshifted return column: 0.999), or a feature built from the next
+# bar. A 5-day momentum beside an unshifted 1-day return (~0.45) is not caught.
+LOOK_AHEAD_CORRELATION = 0.95
+LOOK_AHEAD_ROWS = 20  # fewest rows for the check: a correlation of a handful says nothing (a toy file's is often 1)
+
+
+def _warn_if_look_ahead(file: str, features: np.ndarray, returns: np.ndarray, names: list[str]) -> None:
+    """Warn about each (feature, return column) pair whose correlation over all N T rows of features [N, T, F] and
+    returns [N, T, A] reaches `LOOK_AHEAD_CORRELATION` in size (`names`: the F features', then the A returns'): the
+    return column is most likely the return UP TO each row, unshifted, which a position chosen at that row would be
+    paid although its features already show it (module docstring)."""
+    if returns.shape[-1] == 0 or features.shape[0] * features.shape[1] < LOOK_AHEAD_ROWS:  # features alone, or few
+        return
+    x, r = features.reshape(-1, features.shape[-1]), returns.reshape(-1, returns.shape[-1])  # [N T, F], [N T, A]
+    x, r = x - x.mean(axis=0), r - r.mean(axis=0)
+    scale = np.outer(np.linalg.norm(x, axis=0), np.linalg.norm(r, axis=0))  # 0 for a constant column
+    correlation = np.divide(x.T @ r, scale, out=np.zeros(scale.shape), where=scale > 0)  # [F, A]
+    for f, a in np.argwhere(np.abs(correlation) >= LOOK_AHEAD_CORRELATION):
+        warnings.warn(f"{file}: the feature {names[f]!r} has correlation {correlation[f, a]:.3f} with the return "
+                      f"{names[features.shape[-1] + a]!r} of the same row: a return column holds the return EARNED BY "
+                      f"the position chosen at its row (the next period's); if it is the return up to the row "
+                      f"(close[t] / close[t-1] - 1), shift it up one row, or every score looks ahead", UserWarning,
+                      stacklevel=validate.user_stacklevel())
 
 
 def _select(arg: str, patterns, columns: list[str], path_col: str | None, file: str) -> list[str]:
