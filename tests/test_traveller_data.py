@@ -653,3 +653,56 @@ def test_the_data_digest_ignores_path_order_and_digits_beyond_float32():
     revised[1, 20, 0] += 1e-4
     assert data_digest(MarketData(x, revised, *names, path_labels=("A", "B"))) != base
     assert data_digest(MarketData(x, r, *names, path_labels=("A", "C"))) != base
+
+
+@pytest.mark.parametrize("days, rate", [(7, 52), (1, 365), (1 / 24, 8766)])  # weekly; every day; every hour
+def test_a_periods_per_year_that_the_dates_contradict_draws_a_warning(tmp_path, days, rate):
+    """The Sharpe ratio is annualised with periods_per_year (252, daily bars, by default): weekly bars scored with it
+    reported a Sharpe ratio sqrt(252 / 52) = 2.2 times too large, hourly ones one 5.9 times too small, without a word
+    (the table's heading names the 252, not the file's rate). The date column says how many rows a year the file
+    holds: a periods_per_year more than RATE_MISMATCH away from it draws one warning naming both; the data's own rate,
+    and 252 for business days (261 a year, holidays not taken out), none."""
+    import datetime
+
+    features, returns = market_rows(steps=60)
+    path = tmp_path / "bars.csv"
+
+    def write(step):
+        with open(path, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["date", "f0", "f1", "f2", "f3", "r_a", "r_b"])
+            for t in range(60):
+                stamp = datetime.datetime(2020, 1, 6) + datetime.timedelta(days=t * step)
+                writer.writerow([stamp.isoformat(), *features[t], *returns[t]])
+
+    task = task_lib.TravellerTask(data=str(path), feature_cols="f*", return_cols="r_*")
+    write(days)
+    with pytest.warns(UserWarning) as caught:
+        data = task_lib.read_data(task)
+    assert data.bars_per_year == pytest.approx(rate, rel=0.01)
+    assert [str(w.message) for w in caught] == [
+        f"periods_per_year: 252 annualises the Sharpe ratio, but the dates of bars.csv hold about {rate:,} rows a "
+        "year: give the data's bars a year (252 daily, 365 for a market open every day, 52 weekly, 12 monthly, "
+        "~1,640 hourly on an exchange) or every Sharpe ratio is off by the square root of their ratio"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        task_lib.read_data(dataclasses.replace(task, periods_per_year=rate))
+        write(7 / 5)  # business days, on average
+        assert task_lib.read_data(task).bars_per_year == pytest.approx(261, rel=0.01)
+
+
+def test_monthly_dates_that_read_two_ways_are_not_taken_for_another_rate(tmp_path):
+    """Monthly bars dated on the 1st, day first (01/02/2020 is 1 February), read in time order month first too (as 2
+    January): the rate the dates give is then unknown (12 a year, or 17 read as Januaries), so periods_per_year=12
+    draws no warning; no reading is preferred."""
+    features, returns = market_rows(steps=36)
+    path = tmp_path / "monthly.csv"
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["date", "f0", "f1", "f2", "f3", "r_a", "r_b"])
+        for t in range(36):
+            writer.writerow([f"01/{t % 12 + 1:02d}/{2020 + t // 12}", *features[t], *returns[t]])
+    task = task_lib.TravellerTask(data=str(path), feature_cols="f*", return_cols="r_*", periods_per_year=12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert task_lib.read_data(task).bars_per_year is None

@@ -92,6 +92,9 @@ class MarketData:
     # skips the rows fill='drop' dropped. Default: paths 0..N-1, steps 0..T-1.
     path_labels: tuple | None = None
     source_steps: np.ndarray | None = None
+    # Rows a year by the file's date column: steps per path over the dates' span (365.25 days a year); None without a
+    # date column, or with fewer than RATE_ROWS rows per path. What a Sharpe ratio's periods_per_year is checked by.
+    bars_per_year: float | None = None
 
     def __post_init__(self):
         x, r = np.asarray(self.features, np.float64), np.asarray(self.returns, np.float64)
@@ -168,9 +171,12 @@ def read(path, *, feature_cols: Sequence[str] | None = None, return_cols: Sequen
         ids = np.array([index.setdefault(k, len(index)) for k in get(path_col)], np.int64)
         # a parquet integer id column reads as floats: 101.0 is the path 101
         labels = [int(k) if isinstance(k, float) and k.is_integer() else k for k in index]
-    _check_time_order(path.name, columns, get, ids, where, exclude=[*names, path_col])
+    stamps = _check_time_order(path.name, columns, get, ids, where, exclude=[*names, path_col])
     cells = [f"column {c!r}" for c in names]
-    return _assemble(path.name, matrix, ids, labels, where, cells, names, len(features), fill)
+    data = _assemble(path.name, matrix, ids, labels, where, cells, names, len(features), fill)
+    span = (max(stamps) - min(stamps)).total_seconds() / (365.25 * 86400) if stamps else 0.0  # years
+    rate = (data.num_steps - 1) / span if span > 0 and data.num_steps >= RATE_ROWS else None
+    return replace(data, bars_per_year=rate)
 
 
 def time_split(num_steps: int, valid_fraction: float, test_fraction: float) -> tuple[int, int]:
@@ -398,6 +404,7 @@ def _read_parquet(path: Path):
 
 
 DATE_COLUMNS = ("date", "datetime", "time", "timestamp")  # a column of these names (any case) is checked for order
+RATE_ROWS = 20  # fewest rows per path to tell bars a year from the dates (MarketData.bars_per_year): a few say little
 # Dates as spreadsheets, brokers and data sites write them (many of those exports newest first), read where ISO does
 # not: month or day first, with or without a time of day. 01/02/2024 reads both ways; a day above 12 rules one out.
 OTHER_DATE_FORMATS = tuple(day + time for day in ("%m/%d/%Y", "%d/%m/%Y", "%m/%d/%y", "%d/%m/%y", "%Y/%m/%d",
@@ -409,7 +416,7 @@ CLOCK_BACK = ("if a local clock went back (daylight saving time ended), write ea
 
 
 def _check_time_order(file: str, columns: list[str], get: Callable, ids: np.ndarray, where: Callable[[int], str],
-                      exclude: list) -> None:
+                      exclude: list) -> list[datetime] | None:
     """Rows must be in time order: a file written newest first (as many exports are) would train on time run
     backwards, each return paid to the position chosen after it, without a word. Checked on a date column that is
     neither a feature nor a return, when its non-blank cells are all dates or times (`_readings`): within a path each
@@ -419,15 +426,21 @@ def _check_time_order(file: str, columns: list[str], get: Callable, ids: np.ndar
     column of other cells is taken as it comes. Where the file has more than one such column (a broker's date and
     time of day), a stamp may repeat in one of them: only going back is an error. A naive local clock that goes back
     at most an hour (the hour repeated when daylight saving time ends) is refused too, as no zone says where it
-    belongs: the message says how to write it (`CLOCK_BACK`)."""
+    belongs: the message says how to write it (`CLOCK_BACK`). Returns the (non-blank) stamps of the first checked
+    column that only one reading has in time order; None if there is none."""
     stamped = [c for c in columns if c.lower() in DATE_COLUMNS and c not in exclude]
+    found = None
     for name in stamped:
         cells = get(name)
         if isinstance(cells, np.ndarray):  # a parquet numeric column reads as floats: 20240102.0 is the date 20240102
             cells = [int(c) if c.is_integer() else c for c in cells.tolist()]
-        errors = [_order_error(file, name, cells, stamps, ids, where, len(stamped) == 1) for stamps in _readings(cells)]
+        readings = _readings(cells)
+        errors = [_order_error(file, name, cells, stamps, ids, where, len(stamped) == 1) for stamps in readings]
         if errors and all(errors):
             raise ValueError(errors[0])
+        if found is None and errors.count(None) == 1:  # two readings in order (01/02, 01/03): which one is unknown
+            found = [stamp for stamp in readings[errors.index(None)] if stamp is not None] or None
+    return found
 
 
 def _order_error(file: str, name: str, cells: list, stamps: list, ids: np.ndarray, where: Callable[[int], str],

@@ -49,6 +49,9 @@ TRAIN_DEFAULTS = {"steps": 1000, "learning_rate": 3e-3}  # `train traveller`'s, 
 OBJECTIVES = ("utility", "mse")
 # A rolling Markowitz baseline's look-back on real data: one year of daily bars.
 MARKOWITZ_WINDOW = 252
+# periods_per_year against the bars a year the data's dates hold (MarketData.bars_per_year): a ratio above it draws a
+# warning. Trading days (~252) against calendar days (365) is 1.45; a month of holidays or gaps in a year, ~1.1.
+RATE_MISMATCH = 1.4
 _DATA_ONLY = ("feature_cols", "return_cols", "path_col", "covariance")
 # Options that one market does not read, with defaults (unlike _DATA_ONLY's, so a value given cannot be told from
 # the default here): the CLI refuses them when typed for the other market (cli.refuse_unread).
@@ -195,6 +198,13 @@ def read_data(task: TravellerTask, path: str | None = None, *, returns: bool = T
     if returns and task.num_assets is not None and data.num_assets != task.num_assets:
         raise ValueError(f"num_assets: expected the data's {data.num_assets} return columns "
                          f"({', '.join(data.asset_names)}), got {task.num_assets}")
+    rate = data.bars_per_year
+    if returns and rate and max(rate / task.periods_per_year, task.periods_per_year / rate) > RATE_MISMATCH:
+        warnings.warn(f"periods_per_year: {task.periods_per_year:g} annualises the Sharpe ratio, but the dates of "
+                      f"{Path(path or task.data).name} hold about {rate:,.0f} rows a year: give the data's bars a year "
+                      f"(252 daily, 365 for a market open every day, 52 weekly, 12 monthly, ~1,640 hourly on an "
+                      f"exchange) or every Sharpe ratio is off by the square root of their ratio", UserWarning,
+                      stacklevel=validate.user_stacklevel())
     return data
 
 
