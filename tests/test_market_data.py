@@ -869,3 +869,14 @@ def test_an_unshifted_return_column_beside_its_own_feature_draws_a_warning(tmp_p
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         read(write("shifted", np.append(past[1:], 0.001), np.log1p(past)), **kw)  # the next day's return at t
+
+
+def test_the_unnamed_index_column_pandas_writes_is_checked_for_time_order(tmp_path):
+    """A table built in pandas on a DatetimeIndex without a name, saved with df.to_csv(), has its dates in a first
+    column headed '' (the header row starts with a comma). That column was never checked, so such a file newest first
+    trained on time run backwards; it is now checked as a 'date' column is."""
+    header = ["", *HEADER[1:]]
+    check(read_table(write_csv(tmp_path / "ok.csv", table_rows(), header)))
+    with pytest.raises(ValueError, match=r"rows must be in time order \(oldest first\), but column '' goes back from "
+                                         r"2024-01-06 to 2024-01-05 at row 3\b"):
+        read_table(write_csv(tmp_path / "newest.csv", table_rows()[::-1], header))

@@ -29,16 +29,17 @@ the file's column order; `path_col` groups rows into paths, in order of first ap
 whole file is one path), and is never a feature or a return. A boolean feature (a flag, parquet or npz) reads
 as 0.0 / 1.0; a boolean return is an error.
 
-Time order: a column named date, datetime, time or timestamp (any case), neither a feature nor a return, whose
-non-blank cells are all dates or times is checked: ISO (2024-01-02, 2024-01-02T15:30, 20240102 as text or integers),
-parquet dates, or an export's (01/31/2024, 31/01/2024, 31.01.2024, 2024/01/31, 31-Jan-2024, each with or without a
-time HH:MM[:SS]; `OTHER_DATE_FORMATS`). Within a path each stamp must be later than the one before (a file written
-newest first, or the same bar twice, is refused); a blank cell is refused (date missing); and the stamps must all
-have a time zone, or none. A column that reads two ways (01/02/2024: month or day first) passes if either reading is
-in order; a column of other cells is taken as it comes. Local times without a zone repeat an hour when daylight
-saving time ends (01:00-02:00 twice): that is refused as going back in time, as nothing in the file says which hour
-came first; write the stamps with their UTC offset (2024-10-27T02:30+01:00) or in UTC, or the date and the time of
-day as two columns (date, time: only the dates are then checked, and may repeat).
+Time order: a column named date, datetime, time or timestamp (any case) or unnamed (pandas' index), neither a
+feature nor a return, whose non-blank cells are all dates or times is checked: ISO (2024-01-02, 2024-01-02T15:30,
+20240102 as text or integers), parquet dates, or an export's (01/31/2024, 31/01/2024, 31.01.2024, 2024/01/31,
+31-Jan-2024, each with or without a time HH:MM[:SS]; `OTHER_DATE_FORMATS`). Within a path each stamp must be later
+than the one before (a file written newest first, or the same bar twice, is refused); a blank cell is refused (date
+missing); and the stamps must all have a time zone, or none. A column that reads two ways (01/02/2024: month or day
+first) passes if either reading is in order; a column of other cells is taken as it comes. Local times without a
+zone repeat an hour when daylight saving time ends (01:00-02:00 twice): that is refused as going back in time, as
+nothing in the file says which hour came first; write the stamps with their UTC offset (2024-10-27T02:30+01:00) or
+in UTC, or the date and the time of day as two columns (date, time: only the dates are then checked, and may
+repeat).
 
 Missing values (empty cell, "nan"/"NA", parquet null, NaN in npz) follow `fill`:
     error  (default) refuse, naming the first one;
@@ -403,7 +404,9 @@ def _read_parquet(path: Path):
     return table.column_names, get, lambda i: f"row {i + 1}"
 
 
-DATE_COLUMNS = ("date", "datetime", "time", "timestamp")  # a column of these names (any case) is checked for order
+# A column of these names (any case) is checked for order; "": the unnamed column pandas writes for an index without
+# a name (a DatetimeIndex, df.to_csv()), the dates of a table built in pandas.
+DATE_COLUMNS = ("date", "datetime", "time", "timestamp", "")
 RATE_ROWS = 20  # fewest rows per path to tell bars a year from the dates (MarketData.bars_per_year): a few say little
 # Dates as spreadsheets, brokers and data sites write them (many of those exports newest first), read where ISO does
 # not: month or day first, with or without a time of day. 01/02/2024 reads both ways; a day above 12 rules one out.
