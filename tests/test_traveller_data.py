@@ -706,3 +706,36 @@ def test_monthly_dates_that_read_two_ways_are_not_taken_for_another_rate(tmp_pat
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert task_lib.read_data(task).bars_per_year is None
+
+
+def test_paths_of_other_dates_are_refused_as_one_would_train_on_anothers_test_days(tmp_path):
+    """The periods cut every path at the same step: two tickers of 60 rows each, one a year behind the other, put
+    the later one's training days (2021) after the earlier one's test days (2020): the model trained on the days it
+    was then scored on. That was documented but not checked; by the date column it is now refused in one line naming
+    both paths and dates. The same tickers on the same dates train, and so does a path one row behind the other
+    (fill='drop' dropping one row of one path: at the boundary the two meet on one day)."""
+    import datetime
+
+    features, returns = market_rows(num_assets=1, steps=120)
+    path = tmp_path / "long.csv"
+
+    def write(offsets):
+        with open(path, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["date", "ticker", "f0", "f1", "r_a"])
+            for n, (ticker, offset) in enumerate(zip("AB", offsets)):
+                for t in range(60):
+                    day = datetime.date(2020, 1, 1) + datetime.timedelta(days=offset + t)
+                    writer.writerow([day.isoformat(), ticker, *features[60 * n + t], *returns[60 * n + t]])
+
+    task = task_lib.TravellerTask(data=str(path), feature_cols="f*", return_cols="r_*", path_col="ticker",
+                                  seq_len=8, periods_per_year=365)
+    write([0, 366])
+    with pytest.raises(ValueError, match=r"^path_col: the training period of path 'B' runs to 2021-02-11, after the "
+                                         r"validation period of path 'A' begins \(2020-02-12\): the periods cut every "
+                                         r"path at the same step, so the paths must cover the same dates row for row$"):
+        task_lib.fit_stats(task, task_lib.read_data(task))
+    for offsets in ([0, 0], [0, 1]):
+        write(offsets)
+        stats = task_lib.fit_stats(task, task_lib.read_data(task))
+        assert (stats.train_end, stats.valid_end) == (42, 51)

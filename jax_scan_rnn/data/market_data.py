@@ -55,7 +55,7 @@ An infinite value is always an error: it is a data bug, not a gap.
 period only and apply it to every period, so no statistic looks ahead. A slice [a, b) ends with the return
 realised at step b, which is known when step b begins: the next period's labels do not overlap it. Every path is
 cut at the same step, so paths (path_col) must cover the same dates row for row: paths of different years would
-put one path's training period after another's test period (dates are checked for order within a path only).
+put one path's training period after another's test period (`check_split` refuses that, by the date column).
 """
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ import warnings
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from datetime import date, datetime, timedelta
+from datetime import date, datetime, timedelta, timezone
 from fnmatch import fnmatchcase
 from pathlib import Path
 
@@ -93,9 +93,9 @@ class MarketData:
     # skips the rows fill='drop' dropped. Default: paths 0..N-1, steps 0..T-1.
     path_labels: tuple | None = None
     source_steps: np.ndarray | None = None
-    # Rows a year by the file's date column: steps per path over the dates' span (365.25 days a year); None without a
-    # date column, or with fewer than RATE_ROWS rows per path. What a Sharpe ratio's periods_per_year is checked by.
-    bars_per_year: float | None = None
+    # [N, T] datetime64 (UTC where the file gave zones): each step's stamp in the file's date column; None without one
+    # that reads (one way) as dates. What the time split and a Sharpe ratio's periods_per_year are checked by.
+    step_times: np.ndarray | None = None
 
     def __post_init__(self):
         x, r = np.asarray(self.features, np.float64), np.asarray(self.returns, np.float64)
@@ -124,7 +124,18 @@ class MarketData:
         validate.integer("start", start, lo=0, hi=self.num_steps)
         validate.integer("stop", stop, lo=start, hi=self.num_steps)
         return replace(self, features=self.features[:, start:stop], returns=self.returns[:, start:stop],
-                       source_steps=self.source_steps[:, start:stop])
+                       source_steps=self.source_steps[:, start:stop],
+                       step_times=None if self.step_times is None else self.step_times[:, start:stop])
+
+    @property
+    def bars_per_year(self) -> float | None:
+        """Rows a year by the dates: steps per path over a path's span, on average (365.25 days a year); None
+        without `step_times`, or with fewer than `RATE_ROWS` steps per path."""
+        if self.step_times is None or self.num_steps < RATE_ROWS:
+            return None
+        spans = np.ptp(self.step_times, axis=1) / np.timedelta64(1, "s")  # [N] seconds
+        span = float(spans.mean()) / (365.25 * 86400)  # years
+        return (self.num_steps - 1) / span if span > 0 else None
 
 
 def read(path, *, feature_cols: Sequence[str] | None = None, return_cols: Sequence[str] | None = None,
@@ -175,9 +186,12 @@ def read(path, *, feature_cols: Sequence[str] | None = None, return_cols: Sequen
     stamps = _check_time_order(path.name, columns, get, ids, where, exclude=[*names, path_col])
     cells = [f"column {c!r}" for c in names]
     data = _assemble(path.name, matrix, ids, labels, where, cells, names, len(features), fill)
-    span = (max(stamps) - min(stamps)).total_seconds() / (365.25 * 86400) if stamps else 0.0  # years
-    rate = (data.num_steps - 1) / span if span > 0 and data.num_steps >= RATE_ROWS else None
-    return replace(data, bars_per_year=rate)
+    if stamps is None:
+        return data
+    utc = [s.astimezone(timezone.utc).replace(tzinfo=None) if s.utcoffset() is not None else s for s in stamps]
+    times = np.array(utc, dtype="datetime64[us]")  # [R] each row's
+    rows = [np.flatnonzero(ids == n)[data.source_steps[n]] for n in range(data.num_paths)]  # [N][T] each step's row
+    return replace(data, step_times=times[np.stack(rows)])
 
 
 def time_split(num_steps: int, valid_fraction: float, test_fraction: float) -> tuple[int, int]:
@@ -200,6 +214,29 @@ def time_split(num_steps: int, valid_fraction: float, test_fraction: float) -> t
         raise ValueError(f"valid_fraction, test_fraction: {valid_fraction} and {test_fraction} of {num_steps} steps "
                          f"({num_valid} + {num_test}) leave {num_train} training steps; training needs at least 2")
     return num_train, num_train + num_valid
+
+
+def check_split(data: MarketData, train_end: int, valid_end: int) -> None:
+    """ValueError if, by the dates (`MarketData.step_times`), a path's period runs past the start of the next period
+    of another path: `time_split` cuts every path at the same step, so paths of other dates (one a year behind)
+    would train on days that another path holds for its test. Nothing to check without dates."""
+    times = data.step_times
+    if times is None:
+        return
+    periods = [(name, a, b) for name, a, b in (("training", 0, train_end), ("validation", train_end, valid_end),
+                                               ("test", valid_end, data.num_steps)) if b > a]
+    for (earlier, a0, b0), (later, a1, b1) in zip(periods, periods[1:]):
+        last, first = times[:, a0:b0].max(axis=1), times[:, a1:b1].min(axis=1)  # [N] each path's
+        i, j = int(last.argmax()), int(first.argmin())
+        if last[i] > first[j]:  # equal: a date column beside a time of day, cut within a day
+            raise ValueError(f"path_col: the {earlier} period of path {data.path_labels[i]!r} runs to "
+                             f"{_when(last[i])}, after the {later} period of path {data.path_labels[j]!r} begins "
+                             f"({_when(first[j])}): the periods cut every path at the same step, so the paths must "
+                             f"cover the same dates row for row")
+
+
+def _when(stamp: np.datetime64) -> str:
+    return str(stamp.astype("datetime64[s]")).removesuffix("T00:00:00")
 
 
 @dataclass(frozen=True)

@@ -211,6 +211,7 @@ def read_data(task: TravellerTask, path: str | None = None, *, returns: bool = T
 def fit_stats(task: TravellerTask, data: market_data.MarketData) -> DataStats:
     """Standardisation and Sigma from the training period alone (nothing later leaks into training)."""
     train_end, valid_end = market_data.time_split(data.num_steps, task.valid_fraction, task.test_fraction)
+    market_data.check_split(data, train_end, valid_end)
     if task.seq_len > train_end:
         raise ValueError(f"seq_len: expected at most the training period's {train_end} steps, got {task.seq_len}")
     train = data.time_slice(0, train_end)
