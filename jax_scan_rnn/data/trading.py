@@ -341,7 +341,9 @@ def performance_terms(positions, returns, objective: Objective | MarketConfig, p
 
 def summarise(terms: dict[str, np.ndarray], periods_per_year: float = 252) -> dict[str, float | None]:
     """Means of `performance_terms` over every step, and the Sharpe ratio: mean over std of the net return per
-    step, times sqrt(periods_per_year); None when the net return is constant (no trading at all)."""
+    step, times sqrt(periods_per_year); None when the net return is constant (no trading at all). With several paths
+    [B, T] both are over all B T steps pooled (a typical path's Sharpe ratio, not that of a portfolio of the paths);
+    the std is the population one (ddof 0) and there is no risk-free rate: excess returns in, excess Sharpe out."""
     net = terms["net"]
     std = float(net.std())
     sharpe = float(net.mean() / std * np.sqrt(periods_per_year)) if std > 1e-12 * (1 + abs(net.mean())) else None
