@@ -442,9 +442,10 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
         them. Files in the resumed checkpoint that its manifest does not list are left alone and reported
         (`History.checkpoint_stray_files`, a `checkpoint_stray_files` event). Rows of `metrics.jsonl` after
         the restored step are dropped so the log reads as one run. With no checkpoint, training starts from
-        scratch (a log there is rewritten). Without `resume`, an `out_dir` that holds an earlier run
-        (`earlier_run`: checkpoints, or the log of a run that left none) is refused (ValueError): runs
-        never mix, and no run's log is replaced unasked.
+        scratch (a log there is rewritten); so it does where no checkpoint has its manifest (the run was killed
+        in its first save, before the manifest was written), those moved aside and reported as above. Without
+        `resume`, an `out_dir` that holds an earlier run (`earlier_run`: checkpoints, or the log of a run that left
+        none) is refused (ValueError): runs never mix, and no run's log is replaced unasked.
       callback: `callback(event: dict)` for progress (the library never prints). Events, each with an "event"
         key: start (step, steps, resumed_from), checkpoint_skipped (step, reason, moved_to),
         checkpoint_stray_files (step, path, files), config_changed (path, fields: {name: [saved, now]};
@@ -476,7 +477,7 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
     Raises:
       NonFiniteLossError: at the first update whose loss, gradient norm or updated state is not finite.
       lock.RunDirectoryLocked: another process holds `out_dir`.
-      checkpoint.CheckpointError: `resume` found checkpoints, but none valid.
+      checkpoint.CheckpointError: `resume` found checkpoints, but none valid (and one with its manifest).
       TrainingStopped: `stop()` said so; its checkpoint is written.
     """
     t_start = time.time()
@@ -525,7 +526,7 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
     resumed: dict[str, Any] = {}
     if resume and ckpt.steps(ckdir):
         carry, resumed = _resume(step, carry, ckdir, cfg, emit, placement)
-        log.resume_at(resumed["resumed_from"])
+        log.resume_at(resumed["resumed_from"] or 0)
     start = resumed.get("resumed_from") or 0
     emit({"event": "start", "step": start, "steps": cfg.steps, "resumed_from": resumed.get("resumed_from")})
     k, last_log, last_k = start, time.time(), start
@@ -650,13 +651,23 @@ def _resume(step: TrainStep, carry: dict, ckdir: Path, cfg: TrainConfig, emit: C
         window = {**carry["window"], "metrics": {m: carry["window"]["metrics"].get(m, np.float32(0)) for m in names}}
         return {"train_state": step.tree(carry["state"]), "loop": window}
 
-    restored = ckpt.restore(ckdir, target=target, fallback=True)
-    # Every skipped step is newer than the restored one and will be recomputed, so it must leave the step
-    # namespace; renamed, not deleted: a failed verify does not prove the data worthless (a transient read
-    # error, a copy in progress), and resume must never destroy data.
-    moved = tuple((s, ckpt.set_aside(ckdir, s)) for s, _ in restored.skipped)
-    for (s, reason), (_, where) in zip(restored.skipped, moved):
-        emit({"event": "checkpoint_skipped", "step": s, "reason": reason, "moved_to": str(where)})
+    try:
+        restored = ckpt.restore(ckdir, target=target, fallback=True)
+    except ckpt.CheckpointError:
+        # A save that was killed after orbax's commit and before its manifest leaves a step without one; saves
+        # prune only after the manifest, so every step lacking it means the run died in its first save: no
+        # checkpoint ever completed, and it starts from step 0 as a run that left none (a requeued job stuck
+        # otherwise). A checkpoint that has its manifest but fails it is corruption, refused.
+        if any((ckpt.step_path(ckdir, s) / ckpt.MANIFEST).exists() for s in ckpt.steps(ckdir)):
+            raise
+        skipped = []
+        for s in reversed(ckpt.steps(ckdir)):
+            try:
+                ckpt.verify(ckdir, s)
+            except ckpt.CheckpointError as e:
+                skipped.append((s, str(e)))
+        return carry, {"resumed_from": None, **_set_aside(ckdir, skipped, emit)}
+    aside = _set_aside(ckdir, restored.skipped, emit)
     if restored.stray_files:
         emit({"event": "checkpoint_stray_files", "step": restored.step, "path": str(restored.path),
               "files": list(restored.stray_files)})
@@ -676,8 +687,18 @@ def _resume(step: TrainStep, carry: dict, ckdir: Path, cfg: TrainConfig, emit: C
     state = step._raw(jax.tree.leaves(restored.state["train_state"]))
     carry = {**carry, "state": state if sharding is None else jax.device_put(state, sharding),
              "window": restored.state["loop"] if saved_metrics == step.metric_names else carry["window"]}
-    return carry, {"resumed_from": restored.step, "checkpoints_skipped": restored.skipped,
-                   "checkpoints_moved_aside": moved, "checkpoint_stray_files": restored.stray_files}
+    return carry, {"resumed_from": restored.step, **aside, "checkpoint_stray_files": restored.stray_files}
+
+
+def _set_aside(ckdir: Path, skipped: list | tuple, emit: Callable) -> dict:
+    """Move each `(step, reason)` of `skipped` aside (`checkpoint.set_aside`), a `checkpoint_skipped` event each; the
+    History fields that say so. Every skipped step is newer than the one resumed from and will be recomputed, so it
+    must leave the step namespace; renamed, not deleted: a failed verify does not prove the data worthless (a
+    transient read error, a copy in progress), and resume must never destroy data."""
+    moved = tuple((s, ckpt.set_aside(ckdir, s)) for s, _ in skipped)
+    for (s, reason), (_, where) in zip(skipped, moved):
+        emit({"event": "checkpoint_skipped", "step": s, "reason": reason, "moved_to": str(where)})
+    return {"checkpoints_skipped": tuple(skipped), "checkpoints_moved_aside": moved}
 
 
 def restore_model(out_dir: str | os.PathLike, model: nnx.Module, step: int | None = None) -> ckpt.Restored:

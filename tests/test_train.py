@@ -552,6 +552,34 @@ def test_resume_falls_back_past_a_corrupt_checkpoint(tmp_path):
     ckpt.verify(ckdir, 20)  # recomputed and rewritten, valid again
 
 
+def test_resume_after_a_crash_in_the_first_save_starts_again_and_a_corrupt_only_checkpoint_is_refused(tmp_path):
+    """Killed between orbax's commit and the manifest of the run's first save: the only step lacks its manifest, no
+    checkpoint ever completed, so resume starts from step 0 (the step moved aside, not deleted) and gives the straight
+    run, instead of refusing the run forever. A lone checkpoint that has its manifest but fails it is refused."""
+    cfg = replace(RESUME_CFG, keep_checkpoints=2)
+    straight = DropMLP(nnx.Rngs(0))
+    fit(straight, loss_fn, batch_fn, cfg, out_dir=tmp_path / "a")
+    fit(DropMLP(nnx.Rngs(0)), loss_fn, batch_fn, replace(cfg, steps=10), out_dir=tmp_path / "b")
+    ckdir = tmp_path / "b" / CHECKPOINT_DIR
+    (ckpt.step_path(ckdir, 10) / "MANIFEST.json").unlink()
+    events = []
+    resumed = DropMLP(nnx.Rngs(0))  # from step 0: the model given (the CLI builds it from the run's seed)
+    h = fit(resumed, loss_fn, batch_fn, cfg, out_dir=tmp_path / "b", resume=True, callback=events.append)
+    assert h.resumed_from is None and [s for s, _ in h.checkpoints_skipped] == [10]
+    assert "MANIFEST.json is missing" in h.checkpoints_skipped[0][1]
+    assert h.checkpoints_moved_aside == ((10, ckdir / "step_00000010.invalid-1"),)
+    assert (ckdir / "step_00000010.invalid-1" / "arrays").is_dir()  # kept
+    assert [e["step"] for e in events if e["event"] == "checkpoint_skipped"] == [10]
+    assert_same_params(param_leaves(resumed), param_leaves(straight))
+    assert [r["step"] for r in h.train] == list(range(1, 21))  # the log of the crashed run is rewritten
+
+    fit(DropMLP(nnx.Rngs(0)), loss_fn, batch_fn, replace(cfg, steps=10), out_dir=tmp_path / "c")
+    (ckpt.step_path(tmp_path / "c" / CHECKPOINT_DIR, 10) / "metadata" / "metadata").write_text("{}")
+    with pytest.raises(ckpt.CheckpointError, match="no valid checkpoint.*metadata/metadata has 2 bytes"):
+        fit(DropMLP(nnx.Rngs(5)), loss_fn, batch_fn, cfg, out_dir=tmp_path / "c", resume=True)
+    assert ckpt.steps(tmp_path / "c" / CHECKPOINT_DIR) == [10]  # left where it was
+
+
 def test_resume_falls_back_past_a_byte_flipped_checkpoint_and_keeps_it(tmp_path):
     cfg = replace(RESUME_CFG, keep_checkpoints=2)
     straight = DropMLP(nnx.Rngs(0))
