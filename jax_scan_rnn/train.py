@@ -479,6 +479,8 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
       lock.RunDirectoryLocked: another process holds `out_dir`.
       checkpoint.CheckpointError: `resume` found checkpoints, but none valid (and one with its manifest).
       TrainingStopped: `stop()` said so; its checkpoint is written.
+      ValueError: `resume` found a checkpoint whose state another model or optimiser saved (leaf names, shapes and
+        dtypes must match), naming the first difference.
     """
     t_start = time.time()
     validate.instance("cfg", cfg, TrainConfig)
@@ -653,6 +655,10 @@ def _resume(step: TrainStep, carry: dict, ckdir: Path, cfg: TrainConfig, emit: C
 
     try:
         restored = ckpt.restore(ckdir, target=target, fallback=True)
+    except ValueError as e:  # the target's: restore's own argument, which fit's caller never named
+        raise ValueError(f"resume: expected the model and optimiser of the run in {ckdir.parent} (the same sizes; the "
+                         "same optimiser, gradient clipping and weight decay on or off alike), got others: "
+                         f"{str(e).removeprefix('target: ')}") from None
     except ckpt.CheckpointError:
         # A save that was killed after orbax's commit and before its manifest leaves a step without one; saves
         # prune only after the manifest, so every step lacking it means the run died in its first save: no

@@ -580,6 +580,22 @@ def test_resume_after_a_crash_in_the_first_save_starts_again_and_a_corrupt_only_
     assert ckpt.steps(tmp_path / "c" / CHECKPOINT_DIR) == [10]  # left where it was
 
 
+def test_resume_with_another_model_or_optimiser_names_resume_not_restores_target(tmp_path):
+    """A resumed run whose model has other sizes, or whose optimiser state has another layout (weight decay turned
+    on adds a transformation): ValueError naming `resume` (fit's argument; the CLI's --resume), not `target`, an
+    argument of checkpoint.restore that fit's caller never gave (the CLI said "--target: ...")."""
+    cfg = replace(RESUME_CFG, steps=10, eval_every=0)
+    fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), mse_fn, linear_batch_fn, cfg, out_dir=tmp_path)
+    wider = nnx.Linear(4, 2, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"^resume: expected the model and optimiser of the run in .*, got others: "
+                                         r"leaf 'train_state/model/bias' expected shape \(1,\)"):
+        fit(wider, mse_fn, linear_batch_fn, replace(cfg, steps=20), out_dir=tmp_path, resume=True)
+    with pytest.raises(ValueError, match=r"^resume: .*got others: expected the leaves of checkpoint .*lacks"):
+        fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), mse_fn, linear_batch_fn, replace(cfg, steps=20, weight_decay=0.1),
+            out_dir=tmp_path, resume=True)
+    assert ckpt.steps(tmp_path / CHECKPOINT_DIR) == [10]  # nothing moved or written
+
+
 def test_resume_falls_back_past_a_byte_flipped_checkpoint_and_keeps_it(tmp_path):
     cfg = replace(RESUME_CFG, keep_checkpoints=2)
     straight = DropMLP(nnx.Rngs(0))
