@@ -694,7 +694,8 @@ def cmd_train_traveller(args: argparse.Namespace) -> int:
         market = "your data" if data is not None else f"the simulated market, {task.market.num_assets} assets"
         print(f"training the Traveller ({task.objective} objective, {market}) for {args.steps} steps on {dp.size} "
               f"device(s) -> {out}")
-        with flag_names(), ProgressBar() as progress, sigterm_stops() as stop:  # --init-from's errors name the flag
+        # --init-from's errors name the flag; fit's out_dir is --out
+        with flag_names(), field_as_flag("out_dir", "--out"), ProgressBar() as progress, sigterm_stops() as stop:
             model, history, stats = task_lib.train(
                 task, cfg, out, resume=args.resume, callback=progress, init_from=args.init_from, data=data,
                 data_sharding=dp.data, state_sharding=dp.replicated, stop=stop,
@@ -1084,7 +1085,8 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
                                                     f"{min(task_lib.EVAL_RECONSTRUCT, len(dataset.valid))}")
         print(f"the bar's eval figures: loss on {min(task_lib.EVAL_LOSS, len(dataset.valid))} validation molecules"
               f"{accuracy}; the final report uses the test set")
-        with flag_names(), ProgressBar() as progress, sigterm_stops() as stop:  # --init-from's errors name the flag
+        # --init-from's errors name the flag; fit's out_dir is --out
+        with flag_names(), field_as_flag("out_dir", "--out"), ProgressBar() as progress, sigterm_stops() as stop:
             model, dataset, _ = task_lib.train(
                 task, cfg, out, resume=args.resume, callback=progress, dataset=dataset, init_from=init_from,
                 data_sharding=dp.data, state_sharding=dp.replicated, stop=stop,

@@ -502,6 +502,9 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
     if resume and out is None:
         raise ValueError("out_dir: expected a directory when resume=True, got None")
     ckdir = out / CHECKPOINT_DIR if out is not None else None
+    if ckdir is not None and ckdir.exists() and not ckdir.is_dir():  # found at the first save, the log already replaced
+        raise ValueError(f"out_dir: expected {ckdir} to be the run's checkpoint directory, got a file; move it away or "
+                         "choose another directory")
     if out is not None and not resume and earlier_run(out):
         raise ValueError(f"out_dir: expected no earlier run when resume=False, got {earlier_run(out)}; pass "
                          "resume=True to continue that run or choose another out_dir")

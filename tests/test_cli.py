@@ -374,6 +374,21 @@ def test_a_link_to_a_runs_own_file_is_refused_as_the_file_is(tiny_run, tmp_path,
     assert (tiny_run / "metrics.jsonl").read_bytes() == before
 
 
+def test_resume_where_checkpoints_is_a_file_is_refused_before_the_log_is_replaced(tmp_path, capsys):
+    """A file where the run's checkpoints/ folder belongs: fit found it only at its first save, after replacing the
+    run's log, and crashed with a NotADirectoryError traceback. Now one line naming --out, nothing written."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "checkpoints").write_text("not a folder")
+    (out / "metrics.jsonl").write_text('{"step": 5, "split": "train", "loss": 1.0}\n')
+    before = (out / "metrics.jsonl").read_bytes()
+    assert main([*TINY_TRAVELLER, "--out", str(out), "--resume"]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        f"error: --out: expected {out / 'checkpoints'} to be the run's checkpoint directory, got a file; move it away "
+        "or choose another directory")
+    assert (out / "metrics.jsonl").read_bytes() == before
+
+
 def test_a_runs_checkpoints_folder_given_for_the_run_names_the_run(tiny_run, capsys):
     assert main(["evaluate", "traveller", "--checkpoint", str(tiny_run / "checkpoints")]) == 2
     assert capsys.readouterr().err.strip().endswith(f"which holds no checkpoints/ folder; pass --checkpoint {tiny_run}")

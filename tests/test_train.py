@@ -815,6 +815,11 @@ def test_fit_argument_errors(tmp_path):
         fit(m, loss_fn, batch_fn, cfg, resume=True)
     with pytest.raises(ValueError, match="^metadata:"):
         fit(m, loss_fn, batch_fn, cfg, metadata={"train_config": 1})
+    (tmp_path / CHECKPOINT_DIR).write_text("a file where the checkpoints go")
+    with pytest.raises(ValueError, match=f"^out_dir: expected {tmp_path / CHECKPOINT_DIR} to be the run's checkpoint "
+                                         "directory, got a file"):
+        fit(m, loss_fn, batch_fn, cfg, out_dir=tmp_path, resume=True)
+    assert not (tmp_path / METRICS_FILE).exists()  # refused before anything is written
     with pytest.raises(TypeError, match="^cfg:"):
         fit(m, loss_fn, batch_fn, {"steps": 2})
     # The caller's model is intact after a failed call (fit works on its own copies).
