@@ -792,6 +792,11 @@ def test_what_an_interrupted_training_keeps_names_its_newest_checkpoint(tmp_path
         checkpoint.save(tmp_path / "run" / "checkpoints", step, {"w": np.ones(2)})
     said = kept(argparse.Namespace(command="train", out=str(tmp_path / "run"), checkpoint_every=1))
     assert said == "every completed checkpoint is kept, the last at step 3 (continue with --resume)"
+    # Ctrl-C in the save of step 4, after orbax's commit, before the manifest: step 4 is not one resume can use.
+    checkpoint.save(tmp_path / "run" / "checkpoints", 4, {"w": np.ones(2)})
+    (checkpoint.step_path(tmp_path / "run" / "checkpoints", 4) / checkpoint.MANIFEST).unlink()
+    said = kept(argparse.Namespace(command="train", out=str(tmp_path / "run"), checkpoint_every=1))
+    assert said == "every completed checkpoint is kept, the last at step 3 (continue with --resume)"
 
 
 def test_a_resumed_runs_data_change_is_named_by_what_moved():
