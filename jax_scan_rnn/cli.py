@@ -1548,7 +1548,11 @@ def backend_error(err: BaseException) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser(argv).parse_args(argv)
+    try:
+        args = build_parser(argv).parse_args(argv)
+    except KeyboardInterrupt:  # Ctrl-C while a model's options import JAX (seconds): one line, as in a command
+        print("\njax-scan-rnn: interrupted", file=sys.stderr)
+        return 130
     args.given = given_options(argv)  # refuse_unread's
     name = f"{args.command} {args.model}" if getattr(args, "model", None) else args.command
     with warnings.catch_warnings():  # put back as they were on return (a caller's, a test's)

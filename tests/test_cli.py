@@ -782,6 +782,23 @@ def test_none_is_read_in_any_case_where_an_option_takes_it(text):
     assert (args.limit, args.clip_norm) == (None, None)
 
 
+def test_ctrl_c_while_the_parser_imports_jax_is_one_line(monkeypatch, capsys):
+    """`train traveller`'s options come from its task, whose module imports JAX: seconds before any command runs,
+    where a Ctrl-C gave a page of import traceback."""
+    from jax_scan_rnn import cli
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    try:
+        code = cli.main(["train", "traveller"])
+    except KeyboardInterrupt:  # a failure of this test, not an interrupt of the whole session
+        pytest.fail("main let the KeyboardInterrupt out")
+    assert code == 130
+    assert capsys.readouterr().err == "\njax-scan-rnn: interrupted\n"
+
+
 def test_what_an_interrupted_training_keeps_names_its_newest_checkpoint(tmp_path):
     import argparse
 
