@@ -154,11 +154,12 @@ class RunLog:
 
 
 def read_rows(path: Path) -> list[dict]:
-    """The rows of the log at `path` (none if there is no file), skipping a last line a crash cut short."""
+    """The rows of the log at `path` (none if there is no file), skipping a last line a crash cut short and any
+    line that is not a row (a note, bytes that are not text: a row is ASCII JSON)."""
     rows = []
     if not path.is_file():
         return rows
-    for line in path.read_text().splitlines():
+    for line in path.read_text(errors="replace").splitlines():  # undecodable bytes: a line no JSON parser takes
         try:
             row = json.loads(line)
         except ValueError:  # a line cut short by a crash

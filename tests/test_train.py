@@ -876,6 +876,22 @@ def test_the_log_reader_skips_lines_that_are_not_rows(tmp_path):
     assert read_rows(tmp_path / METRICS_FILE) == [{"step": 1, "split": "train"}]
 
 
+def test_the_log_reader_skips_bytes_that_are_not_text_and_resume_goes_on(tmp_path):
+    """A line of binary garbage in metrics.jsonl (a bad disk block, a tool's mistake) made every reader raise
+    UnicodeDecodeError, a message naming no file, and refused resuming a run whose checkpoints were intact."""
+    from jax_scan_rnn.runlog import read_rows
+
+    cfg = replace(RESUME_CFG, steps=10, eval_every=0, log_every=5)
+    fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), mse_fn, linear_batch_fn, cfg, out_dir=tmp_path)
+    log = tmp_path / METRICS_FILE
+    rows = log.read_bytes().splitlines(keepends=True)
+    log.write_bytes(rows[0] + b"\xd3\xff\x00garbage\n" + b"".join(rows[1:]))
+    assert [r["step"] for r in read_rows(log)] == [5, 10]
+    h = fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), mse_fn, linear_batch_fn, replace(cfg, steps=15), out_dir=tmp_path,
+            resume=True, callback=lambda event: None)  # (heard: steps changed on purpose, no warning)
+    assert h.resumed_from == 10 and [r["step"] for r in read_rows(log)] == [5, 10, 15]
+
+
 # ----------------------------------------------------------------------------- mutation round 7's survivors
 
 
