@@ -498,8 +498,8 @@ def _abstract(target: Any, saved: Mapping[str, Any], path: Path) -> dict[str, ja
     names, leaves, _ = named_leaves(target, "target")
     missing, unexpected = sorted(set(saved) - set(names)), sorted(set(names) - set(saved))
     if missing or unexpected:
-        raise ValueError(f"target: expected the leaves of checkpoint {path}, got a tree that lacks {missing} "
-                         f"and has extra {unexpected}")
+        raise ValueError(f"target: expected the leaves of checkpoint {path}, got a tree that lacks {_some(missing)} "
+                         f"and has extra {_some(unexpected)}")
     abstract = {}
     for name, leaf in zip(names, leaves):
         dtype = leaf.dtype if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
@@ -513,6 +513,12 @@ def _abstract(target: Any, saved: Mapping[str, Any], path: Path) -> dict[str, ja
                              f"{saved[name].dtype} (as saved in {path}), got shape {got.shape} dtype {got.dtype}{x64}")
         abstract[name] = want
     return abstract
+
+
+def _some(names: list[str], shown: int = 4) -> str:
+    """`names` as a list, its first `shown` only and how many more: another optimiser's state differs in a leaf per
+    parameter, and a line of every one runs to kilobytes."""
+    return f"{names[:shown]}" + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
 def _here() -> jax.sharding.Sharding:

@@ -98,6 +98,10 @@ def test_target_mismatch_names_the_leaf(tmp_path):
         ckpt.restore(tmp_path, target={"w": jnp.zeros((2, 3), jnp.bfloat16)})
     with pytest.raises(ValueError, match="target: .*lacks \\['w'\\]"):
         ckpt.restore(tmp_path, target={"v": jnp.zeros((2, 3))})
+    many = {f"w{i}": jnp.zeros(()) for i in range(10)}  # another optimiser's state: a leaf per parameter differs
+    ckpt.save(tmp_path / "many", 1, many)
+    with pytest.raises(ValueError, match=r"lacks \['w0', 'w1', 'w2', 'w3'\] and 6 more and has extra \[\]$"):
+        ckpt.restore(tmp_path / "many", target={})
 
 
 def test_tampered_byte_is_detected(tmp_path):
