@@ -1467,8 +1467,8 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
                     help="prior samples (default: 1000), drawn with the run's --seed: its --eval-samples give the "
                          "samples of its evaluation.json")
     ev.add_argument("--metrics", choices=("basic", "moses"), default="basic",
-                    help="moses: also MOSES's table (FCD/SNN/Frag/Scaf against --reference; IntDiv, Filters, Novelty "
-                         "against the run's training split) beside MOSES's published VAE and CharRNN rows (about 2 min "
+                    help="moses: also MOSES's table (FCD/SNN/Frag/Scaf against --reference, Novelty against the run's "
+                         "training split; IntDiv, Filters) beside MOSES's published VAE and CharRNN rows (about 2 min "
                          "for -n 10000)")
     ev.add_argument("--reference", choices=("moses", "held-out"), default="moses",
                     help="with --metrics moses, the Test metrics' set: moses, MOSES's test set, as its published rows "
