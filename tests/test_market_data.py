@@ -880,3 +880,18 @@ def test_the_unnamed_index_column_pandas_writes_is_checked_for_time_order(tmp_pa
     with pytest.raises(ValueError, match=r"rows must be in time order \(oldest first\), but column '' goes back from "
                                          r"2024-01-06 to 2024-01-05 at row 3\b"):
         read_table(write_csv(tmp_path / "newest.csv", table_rows()[::-1], header))
+
+
+def test_a_repeated_date_is_refused_beside_the_row_numbers_pandas_writes(tmp_path):
+    """df.to_csv() of a frame on the default RangeIndex writes a first column headed '' of row numbers 0, 1, ...
+    Since '' was checked as a date column, it counted as the file's second one (a date beside a time of day), where a
+    date may repeat, so the same bar twice in the 'date' column passed. Row numbers are no dates: a repeat is refused
+    as in the same file without them, and a DatetimeIndex '' beside a 'date' column still allows it."""
+    rows = table_rows()
+    rows[2][0] = rows[0][0]  # path 'x' at t=1 repeats t=0
+    numbered = [[i, *row] for i, row in enumerate(rows)]
+    with pytest.raises(ValueError, match=r"column 'date', row 3 \(line 4\): 2024-01-01 repeats row 1 \(line 2\) in the "
+                                         r"same path: a repeated bar"):
+        read_table(write_csv(tmp_path / "numbered.csv", numbered, ["", *HEADER]))
+    stamped = [[f"2024-01-01T{10 + i // 2}:00", *row] for i, row in enumerate(rows)]  # hourly bars: the date repeats
+    check(read_table(write_csv(tmp_path / "stamped.csv", stamped, ["", *HEADER])))

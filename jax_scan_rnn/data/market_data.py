@@ -464,23 +464,31 @@ def _check_time_order(file: str, columns: list[str], get: Callable, ids: np.ndar
     an error (one gap must not switch the check off), and the stamps must all have a time zone or none (the two
     cannot be ordered). A column that reads as dates two ways (01/02/2024) passes if either reading is in order; a
     column of other cells is taken as it comes. Where the file has more than one such column (a broker's date and
-    time of day), a stamp may repeat in one of them: only going back is an error. A naive local clock that goes back
+    time of day), a stamp may repeat in one of them: only going back is an error (pandas' unnamed index
+    counts as one only if it holds dates). A naive local clock that goes back
     at most an hour (the hour repeated when daylight saving time ends) is refused too, as no zone says where it
     belongs: the message says how to write it (`CLOCK_BACK`). Returns the (non-blank) stamps of the first checked
     column that only one reading has in time order; None if there is none."""
-    stamped = [c for c in columns if c.lower() in DATE_COLUMNS and c not in exclude]
+    cells = {c: _cells(get(c)) for c in columns if c.lower() in DATE_COLUMNS and c not in exclude}
+    readings = {name: _readings(column) for name, column in cells.items()}
+    # pandas' unnamed index is a date column only when it holds dates: df.to_csv()'s RangeIndex (0, 1, ...) is no
+    # time of day beside a date column, whose repeats must still be refused
+    stamped = [name for name in cells if name or readings[name]]
     found = None
     for name in stamped:
-        cells = get(name)
-        if isinstance(cells, np.ndarray):  # a parquet numeric column reads as floats: 20240102.0 is the date 20240102
-            cells = [int(c) if c.is_integer() else c for c in cells.tolist()]
-        readings = _readings(cells)
-        errors = [_order_error(file, name, cells, stamps, ids, where, len(stamped) == 1) for stamps in readings]
+        errors = [_order_error(file, name, cells[name], stamps, ids, where, len(stamped) == 1)
+                  for stamps in readings[name]]
         if errors and all(errors):
             raise ValueError(errors[0])
         if found is None and errors.count(None) == 1:  # two readings in order (01/02, 01/03): which one is unknown
-            found = [stamp for stamp in readings[errors.index(None)] if stamp is not None] or None
+            found = [stamp for stamp in readings[name][errors.index(None)] if stamp is not None] or None
     return found
+
+
+def _cells(cells) -> list:
+    """A date column's cells as `get` gives them, a parquet numeric column's floats as integers where whole
+    (20240102.0 is the date 20240102)."""
+    return [int(c) if c.is_integer() else c for c in cells.tolist()] if isinstance(cells, np.ndarray) else cells
 
 
 def _order_error(file: str, name: str, cells: list, stamps: list, ids: np.ndarray, where: Callable[[int], str],
