@@ -895,3 +895,29 @@ def test_a_repeated_date_is_refused_beside_the_row_numbers_pandas_writes(tmp_pat
         read_table(write_csv(tmp_path / "numbered.csv", numbered, ["", *HEADER]))
     stamped = [[f"2024-01-01T{10 + i // 2}:00", *row] for i, row in enumerate(rows)]  # hourly bars: the date repeats
     check(read_table(write_csv(tmp_path / "stamped.csv", stamped, ["", *HEADER])))
+
+
+def test_a_cash_return_beside_the_rate_it_is_paid_draws_no_look_ahead_warning(tmp_path):
+    """A cash asset earns over the next period the rate known when the position is chosen: a feature holding that rate
+    (a T-bill yield) moves with the cash return of its own row (correlation 1.000) without looking ahead, and used to
+    draw the unshifted-return warning. Such a return is foretold as closely by its own previous row (lag-1
+    autocorrelation ~1, which no market return has), so it is not checked; an unshifted stock return in the same file
+    still is."""
+    rng = np.random.default_rng(3)
+    days = [(datetime.date(2024, 1, 1) + datetime.timedelta(days=t)).isoformat() for t in range(240)]
+    rate = np.repeat([0.0525, 0.05, 0.0475], 80) + rng.normal(0, 1e-5, 240)  # [240] the annual yield, cut twice
+    spx = rng.normal(0.0004, 0.01, 241)  # [241] daily returns
+    header = ["date", "tbill", "spx_1d", "ret_spx", "ret_cash"]
+
+    def read_with(ret_spx):
+        rows = [[d, y, past, r, y / 252] for d, y, past, r in zip(days, rate, spx[:-1], ret_spx)]
+        return read(write_csv(tmp_path / "cash.csv", rows, header), feature_cols=["tbill", "spx_1d"],
+                    return_cols=["ret_*"])
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        read_with(spx[1:])  # shifted: the next day's return at t
+    with pytest.warns(UserWarning) as caught:
+        read_with(spx[:-1])  # unshifted: spx_1d is ret_spx
+    assert [str(w.message).split(":")[1] for w in caught] == [
+        " the feature 'spx_1d' has correlation 1.000 with the return 'ret_spx' of the same row"]

@@ -12,7 +12,8 @@ A price file usually has the return UP TO t on row t (close[t] / close[t-1] - 1)
 one row (ret_next[t] = ret[t + 1]) and drop the last row, which has no next return. Unshifted, the position
 chosen at t would be paid a return already realised at t: look-ahead, and a backtest too good to be true. A feature
 whose correlation with its row's return reaches `LOOK_AHEAD_CORRELATION` (the 1-day return up to t beside that
-unshifted return) draws a warning naming both; a looser look-ahead (a 5-day momentum beside it) is not caught.
+unshifted return) draws a warning naming both, but for a return its own previous row foretells as closely (a cash
+asset's, the rate known at t); a looser look-ahead (a 5-day momentum beside it) is not caught.
 
 Returns are simple returns as decimal fractions: 0.01 is +1% (not percent, not log returns, not prices). The
 objective's risk aversion and trading cost (gamma, lambda) do not scale with the unit: percent returns (1.0 for
@@ -691,19 +692,31 @@ def _warn_if_look_ahead(file: str, features: np.ndarray, returns: np.ndarray, na
     """Warn about each (feature, return column) pair whose correlation over all N T rows of features [N, T, F] and
     returns [N, T, A] reaches `LOOK_AHEAD_CORRELATION` in size (`names`: the F features', then the A returns'): the
     return column is most likely the return UP TO each row, unshifted, which a position chosen at that row would be
-    paid although its features already show it (module docstring)."""
+    paid although its features already show it (module docstring). Not for a return column that its own previous
+    row foretells as closely (lag-1 autocorrelation at least as high): a cash asset's, paid the rate known when the
+    position is chosen, which a feature (that rate) may track without looking ahead."""
     if returns.shape[-1] == 0 or features.shape[0] * features.shape[1] < LOOK_AHEAD_ROWS:  # features alone, or few
         return
-    x, r = features.reshape(-1, features.shape[-1]), returns.reshape(-1, returns.shape[-1])  # [N T, F], [N T, A]
-    x, r = x - x.mean(axis=0), r - r.mean(axis=0)
-    scale = np.outer(np.linalg.norm(x, axis=0), np.linalg.norm(r, axis=0))  # 0 for a constant column
-    correlation = np.divide(x.T @ r, scale, out=np.zeros(scale.shape), where=scale > 0)  # [F, A]
+    num_assets = returns.shape[-1]
+    correlation = _correlation(features.reshape(-1, features.shape[-1]), returns.reshape(-1, num_assets))  # [F, A]
+    if returns.shape[1] > 1:
+        earlier, later = returns[:, :-1].reshape(-1, num_assets), returns[:, 1:].reshape(-1, num_assets)  # [N(T-1), A]
+        correlation[:, np.abs(_correlation(earlier, later, pairs=True)) >= LOOK_AHEAD_CORRELATION] = 0
     for f, a in np.argwhere(np.abs(correlation) >= LOOK_AHEAD_CORRELATION):
         warnings.warn(f"{file}: the feature {names[f]!r} has correlation {correlation[f, a]:.3f} with the return "
                       f"{names[features.shape[-1] + a]!r} of the same row: a return column holds the return EARNED BY "
                       f"the position chosen at its row (the next period's); if it is the return up to the row "
                       f"(close[t] / close[t-1] - 1), shift it up one row, or every score looks ahead", UserWarning,
                       stacklevel=validate.user_stacklevel())
+
+
+def _correlation(x: np.ndarray, r: np.ndarray, pairs: bool = False) -> np.ndarray:
+    """[F, A] Pearson correlation of each column of x [R, F] with each of r [R, A]; with `pairs` (F = A), [A] that of
+    each column of x with the same column of r alone. 0 where a column is constant."""
+    x, r = x - x.mean(axis=0), r - r.mean(axis=0)
+    nx, nr = np.linalg.norm(x, axis=0), np.linalg.norm(r, axis=0)
+    product, scale = ((x * r).sum(axis=0), nx * nr) if pairs else (x.T @ r, np.outer(nx, nr))
+    return np.divide(product, scale, out=np.zeros(scale.shape), where=scale > 0)
 
 
 def _select(arg: str, patterns, columns: list[str], path_col: str | None, file: str) -> list[str]:
