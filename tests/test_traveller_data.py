@@ -691,6 +691,31 @@ def test_a_periods_per_year_that_the_dates_contradict_draws_a_warning(tmp_path, 
         assert task_lib.read_data(task).bars_per_year == pytest.approx(261, rel=0.01)
 
 
+def test_a_week_of_an_exchanges_hourly_bars_is_not_taken_for_another_rate(tmp_path):
+    """An exchange's hourly bars, 7 a day from Monday to Friday, over one week: their span (4.3 days) holds no weekend,
+    so the dates read as 2,922 rows a year, 1.66 times the 7 x 252 = 1,764 the file's own periods_per_year rightly
+    says, and drew the warning that it is wrong. Bars that pause (nights) over less than RATE_SPAN_DAYS give no rate;
+    two weeks, which hold a weekend, read within RATE_MISMATCH of it."""
+    import datetime
+
+    def write(weeks):
+        features, returns = market_rows(steps=35 * weeks)
+        days = [datetime.datetime(2024, 1, 8) + datetime.timedelta(days=d) for d in range(7 * weeks) if d % 7 < 5]
+        stamps = [day + datetime.timedelta(hours=9.5 + h) for day in days for h in range(7)]
+        with open(tmp_path / "hourly.csv", "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["date", "f0", "f1", "f2", "f3", "r_a", "r_b"])
+            writer.writerows([stamp.isoformat(), *x, *r] for stamp, x, r in zip(stamps, features, returns))
+
+    task = task_lib.TravellerTask(data=str(tmp_path / "hourly.csv"), feature_cols="f*", return_cols="r_*",
+                                  periods_per_year=7 * 252)
+    for weeks, rate in ((1, None), (2, pytest.approx(2240, rel=0.01))):
+        write(weeks)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert task_lib.read_data(task).bars_per_year == rate
+
+
 def test_monthly_dates_that_read_two_ways_are_not_taken_for_another_rate(tmp_path):
     """Monthly bars dated on the 1st, day first (01/02/2020 is 1 February), read in time order month first too (as 2
     January): the rate the dates give is then unknown (12 a year, or 17 read as Januaries), so periods_per_year=12

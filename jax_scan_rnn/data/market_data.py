@@ -131,11 +131,15 @@ class MarketData:
     @property
     def bars_per_year(self) -> float | None:
         """Rows a year by the dates: steps per path over a path's span, on average (365.25 days a year); None
-        without `step_times`, or with fewer than `RATE_ROWS` steps per path."""
+        without `step_times`, with fewer than `RATE_ROWS` steps per path, or over less than `RATE_SPAN_DAYS` where
+        the bars pause (a gap over twice the median one: a night, a weekend)."""
         if self.step_times is None or self.num_steps < RATE_ROWS:
             return None
         spans = np.ptp(self.step_times, axis=1) / np.timedelta64(1, "s")  # [N] seconds
         span = float(spans.mean()) / (365.25 * 86400)  # years
+        gaps = np.diff(self.step_times, axis=1)  # [N, T-1]
+        if span * 365.25 < RATE_SPAN_DAYS and (gaps > 2 * np.median(gaps)).any():
+            return None
         return (self.num_steps - 1) / span if span > 0 else None
 
 
@@ -446,6 +450,9 @@ def _read_parquet(path: Path):
 # a name (a DatetimeIndex, df.to_csv()), the dates of a table built in pandas.
 DATE_COLUMNS = ("date", "datetime", "time", "timestamp", "")
 RATE_ROWS = 20  # fewest rows per path to tell bars a year from the dates (MarketData.bars_per_year): a few say little
+# Fewest days spanned to tell bars a year from bars that pause (an exchange's, closed nights and weekends): a shorter
+# span may hold no weekend, and a week of hourly bars, Monday to Friday, reads as 1.7 times their rate a year.
+RATE_SPAN_DAYS = 7
 # Dates as spreadsheets, brokers and data sites write them (many of those exports newest first), read where ISO does
 # not: month or day first, with or without a time of day. 01/02/2024 reads both ways; a day above 12 rules one out.
 OTHER_DATE_FORMATS = tuple(day + time for day in ("%m/%d/%Y", "%d/%m/%Y", "%m/%d/%y", "%d/%m/%y", "%Y/%m/%d",
