@@ -195,8 +195,11 @@ def read(path, *, feature_cols: Sequence[str] | None = None, return_cols: Sequen
         return data
     utc = [s.astimezone(timezone.utc).replace(tzinfo=None) if s.utcoffset() is not None else s for s in stamps]
     times = np.array(utc, dtype="datetime64[us]")  # [R] each row's
-    rows = [np.flatnonzero(ids == n)[data.source_steps[n]] for n in range(data.num_paths)]  # [N][T] each step's row
-    return replace(data, step_times=times[np.stack(rows)])
+    # Each step's row: rows grouped by path, file order kept within each (as _assemble groups them), at each path's
+    # first row plus its source steps; one sort, not a scan of every row for each path (40,000 paths: 12 s)
+    first = np.concatenate([[0], np.cumsum(np.bincount(ids))[:-1]])  # [N]
+    rows = np.argsort(ids, kind="stable")[first[:, None] + data.source_steps]  # [N, T]
+    return replace(data, step_times=times[rows])
 
 
 def time_split(num_steps: int, valid_fraction: float, test_fraction: float) -> tuple[int, int]:
