@@ -933,23 +933,3 @@ def test_step_times_are_each_paths_steps_stamps(tmp_path):
     days = np.array([f"2024-01-0{t + 1}" for t in range(T)], "datetime64[us]")
     np.testing.assert_array_equal(data.step_times, days[data.source_steps])
 
-
-@pytest.mark.slow
-def test_step_times_of_many_paths_take_one_pass_over_the_rows(tmp_path):
-    """step_times were gathered by scanning every row once per path: 40,000 paths of a 1,000,000-row file read 12 s
-    slower (3 times), and 200,000 paths of one row each 10 times slower than the same rows as one path. The rows are
-    now grouped once: 1.8 times as slow as one path (the per-path work of _assemble, there before step_times)."""
-    import time
-
-    n = 200_000
-    stamps = np.datetime64("2024-01-01T00:00") + np.arange(n) * np.timedelta64(1, "m")
-    write_csv(tmp_path / "wide.csv", [[str(s), i, 0.1, 0.01] for i, s in enumerate(stamps)], ["date", "id", "mom", "r"])
-
-    def seconds(**kw):
-        start = time.perf_counter()
-        times = read(tmp_path / "wide.csv", feature_cols=["mom"], return_cols=["r"], **kw).step_times
-        assert times.size == n
-        return time.perf_counter() - start
-
-    one_path = min(seconds() for _ in range(2))
-    assert seconds(path_col="id") < 4 * one_path
