@@ -933,3 +933,62 @@ def test_step_times_are_each_paths_steps_stamps(tmp_path):
     days = np.array([f"2024-01-0{t + 1}" for t in range(T)], "datetime64[us]")
     np.testing.assert_array_equal(data.step_times, days[data.source_steps])
 
+
+def test_step_times_are_each_steps_stamp_of_the_first_date_column_in_utc(tmp_path):
+    """`step_times` (what the time split and periods_per_year are checked by): each step's stamp in UTC where the file
+    gives zones (09:30-05:00 is 14:30), of the file's first date column that reads one way (a second, a bar's close
+    time, is only checked for order); the rows fill='drop' dropped are skipped and `time_slice` slices them with the
+    steps. A date column left blank, or an export's date column with a blank cell, is not a column of dates to keep."""
+    header = ["date", "timestamp", "mom", "ret_a"]
+    days = [datetime.date(2024, 3, 4) + datetime.timedelta(days=t) for t in range(T)]
+    rows = [[d.isoformat(), f"{d.isoformat()}T09:30-05:00", f, r] for d, f, r in zip(days, FEATURES[0, :, 0],
+                                                                                     RETURNS[0, :, 0])]
+    rows[2][2] = ""  # a missing feature: fill='drop' drops the row
+    data = read(write_csv(tmp_path / "m.csv", rows, header), feature_cols=["mom"], return_cols=["ret_a"], fill="drop")
+    kept = [d for t, d in enumerate(days) if t != 2]
+    np.testing.assert_array_equal(data.step_times, np.array([kept], "datetime64[us]"))
+    np.testing.assert_array_equal(data.time_slice(1, 3).step_times, np.array([kept[1:3]], "datetime64[us]"))
+    zoned = read(write_csv(tmp_path / "z.csv", [row[1:] for row in rows], header[1:]), feature_cols=["mom"],
+                 return_cols=["ret_a"], fill="drop")
+    np.testing.assert_array_equal(zoned.step_times[0, :2], np.array(["2024-03-04T14:30", "2024-03-05T14:30"],
+                                                                    "datetime64[us]"))
+    blank = read(write_csv(tmp_path / "b.csv", [["", *row[2:]] for row in rows], ["date", "mom", "ret_a"]),
+                 feature_cols=["mom"], return_cols=["ret_a"], fill="drop")
+    assert blank.step_times is None and blank.num_steps == T - 1
+    export = [[d.strftime("%d.%m.%Y"), *row[2:]] for d, row in zip(days, rows)]
+    export[4][0] = ""
+    with pytest.raises(ValueError, match=r"^e\.csv: column 'date', row 5 \(line 6\): date missing"):
+        read(write_csv(tmp_path / "e.csv", export, ["date", "mom", "ret_a"]), feature_cols=["mom"],
+             return_cols=["ret_a"], fill="drop")
+
+
+def test_bars_per_year_averages_the_paths_spans_from_rate_rows_steps():
+    """Rows a year: steps per path over the paths' mean span. From `RATE_ROWS` steps per path; with fewer a rate
+    says little (None)."""
+    steps = market_data.RATE_ROWS
+    start = np.datetime64("2020-01-01T00:00", "us")
+    # one path daily, the other every other day: spans of T-1 and 2 (T-1) days, 1.5 (T-1) on average
+    times = np.stack([start + np.arange(steps) * np.timedelta64(k, "D") for k in (1, 2)])
+    zeros = np.zeros((2, steps, 1))
+    data = MarketData(zeros, zeros, ("f",), ("r",), step_times=times)
+    assert data.bars_per_year == pytest.approx(365.25 / 1.5, rel=1e-12)
+    assert data.time_slice(0, steps - 1).bars_per_year is None
+    assert MarketData(zeros, zeros, ("f",), ("r",)).bars_per_year is None
+
+
+def test_check_split_compares_each_period_with_the_next_and_skips_an_empty_one():
+    """A path whose validation period runs past another path's test start (here: rows dropped in one path, so its
+    steps fall on later days) is refused as a training period running past validation is; an empty validation period
+    (valid_fraction 0) is skipped, training then compared with test."""
+    days = np.datetime64("2024-01-01", "us") + np.arange(12) * np.timedelta64(1, "D")
+    gappy = days[[0, 1, 2, 3, 4, 5, 8, 9, 10, 11]]  # path 'B' lacks 01-07 and 01-08
+    zeros = np.zeros((2, 10, 1))
+    data = MarketData(zeros, zeros, ("f",), ("r",), path_labels=("A", "B"), step_times=np.stack([days[:10], gappy]))
+    with pytest.raises(ValueError, match=r"^path_col: the validation period of path 'B' runs to 2024-01-09, after the "
+                                         r"test period of path 'A' begins \(2024-01-08\)"):
+        market_data.check_split(data, 4, 7)
+    market_data.check_split(data, 4, 4)  # training ends 01-04 in both, test begins 01-05 or later
+    with pytest.raises(ValueError, match=r"^path_col: the training period of path 'B' runs to 2024-01-09, after the "
+                                         r"test period of path 'A' begins \(2024-01-08\)"):
+        market_data.check_split(data, 7, 7)
+
