@@ -992,3 +992,20 @@ def test_check_split_compares_each_period_with_the_next_and_skips_an_empty_one()
                                          r"test period of path 'A' begins \(2024-01-08\)"):
         market_data.check_split(data, 7, 7)
 
+
+def test_the_look_ahead_check_is_of_a_correlation_in_size_over_every_paths_rows(tmp_path):
+    """A feature that is its row's return negated, or its gross return 1 + r (no mean of 0), correlates with it
+    fully: each draws the warning. The rows counted are every path's (4 paths of 5: LOOK_AHEAD_ROWS = 20 rows);
+    19 rows draw none."""
+    rng = np.random.default_rng(3)
+    ret = 0.01 * rng.normal(size=(4, market_data.LOOK_AHEAD_ROWS // 4, 1))
+    names = {"feature_names": ["x"], "asset_names": ["ret"]}
+    for feature, shown in ((-ret, "-1.000"), (1 + ret, "1.000")):
+        np.savez(tmp_path / "m.npz", features=feature, returns=ret, **names)
+        with pytest.warns(UserWarning, match=rf"^m\.npz: the feature 'x' has correlation {shown} with the return "):
+            read(tmp_path / "m.npz")
+    few = ret.reshape(1, -1, 1)[:, 1:]  # one path of 19 rows
+    np.savez(tmp_path / "few.npz", features=few, returns=few, **names)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        read(tmp_path / "few.npz")
