@@ -567,3 +567,35 @@ def test_an_sd_file_is_refused_naming_the_file_not_read_line_by_line(tmp_path):
                                          rf"{re.escape(str(path))}: write its molecules as SMILES first"):
         load_sequences(path, smiles=True)
     assert len(load_sequences(path, smiles=False, dedupe=False).sequences) > 3 * 3  # text: every non-empty line
+
+
+def test_comma_separated_needs_more_than_half_of_the_first_fields_with_a_comma(tmp_path):
+    """A comma in a line's first whitespace-separated field (`CCO,mol1`), in more than half of the non-empty lines
+    (blank ones not counted), says the file is a comma-separated table; a comma in a name after the SMILES, or in
+    half the lines, does not; a .csv is read by its header, never told this."""
+    path = tmp_path / "mols.smi"
+    path.write_text("CCO,mol1\n\n\n\nc1ccccc1,mol2\n\nCCN ok\n")  # 2 of 3 non-empty lines
+    assert sm.comma_separated(path)
+    path.write_text("CCO,mol1\nCCN ok\n")  # 1 of 2
+    assert not sm.comma_separated(path)
+    path.write_text("CCO mol,1\nCCN mol,2\n")  # the commas are in the names
+    assert not sm.comma_separated(path)
+    (tmp_path / "mols.csv").write_text("smiles,name\nCCO,mol1\n")
+    assert not sm.comma_separated(tmp_path / "mols.csv")
+
+
+def test_a_mol_file_and_a_corrupt_gzip_are_refused_naming_the_file(tmp_path):
+    """A single molfile (.mol: one 'M  END', no SD record's '$$$$') is refused as an SD file is; a gzip file whose
+    compressed data is corrupt (not cut short: zlib's error, not EOFError) is one ValueError naming the file."""
+    from rdkit import Chem
+
+    mol = tmp_path / "one.mol"
+    mol.write_text(Chem.MolToMolBlock(Chem.MolFromSmiles("CCO")))
+    with pytest.raises(ValueError, match=rf"got an SD/MOL file .* in {re.escape(str(mol))}:"):
+        load_sequences(mol, smiles=True)
+    packed = gzip.compress(b"CCO\nc1ccccc1\n" * 50)
+    corrupt = tmp_path / "corrupt.smi.gz"
+    corrupt.write_bytes(packed[:10] + b"\xff" * 20 + packed[30:])  # the deflate blocks after the header
+    with pytest.raises(ValueError, match=rf"^source: expected a whole gzip stream, got {re.escape(str(corrupt))} cut "
+                                         r"short or corrupt \(Error -3 while decompressing data: .+\)$"):
+        load_sequences(corrupt, smiles=True)
