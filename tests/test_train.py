@@ -580,6 +580,19 @@ def test_resume_after_a_crash_in_the_first_save_starts_again_and_a_corrupt_only_
     assert ckpt.steps(tmp_path / "c" / CHECKPOINT_DIR) == [10]  # left where it was
 
 
+def test_resume_where_a_checkpoint_with_its_manifest_fails_is_refused_though_a_newer_lacks_one(tmp_path):
+    """Starting again from step 0 is for a run that never completed a save (no step has its manifest). A newer step
+    cut short in its save beside an older one that has its manifest but fails it is corruption: refused, nothing
+    moved, as a lone corrupt checkpoint is."""
+    cfg = replace(RESUME_CFG, keep_checkpoints=2)
+    fit(DropMLP(nnx.Rngs(0)), loss_fn, batch_fn, cfg, out_dir=tmp_path)
+    ckdir = tmp_path / CHECKPOINT_DIR
+    (ckpt.step_path(ckdir, 10) / "metadata" / "metadata").write_text("{}")
+    (ckpt.step_path(ckdir, 20) / "MANIFEST.json").unlink()
+    with pytest.raises(ckpt.CheckpointError, match="no valid checkpoint"):
+        fit(DropMLP(nnx.Rngs(0)), loss_fn, batch_fn, replace(cfg, steps=30), out_dir=tmp_path, resume=True)
+    assert ckpt.steps(ckdir) == [10, 20]  # left where they were
+
 def test_resume_with_another_model_or_optimiser_names_resume_not_restores_target(tmp_path):
     """A resumed run whose model has other sizes, or whose optimiser state has another layout (weight decay turned
     on adds a transformation): ValueError naming `resume` (fit's argument; the CLI's --resume), not `target`, an
