@@ -129,6 +129,8 @@ def test_step_errors_name_its_own_arguments_and_shapes():
     trav = model(num_layers=3, dropout=0.5)
     with pytest.raises(ValueError, match=r"^inputs_t: expected shape \[B, 3\], got \(2, 4\)$"):
         trav.step(None, np.zeros((2, 4)))
+    with pytest.raises(ValueError, match=r"^inputs_t: expected shape \[B, 3\], got \(0, 3\)$"):  # no sequence
+        trav.step(None, np.zeros((0, 3)))
     with pytest.raises(TypeError, match=r"^inputs_t: expected a floating dtype, got int"):
         trav.step(None, np.zeros((2, 3), np.int32))
     with pytest.raises(ValueError, match=r"^dropout_masks: expected shape \[num_layers-1, B, H\] = \[2, 2, 8\], "
