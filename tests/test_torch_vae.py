@@ -542,6 +542,8 @@ def test_numpy_numbers_are_taken_as_their_python_values():
     model = SeqVAE(np.int64(9), np.int64(6), np.int32(3), np.int64(1), decoder_hidden_size=np.int64(5))
     assert (model.hidden_size, model.decoder_hidden_size, type(model.latent_size)) == (6, 5, int)
     assert model.gru_decoder.hidden_size == 5
+    stacked = SeqVAE(9, 6, 3, 1, decoder_layers=np.int64(2))  # nn.GRU keeps a NumPy num_layers as it is given
+    assert type(stacked.gru_decoder.num_layers) is int and stacked.gru_decoder.num_layers == 2
     tokens = model.generate(torch.zeros(2, 3), max_len=np.int64(4), mode="sample", temperature=np.float32(0.5),
                             top_k=np.int64(2))
     assert tokens.shape == (2, 4)
