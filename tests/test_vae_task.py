@@ -1063,6 +1063,19 @@ def test_a_name_first_file_is_told_to_put_the_smiles_first(tmp_path):
         task_lib.load_dataset(tiny(path))
 
 
+def test_train_where_checkpoints_is_a_file_names_out(corpus, tmp_path, capsys):
+    """fit's refusal of a file where out_dir/checkpoints belongs names the command's flag, --out, as train traveller's
+    does (test_cli), not fit's out_dir; nothing is written but the run directory's lock."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "checkpoints").write_text("not a folder")
+    assert main(["train", "vae", "--data", str(corpus), "--max-length", "20", "--hidden-size", "8", "--latent-size",
+                 "2", "--batch-size", "8", "--steps", "1", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        f"error: --out: expected {out / 'checkpoints'} to be the run's checkpoint directory, got a file; move it away "
+        "or choose another directory")
+    assert sorted(p.name for p in out.iterdir()) == [".lock", "checkpoints"]  # the run directory's lock (lock.py)
+
 def test_a_comma_separated_file_not_named_csv_is_told_to_be_named_csv(tmp_path):
     """`CCO,mol1` lines in a .smi or .txt: every line unparsable, and --no-smiles-check would train on whole lines,
     names too; the error says a comma-separated table is read as one when named .csv (and it then is)."""
