@@ -661,7 +661,7 @@ def test_a_periods_per_year_that_the_dates_contradict_draws_a_warning(tmp_path, 
     reported a Sharpe ratio sqrt(252 / 52) = 2.2 times too large, hourly ones one 5.9 times too small, without a word
     (the table's heading names the 252, not the file's rate). The date column says how many rows a year the file
     holds: a periods_per_year more than RATE_MISMATCH away from it draws one warning naming both; the data's own rate,
-    and 252 for business days (261 a year, holidays not taken out), none."""
+    252 for business days (261 a year, holidays not taken out), and features read without returns (run), none."""
     import datetime
 
     features, returns = market_rows(steps=60)
@@ -686,6 +686,7 @@ def test_a_periods_per_year_that_the_dates_contradict_draws_a_warning(tmp_path, 
         "~1,640 hourly on an exchange) or every Sharpe ratio is off by the square root of their ratio"]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        task_lib.read_data(task, returns=False)  # features to trade on (run): no Sharpe ratio is annualised
         task_lib.read_data(dataclasses.replace(task, periods_per_year=rate))
         write(7 / 5)  # business days, on average
         assert task_lib.read_data(task).bars_per_year == pytest.approx(261, rel=0.01)
