@@ -962,6 +962,15 @@ def test_step_times_are_each_steps_stamp_of_the_first_date_column_in_utc(tmp_pat
              return_cols=["ret_a"], fill="drop")
 
 
+def test_step_times_of_an_export_are_its_reading_in_time_order(tmp_path):
+    """05/01/2024, 01/02/2024, ... read both ways as dates, but only day first in time order (month first, 1 May
+    comes before 2 January): the steps' stamps are that reading's, 5 January, 1 February, ..."""
+    days = [datetime.date(2024, m, d) for m, d in ((1, 5), (2, 1), (2, 3), (3, 2), (4, 1), (4, 9))]  # days <= 12
+    rows = [[d.strftime("%d/%m/%Y"), *row[1:]] for d, row in zip(days, table_rows()[::2])]  # path 'x' alone
+    assert rows[0][0] == "05/01/2024" and rows[1][0] == "01/02/2024"
+    data = read_table(write_csv(tmp_path / "days.csv", rows), path_col=None)
+    np.testing.assert_array_equal(data.step_times, np.array([days], "datetime64[us]"))
+
 def test_bars_per_year_averages_the_paths_spans_from_rate_rows_steps():
     """Rows a year: steps per path over the paths' mean span. From `RATE_ROWS` steps per path; with fewer a rate
     says little (None)."""
