@@ -174,7 +174,7 @@ class Traveller(nnx.Module):
         # Checked here, not by `__call__`, whose errors would name `inputs` and speak of the added T = 1 axis.
         x = validate.floating_array("inputs_t", inputs_t)
         if x.ndim != 2 or x.shape[1] != self.num_inputs or 0 in x.shape:
-            raise ValueError(f"inputs_t: expected shape [B, {self.num_inputs}], got {tuple(x.shape)}")
+            raise ValueError(f"inputs_t: expected shape [B, {self.num_inputs}] with B >= 1, got {tuple(x.shape)}")
         masks = None
         if dropout_masks is not None:
             lstm = self.lstm_layers
@@ -192,7 +192,8 @@ class Traveller(nnx.Module):
         f = self.num_inputs
         expected = f"[B, T, {f}]" if layout == "batch" else f"the seed's [T, 1, {f}]"
         if x.ndim != 3 or x.shape[-1] != f or (layout == "seed" and x.shape[1] != 1) or 0 in x.shape:
-            raise ValueError(f"inputs: expected shape {expected} (layout={layout!r}) with T >= 1, got {tuple(x.shape)}")
+            sizes = "B, T >= 1" if layout == "batch" else "T >= 1"  # the seed's B is the 1 in its shape
+            raise ValueError(f"inputs: expected shape {expected} (layout={layout!r}) with {sizes}, got {tuple(x.shape)}")
         return x
 
     def _check_state(self, state: TravellerState | None, batch: int, dtype) -> TravellerState:

@@ -62,9 +62,12 @@ def test_positions_feed_back():
 @pytest.mark.parametrize(
     "x, error, message",
     [
-        (np.zeros((4, 3)), ValueError, r"inputs: expected shape \[B, T, 3\] \(layout='batch'\) with T >= 1, got \(4, 3\)"),
+        (np.zeros((4, 3)), ValueError, r"inputs: expected shape \[B, T, 3\] \(layout='batch'\) with B, T >= 1, got \(4, 3\)"),
         (np.zeros((2, 4, 5)), ValueError, r"inputs: expected shape \[B, T, 3\] .* got \(2, 4, 5\)"),
         (np.zeros((2, 0, 3)), ValueError, r"inputs: expected shape \[B, T, 3\] .* got \(2, 0, 3\)"),
+        # an empty batch: the message must name B, not only T (which is 4 here)
+        (np.zeros((0, 4, 3)), ValueError, r"^inputs: expected shape \[B, T, 3\] \(layout='batch'\) with B, T >= 1, "
+                                          r"got \(0, 4, 3\)$"),
         (np.zeros((2, 4, 3), np.int32), TypeError, "inputs: expected a floating dtype, got int32"),
     ],
 )
@@ -112,7 +115,7 @@ def test_bad_state_is_named():
         trav(x, np.zeros((2, 2)))
     with pytest.raises(TypeError, match="state.positions: expected a floating dtype, got int32"):
         trav(x, state._replace(positions=np.zeros((2, 2), np.int32)))
-    with pytest.raises(ValueError, match=r"inputs_t: expected shape \[B, 3\], got \(2, 4, 3\)"):
+    with pytest.raises(ValueError, match=r"inputs_t: expected shape \[B, 3\] with B >= 1, got \(2, 4, 3\)"):
         trav.step(state, x)
 
 
@@ -127,9 +130,9 @@ def test_step_errors_name_its_own_arguments_and_shapes():
     """`step` is called with [B, F] features and [L-1, B, H] masks: its errors say so, not what `__call__` (which
     it runs on a T = 1 sequence) would say of `inputs` [B, T, F] and masks [L-1, T, B, H] the user never passed."""
     trav = model(num_layers=3, dropout=0.5)
-    with pytest.raises(ValueError, match=r"^inputs_t: expected shape \[B, 3\], got \(2, 4\)$"):
+    with pytest.raises(ValueError, match=r"^inputs_t: expected shape \[B, 3\] with B >= 1, got \(2, 4\)$"):
         trav.step(None, np.zeros((2, 4)))
-    with pytest.raises(ValueError, match=r"^inputs_t: expected shape \[B, 3\], got \(0, 3\)$"):  # no sequence
+    with pytest.raises(ValueError, match=r"^inputs_t: expected shape \[B, 3\] with B >= 1, got \(0, 3\)$"):  # no sequence
         trav.step(None, np.zeros((0, 3)))
     with pytest.raises(TypeError, match=r"^inputs_t: expected a floating dtype, got int"):
         trav.step(None, np.zeros((2, 3), np.int32))
