@@ -52,7 +52,7 @@ from jax_scan_rnn.runlog import CURVES_FILE, METRICS_FILE, History, RunLog, plot
 from jax_scan_rnn.schedules import LR_SCHEDULES, make_lr_schedule
 
 __all__ = ["TrainConfig", "History", "NonFiniteLossError", "TrainingStopped", "make_optimizer", "make_lr_schedule_for",
-           "global_norm", "clip_by_global_norm", "TrainStep",
+           "MANY_BATCH_SHAPES", "global_norm", "clip_by_global_norm", "TrainStep",
            "make_eval_fn", "fit", "earlier_run", "restore_model", "METRICS_FILE", "CURVES_FILE", "CHECKPOINT_DIR"]
 
 Array = jax.Array
@@ -60,6 +60,11 @@ Batch = Any  # a pytree of arrays
 LossFn = Callable[[nnx.Module, Batch], tuple[Array, Mapping[str, Array]]]
 
 CHECKPOINT_DIR = "checkpoints"  # checkpoint root under out_dir
+
+# Distinct batch shapes (and dtypes) a `TrainStep` compiles for before it warns: jax.jit compiles the step once per
+# shape, ~1 s each for a small LSTM on a CPU, so batches of a new shape every step train at compile speed. The
+# VAE task's length buckets (multiples of 8) give 8 shapes at its default max_length and 32 only past 250.
+MANY_BATCH_SHAPES = 32
 
 
 @dataclass(frozen=True)
@@ -246,6 +251,9 @@ class TrainStep:
     and the latest learning rate) and `bad` (the first non-finite update: step -1 while there was none). The
     carry is donated: use only the returned one. Variables shared inside the model (tied weights) stay shared
     (`nnx.split` stores them once). `batch` is an example batch, traced once to learn the metric names.
+
+    Each new batch shape or dtype compiles the step again (as `jax.jit` does); past `MANY_BATCH_SHAPES` of them a
+    call warns once: pad or bucket batches to a few fixed shapes.
     """
 
     def __init__(self, model: nnx.Module, loss_fn: LossFn, tx: optax.GradientTransformation, batch: Batch,
@@ -268,6 +276,8 @@ class TrainStep:
             return _check_loss_output(loss_fn(self._merge(raw)["model"], batch))
 
         self.metric_names = sorted(jax.eval_shape(probe, self._raw(leaves), batch)[1])
+        self.batch_shapes: set = set()  # the batch signatures the step was traced for (a trace-time record)
+        self._shapes_warning: str | None = None  # set by the trace that passes MANY_BATCH_SHAPES; warned once
         self._step = jax.jit(self._update, donate_argnums=0, compiler_options=options)
         # One program for `write`'s copies: it runs on every process, where the arrays span them all (an eager
         # device_put of a global array is refused).
@@ -317,7 +327,11 @@ class TrainStep:
         return {**carry, "window": self._zero(carry["window"])}
 
     def __call__(self, carry: dict, batch: Batch) -> dict:
-        return self._step(carry, batch)
+        carry = self._step(carry, batch)
+        if self._shapes_warning:  # one attribute test per call: the record is made when jit traces
+            warnings.warn(self._shapes_warning, UserWarning, stacklevel=validate.user_stacklevel())
+            self._shapes_warning = ""  # "" (not None): warned, never again
+        return carry
 
     def lower(self, carry: dict, batch: Batch) -> jax.stages.Lowered:
         """The step traced and lowered for this carry's and batch's shapes (arrays or `jax.ShapeDtypeStruct`s):
@@ -333,6 +347,14 @@ class TrainStep:
             nnx.update(self.objs, self.tree(self._copy(carry["state"])))
 
     def _update(self, carry: dict, batch: Batch) -> dict:
+        leaves, treedef = jax.tree.flatten(batch)
+        self.batch_shapes.add((treedef, tuple((x.shape, str(x.dtype)) for x in leaves)))
+        if len(self.batch_shapes) > MANY_BATCH_SHAPES and self._shapes_warning is None:
+            shapes = [list(x.shape) for x in leaves]
+            self._shapes_warning = (
+                f"batch: expected a few fixed shapes, got {len(self.batch_shapes)} different ones (this one's "
+                f"arrays: {shapes[:4]}{' ...' if len(shapes) > 4 else ''}); each compiles the train step again, as "
+                "jax.jit does: pad or bucket the batches (fit's batch_fn) to a few fixed shapes")
         old = carry["state"]
         objs = self._merge(old)
         done = objs["optimizer"].step[...]  # updates applied before this one

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -1097,3 +1098,25 @@ def test_strict_json_writes_null_for_a_nan_in_a_tuple_too():
     from jax_scan_rnn.runlog import strict_json
 
     assert strict_json({"a": (1.0, float("nan")), "b": [float("inf")]}) == '{"a": [1.0, null], "b": [null]}'
+
+
+def test_batches_of_ever_new_shapes_warn_once_that_each_compiles_the_step_again(monkeypatch):
+    """A batch_fn whose shapes change every step recompiles the train step at every update (jax.jit's rule): past
+    MANY_BATCH_SHAPES distinct shapes fit warns once, naming the count and the remedy; fewer shapes say nothing."""
+    monkeypatch.setattr(jsr.train, "MANY_BATCH_SHAPES", 3)  # four compiles instead of 33 keep the test quick
+
+    def growing(i):  # batch size 2, 3, 4, ...: a new shape at every update
+        x = jax.random.normal(jax.random.key(i), (2 + i, 4))
+        return x, x @ W_TRUE
+
+    cfg = TrainConfig(steps=6, log_every=6, eval_every=0, checkpoint_every=0)
+    with pytest.warns(UserWarning, match=r"^batch: expected a few fixed shapes, got 4 different ones \(this one's "
+                      r"arrays: \[\[5, 4\], \[5, 1\]\]\); each compiles the train step again") as record:
+        fit(DropMLP(nnx.Rngs(0)), mse_fn, growing, cfg)
+    shape_warnings = [w for w in record if "fixed shapes" in str(w.message)]
+    assert len(shape_warnings) == 1, [str(w.message) for w in shape_warnings]
+    assert shape_warnings[0].filename == __file__  # the user's line that called fit, not the library's
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # three shapes (a few buckets) are fine
+        fit(DropMLP(nnx.Rngs(0)), mse_fn, lambda i: growing(i % 3), cfg)
