@@ -303,7 +303,8 @@ class RNNBase(nnx.Module):
           lengths: optional `[B]` int (an array or a list; through `jsr.jit` a tuple is static, one compile per
             value), the valid steps of each sequence, as torch's
             `pack_padded_sequence`: steps `t >= lengths[b]` neither change the state nor produce output
-            (their outputs are 0), and the backward direction starts at step `lengths[b] - 1`. Checked
+            (their outputs are 0), nor are their inputs read (NaN padding reaches no output or gradient), and the
+            backward direction starts at step `lengths[b] - 1`. Checked
             to lie in 1..T when concrete, and by `jsr.jit` when on the host (`check_arguments`); traced
             (under `jax.jit`, or a `jax.Array` through `jsr.jit`) they cannot be checked, and are clipped
             to 0..T instead (0: no valid step, zero outputs and the initial state), so an out-of-range
@@ -335,6 +336,9 @@ class RNNBase(nnx.Module):
         if lengths is not None:
             lengths = check_lengths(lengths, batch, steps)
             valid = jnp.arange(steps)[:, None] < lengths[None, :]  # [T, B]
+            # Padding is never read, as in a packed sequence: its steps are computed and then discarded, and a NaN
+            # or inf there (missing values) would reach every gradient through the discarded branch (0 * NaN).
+            seq = jnp.where(valid[:, :, None], seq, jnp.zeros((), seq.dtype))
         if self.bidirectional:
             # Backward order of each sequence within its own length; padding stays where it is. The
             # permutation is its own inverse, so the same gather puts the outputs back in time order.

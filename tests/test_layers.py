@@ -216,6 +216,32 @@ def test_traced_lengths_out_of_range_never_give_nan(cls):
 
 
 
+@pytest.mark.parametrize("hoist", [True, False])
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize("cls", [jsr.LSTM, jsr.GRU, jsr.RNN])
+def test_padding_past_lengths_never_reaches_outputs_or_gradients(cls, bidirectional, hoist):
+    """As in a packed sequence, steps past `lengths` are never read: NaN or inf there (missing values padded as NaN)
+    gives the outputs, final state and gradients (parameters and input) of zero padding, bit for bit. Before, the
+    forward pass was right but the discarded steps' NaN reached every gradient through the masked branch (0 * NaN)."""
+    model = cls(3, 4, 2, batch_first=True, bidirectional=bidirectional, hoist_inputs=hoist, rngs=nnx.Rngs(0))
+    lengths = jnp.asarray([5, 2, 3])
+    x = np.random.default_rng(0).standard_normal((3, 5, 3)).astype(np.float32)
+    x[1, 2:], x[2, 3:] = 0.0, 0.0
+    padded = x.copy()
+    padded[1, 2:], padded[2, 3:] = np.nan, np.inf
+
+    def run(x):
+        def loss(m, x):
+            out, state = m(x, lengths=lengths)
+            return jnp.sum(out**2) + sum(jnp.sum(s) for s in jax.tree.leaves(state)), (out, state)
+
+        (_, forward), grads = nnx.value_and_grad(loss, argnums=(0, 1), has_aux=True)(model, jnp.asarray(x))
+        return jax.tree.leaves((forward, grads))
+
+    for got, want in zip(run(padded), run(x), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("cls", KINDS)
 def test_dropout_only_in_training_mode(cls):
     model = cls(3, 16, num_layers=2, dropout=0.5, rngs=nnx.Rngs(0))
