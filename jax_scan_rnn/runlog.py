@@ -26,9 +26,12 @@ def write_atomically(path: str | os.PathLike, write: Callable[[IO], object], bin
 
     A path that is not a regular file (`/dev/stdout`, `/dev/null`, a FIFO) or is a symbolic link is written through,
     in place: a rename would replace the node itself (as root, `/dev/null` with a regular file) or the link. An
-    OSError names `path` (`filename`), whichever file the system refused."""
+    OSError names `path` (`filename`), whichever file the system refused.
+
+    Text is UTF-8 whatever the locale: the package reads its files back as UTF-8, and Windows' locale encoding
+    (cp1252) cannot hold every asset name or vocabulary symbol a user's data may have."""
     target = Path(path)
-    mode, options = ("wb", {}) if binary else ("w", {"newline": ""})
+    mode, options = ("wb", {}) if binary else ("w", {"newline": "", "encoding": "utf-8"})
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         if target.is_symlink() or (target.exists() and not target.is_file()):

@@ -1,0 +1,34 @@
+"""What differs on macOS and Windows, checked on Linux: the text encoding a file or a stream gets, and the calls
+only POSIX has."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# A process whose locale encoding is ASCII (the C locale with Python's UTF-8 coercion off): text opened without
+# encoding= gets it, as on Windows it gets cp1252, so what relies on the locale fails here for a non-ASCII name.
+ASCII_LOCALE_ENV = {"LC_ALL": "C", "LANG": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
+
+
+def run_in_ascii_locale(script: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """`script` run by a fresh interpreter in the ASCII locale (its output captured, as text); skips the test where
+    the C locale is UTF-8 (macOS)."""
+    env = {**os.environ, **ASCII_LOCALE_ENV, "PYTHONPATH": os.pathsep.join([str(ROOT), *(p for p in sys.path if p)])}
+    check = "import locale, sys\nif locale.getpreferredencoding(False).lower() in ('utf-8', 'utf8'): sys.exit(77)\n"
+    proc = subprocess.run([sys.executable, "-c", check + script], capture_output=True, env=env, cwd=cwd,
+                          encoding="utf-8", errors="replace")
+    if proc.returncode == 77:
+        pytest.skip("the C locale is UTF-8 here")
+    return proc
+
+
+def test_outputs_are_utf8_whatever_the_locale(tmp_path):
+    # A positions CSV names the --data file's assets; Windows' cp1252 (here ASCII) cannot hold every name.
+    write = "lambda f: f.write('step,\\u00c5BO,Rendite_\\u20ac\\n')"
+    proc = run_in_ascii_locale(f"from jax_scan_rnn.runlog import write_atomically\n"
+                               f"write_atomically({str(tmp_path / 'p.csv')!r}, {write})")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "p.csv").read_bytes() == "step,ÅBO,Rendite_€\n".encode()
