@@ -243,6 +243,21 @@ def test_kekule_forms_are_canonical_kekule_and_canonical_smiles_in_workers_or_no
     assert sm.kekule_forms(given) == expected
 
 
+def test_a_kekule_worker_reads_and_writes_utf8_lines_split_at_newline_only(monkeypatch):
+    """The worker's stdin and stdout as Windows gives them to a child whose stdio are files: cp1252, universal
+    newlines in ("\r" ends a line), "\r\n" out. It reads and writes bytes, so the caller gets one "\n"-ended line per
+    SMILES it sent, in UTF-8, whatever the platform: an "Á" (bytes cp1252 cannot decode) and a "\r" inside a line
+    are one invalid molecule each, and a canonical form carries no "\r"."""
+    from jax_scan_rnn.data.smiles import sources
+
+    given = "CCO\nÁ\nC\rC\nc1ccccc1"
+    out = io.BytesIO()
+    monkeypatch.setattr(sources.sys, "stdin", io.TextIOWrapper(io.BytesIO(given.encode()), encoding="cp1252"))
+    monkeypatch.setattr(sources.sys, "stdout", io.TextIOWrapper(out, encoding="cp1252", newline="\r\n"))
+    sources._kekule_worker()
+    assert out.getvalue().decode().split("\n") == ["CCO CCO", "", "", "C1=CC=CC=C1 c1ccccc1", ""]
+
+
 def test_ctrl_c_during_kekule_forms_is_quiet_in_the_workers_and_stops_every_one(monkeypatch):
     """A terminal's Ctrl-C reaches every worker: each exits 130 without a traceback (the CLI says it, once). The
     caller's KeyboardInterrupt (or any error) kills the workers still running instead of leaving them orphaned."""
@@ -252,7 +267,7 @@ def test_ctrl_c_during_kekule_forms_is_quiet_in_the_workers_and_stops_every_one(
         raise KeyboardInterrupt
 
     monkeypatch.setattr(sources, "_kekule_chunk", interrupted)
-    monkeypatch.setattr(sources.sys, "stdin", io.StringIO("CCO\n"))
+    monkeypatch.setattr(sources.sys, "stdin", io.TextIOWrapper(io.BytesIO(b"CCO\n")))
     with pytest.raises(SystemExit) as stopped:
         sources._kekule_worker()
     assert stopped.value.code == 130

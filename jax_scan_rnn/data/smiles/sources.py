@@ -118,12 +118,15 @@ def _kekule_chunk(chunk: list[str]) -> list[tuple[str, str] | None]:
 
 
 def _kekule_worker() -> None:
-    """A `kekule_forms` worker: SMILES on stdin, one per line; "KEKULE CANONICAL" or an empty line out."""
+    """A `kekule_forms` worker: SMILES on stdin, one per line; "KEKULE CANONICAL" or an empty line out, in UTF-8."""
+    # Bytes, not sys.stdin/stdout's text: on Windows those decode in the locale's encoding (cp1252), read a "\r"
+    # inside a line as a line end and write "\r\n", and the caller splits UTF-8 at "\n".
     try:
-        forms = _kekule_chunk(sys.stdin.read().split("\n"))  # not splitlines: a "\r" inside a line must not split it
+        forms = _kekule_chunk(sys.stdin.buffer.read().decode().split("\n"))  # not splitlines: "\r" stays in its line
     except KeyboardInterrupt:  # a terminal's Ctrl-C reaches every worker too: the caller's process says it, once
         sys.exit(130)
-    sys.stdout.write("".join("\n" if f is None else f"{f[0]} {f[1]}\n" for f in forms))
+    sys.stdout.buffer.write("".join("\n" if f is None else f"{f[0]} {f[1]}\n" for f in forms).encode())
+    sys.stdout.buffer.flush()
 
 
 def kekule_forms(sequences: Sequence[str]) -> list[tuple[str, str] | None]:
