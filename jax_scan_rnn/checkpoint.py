@@ -262,7 +262,7 @@ def _write_manifest(path: Path, step: int) -> None:
              for rel in _files(path)}
     for d, _, _ in os.walk(path):
         _fsync(d)
-    with open(path / MANIFEST, "w") as f:
+    with open(path / MANIFEST, "w", encoding="utf-8") as f:
         json.dump({"format": FORMAT_VERSION, "step": step, "files": files}, f, indent=1, sort_keys=True)
         f.flush()
         os.fsync(f.fileno())
@@ -314,7 +314,7 @@ def _check(directory: str | os.PathLike, step: int) -> tuple[str, ...]:
         raise CheckpointError(f"checkpoint {path}: {MANIFEST} is missing (a save still being written, "
                               "a crashed save, or a tampered checkpoint)")
     try:
-        manifest = json.loads((path / MANIFEST).read_text())
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
         fmt, mstep = manifest["format"], manifest["step"]
         files = {rel: (int(v["size"]), str(v["sha256"])) for rel, v in manifest["files"].items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:

@@ -194,7 +194,7 @@ def _molsets_version() -> str:
 
 def _moses_smiles(split: str) -> list[str]:
     """The SMILES column of molsets' `moses/dataset/data/<split>.csv.gz`, as stored."""
-    with gzip.open(_molsets_file("dataset", "data", f"{split}.csv.gz"), "rt", newline="") as f:
+    with gzip.open(_molsets_file("dataset", "data", f"{split}.csv.gz"), "rt", encoding="utf-8", newline="") as f:
         return [row["SMILES"] for row in csv.DictReader(f)]
 
 
@@ -344,9 +344,9 @@ def _filter_patterns() -> tuple:
     Chem = _chem()
     mcf = _molsets_file("metrics", "mcf.csv")
     pains = _molsets_file("metrics", "wehi_pains.csv")
-    with open(mcf, newline="") as f:
+    with open(mcf, encoding="utf-8", newline="") as f:
         rows = [(mcf, row["smarts"]) for row in csv.DictReader(f)]  # columns: names, smarts
-    with open(pains, newline="") as f:
+    with open(pains, encoding="utf-8", newline="") as f:
         rows += [(pains, row[0]) for row in csv.reader(f) if row]  # no header: smarts, name
     patterns = []
     for path, smarts in rows:

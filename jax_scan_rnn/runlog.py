@@ -129,7 +129,7 @@ class RunLog:
     def __enter__(self) -> RunLog:
         if self.write:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.file = open(self.path, "a" if self.rows else "w")
+            self.file = open(self.path, "a" if self.rows else "w", encoding="utf-8")
         return self
 
     def __exit__(self, *exc) -> None:
@@ -162,7 +162,8 @@ def read_rows(path: Path) -> list[dict]:
     rows = []
     if not path.is_file():
         return rows
-    for line in path.read_text(errors="replace").splitlines():  # undecodable bytes: a line no JSON parser takes
+    text = path.read_text(encoding="utf-8", errors="replace")  # undecodable bytes: a line no JSON parser takes
+    for line in text.splitlines():
         try:
             row = json.loads(line)
         except ValueError:  # a line cut short by a crash

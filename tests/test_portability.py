@@ -32,3 +32,17 @@ def test_outputs_are_utf8_whatever_the_locale(tmp_path):
                                f"write_atomically({str(tmp_path / 'p.csv')!r}, {write})")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (tmp_path / "p.csv").read_bytes() == "step,ÅBO,Rendite_€\n".encode()
+
+
+def test_the_log_and_a_side_file_are_read_as_utf8_whatever_the_locale(tmp_path):
+    # JSON is UTF-8 (RFC 8259): a row another tool wrote unescaped, or a side file saved by an editor (with
+    # Notepad's byte-order mark), came back in the locale's encoding: the metric's name as U+FFFD, the side file
+    # refused.
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "metrics": {"Rendite_€": 0.5}}\n', encoding="utf-8")
+    (tmp_path / "m.pt.json").write_text('{"arguments": {"note": "ÅBO"}}', encoding="utf-8-sig")
+    proc = run_in_ascii_locale("from pathlib import Path\nfrom jax_scan_rnn.runlog import read_rows\n"
+                               "from jax_scan_rnn.tasks.traveller import _side_of\n"
+                               "print(ascii([read_rows(Path('metrics.jsonl'))[0]['metrics'], _side_of(Path('m.pt'))]))",
+                               cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == ascii([{"Rendite_€": 0.5}, ({"note": "ÅBO"}, None)])

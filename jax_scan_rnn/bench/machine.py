@@ -28,7 +28,7 @@ def host_kind() -> str:
 def _proc_field(path: str, key: str) -> str | None:
     """The value of the first `key: value` line of a /proc file, or None where there is none."""
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8", errors="replace") as f:
             return next((line.split(":", 1)[1].strip() for line in f if line.startswith(key)), None)
     except OSError:
         return None

@@ -398,7 +398,7 @@ def _side_of(path: Path) -> tuple[dict, DataStats | None] | None:
     if not side.is_file():
         return None
     try:
-        data = json.loads(side.read_text())
+        data = json.loads(side.read_text(encoding="utf-8-sig"))
         if data.get("model", "torch_ref.Traveller") != "torch_ref.Traveller":
             raise ValueError(f"it describes a {data['model']}")
         saved = data.get("data_stats", data if "standardiser" in data else None)

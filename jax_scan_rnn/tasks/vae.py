@@ -486,7 +486,7 @@ class InitFrom:
             raise FileNotFoundError(f"init_from: no {side} beside {path}: the model's arguments and vocabulary, "
                                     "as `jax-scan-rnn export vae` writes them")
         try:
-            data = json.loads(side.read_text())
+            data = json.loads(side.read_text(encoding="utf-8-sig"))
             vocab = smiles.Vocabulary.from_json(json.dumps(data["vocabulary"]))
             arguments = dict(data["arguments"])
         except (ValueError, KeyError, TypeError) as err:
