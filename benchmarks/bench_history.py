@@ -60,7 +60,8 @@ def main() -> int:
               f"  {r['seed_us'] / r['scan_us']:5.1f}x")
     if args.out:
         Path(args.out).write_text(json.dumps({"command": "python benchmarks/bench_history.py --out " + args.out,
-                                              "cell": CELL, "methods": METHODS, "runs": runs}, indent=1) + "\n")
+                                              "cell": CELL, "methods": METHODS, "runs": runs}, indent=1) + "\n",
+                                  encoding="utf-8")
     return 0
 
 

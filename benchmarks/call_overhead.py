@@ -297,7 +297,7 @@ def main(argv=None) -> None:
     text = table(rows, info, command.strip(), parts, live_rows)
     print(text, end="")
     if args.out:
-        with open(args.out, "w") as f:
+        with open(args.out, "w", encoding="utf-8") as f:
             f.write(text)
         # Appended, not replaced: the torch loop's time moves with the machine's state far more than jsr's,
         # so one run's ratio is not the figure (docs/figures.py quotes the runs' range).

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from jax_scan_rnn.bench.report import write_results
 
@@ -29,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--label: expected one results file, got {len(args.results)}")
     for path in args.results:
         try:
-            results = json.load(open(path))
+            results = json.loads(Path(path).read_text(encoding="utf-8"))
             if args.label:
                 results["config"]["label_run"] = results["config"]["label"]
                 results["config"]["label"] = args.label

@@ -41,7 +41,7 @@ CACHE_ENV = "JAX_SCAN_RNN_COMPILATION_CACHE"  # jax_scan_rnn.xla_flags.CACHE_ENV
 def machine() -> dict:
     cpu = "unknown"
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
@@ -82,11 +82,11 @@ def append_run(results: Path, run: dict, machine_info: dict | None = None) -> in
 
     results = Path(results)
     with filelock.FileLock(results.with_name(results.name + ".lock")):
-        data = json.loads(results.read_text()) if results.exists() else {"machine": machine_info or machine(),
+        data = json.loads(results.read_text(encoding="utf-8")) if results.exists() else {"machine": machine_info or machine(),
                                                                          "runs": []}
         data["runs"].append(run)
         tmp = results.with_name(results.name + ".tmp")
-        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
         os.replace(tmp, results)
     return len(data["runs"])
 
@@ -104,7 +104,7 @@ def tree_rss_mib(root: int) -> tuple[float, list[int]]:
         if not entry.name.isdigit():
             continue
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            fields = (entry / "stat").read_text(encoding="utf-8").rsplit(")", 1)[1].split()
             rss[int(entry.name)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")  # field 24: rss in pages
             children.setdefault(int(fields[1]), []).append(int(entry.name))  # field 4: ppid
         except (OSError, IndexError, ValueError):
@@ -125,7 +125,7 @@ def pss_mib(pids: list[int]) -> float:
 
 def _pss_bytes(pid: int) -> int:
     try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text(encoding="utf-8").splitlines():
             if line.startswith("Pss:"):
                 return int(line.split()[1]) * 1024  # kB
     except (OSError, IndexError, ValueError):
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
            "started": started,
            "compilation_cache": cache}
     if args.report:
-        run["report"] = json.loads(Path(args.report).read_text())
+        run["report"] = json.loads(Path(args.report).read_text(encoding="utf-8"))
     count = append_run(results, run)
     print(f"timed_run: {wall:.1f} s wall, peak RSS {run['peak_rss_mib']:.0f} MiB (all processes together "
           f"{run['peak_total_rss_mib']:.0f} MiB, PSS {run['peak_total_pss_mib']:.0f} MiB) -> {results} "

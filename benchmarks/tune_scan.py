@@ -693,7 +693,7 @@ def main(argv=None) -> None:
     else:
         rows = run_unroll(args.configs or UNROLL_CONFIGS, args.rounds or 5)
     if args.out:
-        with open(args.out, "w") as f:
+        with open(args.out, "w", encoding="utf-8") as f:
             json.dump(rows, f, indent=1)
 
 

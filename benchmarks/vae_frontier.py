@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, help="the plot (default: the results file's name with .png)")
     args = parser.parse_args(argv)
     try:
-        runs = json.loads(args.results.read_text())["runs"]
+        runs = json.loads(args.results.read_text(encoding="utf-8"))["runs"]
     except (OSError, ValueError, KeyError) as err:
         parser.error(f"--results {args.results}: expected a timed_run.py results file ({err})")
     from jax_scan_rnn.metrics import MOSES_PUBLISHED

@@ -186,7 +186,7 @@ for name, us in per_step_us.items():
 table = "\n".join(rows)
 print(f"\nB={BATCH}, T={SEQ_LEN}, H={HIDDEN}, {LAYERS} layers, torch threads {torch.get_num_threads()}:\n{table}")
 OUT_DIR.mkdir(parents=True, exist_ok=True)
-(OUT_DIR / "times.md").write_text(f"B={BATCH}, T={SEQ_LEN}, H={HIDDEN}, {LAYERS} layers\n\n{table}\n")
+(OUT_DIR / "times.md").write_text(f"B={BATCH}, T={SEQ_LEN}, H={HIDDEN}, {LAYERS} layers\n\n{table}\n", encoding="utf-8")
 
 # %% Plot: time per step, log scale (each bar is one way to run the same loop)
 fig, ax = plt.subplots(figsize=(8, 3.8))

@@ -137,11 +137,11 @@ def record(command: str, wall_seconds: float, dates, data, config: dict, claims:
 def write(out: Path, text: str, rec: dict, results: str | None = None) -> None:
     """`traveller_real_data.json` and `.md` (the report, then the run's wall time, machine and versions) in
     `out`, which holds the plot too; with `results`, the three copied there as well (the committed files)."""
-    (out / "traveller_real_data.json").write_text(json.dumps(rec, indent=2) + "\n")
+    (out / "traveller_real_data.json").write_text(json.dumps(rec, indent=2) + "\n", encoding="utf-8")
     (out / "traveller_real_data.md").write_text(
         text + f"\nWall time {rec['wall_seconds']:.0f} s on {rec['machine']['platform']} "
         f"({rec['machine']['cpu_count']} CPUs), " + ", ".join(f"{p} {v}" for p, v in rec["versions"].items() if v)
-        + ".\n")
+        + ".\n", encoding="utf-8")
     if results:
         Path(results).mkdir(parents=True, exist_ok=True)
         for name in ("traveller_real_data.json", "traveller_real_data.md", "traveller_real_data.png"):

@@ -605,7 +605,7 @@ def data_parallel(args: argparse.Namespace, batch_size: int):
     if args.multihost:
         initialize_multihost()
         if not first_process():  # the first process speaks (and writes) for the run; errors still reach stderr
-            sys.stdout = open(os.devnull, "w")
+            sys.stdout = open(os.devnull, "w", encoding="utf-8")
     import jax
 
     if args.devices is not None and args.devices > jax.device_count():

@@ -1,5 +1,6 @@
 """What differs on macOS and Windows, checked on Linux: the text encoding a file or a stream gets, and the calls
 only POSIX has."""
+import ast
 import os
 import subprocess
 import sys
@@ -46,3 +47,47 @@ def test_the_log_and_a_side_file_are_read_as_utf8_whatever_the_locale(tmp_path):
                                cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == ascii([{"Rendite_€": 0.5}, ({"note": "ÅBO"}, None)])
+
+
+# The code a user runs: the package, its PyTorch twin, the examples and the benchmark scripts.
+SOURCES = ("jax_scan_rnn", "torch_ref", "examples", "benchmarks")
+# Modules whose `open(file, mode="rb", ...)` opens bytes unless its mode says "t".
+COMPRESSED = {"gzip", "bz2", "lzma"}
+
+
+def text_opens_without_encoding(source: str):
+    """(line, call) of each open()/Path.open()/read_text()/write_text() in `source` that opens text without
+    encoding=: it gets the locale's encoding, which is cp1252 on Windows (os.open and binary modes excepted; a
+    `**options` is taken to name it)."""
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+        owner = func.value.id if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) else None
+        if name not in ("open", "read_text", "write_text") or owner == "os":
+            continue
+        if any(k.arg in ("encoding", None) for k in node.keywords):
+            continue
+        mode = next((k.value for k in node.keywords if k.arg == "mode"), None)
+        mode_at = 1 if isinstance(func, ast.Name) or owner in COMPRESSED else 0  # Path.open(mode)
+        if mode is None and name == "open" and len(node.args) > mode_at:
+            mode = node.args[mode_at]
+        if mode is None and owner in COMPRESSED or isinstance(mode, ast.Constant) and "b" in str(mode.value):
+            continue
+        yield node.lineno, ast.unparse(node)[:80]
+
+
+def test_every_text_file_names_its_encoding():
+    # Windows reads and writes text in cp1252 unless told: an asset name or a "µs" in a table was written in it,
+    # or refused, and a UTF-8 file (JSON always is) read back as mojibake.
+    found = [f"{path.relative_to(ROOT)}:{line}: {call}"
+             for folder in SOURCES for path in sorted((ROOT / folder).rglob("*.py"))
+             for line, call in text_opens_without_encoding(path.read_text(encoding="utf-8"))]
+    assert found == [], "text opened in the locale's encoding; name encoding='utf-8':\n" + "\n".join(found)
+
+
+def test_the_check_finds_text_opens_and_passes_binary_ones():
+    source = ("open(p)\nopen(p, 'w')\ngzip.open(p, 'rt')\nPath(p).read_text()\nq.write_text(s)\nq.open()\n"
+              "open(p, 'rb')\ngzip.open(p)\nq.open('wb')\nos.open(p, 0)\nopen(p, encoding='utf-8')\nopen(p, 'w', **o)\n")
+    assert [line for line, _ in text_opens_without_encoding(source)] == [1, 2, 3, 4, 5, 6]
