@@ -1548,6 +1548,7 @@ def backend_error(err: BaseException) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    printable_stdout()
     try:
         args = build_parser(argv).parse_args(argv)
     except KeyboardInterrupt:  # Ctrl-C while a model's options import JAX (seconds): one line, as in a command
@@ -1561,6 +1562,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         warnings.showwarning = lambda message, *_, **__: print(
             f"jax-scan-rnn {name}: warning: {flagged(str(message), only=vars(args))}", file=sys.stderr)
         return run_command(name, args)
+
+
+def printable_stdout() -> None:
+    """The process's stdout writes what its encoding lacks as a backslash escape (as stderr does), not raising.
+
+    Output names the user's columns and assets (`data ...: assets Rendite_€, ÅBO`). Redirected to a file or a pipe
+    on Windows, stdout is in the locale's encoding (cp1252): a name outside it raised UnicodeEncodeError, and the
+    command stopped with an error naming no flag. A stream a caller put in its place (a test's) is left alone."""
+    # surrogateescape: Python's choice in the C locale, which raises as strict does for a character it lacks
+    if sys.stdout is sys.__stdout__ and getattr(sys.stdout, "errors", None) in ("strict", "surrogateescape"):
+        with contextlib.suppress(AttributeError, ValueError):  # not a TextIOWrapper, or closed
+            sys.stdout.reconfigure(errors="backslashreplace")
 
 
 def run_command(name: str, args: argparse.Namespace) -> int:

@@ -91,3 +91,17 @@ def test_the_check_finds_text_opens_and_passes_binary_ones():
     source = ("open(p)\nopen(p, 'w')\ngzip.open(p, 'rt')\nPath(p).read_text()\nq.write_text(s)\nq.open()\n"
               "open(p, 'rb')\ngzip.open(p)\nq.open('wb')\nos.open(p, 0)\nopen(p, encoding='utf-8')\nopen(p, 'w', **o)\n")
     assert [line for line, _ in text_opens_without_encoding(source)] == [1, 2, 3, 4, 5, 6]
+
+
+def test_the_cli_prints_names_its_stdouts_encoding_lacks(tmp_path):
+    # Windows' stdout, redirected to a file or a pipe, is cp1252 (here ASCII): the data summary's asset names
+    # raised UnicodeEncodeError, an error that named no flag, and the command stopped. Now they print escaped and
+    # the command goes on, here to the error of --init-from (a file that is no state_dict) that comes after them.
+    rows = [f"{t},{0.1 * t},{0.01 * (t % 3 - 1)},{0.02 * (t % 2)}" for t in range(40)]
+    (tmp_path / "prices.csv").write_text("t,mom,Rendite_€,ÅBO\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    (tmp_path / "weights.pt").write_bytes(b"not a state_dict")
+    argv = ["train", "traveller", "--seq-len", "8", "--data", "prices.csv", "--feature-cols", "mom",
+            "--return-cols", "Rendite_*,*BO", "--init-from", "weights.pt", "--out", "run"]  # ASCII: argv is no file
+    proc = run_in_ascii_locale(f"import sys\nfrom jax_scan_rnn.cli import main\nsys.exit(main({argv!r}))", cwd=tmp_path)
+    assert "assets Rendite_\\u20ac, \\xc5BO" in proc.stdout, proc.stderr[-2000:]
+    assert proc.returncode == 2 and "error: --init-from" in proc.stderr and "codec" not in proc.stderr, proc.stderr
