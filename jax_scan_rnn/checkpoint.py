@@ -282,7 +282,11 @@ def _files(root: Path) -> list[str]:
 
 
 def _fsync(directory: str | os.PathLike) -> None:
-    fd = os.open(directory, os.O_RDONLY)
+    """Flush `directory`'s entries (a new file, a rename) to disk, where a directory opens as a file."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except PermissionError:  # Windows opens no directory as a file; NTFS journals its directory changes itself
+        return
     try:
         os.fsync(fd)
     finally:

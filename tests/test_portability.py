@@ -1,6 +1,7 @@
 """What differs on macOS and Windows, checked on Linux: the text encoding a file or a stream gets, and the calls
 only POSIX has."""
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -105,3 +106,24 @@ def test_the_cli_prints_names_its_stdouts_encoding_lacks(tmp_path):
     proc = run_in_ascii_locale(f"import sys\nfrom jax_scan_rnn.cli import main\nsys.exit(main({argv!r}))", cwd=tmp_path)
     assert "assets Rendite_\\u20ac, \\xc5BO" in proc.stdout, proc.stderr[-2000:]
     assert proc.returncode == 2 and "error: --init-from" in proc.stderr and "codec" not in proc.stderr, proc.stderr
+
+
+def test_a_checkpoint_manifest_is_written_where_directories_cannot_be_opened(tmp_path, monkeypatch):
+    # Windows' os.open refuses a directory (PermissionError): the directory fsyncs after every save made
+    # checkpoint.save fail there once orbax had written the arrays.
+    from jax_scan_rnn import checkpoint
+
+    (tmp_path / "arrays").mkdir()
+    (tmp_path / "arrays" / "a.bin").write_bytes(b"\0" * 8)
+    posix_open = os.open
+
+    def windows_open(path, flags, *args):
+        if Path(path).is_dir():
+            raise PermissionError(13, "Permission denied", str(path))
+        return posix_open(path, flags, *args)
+
+    monkeypatch.setattr(checkpoint.os, "open", windows_open)
+    checkpoint._write_manifest(tmp_path, 3)
+    monkeypatch.undo()
+    manifest = json.loads((tmp_path / checkpoint.MANIFEST).read_text(encoding="utf-8"))
+    assert manifest["step"] == 3 and list(manifest["files"]) == ["arrays/a.bin"]
