@@ -55,14 +55,12 @@ def run_lock(directory: str | os.PathLike) -> Iterator[Path]:
         return
     try:
         path.mkdir(parents=True, exist_ok=True)
-        if fcntl is None:  # pragma: no cover
-            yield path
-            return
-        fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = None if fcntl is None else os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as err:
         raise RunDirectoryUnwritable(f"{path}: cannot write the run directory ({err.strerror})") from None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
         os.close(fd)
@@ -73,7 +71,7 @@ def run_lock(directory: str | os.PathLike) -> Iterator[Path]:
     except OSError:  # a file system without locks (NFS without its lock daemon: ENOLCK): as where fcntl is missing
         os.close(fd)
         fd = None
-    if fd is None:
+    if fd is None:  # no lock to hold: the run's own errors (a full disk) pass through the yield as they are
         yield path
         return
     os.ftruncate(fd, 0)

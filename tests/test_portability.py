@@ -127,3 +127,18 @@ def test_a_checkpoint_manifest_is_written_where_directories_cannot_be_opened(tmp
     monkeypatch.undo()
     manifest = json.loads((tmp_path / checkpoint.MANIFEST).read_text(encoding="utf-8"))
     assert manifest["step"] == 3 and list(manifest["files"]) == ["arrays/a.bin"]
+
+
+def test_without_fcntl_a_runs_own_os_error_passes_through_the_run_lock(tmp_path, monkeypatch):
+    # Windows has no fcntl: run_lock yielded inside the try that turns a failed mkdir into RunDirectoryUnwritable,
+    # so a full disk during training (or a missing input file) came out as "cannot write the run directory".
+    import errno
+
+    from jax_scan_rnn import lock
+
+    monkeypatch.setattr(lock, "fcntl", None)
+    full = OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "metrics.jsonl"))
+    with pytest.raises(OSError) as raised, lock.run_lock(tmp_path / "run"):
+        raise full
+    assert raised.value is full
+    assert (tmp_path / "run").is_dir() and not (tmp_path / "run" / lock.LOCK_FILE).exists()
