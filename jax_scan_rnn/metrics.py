@@ -121,7 +121,8 @@ def novelty(smiles: Sequence[str], train: Sequence[str], *, train_is_canonical: 
     Generated SMILES are canonicalised; so is `train` unless `train_is_canonical` (MOSES compares
     against the raw training strings, which its dataset stores canonically; canonicalising 1.6 M
     molecules takes minutes, so pass True when `train` came from the same rdkit's `Chem.MolToSmiles`).
-    Invalid training entries are ignored. Returns nan when no generated molecule is valid.
+    Invalid training entries are ignored. Returns nan when no generated molecule is valid. Only `train` counts:
+    a sample that reproduces a held-out (validation or test) molecule is novel, as in MOSES.
     """
     generated = set(valid_canonical(smiles))
     train = _check_smiles_list(train, "train")
