@@ -114,14 +114,17 @@ def step_of(path: str | os.PathLike) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def steps(directory: str | os.PathLike) -> list[int]:
+def steps(directory: str | os.PathLike, *, manifested: bool = False) -> list[int]:
     """Steps of all committed checkpoints in ``directory`` as orbax finds them, ascending (not verified).
 
     Orbax's temporary directories and checkpoints set aside (``step_<n>.invalid-<k>``) are not listed. A
-    missing ``directory`` has no steps.
+    missing ``directory`` has no steps. With ``manifested``, only steps whose manifest is written: a save killed
+    after orbax's commit and before its manifest is committed but never complete (its presence only, not a
+    verify, which hashes every file).
     """
     d = Path(directory)
-    return sorted(m.step for m in _name_format().find_all(d)) if d.is_dir() else []
+    found = sorted(m.step for m in _name_format().find_all(d)) if d.is_dir() else []
+    return [s for s in found if (step_path(d, s) / MANIFEST).is_file()] if manifested else found
 
 
 def latest_step(directory: str | os.PathLike) -> int | None:
@@ -502,8 +505,8 @@ def _abstract(target: Any, saved: Mapping[str, Any], path: Path) -> dict[str, ja
     names, leaves, _ = named_leaves(target, "target")
     missing, unexpected = sorted(set(saved) - set(names)), sorted(set(names) - set(saved))
     if missing or unexpected:
-        raise ValueError(f"target: expected the leaves of checkpoint {path}, got a tree that lacks {_some(missing)} "
-                         f"and has extra {_some(unexpected)}")
+        raise ValueError(f"target: expected the leaves of checkpoint {path}, got a tree that lacks "
+                         f"[{validate.listed(missing, 4)}] and has extra [{validate.listed(unexpected, 4)}]")
     abstract = {}
     for name, leaf in zip(names, leaves):
         dtype = leaf.dtype if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
@@ -517,12 +520,6 @@ def _abstract(target: Any, saved: Mapping[str, Any], path: Path) -> dict[str, ja
                              f"{saved[name].dtype} (as saved in {path}), got shape {got.shape} dtype {got.dtype}{x64}")
         abstract[name] = want
     return abstract
-
-
-def _some(names: list[str], shown: int = 4) -> str:
-    """`names` as a list, its first `shown` only and how many more: another optimiser's state differs in a leaf per
-    parameter, and a line of every one runs to kilobytes."""
-    return f"{names[:shown]}" + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
 def _here() -> jax.sharding.Sharding:

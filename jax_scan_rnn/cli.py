@@ -1502,10 +1502,8 @@ def kept(args: argparse.Namespace) -> str | None:
         from jax_scan_rnn.runlog import METRICS_FILE, read_rows
         from jax_scan_rnn.train import CHECKPOINT_DIR
 
-        ckdir = Path(args.out) / CHECKPOINT_DIR
-        # A save the interrupt cut short is committed by orbax but has no manifest yet: resume skips it. (Its
-        # presence is the test, not a full verify: hashing a large checkpoint would keep a Ctrl-C waiting.)
-        done = [s for s in checkpoint.steps(ckdir) if (checkpoint.step_path(ckdir, s) / checkpoint.MANIFEST).is_file()]
+        # A save the interrupt cut short is committed by orbax but has no manifest yet: resume skips it.
+        done = checkpoint.steps(Path(args.out) / CHECKPOINT_DIR, manifested=True)
         logged = bool(read_rows(Path(args.out) / METRICS_FILE))
     except Exception:  # noqa: BLE001 (Ctrl-C came while JAX was still being imported: nothing was trained)
         return None

@@ -416,8 +416,7 @@ def _non_finite_message(key: str, value: np.ndarray, cast: np.ndarray) -> str:
 def _cast_warning(casts: dict[tuple[str, str], list[str]]) -> str:
     parts = []
     for (given, ours), keys in casts.items():
-        shown = ", ".join(map(repr, keys[:3])) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
-        parts.append(f"{len(keys)} from {given} to {ours} ({shown})")
+        parts.append(f"{len(keys)} from {given} to {ours} ({validate.listed(keys, 3)})")
     return "state_dict: values cast to the module's parameter dtype: " + "; ".join(parts)
 
 

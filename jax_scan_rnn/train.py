@@ -689,7 +689,7 @@ def _resume(step: TrainStep, carry: dict, ckdir: Path, cfg: TrainConfig, emit: C
         # prune only after the manifest, so every step lacking it means the run died in its first save: no
         # checkpoint ever completed, and it starts from step 0 as a run that left none (a requeued job stuck
         # otherwise). A checkpoint that has its manifest but fails it is corruption, refused.
-        if any((ckpt.step_path(ckdir, s) / ckpt.MANIFEST).exists() for s in ckpt.steps(ckdir)):
+        if ckpt.steps(ckdir, manifested=True):
             raise
         skipped = []
         for s in reversed(ckpt.steps(ckdir)):

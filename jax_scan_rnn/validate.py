@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from numbers import Integral, Real
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -118,6 +118,13 @@ def shape(name: str, value: Any, expected: tuple[int | None, ...], symbols: str)
     if len(got) != len(expected) or any(n != e if e is not None else n == 0 for n, e in zip(got, expected)):
         spelled = ", ".join(s if e is None else str(e) for s, e in zip(symbols[1:-1].split(", "), expected))
         raise ValueError(f"{name}: expected shape {symbols} = [{spelled}], got {list(got)}")
+
+
+def listed(items: Sequence[Any], shown: int) -> str:
+    """The first `shown` of `items` as reprs, and how many more: "'a', 'b' and 5 more" ("" for none), for a
+    message that would otherwise run to kilobytes (every leaf of another optimiser's state)."""
+    head = ", ".join(map(repr, items[:shown]))
+    return head + (f" and {len(items) - shown} more" if len(items) > shown else "")
 
 
 def first_bad(name: str, values: Any, bad: Any, what: str) -> str:
