@@ -37,6 +37,10 @@ WITHOUT_EXTRAS = textwrap.dedent("""
     code = main(["train", "traveller", "--steps", "2", "--hidden-size", "4", "--num-layers", "1", "--batch-size", "4",
                  "--seq-len", "8", "--eval-every", "0", "--out", out_dir])
     assert code == 0, code
+    # evaluate: the table is the evaluation and the default plot is extra (exit 0); a plot asked for by name is
+    # refused before any work
+    assert main(["evaluate", "traveller", "--checkpoint", out_dir, "--paths", "4", "--horizon", "8"]) == 0
+    assert main(["evaluate", "traveller", "--checkpoint", out_dir, "--plot", out_dir + "/p.png"]) == 2
     assert not any(m.split(".")[0] in BLOCKED for m in sys.modules), sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
     print("OK")
 """)
@@ -55,3 +59,6 @@ def test_core_install_runs_without_torch_rdkit_matplotlib(tmp_path):
     assert "curves: not drawn (pip install 'jax-scan-rnn[plot]')  positions: not drawn (pip install " \
            "'jax-scan-rnn[plot]')" in result.stdout
     assert (tmp_path / "run" / "evaluation.json").exists() and not (tmp_path / "run" / "curves.png").exists()
+    assert "positions plot: not drawn (pip install 'jax-scan-rnn[plot]')" in result.stdout, result.stdout[-2000:]
+    assert f"--plot: drawing {tmp_path / 'run'}/p.png needs matplotlib, which is not installed" in err, err[-2000:]
+    assert not list((tmp_path / "run").glob("positions*"))
