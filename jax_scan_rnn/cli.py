@@ -216,6 +216,13 @@ class ProgressBar:
         if self.bar is not None:
             self.bar.close()
 
+    def note(self, line: str) -> None:
+        """`line` on stderr; through tqdm while the bar is up, so that it is not written into the bar's line."""
+        if self.bar is not None and not self.bar.disable:
+            self.tqdm.write(line, file=sys.stderr)
+        else:
+            print(line, file=sys.stderr)
+
     def __call__(self, event: dict) -> None:
         kind = event["event"]
         if kind == "start":
@@ -232,16 +239,15 @@ class ProgressBar:
                 self.postfix[f"eval {key}"] = f"{value:.4g}"
             self.bar.set_postfix(self.postfix, refresh=True)
         elif kind == "checkpoint_skipped":
-            print(f"skipped invalid checkpoint {event['step']}: {event['reason']}; kept as {event['moved_to']}",
-                  file=sys.stderr)
+            self.note(f"skipped invalid checkpoint {event['step']}: {event['reason']}; kept as {event['moved_to']}")
         elif kind == "plot_skipped":
-            print(f"{event['path']} not drawn: {event['reason']}", file=sys.stderr)
+            self.note(f"{event['path']} not drawn: {event['reason']}")
         elif kind == "metrics_changed":  # a newer version of a task logs other metrics
-            print(f"the run in {event['path']} logged the metrics {event['saved']}, this version {event['now']}: the "
-                  "first train row after the resume covers the updates after it only", file=sys.stderr)
+            self.note(f"the run in {event['path']} logged the metrics {event['saved']}, this version {event['now']}: "
+                      "the first train row after the resume covers the updates after it only")
         elif kind == "checkpoint_stray_files":
-            print(f"checkpoint {event['step']} holds files it did not write (left alone, not read): "
-                  f"{', '.join(event['files'])} in {event['path']}", file=sys.stderr)
+            self.note(f"checkpoint {event['step']} holds files it did not write (left alone, not read): "
+                      f"{', '.join(event['files'])} in {event['path']}")
         elif kind == "end" and self.bar is not None:
             self.bar.close()
 

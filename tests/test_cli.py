@@ -842,6 +842,19 @@ def test_the_progress_bar_says_when_a_resumed_runs_metrics_changed(capsys):
     assert "the run in /runs/a logged the metrics ['acc'], this version ['acc', 'kl']" in capsys.readouterr().err
 
 
+def test_the_progress_bars_notes_start_a_line_of_their_own(capsys):
+    # A note during training (a plot not drawn, a checkpoint skipped) goes through tqdm while the bar is up: a plain
+    # print went onto the bar's own line ("83%|####  | 25/30 [...]run/curves.png not drawn: ...").
+    from jax_scan_rnn.cli import ProgressBar
+
+    with ProgressBar() as bar:
+        bar({"event": "start", "steps": 30, "step": 0, "resumed_from": None})
+        bar({"event": "log", "step": 25, "loss": 0.5})
+        bar({"event": "plot_skipped", "path": "run/curves.png", "reason": "matplotlib is not installed"})
+    before, found, _ = capsys.readouterr().err.partition("run/curves.png not drawn: matplotlib is not installed\n")
+    assert found and before.endswith(("\r", "\n")), repr(before[-80:])
+
+
 def test_a_library_warning_is_one_line_naming_the_command(monkeypatch, capsys):
     # (a price column given as returns): not Python's two lines naming a source line of the package; the caller's
     # warning display is put back after.
