@@ -1246,6 +1246,9 @@ def cmd_evaluate_vae(args: argparse.Namespace) -> int:
 
         metrics.reference_set("moses")
     model, vocab, task, step = load_run(args, "vae")
+    if args.metrics == "moses" and not task.smiles_check:
+        raise ValueError(f"--metrics moses: expected a run on SMILES, got one trained with --no-smiles-check on "
+                         f"{task.data} (MOSES's metrics parse every sample as a molecule)")
     data_file = vae_data_file(task)
     refuse_an_input(args.output, "--output", {"the run's --data file": data_file})
     check_memory("the samples (-n)", task_lib.sample_bytes(task, vocab.size, args.n))

@@ -562,6 +562,38 @@ def test_file_lines_are_parsed_as_smiles_unless_not_chemistry(corpus):
         task_lib.VAETask(data="rdkit", smiles_check=False)
 
 
+def test_sequences_that_are_not_smiles_are_scored_as_strings(tmp_path, monkeypatch):
+    # --no-smiles-check: the final evaluation called rdkit's validity on every sample (0 valid, unique and novel
+    # n/a, whatever the model wrote), and without rdkit installed the run ended in an error after its training.
+    # Now: no validity; unique and novel over the strings as written (a whole run, and MOSES's metrics refused in
+    # one line: the slow test below).
+    dataset = task_lib.Dataset(vocab=smiles.Vocabulary.build(["ABC", "ABD"]), train=["ABC", "ABD"], valid=[], test=[],
+                               skipped={})
+    for name in ("validity", "uniqueness", "novelty", "valid_canonical"):  # rdkit is never asked
+        monkeypatch.setattr(metrics, name, lambda *a, **k: pytest.fail("a SMILES metric of non-SMILES sequences"))
+    task = task_lib.VAETask(data=str(tmp_path / "words.txt"), smiles_check=False)
+    scores = task_lib.sample_scores(["ABC", "ABC", "DDA", "", "BB"], dataset, task)
+    assert scores == {"validity": None, "uniqueness": 3 / 4, "novelty": 2 / 3}  # "" is no sequence; ABC is training's
+    assert np.isnan(task_lib.sample_scores(["", ""], dataset, task)["uniqueness"])
+
+
+@pytest.mark.slow  # a whole run: its final evaluation compiles sampling and interpolation (~15 s)
+def test_a_run_on_sequences_that_are_not_smiles_reports_no_validity(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    words = write_lines(tmp_path / "words.txt", sorted({"".join(rng.choice(list("ABCD"), 6)) for _ in range(100)}))
+    out = tmp_path / "run"
+    assert main(["train", "vae", "--data", str(words), "--no-smiles-check", "--steps", "2", "--hidden-size", "8",
+                 "--latent-size", "2", "--batch-size", "8", "--eval-samples", "20", "--eval-every", "0",
+                 "--out", str(out)]) == 0
+    report = json.loads((out / "evaluation.json").read_text())
+    assert report["samples"]["validity"] is None and 0 < report["samples"]["uniqueness"] <= 1
+    assert "valid n/a" in capsys.readouterr().out
+    assert main(["evaluate", "vae", "--checkpoint", str(out), "--metrics", "moses", "--reference", "held-out"]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        f"--metrics moses: expected a run on SMILES, got one trained with --no-smiles-check on {words} (MOSES's "
+        "metrics parse every sample as a molecule)")
+
+
 def test_a_limit_that_stops_reading_is_reported(corpus):
     """--limit N keeps the first N usable sequences; the dataset says when reading stopped there (the CLI's data
     line then says so), since the data may hold more."""

@@ -724,12 +724,26 @@ def reconstruction(model: SeqVAE, vocab: smiles.Vocabulary, sequences: list[str]
     }
 
 
+def sample_scores(generated: list[str], dataset: Dataset, task: VAETask) -> dict[str, float | None]:
+    """`validity`, `uniqueness` and `novelty` of generated sequences: MOSES's, for SMILES. A run on sequences that
+    are not SMILES (`smiles_check=False`) has no validity (None: rdkit would call every one invalid), and its
+    uniqueness and novelty compare the non-empty strings as written (distinct ones; novel: not a training one)."""
+    if task.smiles_check:
+        return {"validity": metrics.validity(generated),
+                "uniqueness": metrics.uniqueness(generated, k=len(generated)),
+                "novelty": metrics.novelty(generated, dataset.canonical_train, train_is_canonical=True)}
+    distinct = set(filter(None, generated))
+    return {"validity": None,
+            "uniqueness": len(distinct) / sum(map(bool, generated)) if distinct else float("nan"),
+            "novelty": len(distinct - set(dataset.train)) / len(distinct) if distinct else float("nan")}
+
+
 def evaluate(model: SeqVAE, dataset: Dataset, task: VAETask, *, seed: int = 0) -> dict:
     """Reconstruction of held-out molecules, prior samples' MOSES metrics, KL per dimension, interpolation.
 
     `report["samples"]` (at temperature 1) and `report["samples_greedy"]`: `n`, `validity`, `unterminated` (the
     fraction with no <eos> within max_length + 1 tokens, scored as cut, as MOSES does: see `unterminated`),
-    `uniqueness`, `novelty` and the first ten `examples`. Without `task.decoder_only`, `reconstruction`, `latent`
+    `uniqueness`, `novelty` (see `sample_scores`) and the first ten `examples`. Without `task.decoder_only`, `reconstruction`, `latent`
     (`kl`, `kl_per_dim`, `active_units`) and `interpolation` too."""
     model.eval()
     test = dataset.test[: task.eval_sequences]
@@ -743,14 +757,8 @@ def evaluate(model: SeqVAE, dataset: Dataset, task: VAETask, *, seed: int = 0) -
         tokens = sample_tokens(model, task.eval_samples, max_len=task.max_length + 1, seed=seed, greedy=greedy,
                                decoder_only=task.decoder_only)
         generated = dataset.vocab.decode(tokens)
-        report[name] = {
-            "n": len(generated),
-            "validity": metrics.validity(generated),
-            "unterminated": unterminated(tokens),
-            "uniqueness": metrics.uniqueness(generated, k=len(generated)),
-            "novelty": metrics.novelty(generated, dataset.canonical_train, train_is_canonical=True),
-            "examples": list(generated[:10]),
-        }
+        report[name] = {"n": len(generated), **sample_scores(generated, dataset, task),
+                        "unterminated": unterminated(tokens), "examples": list(generated[:10])}
     if task.decoder_only:
         return report
     tokens, lengths = encode(dataset.vocab, test, task.max_length)
