@@ -56,3 +56,18 @@ def test_quoted_figures_agree_with_their_results_files():
         assert not changed, f"{doc.name}: figures {changed} disagree with their results files; run python docs/figures.py"
         used.update(match.group(1) for match in figures.MARKER.finditer(text))
     assert used == set(figures.FIGURES), f"figures defined but quoted nowhere: {sorted(set(figures.FIGURES) - used)}"
+
+
+def test_the_b64_lstm_sentence_says_which_row_the_results_file_has_faster():
+    """scan_vs_loop.md's words around the B=64 comparison of `nn.LSTM` over the whole sequence with the scan
+    say which was faster in the results file (they once said "the fused library LSTM wins" above figures in
+    which the scan led)."""
+    figures = load_figures()
+    seq, scan = (figures.bench_row(figures.MAIN, m, "forward", 64, 1000)["per_step_us"]
+                 for m in ("torch-lstm-seq", "jax-scan-auto"))
+    page = (ROOT / "docs" / "scan_vs_loop.md").read_text()
+    start = page.index("**`nn.LSTM` over the whole sequence**")
+    paragraph = figures.MARKER.sub(lambda m: m.group(2), page[start:page.index("\n\n", start)])
+    says = ("the scan still leads" in paragraph, "wins" in paragraph)  # (the scan faster, nn.LSTM faster)
+    assert says == (scan < seq, scan >= seq), (
+        f"nn.LSTM {seq:.1f} vs scan {scan:.1f} µs per step at B=64, but the page says: {paragraph!r}")
