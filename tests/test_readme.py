@@ -71,3 +71,17 @@ def test_the_b64_lstm_sentence_says_which_row_the_results_file_has_faster():
     says = ("the scan still leads" in paragraph, "wins" in paragraph)  # (the scan faster, nn.LSTM faster)
     assert says == (scan < seq, scan >= seq), (
         f"nn.LSTM {seq:.1f} vs scan {scan:.1f} µs per step at B=64, but the page says: {paragraph!r}")
+
+
+def test_vae_experiments_says_what_the_default_is_as_the_code_has_it():
+    """docs/vae_experiments.md logs runs made under earlier defaults, but where it says in the present tense
+    what the default is, that is `train vae`'s default today: it once said "It is the default" of length
+    bucketing and "The default keeps rdkit's data" after both had changed (random batches, MOSES's data)."""
+    from jax_scan_rnn.tasks.vae import VAETask
+
+    task = VAETask()
+    text = " ".join((ROOT / "docs" / "vae_experiments.md").read_text().split())
+    bucketing = text[text.index("- Length bucketing costs no validity"):]
+    bucketing = bucketing[:bucketing.index(" - ")]
+    assert ("It is the default." in bucketing) == (task.bucket_pool > 0), bucketing
+    assert ("The default keeps rdkit's data" in text) == (task.data == "rdkit"), f"train vae's default data: {task.data}"
