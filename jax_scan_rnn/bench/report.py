@@ -194,7 +194,8 @@ def markdown(results: dict, plots: dict[str, str] | None = None) -> str:
         f"{cfg['repeats']} timed samples (at least {cfg['min_repeats']}) after a warm-up call, divided by T; "
         "every ratio compares two medians of the same cell of this run. `vs seed`: how many times faster "
         "than the seed's loop (higher is better). `vs limit`: how many times slower than the limit row, the "
-        "same FLOPs with the time dependency removed (1× is the floor). Train step: value + grad + Adam "
+        "same FLOPs with the time dependency removed (a reference, not a bound: a row below 1× ran faster than "
+        "the limit's batched code). Train step: value + grad + Adam "
         "update of the trading loss; the jsr rows through `TrainStep`, as `fit` takes it.",
         "",
     ]
