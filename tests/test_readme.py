@@ -85,3 +85,22 @@ def test_vae_experiments_says_what_the_default_is_as_the_code_has_it():
     bucketing = bucketing[:bucketing.index(" - ")]
     assert ("It is the default." in bucketing) == (task.bucket_pool > 0), bucketing
     assert ("The default keeps rdkit's data" in text) == (task.data == "rdkit"), f"train vae's default data: {task.data}"
+
+
+def test_tuning_cpu_states_the_thin_matmul_rule_the_cells_apply():
+    """`cells.matmul` writes x @ w as broadcast products when K <= THIN_MATMUL_DIM, or when N is and x has at
+    most THIN_OUTPUT_MAX_ROWS rows; tuning_cpu.md once said "any product with a side of at most 4", which the
+    B=64 readout (a dot since the peers' measurement) contradicts."""
+    import jax
+    import jax.numpy as jnp
+
+    from jax_scan_rnn import cells
+
+    def uses_dot(x, w):
+        return "dot_general" in str(jax.make_jaxpr(cells.matmul)(x, w))
+
+    assert cells.THIN_OUTPUT_MAX_ROWS == 1
+    assert not uses_dot(jnp.ones((1, 64)), jnp.ones((64, 2))) and uses_dot(jnp.ones((64, 64)), jnp.ones((64, 2)))
+    assert not uses_dot(jnp.ones((64, 2)), jnp.ones((2, 256)))
+    text = " ".join((ROOT / "docs" / "tuning_cpu.md").read_text().split())
+    assert "any product with a side of at most 4" not in text and "for a single row" in text
