@@ -116,7 +116,7 @@ try:
     print("the seed answer's @torch.jit.script_method on an nn.Module: callable here, but nothing is compiled")
 except TypeError as err:  # the expected outcome in torch 2.13: shown as a result, not a crash
     print(f"the seed answer's @torch.jit.script_method on an nn.Module fails, as expected (TypeError: {err}); "
-          "torch.jit.script of a function is the working form, used below")
+          "torch.jit.script without it is the working form (of the module, or, used below, of the loop function)")
 print(f"public torch.scan exists: {hasattr(torch, 'scan')}; prototype available: "
       f"{scan_available()}")
 

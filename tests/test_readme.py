@@ -104,3 +104,57 @@ def test_tuning_cpu_states_the_thin_matmul_rule_the_cells_apply():
     assert not uses_dot(jnp.ones((64, 2)), jnp.ones((2, 256)))
     text = " ".join((ROOT / "docs" / "tuning_cpu.md").read_text().split())
     assert "any product with a side of at most 4" not in text and "for a single row" in text
+
+
+SEED_ANSWER_MODULE = '''
+import torch
+from typing import Optional, Tuple
+
+
+class Traveller(torch.nn.Module):  # the seed answer's module, its @torch.jit.script_method line removed
+    def __init__(self, num_inputs: int, hidden_size: int, num_layers: int, dropout: float):
+        super().__init__()
+        self.lstm_layers = torch.nn.LSTM(input_size=num_inputs + 2, hidden_size=hidden_size,
+                                         num_layers=num_layers, dropout=dropout, batch_first=True)
+        self.output_layer = torch.nn.Linear(in_features=hidden_size, out_features=2)
+        self.activation = torch.nn.Tanh()
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        assert (inputs.shape[1] == 1), "window should always be 1 since we're not using sequences"
+        hidden_state: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+        prev_position = torch.zeros((1, 1, 2), device=inputs.device, dtype=inputs.dtype)
+        positions_list = []
+        seq_len = inputs.size(0)
+        for t in range(seq_len):
+            current_inputs = inputs[t : t + 1]
+            input_data = torch.cat([prev_position, current_inputs], dim=2)
+            lstm_out, hidden_state = self.lstm_layers(input_data, hidden_state)
+            out = self.output_layer(lstm_out)
+            position = self.activation(out)
+            prev_position = position
+            positions_list.append(position)
+        positions = torch.cat(positions_list, dim=0).squeeze(dim=1)
+        assert positions.shape == (inputs.shape[0], 2)
+        return positions
+'''
+
+
+def test_torch_jit_script_of_the_seed_answers_module_works_as_the_docs_say(tmp_path, monkeypatch):
+    """The seed answer's module, without its `@torch.jit.script_method`, scripts with `torch.jit.script(model)`
+    (its hidden state is annotated Optional) and gives the eager module's positions; seeds.md once said scripting
+    the module fails and only a function works."""
+    import importlib
+    import warnings
+
+    torch = pytest.importorskip("torch")
+    (tmp_path / "seed_answer.py").write_text(SEED_ANSWER_MODULE)  # TorchScript reads the source from a file
+    monkeypatch.syspath_prepend(str(tmp_path))
+    model = importlib.import_module("seed_answer").Traveller(8, 16, 2, 0.0).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # TorchScript is deprecated, and still works
+        scripted = torch.jit.script(model)
+    x = torch.randn(20, 1, 8)
+    with torch.no_grad():
+        assert torch.equal(scripted(x), model(x))
+    seeds = " ".join((ROOT / "docs" / "seeds.md").read_text().split())
+    assert "scripting the seed's module as written fails" not in seeds and "`torch.jit.script(model)`" in seeds
