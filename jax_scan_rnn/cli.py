@@ -524,6 +524,15 @@ def data_change(saved: dict, now: dict) -> str | None:
     return "its training period's mean, std or covariance"
 
 
+# Why a VAE run's data may not read back as the molecules it trained on while its file is unchanged: since
+# 2026-12-06 the SMILES reader keeps each molecule once however it is written, applies --max-length to the Kekulé
+# form learnt and counts --limit in distinct molecules, so a run saved before reads its --data (rdkit's own file
+# included) into other molecules and another split. A run saved before 2026-12-04 recorded no digest to compare.
+VAE_DATA_DIFFERS = "the file changed since, or the run predates this version's SMILES reader (2026-12-06)"
+VAE_DATA_UNRECORDED = ("the run predates the record of the molecules it trained on (2026-12-04), and SMILES files "
+                       "have been read into other molecules since (2026-12-06): its split could not be checked")
+
+
 def check_resume(out: Path, args: argparse.Namespace, task, cfg, data: dict | None = None,
                  saved: dict | None = None) -> None:
     """--resume: the settings saved with the run against this command's. A difference is refused, naming each
@@ -562,9 +571,13 @@ def check_resume(out: Path, args: argparse.Namespace, task, cfg, data: dict | No
             if key == "data_stats":
                 what = data_change(saved[key], value)
             else:
-                what = None if saved[key] == value else "its molecules"
+                what = None if saved[key] == value else f"its molecules: {VAE_DATA_DIFFERS}"
             if what is not None:
                 changed.append(f"the data in --data {task.data} ({what})")
+        elif key == "data_sha256" and task.smiles_check:  # (other text is read as it was)
+            warnings.warn(f"--resume: {VAE_DATA_UNRECORDED}; training goes on with the molecules of --data "
+                          f"{task.data} as this version reads them, and the final report's test molecules may include "
+                          "ones the run trained on")
     if not changed:
         return
     if not args.override:
@@ -1259,10 +1272,15 @@ def cmd_evaluate_vae(args: argparse.Namespace) -> int:
     # model's, not the one its data would build)
     dataset = task_lib.load_dataset(task, vocab)
     saved = checkpoint.read_metadata(Path(args.checkpoint) / CHECKPOINT_DIR, step)
-    if saved.get("data_sha256", dataset.digest) != dataset.digest:  # (a run that predates the digest: not compared)
+    if "data_sha256" not in saved:
+        if task.smiles_check:  # (other text is read as it was)
+            warnings.warn(f"--checkpoint: {VAE_DATA_UNRECORDED}; its test molecules as this version reads --data "
+                          f"{task.data} may include ones it trained on")
+    elif saved["data_sha256"] != dataset.digest:
         raise ValueError(f"--checkpoint: the run's data file {task.data} is not the data it was trained on (its "
-                         "molecules changed since): its test split would hold other molecules, maybe ones the model "
-                         "trained on; restore the file, or score other molecules with sample vae and your own metrics")
+                         f"molecules as read now differ: {VAE_DATA_DIFFERS}): its test split would hold other "
+                         "molecules, maybe ones the model trained on; restore the file or evaluate with the version "
+                         "that trained the run, or score other molecules with sample vae and your own metrics")
     task = dataclasses.replace(task, eval_samples=args.n)
     # The run's own seed, as its final evaluation drew them: -n of its --eval-samples gives its evaluation.json's
     # samples, not another draw of them (a run saved before its seed was recorded: 0, as it then drew)

@@ -1,7 +1,9 @@
 """The VAE training recipe and its CLI on a tiny corpus: schedules, exact batches, train/sample/evaluate."""
 from __future__ import annotations
 
+import dataclasses
 import json
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -444,8 +446,9 @@ def test_cli_resume_continues_the_run(corpus, tmp_path, monkeypatch, capsys):
     capsys.readouterr()
     assert main([*args, "--steps", "10", "--resume"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.endswith(f"other settings (the data in --data {corpus} (its molecules)); give the same options, or "
-                        "add --override to continue with the new ones") and len(err.splitlines()) == 1, err
+    assert err.endswith(f"other settings (the data in --data {corpus} (its molecules: the file changed since, or the "
+                        "run predates this version's SMILES reader (2026-12-06))); give the same options, or add "
+                        "--override to continue with the new ones") and len(err.splitlines()) == 1, err
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     assert main(["train", "traveller", "--out", str(out), "--resume"]) == 2  # the other model's command: named
     assert f"--out: {out} holds a run of the vae model, not of the traveller" in capsys.readouterr().err
@@ -916,7 +919,7 @@ def test_sample_and_evaluate_read_their_options_and_export_records_the_kekule_fo
     corpus.write_text(original + "CCCCCCCCCCCO\n")
     assert main(["train", "vae", "--out", str(out), "--resume"]) == 2
     err = capsys.readouterr().err
-    assert f"(the data in --data {corpus} (its molecules))" in err, err
+    assert f"(the data in --data {corpus} (its molecules: the file changed since, or the run predates " in err, err
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     corpus.write_text(original)
     # A --warmup-steps not given follows a given --steps, as in a fresh run: a tenth of 10, where the run had none.
@@ -998,15 +1001,48 @@ def test_evaluate_reads_the_runs_vocabulary_and_refuses_data_changed_since(corpu
     assert main(["evaluate", "vae", "--checkpoint", str(out), "-n", "5"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.endswith(f"--checkpoint: the run's data file {corpus} is not the data it was trained on (its molecules "
-                        "changed since): its test split would hold other molecules, maybe ones the model trained on; "
-                        "restore the file, or score other molecules with sample vae and your own metrics"), err
-    # A run saved before runs recorded their data's digest: nothing to compare, evaluated as before.
+                        "as read now differ: the file changed since, or the run predates this version's SMILES reader "
+                        "(2026-12-06)): its test split would hold other molecules, maybe ones the model trained on; "
+                        "restore the file or evaluate with the version that trained the run, or score other molecules "
+                        "with sample vae and your own metrics"), err
+    # A run saved before runs recorded their data's digest: nothing to compare, evaluated as before, but said in
+    # one line (the reader has changed since: its split may not be the run's)
     from jax_scan_rnn import checkpoint
 
     read = checkpoint.read_metadata
     monkeypatch.setattr(checkpoint, "read_metadata",
                         lambda *a, **k: {key: v for key, v in read(*a, **k).items() if key != "data_sha256"})
     assert main(["evaluate", "vae", "--checkpoint", str(out), "-n", "5"]) == 0
+    err = capsys.readouterr().err.strip()
+    assert err == ("jax-scan-rnn evaluate vae: warning: --checkpoint: the run predates the record of the molecules it "
+                   "trained on (2026-12-04), and SMILES files have been read into other molecules since (2026-12-06): "
+                   f"its split could not be checked; its test molecules as this version reads --data {corpus} may "
+                   "include ones it trained on"), err
+
+
+def test_resuming_a_run_that_predates_its_data_record_says_its_split_is_unchecked(corpus, tmp_path):
+    # A VAE run saved before 2026-12-04 recorded no digest of its molecules, and the SMILES reader has changed since
+    # (a run's file read into other molecules, another split): --resume goes on, but says so in one line.
+    import argparse
+
+    from jax_scan_rnn.cli import check_resume
+    from jax_scan_rnn.train import TrainConfig
+
+    task, cfg = tiny(corpus), TrainConfig(steps=4)
+    saved = {"model": "vae", "task": task.to_json(), "train_config": dataclasses.asdict(cfg)}
+    args = argparse.Namespace(resume=True, override=False)
+    with pytest.warns(UserWarning) as record:
+        check_resume(tmp_path, args, task, cfg, {"data_sha256": "ab"}, saved)
+    assert [str(w.message) for w in record] == [
+        "--resume: the run predates the record of the molecules it trained on (2026-12-04), and SMILES files have "
+        "been read into other molecules since (2026-12-06): its split could not be checked; training goes on with "
+        f"the molecules of --data {corpus} as this version reads them, and the final report's test molecules may "
+        "include ones the run trained on"]
+    with warnings.catch_warnings():  # a run with its record: compared, nothing to say when it matches
+        warnings.simplefilter("error")
+        check_resume(tmp_path, args, task, cfg, {"data_sha256": "ab"}, {**saved, "data_sha256": "ab"})
+        lines = dataclasses.replace(task, smiles_check=False)  # whole lines, read as they were: nothing to say
+        check_resume(tmp_path, args, lines, cfg, {"data_sha256": "ab"}, {**saved, "task": lines.to_json()})
 
 
 # ----------------------------------------------------------------------------------------------------
