@@ -326,8 +326,10 @@ def _check(directory: str | os.PathLike, step: int) -> tuple[str, ...]:
         files = {rel: (int(v["size"]), str(v["sha256"])) for rel, v in manifest["files"].items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise CheckpointError(f"checkpoint {path}: {MANIFEST} is unreadable ({e})") from e
-    if fmt != FORMAT_VERSION:
-        raise CheckpointError(f"checkpoint {path}: format {fmt!r} in {MANIFEST}, this version reads {FORMAT_VERSION}")
+    if fmt != FORMAT_VERSION:  # 1: jax-scan-rnn before 2026-12-01, its own orbax layout (metadata.json, tree.json)
+        by = "an older" if isinstance(fmt, int) and fmt < FORMAT_VERSION else "another"
+        raise CheckpointError(f"checkpoint {path}: format {fmt!r} in {MANIFEST}, written by {by} jax-scan-rnn; this "
+                              f"version reads format {FORMAT_VERSION} only: load it with the version that wrote it")
     if mstep != step:
         raise CheckpointError(f"checkpoint {path}: {MANIFEST} says step {mstep!r}, directory says {step}")
     on_disk = set(_files(path)) - {MANIFEST}

@@ -142,6 +142,19 @@ def test_truncated_manifest_is_detected(tmp_path):
         ckpt.restore(tmp_path, 4)
 
 
+def test_a_checkpoint_of_another_format_is_named_as_another_versions(tmp_path):
+    # A run saved before 2026-12-01 (format 1) is refused, saying it is an older version's and what to do, not only
+    # that the numbers differ; its files are left as they are.
+    path = ckpt.save(tmp_path, 4, {"w": jnp.ones(3)})
+    manifest = path / "MANIFEST.json"
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "format": 1}))
+    with pytest.raises(CheckpointError) as err:
+        ckpt.restore(tmp_path, 4)
+    assert str(err.value) == (f"checkpoint {path}: format 1 in MANIFEST.json, written by an older jax-scan-rnn; this "
+                              "version reads format 2 only: load it with the version that wrote it")
+    assert manifest.is_file() and ckpt.steps(tmp_path) == [4]
+
+
 def test_missing_and_extra_files_are_detected(tmp_path):
     path = ckpt.save(tmp_path, 5, {"w": jnp.ones(3)})
     victim = data_file(path)
