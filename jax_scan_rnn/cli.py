@@ -709,7 +709,11 @@ def cmd_train_traveller(args: argparse.Namespace) -> int:
     out = Path(args.out)
     dp = data_parallel(args, task.batch_size)
     with output_directory(out, args.resume):
-        check_resume(out, args, task, cfg, None if stats is None else {"data_stats": stats.to_json()}, saved)
+        now = None if stats is None else stats.to_json()
+        digest = saved and saved.get("data_stats", {}).get("data_sha256")
+        if now and digest and task_lib.data_digest_matches(data, digest):  # the same data, an older run's digest
+            now["data_sha256"] = digest
+        check_resume(out, args, task, cfg, now and {"data_stats": now}, saved)
         market = "your data" if data is not None else f"the simulated market, {task.market.num_assets} assets"
         print(f"training the Traveller ({task.objective} objective, {market}) for {args.steps} steps on {dp.size} "
               f"device(s) -> {out}")
@@ -800,7 +804,7 @@ def traveller_data(task, stats, path: str | None, *, returns: bool = True, fill:
         raise ValueError(f"--checkpoint: the run's data file {source} now has {data.num_steps} steps per path, "
                          f"{stats.num_steps} when the model was trained: its periods would move; pass --data FILE "
                          "to evaluate on a file as a whole")
-    if path is None and stats.data_sha256 and task_lib.data_digest(data) != stats.data_sha256:
+    if path is None and stats.data_sha256 and not task_lib.data_digest_matches(data, stats.data_sha256):
         raise ValueError(f"--checkpoint: the run's data file {source} is not the data the model was trained on (its "
                          "values changed since, or the run was given other data in Python): its periods would be "
                          "scored on other values; pass --data FILE to evaluate on a file as a whole")

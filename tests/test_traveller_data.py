@@ -298,6 +298,33 @@ def test_export_loads_into_the_seeds_class_and_gives_the_same_positions(run, fmt
     np.testing.assert_allclose(got[0], want.numpy(), rtol=0, atol=POSITION_ATOL)
 
 
+def test_a_run_saving_the_first_data_digest_is_evaluated_and_resumed_on_its_unchanged_file(run, tmp_path, capsys,
+                                                                                             monkeypatch):
+    """Runs saved 2026-12-05 23:27 to 2026-12-06 01:02 UTC recorded their data's sha256 over its float64 values in
+    the file's path order (the digest since reads float32 values in the paths' label order): their unchanged file
+    is the data they trained on, not one revised since (evaluate refused it, --resume named it as changed)."""
+    import hashlib
+    import shutil
+
+    folder, out, _, _ = run
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)  # --resume writes into the run: the module's run stays as it is
+    meta = checkpoint.read_metadata(copy / "checkpoints")
+    data = task_lib.read_data(task_lib.TravellerTask.from_json(meta["task"]))
+    first = hashlib.sha256(json.dumps([data.feature_names, data.asset_names, data.features.shape,
+                                       data.returns.shape]).encode())
+    for values in (data.features, data.returns):  # the digest as c451e79 wrote it
+        first.update(np.ascontiguousarray(values, np.float64).tobytes())
+    assert first.hexdigest() != meta["data_stats"]["data_sha256"]
+    read = checkpoint.read_metadata
+    monkeypatch.setattr(checkpoint, "read_metadata", lambda *a, **k: {
+        **read(*a, **k), "data_stats": {**read(*a, **k)["data_stats"], "data_sha256": first.hexdigest()}})
+    capsys.readouterr()
+    assert main(["evaluate", "traveller", "--checkpoint", str(copy), "--plot", str(tmp_path / "p.png")]) == 0
+    assert main(["train", "traveller", "--out", str(copy), "--resume"]) == 0, capsys.readouterr().err
+    assert "the data in --data" not in capsys.readouterr().err
+
+
 def test_resume_on_a_data_file_that_changed_is_refused_unless_overridden(run, capsys):
     """Rows appended or a value revised since the run started: training would go on with another split and
     standardisation, so --resume names it as a changed setting (exit 2, one line, the run untouched)."""
