@@ -350,3 +350,19 @@ def test_a_run_saved_with_the_old_market_field_reads_its_risk_aversion_and_cost_
         saved.pop(key)
     task = task_lib.TravellerTask.from_json({**saved, "market": {"num_assets": 3, "gamma": 5.0, "lam": 7.0}})
     assert (task.num_assets, task.risk_aversion, task.cost_scale) == (3, 5.0, 7.0)
+
+
+def test_a_run_saved_with_an_old_market_of_other_parameters_is_refused():
+    # Runs of 2026-12-01 04:08-06:27 UTC saved the whole MarketConfig; its signal and noise parameters, which a
+    # Python user could set, are no fields now: such a run is refused, not read as the default market's.
+    import dataclasses
+
+    from jax_scan_rnn.data import trading
+
+    saved = task_lib.TravellerTask().to_json()
+    market = {**dataclasses.asdict(trading.MarketConfig()), "phi_fast": 0.1}
+    with pytest.raises(ValueError, match=r"^market: the run's market has \{'phi_fast': 0.1\}, which this version cannot "
+                                         r"simulate \(only num_assets, gamma and lam are options now\); load it with"):
+        task_lib.TravellerTask.from_json({**saved, "market": market})
+    market["phi_fast"] = trading.MarketConfig().phi_fast  # the default market: read as before
+    assert task_lib.TravellerTask.from_json({**saved, "market": market}).market == trading.MarketConfig()

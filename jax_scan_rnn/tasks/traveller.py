@@ -138,6 +138,13 @@ class TravellerTask:
         data = dict(data)
         market = data.pop("market", None)  # runs saved before the objective was a set of flags
         if market is not None:
+            # Its other parameters (set in Python then) have no field now: a run with other values is refused
+            # rather than evaluated or resumed on the default market
+            default = asdict(trading.MarketConfig())
+            other = {k: v for k, v in market.items() if k not in ("num_assets", "gamma", "lam") and v != default.get(k)}
+            if other:
+                raise ValueError(f"market: the run's market has {other}, which this version cannot simulate (only "
+                                 "num_assets, gamma and lam are options now); load it with the version that trained it")
             data.update(num_assets=market["num_assets"], risk_aversion=market["gamma"], cost_scale=market["lam"])
         return cls(**data)
 
