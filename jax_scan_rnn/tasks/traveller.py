@@ -189,7 +189,6 @@ def data_digest(data: market_data.MarketData) -> str:
     return digest.hexdigest()
 
 
-
 def data_digest_matches(data: market_data.MarketData, saved: str | None) -> bool:
     """Whether `saved` (a run's `DataStats.data_sha256`) is the digest of `data`: `data_digest`'s, or the one runs
     saved from 2026-12-05 23:27 to 2026-12-06 01:02 UTC (the values in float64, the paths in the file's order), so
@@ -201,6 +200,7 @@ def data_digest_matches(data: market_data.MarketData, saved: str | None) -> bool
     for values in (data.features, data.returns):
         digest.update(np.ascontiguousarray(values, np.float64).tobytes())
     return saved == digest.hexdigest()
+
 
 def _columns(text: str | None) -> list[str] | None:
     return None if text is None else [part.strip() for part in text.split(",") if part.strip()]
