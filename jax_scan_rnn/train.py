@@ -232,7 +232,8 @@ def _check_loss_output(out: Any) -> tuple[Array, dict[str, Array]]:
 
 
 def _key_impl(x: Any) -> str | None:
-    return str(jax.random.key_impl(x)) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else None
+    dtype = getattr(x, "dtype", None)  # None: a Python scalar in an nnx.Variable (jit takes it as an array)
+    return str(jax.random.key_impl(x)) if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key) else None
 
 
 class TrainStep:
@@ -752,10 +753,12 @@ def restore_model(out_dir: str | os.PathLike, model: nnx.Module, step: int | Non
         value = restored.state.get(f"{prefix}{name}")
         if value is None:
             raise ckpt.CheckpointError(f"checkpoint {restored.path}: no model leaf {name!r} (a different model?)")
-        if tuple(np.shape(value)) != tuple(np.shape(leaf)) or value.dtype != leaf.dtype:  # (typed rng keys too)
+        # a Python scalar in an nnx.Variable was trained (and saved) as the array jit made of it
+        dtype = leaf.dtype if hasattr(leaf, "dtype") else jnp.result_type(leaf)
+        if tuple(np.shape(value)) != tuple(np.shape(leaf)) or value.dtype != dtype:  # (typed rng keys too)
             raise ckpt.CheckpointError(f"checkpoint {restored.path}: leaf {name!r} has shape "
                                        f"{tuple(np.shape(value))} dtype {value.dtype}, the model expects "
-                                       f"{tuple(np.shape(leaf))} dtype {leaf.dtype}")
+                                       f"{tuple(np.shape(leaf))} dtype {dtype}")
         values.append(jax.device_put(value, leaf.sharding if isinstance(leaf, jax.Array) else None))
     nnx.update(model, jax.tree.unflatten(treedef, values))
     return restored

@@ -1050,6 +1050,31 @@ def test_fit_trains_with_an_optax_transformation_of_ones_own(tmp_path):
         fit(DropMLP(nnx.Rngs(0)), loss_fn, batch_fn, cfg, optimizer=optax.sgd)
 
 
+class ScalarStateMLP(nnx.Module):
+    """A model whose Variables hold Python scalars, as `nnx.Variable(0)` does: a call counter and a fixed scale."""
+
+    def __init__(self, rngs: nnx.Rngs):
+        self.lin = nnx.Linear(4, 1, rngs=rngs)
+        self.calls = nnx.Variable(0)
+        self.scale = nnx.Variable(0.5)
+
+    def __call__(self, x):
+        self.calls.set_value(self.calls.get_value() + 1)
+        return self.lin(x) * self.scale.get_value()
+
+
+def test_fit_trains_and_restores_a_model_whose_variables_hold_python_scalars(tmp_path):
+    # jit takes a Python scalar leaf as an array; TrainStep read every state leaf's .dtype and failed with
+    # "AttributeError: 'int' object has no attribute 'dtype'" before the first update (restore_model the same).
+    model = ScalarStateMLP(nnx.Rngs(0))
+    fit(model, mse_fn, batch_fn, TrainConfig(steps=3, log_every=1), out_dir=tmp_path)
+    assert int(model.calls.get_value()) == 3  # carried: one forward pass per update
+    restored = ScalarStateMLP(nnx.Rngs(1))
+    assert restore_model(tmp_path, restored).step == 3
+    assert int(restored.calls.get_value()) == 3 and float(restored.scale.get_value()) == 0.5
+    np.testing.assert_array_equal(restored.lin.kernel[...], model.lin.kernel[...])
+
+
 def test_steps_per_s_is_the_rate_since_the_last_row(monkeypatch):
     # A clock that moves only when batch_fn is called: one second per update after the first (whose batch fit
     # fetched before the loop), so each row's window is timed from the row before, not from the run's start.
