@@ -103,7 +103,12 @@ def put_batch(batch, sharding: jax.sharding.Sharding):
     is a function of the step) and contributes the rows of its own devices: process p the p-th of
     `process_count` equal row blocks (the devices of a mesh from `jax.devices()` are ordered by process).
     """
-    for x in jax.tree.leaves(batch):
+    spec = getattr(sharding, "spec", None)  # a NamedSharding's PartitionSpec: one entry per leading axis it places
+    for path, x in jax.tree_util.tree_flatten_with_path(batch)[0]:
+        if spec is not None and np.ndim(x) < len(spec):  # JAX's error: an IndexError, or one naming no batch
+            raise ValueError(f"batch{jax.tree_util.keystr(path)}: expected an array whose leading axes {spec} splits "
+                             f"(the batch axis first), got shape {np.shape(x)}; give a per-batch scalar one entry per "
+                             "row (np.full((B,), value))")
         try:
             sharding.shard_shape(np.shape(x))
         except ValueError:  # JAX's IndivisibleError names no batch

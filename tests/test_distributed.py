@@ -182,6 +182,28 @@ def test_data_parallel_splits_the_batch_axis_and_replicates_the_state():
                                    "array of shape (6, 2)"), seen["indivisible"]  # (it was JAX's IndivisibleError)
 
 
+def test_a_batch_leaf_without_the_axes_the_sharding_splits_is_named():
+    # A per-batch scalar (a KL weight from batch_fn) beside data_sharding failed deep in JAX: on 4 devices an
+    # IndexError from its sharding code, on a 1-device mesh a ValueError naming no batch leaf. Any 1-device mesh
+    # shows it, in this process.
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from jax_scan_rnn.distributed import put_batch
+
+    mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
+    batch = {"x": np.ones((4, 2), np.float32), "beta": np.float32(0.5)}
+    with pytest.raises(ValueError, match=r"^batch\['beta'\]: expected an array whose leading axes P\('data',\) "
+                                         r"splits \(the batch axis first\), got shape \(\); "):
+        put_batch(batch, NamedSharding(mesh, PartitionSpec("data")))
+    with pytest.raises(ValueError, match=r"^batch\['x'\]: .* got shape \(4, 2\); "):
+        put_batch({"x": batch["x"]}, NamedSharding(mesh, PartitionSpec(None, None, "data")))
+    placed = put_batch({"x": batch["x"], "beta": np.full((4,), 0.5, np.float32)},
+                       NamedSharding(mesh, PartitionSpec("data")))
+    np.testing.assert_array_equal(placed["beta"], np.full((4,), 0.5, np.float32))  # what the message says to give
+
+
 def test_each_process_feeds_the_rows_of_its_own_devices(monkeypatch):
     # The multi-process branch of put_batch, without several processes (tests/test_multihost.py runs two, slowly):
     # process p of N contributes the p-th of N equal row blocks of the global batch, every leaf alike.
