@@ -503,7 +503,7 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
       checkpoint.CheckpointError: `resume` found checkpoints, but none valid (and one with its manifest).
       TrainingStopped: `stop()` said so; its checkpoint is written.
       ValueError: `resume` found a checkpoint whose state another model or optimiser saved (leaf names, shapes and
-        dtypes must match), naming the first difference.
+        dtypes must match), naming the first difference; or `batch_fn` raised StopIteration (its data ran out).
     """
     t_start = time.time()
     validate.instance("cfg", cfg, TrainConfig)
@@ -536,7 +536,7 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
         batch = validate.from_torch(batch)  # a torch DataLoader's tensors: data, as jsr.jit takes them
         return batch if data_sharding is None else put_batch(batch, data_sharding)
 
-    first_batch = batch_fn(0)
+    first_batch = _batch(batch_fn, 0, cfg.steps)
     own = optimizer is not None
     step = TrainStep(model, loss_fn, optimizer if own else make_optimizer(cfg), put(first_batch),
                      None if own else make_lr_schedule_for(cfg))
@@ -561,7 +561,7 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
     try:
         with log:
             for k in range(start + 1, cfg.steps + 1):
-                carry = step(carry, put(first_batch if k == 1 else batch_fn(k - 1)))
+                carry = step(carry, put(first_batch if k == 1 else _batch(batch_fn, k - 1, cfg.steps)))
                 final = k == cfg.steps
                 stopping = not final and _stop_now(stop, k, cfg)
                 do_log = k % cfg.log_every == 0 or final
@@ -614,6 +614,17 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
               "reason": "matplotlib is not installed: pip install 'jax-scan-rnn[plot]'"})
     emit({"event": "end", "step": k, "elapsed_s": time.time() - t_start})
     return history
+
+
+def _batch(batch_fn: Callable[[int], Batch], i: int, steps: int) -> Batch:
+    """`batch_fn(i)`; a StopIteration it raises (an iterator run out) as a ValueError: left alone, it ends
+    the loop of any iterator that `fit` runs inside (`map(train, seeds)` silently yields fewer runs)."""
+    try:
+        return batch_fn(i)
+    except StopIteration as err:
+        raise ValueError(f"batch_fn({i}): expected the batch of update {i + 1} of {steps}, got StopIteration (an "
+                         "iterator that ran out?); batch_fn(i) must give a batch for every i < cfg.steps, a "
+                         "function of the step, e.g. batches[i % len(batches)]") from err
 
 
 def earlier_run(out_dir: str | os.PathLike) -> str | None:

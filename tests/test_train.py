@@ -1075,6 +1075,17 @@ def test_fit_trains_and_restores_a_model_whose_variables_hold_python_scalars(tmp
     np.testing.assert_array_equal(restored.lin.kernel[...], model.lin.kernel[...])
 
 
+def test_a_batch_fn_whose_iterator_runs_out_is_named_and_stops_no_loop_around_fit():
+    # batch_fn's StopIteration left fit as a bare StopIteration: it ended the loop of any iterator fit ran in,
+    # so list(map(train, seeds)) returned fewer runs than seeds, silently.
+    def train(seed):
+        batches = iter([batch_fn(0), batch_fn(1)])
+        return fit(nnx.Linear(4, 1, rngs=nnx.Rngs(seed)), mse_fn, lambda i: next(batches), TrainConfig(steps=4))
+
+    with pytest.raises(ValueError, match=r"^batch_fn\(2\): expected the batch of update 3 of 4, got StopIteration"):
+        list(map(train, [0, 1]))
+
+
 def test_steps_per_s_is_the_rate_since_the_last_row(monkeypatch):
     # A clock that moves only when batch_fn is called: one second per update after the first (whose batch fit
     # fetched before the loop), so each row's window is timed from the row before, not from the run's start.
