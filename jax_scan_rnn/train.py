@@ -367,8 +367,16 @@ class TrainStep:
         objs["optimizer"].update(objs["model"], grads)
         with_path, treedef = jax.tree_util.tree_flatten_with_path(nnx.state(objs))
         if treedef != self.treedef:  # trace-time checks: a step must not change the state's layout
-            raise ValueError(f"loss_fn: expected the model's state structure to stay the same during a step, "
-                             f"got {treedef} instead of {self.treedef}")
+            # named by leaf: the two treedefs printed whole ran to thousands of characters for a small MLP
+            before = ckpt.named_leaves(self.tree(old), "state")[0]
+            after = ckpt.named_leaves(nnx.state(objs), "state")[0]
+            added, removed = [n for n in after if n not in before], [n for n in before if n not in after]
+            change = "; ".join([*([f"new leaves {validate.listed(added, 4)}"] if added else []),
+                                *([f"leaves gone {validate.listed(removed, 4)}"] if removed else [])])
+            change = change or "the same leaves in other Variable types"
+            raise ValueError(f"loss_fn: expected the model's state structure to stay the same during a step, got "
+                             f"{change} (create every Variable in __init__; take what a call sows in loss_fn with "
+                             "nnx.capture(model, nnx.Intermediate))")
         new = self._raw([x for _, x in with_path])
         for (path, _), a, b in zip(with_path, new, old):
             if a.shape != b.shape or a.dtype != b.dtype:

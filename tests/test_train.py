@@ -290,6 +290,40 @@ def test_train_step_refuses_a_bad_loss_fn_and_model():
         TrainStep(m, lambda model, b: (mse_fn(model, b)[0], {"parts": {"a": 1.0}}), optax.adam(1e-2), batch_fn(0))
 
 
+class SowingMLP(nnx.Module):
+    """Records its hidden layer with `sow` (NNX's way to capture intermediates): a Variable made during the call."""
+
+    def __init__(self, rngs: nnx.Rngs):
+        self.lin = nnx.Linear(4, 16, rngs=rngs)
+        self.out = nnx.Linear(16, 1, rngs=rngs)
+
+    def __call__(self, x):
+        h = jnp.tanh(self.lin(x))
+        self.sow(nnx.Intermediate, "hidden", h)
+        return self.out(h)
+
+
+@pytest.mark.filterwarnings("ignore:Using 'Module.sow\\(\\)' outside of 'nnx.capture\\(\\)' is deprecated")
+def test_a_step_that_adds_state_names_the_new_leaves_and_capturing_them_trains():
+    # The message printed both state treedefs whole: ~2,000 characters for this two-layer MLP, tens of thousands
+    # for an LSTM, with the one new leaf somewhere inside.
+    step = TrainStep(SowingMLP(nnx.Rngs(0)), mse_fn, optax.adam(1e-2), batch_fn(0))
+    with pytest.raises(ValueError, match=r"^loss_fn: expected the model's state structure to stay the same during a "
+                                         r"step, got new leaves 'model/hidden/0' \(create every Variable in __init__; "
+                                         r"take what a call sows in loss_fn with nnx.capture\(model, "
+                                         r"nnx.Intermediate\)\)(\n|$)"):
+        step(step.init(), batch_fn(0))
+
+    def capturing_loss_fn(model, batch):  # what the message says to do
+        x, y = batch
+        prediction, sown = nnx.capture(model, nnx.Intermediate)(x)
+        return jnp.mean((prediction - y) ** 2), {"hidden_mean": jnp.mean(sown["hidden"][0])}
+
+    step = TrainStep(SowingMLP(nnx.Rngs(0)), capturing_loss_fn, optax.adam(1e-2), batch_fn(0))
+    window = step.read(step(step.init(), batch_fn(0)))["window"]
+    assert int(window["count"]) == 1 and np.isfinite(window["metrics"]["hidden_mean"])
+
+
 def test_eval_fn_leaves_the_model_untouched():
     m = DropMLP(nnx.Rngs(0))
     before = param_leaves(m)
