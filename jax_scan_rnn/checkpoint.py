@@ -148,6 +148,17 @@ def _leaf_name(path: tuple) -> str:
     return jax.tree_util.keystr(kept, simple=True, separator="/") or "_root"
 
 
+def check_metadata(metadata: Mapping[str, Any] | None) -> dict:
+    """``metadata`` as the dict :func:`save` writes (None: empty); TypeError if it is not JSON-serialisable
+    (NaN and inf included, which strict JSON lacks)."""
+    metadata = dict(metadata or {})
+    try:
+        json.dumps(metadata, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"metadata: expected a JSON-serialisable dict, got one that is not ({e})") from e
+    return metadata
+
+
 def save(directory: str | os.PathLike, step: int, state: Any, metadata: Mapping[str, Any] | None = None, *,
          keep: int | None = None) -> Path:
     """Write ``state`` (any pytree of arrays, e.g. an ``nnx.State``) as checkpoint ``step``, atomically.
@@ -175,11 +186,7 @@ def save(directory: str | os.PathLike, step: int, state: Any, metadata: Mapping[
 
     step = validate.integer("step", step, lo=0)
     validate.integer("keep", keep, lo=1, none=True)
-    metadata = dict(metadata or {})
-    try:
-        json.dumps(metadata, allow_nan=False)
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"metadata: expected a JSON-serialisable dict, got one that is not ({e})") from e
+    metadata = check_metadata(metadata)
     names, leaves, _ = named_leaves(state, "state")
     for name, leaf in zip(names, leaves):
         if not isinstance(leaf, (jax.Array, np.ndarray, np.generic, int, float, bool, complex)):

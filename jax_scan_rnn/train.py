@@ -525,7 +525,7 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
             if field.name in OPTIMIZER_FIELDS and getattr(cfg, field.name) != field.default:
                 raise ValueError(f"cfg.{field.name}: not read with optimizer= (set it in your optax transformation); "
                                  f"expected the default {field.default!r}, got {getattr(cfg, field.name)!r}")
-    metadata = {**(metadata or {})}
+    metadata = ckpt.check_metadata(metadata)  # now, not at the first checkpoint, checkpoint_every updates in
     for key in ("train_config", "logged_metrics"):
         if key in metadata:
             raise ValueError(f"metadata: expected no {key!r} key (fit adds it), got one")

@@ -874,6 +874,17 @@ def test_fit_argument_errors(tmp_path):
     assert np.all(np.isfinite(param_leaves(m)["['lin']['kernel'].value"]))
 
 
+def test_metadata_that_is_not_json_is_refused_before_the_first_update(tmp_path):
+    # It was refused by the first checkpoint's save, checkpoint_every updates (1000 by default) into the run, which
+    # then died with no checkpoint.
+    events = []
+    with pytest.raises(TypeError, match=r"^metadata: expected a JSON-serialisable dict, got one that is not \(Object "
+                                        r"of type float32 is not JSON serializable\)$"):
+        fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), mse_fn, batch_fn, TrainConfig(steps=2, log_every=1), out_dir=tmp_path,
+            metadata={"scale": np.float32(0.5)}, callback=events.append)
+    assert events == [] and not (tmp_path / METRICS_FILE).exists()
+
+
 def test_step_overhead_is_small():
     """Steady-state wall time per update of fit on a tiny model (measured ~60-110 us on 2 CPU cores,
     shared machine); a loose bound so that a regression to per-step graph traversal (~1 ms) fails."""
