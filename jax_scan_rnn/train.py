@@ -566,6 +566,7 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
     start = resumed.get("resumed_from") or 0
     emit({"event": "start", "step": start, "steps": cfg.steps, "resumed_from": resumed.get("resumed_from")})
     k, last_log, last_k = start, time.time(), start
+    said_no_gradient = False
     try:
         with log:
             for k in range(start + 1, cfg.steps + 1):
@@ -590,6 +591,15 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
                 times = {"lr": float(window["lr"]), "wall_time": now, "elapsed_s": now - t_start}
                 if do_log:
                     n = max(int(window["count"]), 1)
+                    if float(window["grad_norm"]) == 0 and window["count"] > 0 and not said_no_gradient:
+                        # nothing trains, and nothing else says so: a loss_fn calling a model from its enclosing
+                        # scope (a constant to jit) instead of its argument, or weights that are not nnx.Param
+                        said_no_gradient = True
+                        warnings.warn(f"fit: the gradient of the loss with respect to the model's nnx.Param was 0 in "
+                                      f"updates {k - int(window['count']) + 1}-{k}, so they did not change: does "
+                                      "loss_fn call the model it is given (its first argument), not one from the "
+                                      "enclosing scope, and are the weights nnx.Param?", UserWarning,
+                                      stacklevel=validate.user_stacklevel())
                     emit({"event": "log", **log.add({
                         "step": k, "split": "train", "loss": float(window["loss"]) / n,
                         "metrics": {m: float(v) / n for m, v in window["metrics"].items()},

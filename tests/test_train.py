@@ -885,6 +885,22 @@ def test_metadata_that_is_not_json_is_refused_before_the_first_update(tmp_path):
     assert events == [] and not (tmp_path / METRICS_FILE).exists()
 
 
+def test_a_loss_fn_that_calls_a_model_from_its_enclosing_scope_is_told_nothing_trains():
+    # That model is a constant to the traced step: the gradient was exactly 0, the model never changed, and fit
+    # logged its rows (grad_norm 0.0) in silence.
+    outer = nnx.Linear(4, 1, rngs=nnx.Rngs(0))
+    kernel = np.asarray(outer.kernel[...])
+    with pytest.warns(UserWarning, match=r"^fit: the gradient of the loss with respect to the model's nnx.Param was 0 "
+                                         r"in updates 1-2, so they did not change: does loss_fn call the model it is "
+                                         r"given \(its first argument\)"):
+        fit(outer, lambda model, batch: mse_fn(outer, batch), batch_fn, TrainConfig(steps=2, log_every=2))
+    np.testing.assert_array_equal(outer.kernel[...], kernel)  # what the warning says
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # the same model and loss, its argument called: trains, unwarned
+        fit(outer, mse_fn, batch_fn, TrainConfig(steps=2, log_every=2))
+    assert not np.array_equal(outer.kernel[...], kernel)
+
+
 def test_step_overhead_is_small():
     """Steady-state wall time per update of fit on a tiny model (measured ~60-110 us on 2 CPU cores,
     shared machine); a loose bound so that a regression to per-step graph traversal (~1 ms) fails."""
