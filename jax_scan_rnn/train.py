@@ -257,10 +257,12 @@ class TrainStep:
     call warns once: pad or bucket batches to a few fixed shapes.
     """
 
-    def __init__(self, model: nnx.Module, loss_fn: LossFn, tx: optax.GradientTransformation, batch: Batch,
-                 schedule: optax.Schedule | None = None):
+    def __init__(self, model: nnx.Module, loss_fn: LossFn, tx: optax.GradientTransformation | optax.MultiSteps,
+                 batch: Batch, schedule: optax.Schedule | None = None):
         validate.instance("model", model, nnx.Module)
         self.loss_fn = validate.function("loss_fn", loss_fn)
+        if isinstance(tx, optax.MultiSteps):  # optax's gradient accumulation: an object holding the transformation
+            tx = tx.gradient_transformation()
         validate.instance("tx", tx, optax.GradientTransformation)
         self.schedule = schedule
         # The optimiser's state built by one compiled `tx.init` instead of eager ops, each of which compiles a
@@ -449,7 +451,7 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
         resume: bool = False, callback: Callable[[dict], None] | None = None,
         metadata: Mapping[str, Any] | None = None, data_sharding: jax.sharding.Sharding | None = None,
         state_sharding: jax.sharding.Sharding | None = None, stop: Callable[[], bool] | None = None,
-        optimizer: optax.GradientTransformation | None = None) -> History:
+        optimizer: optax.GradientTransformation | optax.MultiSteps | None = None) -> History:
     """Train `model` in place for `cfg.steps` updates of Adam(W) on `loss_fn` (or of `optimizer`), with `TrainStep`.
 
     Args:
@@ -497,7 +499,8 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
         one asks); when it says True before the last update, `fit` writes a checkpoint of that update (with an
         `out_dir`) and raises `TrainingStopped`, so a preempted job loses no update: `resume=True` continues
         there, exactly as the uninterrupted run would have gone on.
-      optimizer: an optax transformation of your own (SGD, a Lion, a chain with your clipping) instead of the
+      optimizer: an optax transformation of your own (SGD, a Lion, a chain with your clipping; `optax.MultiSteps`
+        to accumulate gradients, `cfg.steps` then counting batches, k per update of the parameters) instead of the
         Adam(W) `make_optimizer(cfg)` builds. `cfg`'s optimiser fields (`OPTIMIZER_FIELDS`: learning rate,
         warmup, schedule, clipping, weight decay) are then not read and must keep their defaults (ValueError
         naming one that does not), and the rows' `lr` is NaN (not known; null in `metrics.jsonl`). Resuming
@@ -520,7 +523,7 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
     validate.function("stop", stop, none=True)
     emit = validate.function("callback", callback, none=True) or _unheard
     if optimizer is not None:
-        validate.instance("optimizer", optimizer, optax.GradientTransformation)
+        validate.instance("optimizer", optimizer, (optax.GradientTransformation, optax.MultiSteps))
         for field in TrainConfig.__dataclass_fields__.values():
             if field.name in OPTIMIZER_FIELDS and getattr(cfg, field.name) != field.default:
                 raise ValueError(f"cfg.{field.name}: not read with optimizer= (set it in your optax transformation); "

@@ -1147,6 +1147,28 @@ def test_a_batch_fn_whose_iterator_runs_out_is_named_and_stops_no_loop_around_fi
         list(map(train, [0, 1]))
 
 
+# optax.MultiSteps averages the gradients as it goes (acc += (g - acc) / k), in float32, another order of operations
+# than (g0 + g1) / 2: a few ulps of the kernel's O(1) entries
+MEAN_GRADIENT_ROUNDING = {"rtol": 1e-6, "atol": 1e-7}
+
+
+def test_optax_multisteps_accumulates_gradients_in_train_step_and_fit():
+    # optax's gradient accumulation is an object holding a transformation (optax's own examples pass it as the
+    # optimizer), not a GradientTransformation: fit and TrainStep refused it ("expected GradientTransformation").
+    model = nnx.Linear(4, 1, rngs=nnx.Rngs(0))
+    kernel = np.asarray(model.kernel[...])
+    grads = [nnx.grad(lambda m: mse_fn(m, batch_fn(i))[0])(model)["kernel"][...] for i in range(2)]
+    step = TrainStep(model, mse_fn, optax.MultiSteps(optax.sgd(0.1), every_k_schedule=2), batch_fn(0))
+    carry = step(step.init(), batch_fn(0))
+    step.write(carry)
+    np.testing.assert_array_equal(model.kernel[...], kernel)  # the first batch's gradient only accumulated
+    step.write(step(carry, batch_fn(1)))
+    # one SGD update with the mean of the two gradients
+    np.testing.assert_allclose(model.kernel[...], kernel - 0.1 * (grads[0] + grads[1]) / 2, **MEAN_GRADIENT_ROUNDING)
+    fit(model, mse_fn, batch_fn, TrainConfig(steps=2), optimizer=optax.MultiSteps(optax.sgd(0.1), every_k_schedule=2))
+    assert not np.allclose(model.kernel[...], kernel - 0.1 * (grads[0] + grads[1]) / 2)  # fit took it and trained
+
+
 def test_steps_per_s_is_the_rate_since_the_last_row(monkeypatch):
     # A clock that moves only when batch_fn is called: one second per update after the first (whose batch fit
     # fetched before the loop), so each row's window is timed from the row before, not from the run's start.
