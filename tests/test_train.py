@@ -324,6 +324,20 @@ def test_a_step_that_adds_state_names_the_new_leaves_and_capturing_them_trains()
     assert int(window["count"]) == 1 and np.isfinite(window["metrics"]["hidden_mean"])
 
 
+def test_a_metric_named_loss_is_refused_since_evaluation_reports_the_loss_under_that_name():
+    # make_eval_fn returns {"loss": loss, **metrics}: a metric "loss" (a reconstruction term of a loss with more
+    # in it) replaced the loss in every eval row, and the curves' loss panel drew train loss against that term.
+    def loss_fn_with_loss_metric(model, batch):
+        recon, _ = mse_fn(model, batch)
+        return recon + 1.0, {"loss": recon}
+
+    with pytest.raises(ValueError, match=r"^loss_fn: expected metrics without a 'loss' key \(the loss is the first "
+                                         r"value returned, and evaluation reports it as 'loss'\), got one"):
+        TrainStep(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), loss_fn_with_loss_metric, optax.adam(1e-2), batch_fn(0))
+    with pytest.raises(ValueError, match=r"^loss_fn: expected metrics without a 'loss' key"):
+        make_eval_fn(loss_fn_with_loss_metric, [batch_fn(0)])(nnx.Linear(4, 1, rngs=nnx.Rngs(0)))
+
+
 def test_eval_fn_leaves_the_model_untouched():
     m = DropMLP(nnx.Rngs(0))
     before = param_leaves(m)
