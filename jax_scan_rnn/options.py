@@ -51,9 +51,12 @@ def _kind(cls: type, field: dataclasses.Field) -> tuple[type, bool]:
 
 
 def check(obj: Any, prefix: str = "") -> None:
-    """Check every field of `obj` against its annotation and `option` metadata; errors name `prefix + field`."""
+    """Check every field of `obj` against its annotation and `option` metadata; errors name `prefix + field`. Each
+    number is kept as the Python int or float its annotation names (a NumPy scalar is not JSON, and configs are
+    saved as JSON in every checkpoint)."""
     for field in dataclasses.fields(obj):
-        _check_value(prefix + field.name, getattr(obj, field.name), *_kind(type(obj), field), field.metadata)
+        value = _check_value(prefix + field.name, getattr(obj, field.name), *_kind(type(obj), field), field.metadata)
+        object.__setattr__(obj, field.name, value)  # (frozen dataclasses too)
 
 
 def _check_value(name: str, value: Any, kind: type, none: bool, meta: Any) -> Any:

@@ -9,7 +9,7 @@ import sys
 import tempfile
 import time
 import warnings
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import jax
@@ -131,6 +131,16 @@ def interrupt_at(step):
 def test_config_errors_name_the_field(field, value):
     with pytest.raises(ValueError, match=rf"^TrainConfig\.{field}:"):
         TrainConfig(**{field: value})
+
+
+def test_config_numbers_from_numpy_are_kept_as_python_ones_which_checkpoints_save():
+    # TrainConfig(learning_rate=np.float32(...)) (a sweep over np.logspace(...).astype("float32")) was accepted and
+    # kept as is: fit trained until its first checkpoint, whose JSON metadata (the config) then failed with
+    # "metadata: expected a JSON-serialisable dict" though the caller had passed no metadata.
+    cfg = TrainConfig(steps=np.int64(10), learning_rate=np.float32(0.5), clip_norm=np.float64(2.0), log_every=np.int32(5))
+    assert [type(getattr(cfg, f)) for f in ("steps", "learning_rate", "clip_norm", "log_every")] == [int, float, float, int]
+    assert (cfg.steps, cfg.learning_rate, cfg.clip_norm, cfg.log_every) == (10, 0.5, 2.0, 5)
+    json.dumps(asdict(cfg), allow_nan=False)  # what every checkpoint saves
 
 
 def test_make_optimizer_follows_the_schedule_and_weight_decay():
