@@ -563,6 +563,14 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
         state_sharding = replicated_over(data_sharding)
         placement = [x.sharding if _spread_over(x, data_sharding) else state_sharding for x in step.raw_state()]
     carry = step.init(state_sharding, placement)
+    # A batch and a state both whole on every device (DataParallel's .replicated given for .data): no error, the
+    # same numbers, and every device doing the one device's work
+    if (data_sharding is not None and len(data_sharding.device_set) > 1 and data_sharding.is_fully_replicated
+            and all(x.sharding.is_fully_replicated for x in carry["state"])):
+        warnings.warn(f"data_sharding: expected a sharding that splits the batch, got one that gives each of its "
+                      f"{len(data_sharding.device_set)} devices the whole batch, beside the whole state: every device "
+                      "computes the same update (DataParallel.data splits the batch axis)", UserWarning,
+                      stacklevel=validate.user_stacklevel())
     writer = jax.process_index() == 0  # one process writes the log and the plot; every process checkpoints
     log = RunLog(out, write=writer)
     resumed: dict[str, Any] = {}

@@ -419,6 +419,38 @@ def test_the_default_state_placement_follows_any_data_sharding():
         assert max(abs(a - b) for a, b in zip(losses[name], losses["none"])) <= LOSS_ATOL, losses
 
 
+REPLICATED_BATCH_SCRIPT = """
+import json, warnings
+import numpy as np
+from flax import nnx
+from jax_scan_rnn.distributed import DataParallel
+from jax_scan_rnn.train import TrainConfig, fit
+
+x = np.random.default_rng(0).normal(size=(4, 3)).astype("float32")
+dp = DataParallel.create()
+said = {}
+for name in ("replicated", "data"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit(nnx.Linear(3, 1, rngs=nnx.Rngs(0)), lambda m, b: ((m(b) ** 2).mean(), {}), lambda i: x,
+            TrainConfig(steps=1), data_sharding=getattr(dp, name))
+    said[name] = [str(w.message) for w in caught if "data_sharding" in str(w.message)]
+print(json.dumps(said))
+"""
+
+
+@pytest.mark.slow  # a fresh interpreter with 2 devices and two compiles: ~10-20 s
+def test_a_data_sharding_that_splits_nothing_beside_a_replicated_state_warns():
+    # dp.replicated passed for dp.data trained to the same numbers with no word, each device computing the whole
+    # batch's update: the data parallelism asked for silently absent.
+    result = run_script(REPLICATED_BATCH_SCRIPT, host_devices=2)
+    assert result.returncode == 0, result.stderr[-2000:]
+    said = json.loads(result.stdout.strip().splitlines()[-1])
+    assert said == {"replicated": ["data_sharding: expected a sharding that splits the batch, got one that gives each "
+                                   "of its 2 devices the whole batch, beside the whole state: every device computes "
+                                   "the same update (DataParallel.data splits the batch axis)"], "data": []}, said
+
+
 def test_a_share_of_the_devices_of_several_processes_takes_each_process_alike():
     # The first N devices of jax.devices() are process 0's: `--multihost --devices 2` on 2 processes of 2 devices
     # left process 1 out of the mesh, which crashed ("generator raised StopIteration") while process 0 waited on it.
