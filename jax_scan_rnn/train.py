@@ -555,6 +555,14 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
     step = TrainStep(model, loss_fn, optimizer if own else make_optimizer(cfg), put(first_batch),
                      None if own else make_lr_schedule_for(cfg))
     placement = state_sharding
+    spec = getattr(state_sharding, "spec", None)  # a NamedSharding's: it places each array's leading len(spec) axes
+    if spec is not None:  # JAX's error (a rank, for a scalar) names no state leaf nor fit's argument
+        names, leaves, _ = ckpt.named_leaves(nnx.state(step.objs), "state")
+        short = [name for name, x in zip(names, leaves) if np.ndim(x) < len(spec)]
+        if short:
+            raise ValueError(f"state_sharding: expected a sharding every state array can take (the whole state on "
+                             f"each device: DataParallel.replicated), got {spec}, which needs {len(spec)} or more "
+                             f"axes, and leaves with fewer: {validate.listed(short, 3)}")
     if data_sharding is not None and state_sharding is None:
         # Left unplaced, a fresh state is replicated by the first step's jit, but a resumed one is restored onto
         # this process's first device, where the step refuses it beside a batch on several: place both alike,

@@ -925,6 +925,19 @@ def test_a_loss_fn_that_calls_a_model_from_its_enclosing_scope_is_told_nothing_t
     assert not np.array_equal(outer.kernel[...], kernel)
 
 
+def test_a_state_sharding_that_splits_an_axis_the_scalars_lack_names_the_argument_and_leaves():
+    # fit(state_sharding=dp.data) (.data given for .replicated) failed in JAX's device_put: "only valid for values
+    # of rank at least 1", naming neither fit's argument nor a leaf. Any 1-device mesh shows it, in this process.
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    split = NamedSharding(Mesh(np.array(jax.devices()[:1]), ("data",)), PartitionSpec("data"))
+    with pytest.raises(ValueError, match=r"^state_sharding: expected a sharding every state array can take \(the whole "
+                                         r"state on each device: DataParallel.replicated\), got P\('data',\), which "
+                                         r"needs 1 or more axes, and leaves with fewer: 'optimizer/opt_state/1/0/count', "
+                                         r"'optimizer/opt_state/1/1/count', 'optimizer/step'$"):
+        fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), mse_fn, batch_fn, TrainConfig(steps=1), state_sharding=split)
+
+
 def test_step_overhead_is_small():
     """Steady-state wall time per update of fit on a tiny model (measured ~60-110 us on 2 CPU cores,
     shared machine); a loose bound so that a regression to per-step graph traversal (~1 ms) fails."""
