@@ -236,7 +236,9 @@ def _check_loss_output(out: Any) -> tuple[Array, dict[str, Array]]:
 
 def _key_impl(x: Any) -> str | None:
     dtype = getattr(x, "dtype", None)  # None: a Python scalar in an nnx.Variable (jit takes it as an array)
-    return str(jax.random.key_impl(x)) if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key) else None
+    if dtype is None or not jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        return None
+    return str(jax.random.key_impl(x))
 
 
 class TrainStep:
@@ -459,7 +461,9 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
 
     Args:
       model: the NNX module; its `nnx.Param` are trained, every other state (rng streams, batch stats) is
-        carried and checkpointed. On return (or on any exception) it holds the latest state (for
+        carried and checkpointed. It trains in the mode it is in, as a torch module does: a module is built in
+        training mode, and one set to `model.eval()` trains without dropout and with BatchNorm's statistics
+        frozen (call `model.train()` first, unless that is what you want). On return (or on any exception) it holds the latest state (for
         `NonFiniteLossError`: the state before the bad update).
       loss_fn: `loss_fn(model, batch) -> (loss, metrics: dict[str, scalar])`, traced once.
       batch_fn: `batch_fn(i) -> batch` for update `i + 1`; must be a pure function of `i`. A batch is a pytree
