@@ -580,6 +580,28 @@ def test_sequences_that_are_not_smiles_are_scored_as_strings(tmp_path, monkeypat
     assert np.isnan(task_lib.sample_scores(["", ""], dataset, task)["uniqueness"])
 
 
+def test_a_sample_with_a_pad_or_sos_is_no_sequence_of_the_data(tmp_path, monkeypatch):
+    # --no-smiles-check: a sample in which the model chose <pad> or <sos> before its <eos> decodes with the token's
+    # name ("A<pad>B"), which rdkit rejects for a SMILES run, but was scored unique and novel among the strings of a
+    # run on other text (an untrained model's samples: "unique 1.000 novel 1.000"). It is no sequence of the data.
+    vocab = smiles.Vocabulary.build(["ABC", "ABD"])
+    dataset = task_lib.Dataset(vocab=vocab, train=["ABC", "ABD"], valid=[], test=[], skipped={})
+    a, b, c, d = (vocab.tokens.index(ch) for ch in "ABCD")
+    pad, sos, eos = smiles.PAD, smiles.SOS, smiles.EOS
+    tokens = np.array([[a, b, c, eos, pad],  # ABC: a training sequence
+                       [d, d, a, eos, pad],  # DDA: novel
+                       [a, pad, b, eos, pad],  # A<pad>B: no sequence
+                       [sos, a, eos, pad, pad],  # <sos>A: no sequence
+                       [d, d, a, eos, pad]])  # DDA again
+    monkeypatch.setattr(task_lib, "sample_tokens", lambda *args, **kwargs: tokens)
+    task = task_lib.VAETask(data=str(tmp_path / "words.txt"), smiles_check=False, decoder_only=True, eval_samples=5)
+    report = task_lib.evaluate(nnx.Dict(), dataset, task)  # decoder-only: the model only samples (patched above)
+    assert report["samples"]["examples"][2:4] == ["A<pad>B", "<sos>A"]  # written out, as the model chose them
+    for name in ("samples", "samples_greedy"):
+        scores = {k: report[name][k] for k in ("validity", "uniqueness", "novelty")}
+        assert scores == {"validity": None, "uniqueness": 2 / 3, "novelty": 1 / 2}, scores  # ABC, DDA, DDA
+
+
 @pytest.mark.slow  # a whole run: its final evaluation compiles sampling and interpolation (~15 s)
 def test_a_run_on_sequences_that_are_not_smiles_reports_no_validity(tmp_path, capsys):
     rng = np.random.default_rng(0)

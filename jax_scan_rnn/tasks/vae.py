@@ -724,17 +724,27 @@ def reconstruction(model: SeqVAE, vocab: smiles.Vocabulary, sequences: list[str]
     }
 
 
-def sample_scores(generated: list[str], dataset: Dataset, task: VAETask) -> dict[str, float | None]:
+def sample_scores(generated: list[str], dataset: Dataset, task: VAETask,
+                  tokens: np.ndarray | None = None) -> dict[str, float | None]:
     """`validity`, `uniqueness` and `novelty` of generated sequences: MOSES's, for SMILES. A run on sequences that
     are not SMILES (`smiles_check=False`) has no validity (None: rdkit would call every one invalid), and its
-    uniqueness and novelty compare the non-empty strings as written (distinct ones; novel: not a training one)."""
+    uniqueness and novelty compare the strings as written (distinct ones; novel: not a training one) among those
+    that are sequences of the data: non-empty and, given the `tokens [N, T]` that `generated` was decoded from,
+    with no <pad> or <sos> before their <eos> (decoded by name, "A<pad>B": no string of the data, and the
+    reason a SMILES run scores it invalid)."""
     if task.smiles_check:
         return {"validity": metrics.validity(generated),
                 "uniqueness": metrics.uniqueness(generated, k=len(generated)),
                 "novelty": metrics.novelty(generated, dataset.canonical_train, train_is_canonical=True)}
-    distinct = set(filter(None, generated))
+    formed = np.array([bool(s) for s in generated], dtype=bool)
+    if tokens is not None:  # on the ids: the data's own characters may spell "<pad>"
+        ids = np.asarray(tokens)
+        before_eos = np.cumsum(ids == smiles.EOS, axis=1) == 0
+        formed &= ~np.any(before_eos & ((ids == smiles.PAD) | (ids == smiles.SOS)), axis=1)
+    sequences = [s for s, ok in zip(generated, formed) if ok]
+    distinct = set(sequences)
     return {"validity": None,
-            "uniqueness": len(distinct) / sum(map(bool, generated)) if distinct else float("nan"),
+            "uniqueness": len(distinct) / len(sequences) if distinct else float("nan"),
             "novelty": len(distinct - set(dataset.train)) / len(distinct) if distinct else float("nan")}
 
 
@@ -757,7 +767,7 @@ def evaluate(model: SeqVAE, dataset: Dataset, task: VAETask, *, seed: int = 0) -
         tokens = sample_tokens(model, task.eval_samples, max_len=task.max_length + 1, seed=seed, greedy=greedy,
                                decoder_only=task.decoder_only)
         generated = dataset.vocab.decode(tokens)
-        report[name] = {"n": len(generated), **sample_scores(generated, dataset, task),
+        report[name] = {"n": len(generated), **sample_scores(generated, dataset, task, tokens),
                         "unterminated": unterminated(tokens), "examples": list(generated[:10])}
     if task.decoder_only:
         return report
