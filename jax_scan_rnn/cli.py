@@ -1258,14 +1258,14 @@ def cmd_evaluate_vae(args: argparse.Namespace) -> int:
     if "reference" in args.given and args.metrics != "moses":
         raise ValueError("--reference: expected only with --metrics moses (it picks the set MOSES's Test metrics "
                          f"compare with), got --metrics {args.metrics}")
+    model, vocab, task, step = load_run(args, "vae")
+    if args.metrics == "moses" and not task.smiles_check:  # before molsets is asked for: it would not help
+        raise ValueError(f"--metrics moses: expected a run on SMILES, got one trained with --no-smiles-check on "
+                         f"{task.data} (MOSES's metrics parse every sample as a molecule)")
     if args.metrics == "moses" and args.reference == "moses":  # without molsets: one line now, not after the samples
         from jax_scan_rnn import metrics
 
         metrics.reference_set("moses")
-    model, vocab, task, step = load_run(args, "vae")
-    if args.metrics == "moses" and not task.smiles_check:
-        raise ValueError(f"--metrics moses: expected a run on SMILES, got one trained with --no-smiles-check on "
-                         f"{task.data} (MOSES's metrics parse every sample as a molecule)")
     data_file = vae_data_file(task)
     refuse_an_input(args.output, "--output", {"the run's --data file": data_file})
     check_memory("the samples (-n)", task_lib.sample_bytes(task, vocab.size, args.n))

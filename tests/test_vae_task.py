@@ -619,6 +619,25 @@ def test_a_run_on_sequences_that_are_not_smiles_reports_no_validity(tmp_path, ca
         "metrics parse every sample as a molecule)")
 
 
+def test_moses_metrics_of_a_run_that_is_not_smiles_are_refused_before_molsets_is_asked_for(tmp_path, monkeypatch,
+                                                                                          capsys):
+    # evaluate vae --metrics moses on a --no-smiles-check run without molsets: it said to install molsets (checked
+    # first), and once installed, that the run is no SMILES run. The run's own refusal comes first now.
+    from jax_scan_rnn import cli
+
+    def no_molsets(reference):
+        raise FileNotFoundError("MOSES's test set: not found; install it with `pip install --no-deps molsets`")
+
+    words = tmp_path / "words.txt"
+    task = task_lib.VAETask(data=str(words), smiles_check=False)
+    monkeypatch.setattr(cli, "load_run", lambda args, model: (None, None, task, 2))
+    monkeypatch.setattr(metrics, "reference_set", no_molsets)
+    assert main(["evaluate", "vae", "--checkpoint", str(tmp_path / "run"), "--metrics", "moses"]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        f"--metrics moses: expected a run on SMILES, got one trained with --no-smiles-check on {words} (MOSES's "
+        "metrics parse every sample as a molecule)")
+
+
 def test_a_limit_that_stops_reading_is_reported(corpus):
     """--limit N keeps the first N usable sequences; the dataset says when reading stopped there (the CLI's data
     line then says so), since the data may hold more."""
