@@ -767,8 +767,9 @@ def evaluate(model: SeqVAE, dataset: Dataset, task: VAETask, *, seed: int = 0) -
         tokens = sample_tokens(model, task.eval_samples, max_len=task.max_length + 1, seed=seed, greedy=greedy,
                                decoder_only=task.decoder_only)
         generated = dataset.vocab.decode(tokens)
-        report[name] = {"n": len(generated), **sample_scores(generated, dataset, task, tokens),
-                        "unterminated": unterminated(tokens), "examples": list(generated[:10])}
+        scores = sample_scores(generated, dataset, task, tokens)
+        report[name] = {"n": len(generated), "validity": scores.pop("validity"), "unterminated": unterminated(tokens),
+                        **scores, "examples": list(generated[:10])}  # unterminated read beside validity
     if task.decoder_only:
         return report
     tokens, lengths = encode(dataset.vocab, test, task.max_length)
