@@ -299,6 +299,13 @@ def _twin_kind(module: Any, torch_side: bool) -> str:
             return cls.__name__
     side, other = ("torch.nn", "to_torch_module") if torch_side else ("jsr", "from_torch_module")
     twin = f"; jsr.{other} makes the twin of such a module" if type(module).__name__ in TWINS else ""
+    # torch.compile's and (Distributed)DataParallel's wrappers hold the module itself: name where, or a porter who
+    # compiled or parallelised the model reads only that an OptimizedModule is no LSTM.
+    for attribute in ("_orig_mod", "module") if torch_side else ():
+        inner = getattr(module, attribute, None)
+        if any(cls.__module__.startswith("torch.nn") and cls.__name__ in TWINS for cls in type(inner).__mro__):
+            twin = f" wrapping a {type(inner).__name__}: pass the wrapped module, module.{attribute}"
+            break
     raise TypeError(f"module: expected a {side}.LSTM, GRU, RNN, LSTMCell, GRUCell or RNNCell, got "
                     f"{type(module).__module__}.{type(module).__name__}{twin}")
 

@@ -784,6 +784,18 @@ def test_to_torch_module_builds_on_the_device_and_refuses_a_dtype_torch_cannot_h
     with pytest.raises(TypeError, match=r"^dtype: expected None or a floating torch.dtype .* got torch.int64$"):
         jsr.to_torch_module(ours, dtype=torch.int64)
 
+
+@pytest.mark.parametrize("wrap, attribute", [(torch.compile, "_orig_mod"), (torch.nn.DataParallel, "module")])
+def test_a_compiled_or_parallel_wrapper_is_refused_naming_the_module_inside(wrap, attribute):
+    # torch.compile(model) and nn.DataParallel(model) are what a porter often holds; the error said only that an
+    # OptimizedModule (or DataParallel) is no torch.nn.LSTM, not that the LSTM is right inside it.
+    lstm = torch.nn.LSTM(2, 3)
+    with pytest.raises(TypeError, match=rf"^module: expected a torch.nn.LSTM, .* got \S+ wrapping a LSTM: pass the "
+                                        rf"wrapped module, module.{attribute}$"):
+        jsr.from_torch_module(wrap(lstm))
+    assert type(jsr.from_torch_module(getattr(wrap(lstm), attribute))) is jsr.LSTM
+
+
 def test_a_subclass_has_its_torch_bases_twin_and_other_modules_are_named():
     class Mine(torch.nn.GRU):
         pass
