@@ -222,7 +222,9 @@ def _check_loss_output(out: Any) -> tuple[Array, dict[str, Array]]:
     metrics = {} if metrics is None else metrics
     if not isinstance(metrics, Mapping):
         raise TypeError(f"loss_fn: expected metrics as a dict[str, scalar], got {type(metrics).__name__}")
-    if "loss" in metrics:  # make_eval_fn's {"loss": loss, **metrics}: it would stand in for the loss in eval rows
+    # make_eval_fn's {"loss": loss, **metrics}: another value under 'loss' would stand in for the loss in eval rows.
+    # The loss itself given again (`return loss, {"loss": loss}`) is the same number: accepted, as before.
+    if "loss" in metrics and metrics["loss"] is not loss:
         raise ValueError("loss_fn: expected metrics without a 'loss' key (the loss is the first value returned, and "
                          "evaluation reports it as 'loss'), got one; name that metric otherwise")
     for k, v in metrics.items():

@@ -348,6 +348,20 @@ def test_a_metric_named_loss_is_refused_since_evaluation_reports_the_loss_under_
         make_eval_fn(loss_fn_with_loss_metric, [batch_fn(0)])(nnx.Linear(4, 1, rngs=nnx.Rngs(0)))
 
 
+def test_the_loss_itself_logged_as_a_metric_named_loss_still_trains_and_evaluates():
+    # The refusal above is for another value under "loss"; `return loss, {"loss": loss}` (the loss logged among the
+    # metrics, code that trained before the refusal) gives evaluation the same number and was refused with it.
+    def loss_fn_logging_its_loss(model, batch):
+        loss, _ = mse_fn(model, batch)
+        return loss, {"loss": loss}
+
+    model = nnx.Linear(4, 1, rngs=nnx.Rngs(0))
+    assert make_eval_fn(loss_fn_logging_its_loss, [batch_fn(1)])(model) == make_eval_fn(mse_fn, [batch_fn(1)])(model)
+    step = TrainStep(model, loss_fn_logging_its_loss, optax.sgd(0.1), batch_fn(0))
+    window = step.read(step(step.init(), batch_fn(0)))["window"]
+    assert window["metrics"]["loss"] == window["loss"] == np.float32(mse_fn(model, batch_fn(0))[0])
+
+
 def test_eval_fn_leaves_the_model_untouched():
     m = DropMLP(nnx.Rngs(0))
     before = param_leaves(m)
