@@ -92,7 +92,7 @@ class RNNCellBase(nnx.Module):
             raise TypeError(f"rngs: expected an nnx.Rngs, e.g. rngs=nnx.Rngs(0), got {type(rngs).__name__}")
         input_size = validate.integer("input_size", input_size, lo=1)  # a plain int from here on
         hidden_size = validate.integer("hidden_size", hidden_size, lo=1)
-        validate.boolean("bias", bias)
+        bias = validate.boolean("bias", bias)
         compute_dtype = validate.float_dtype("compute_dtype", compute_dtype, none=True)
         param_dtype = validate.float_dtype("param_dtype", param_dtype)
         self.input_size = input_size
@@ -220,7 +220,7 @@ class LSTMCell(RNNCellBase):
 
     def __init__(self, input_size: int, hidden_size: int, bias: bool = True, *, proj_size: int = 0, **kwargs):
         validate.integer("hidden_size", hidden_size, lo=1)
-        validate.integer("proj_size", proj_size, lo=0, hi=hidden_size - 1)  # as torch: 0 or P < H
+        proj_size = validate.integer("proj_size", proj_size, lo=0, hi=hidden_size - 1)  # as torch: 0 or P < H
         self.proj_size = proj_size
         super().__init__(input_size, hidden_size, bias, **kwargs)
         rngs, param_dtype = kwargs["rngs"], validate.float_dtype("param_dtype", kwargs.get("param_dtype", jnp.float32))

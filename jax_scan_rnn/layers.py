@@ -100,10 +100,14 @@ class RNNBase(nnx.Module):
         rngs: nnx.Rngs,
     ):
         num_layers = validate.integer("num_layers", num_layers, lo=1)
+        # plain ints from here on: kept as attributes, which to_torch_module passes to torch (it refuses np.int64)
+        input_size = validate.integer("input_size", input_size, lo=1)
+        hidden_size = validate.integer("hidden_size", hidden_size, lo=1)
         if proj_size and self.cell_type is not LSTMCell:  # torch.nn.GRU refuses it too
             raise ValueError(f"proj_size: supported by LSTM only (as in torch), got {proj_size!r}")
-        validate.boolean("batch_first", batch_first)
-        validate.boolean("bidirectional", bidirectional)  # sizes and `bias` are the cells' to check
+        proj_size = validate.integer("proj_size", proj_size, lo=0, hi=hidden_size - 1)  # as torch: 0 or P < H
+        batch_first = validate.boolean("batch_first", batch_first)
+        bidirectional = validate.boolean("bidirectional", bidirectional)  # `bias` is the cells' to check
         validate.real("dropout", dropout, lo=0, hi=1, hi_open=True)
         if dropout and num_layers == 1:  # torch.nn.LSTM/GRU warn alike: nothing lies between layers to drop
             warnings.warn(f"dropout={dropout} does nothing with num_layers=1: it acts between stacked layers only "

@@ -84,6 +84,8 @@ def real_or_array(name: str, value: Any, **bounds: Any) -> Any:
 
 
 def boolean(name: str, value: Any) -> bool:
+    if type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"):  # as NumPy ints are sizes
+        return bool(value)
     if not isinstance(value, bool):
         raise TypeError(f"{name}: expected True or False, got {value!r}")
     return value

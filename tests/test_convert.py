@@ -763,6 +763,23 @@ def test_a_torch_module_and_its_jsr_twin_carry_arguments_weights_and_mode_both_w
     np.testing.assert_allclose(np.asarray(got, np.float32), want.float().numpy(), atol=atol)
 
 
+@pytest.mark.parametrize("cls", [jsr.LSTM, jsr.GRU, jsr.RNN])
+def test_a_layer_built_from_numpy_sizes_and_bools_has_a_torch_twin(cls):
+    # Sizes read from an array or a config file (np.int64) and flags (np.True_) are taken as Python's; the layer
+    # kept np.int64 attributes, which to_torch_module passed on to torch.nn, which refuses them ("input_size should
+    # be of type int, got: int64").
+    kw = {"proj_size": np.int64(2)} if cls is jsr.LSTM else {}
+    layer = cls(np.int64(3), np.int32(4), np.int64(2), bias=np.True_, batch_first=np.True_,
+                bidirectional=np.bool_(True), rngs=nnx.Rngs(0), **kw)
+    twin = jsr.to_torch_module(layer)
+    assert (twin.input_size, twin.hidden_size, twin.num_layers, twin.batch_first, twin.bidirectional) == \
+        (3, 4, 2, True, True)
+    assert all(type(getattr(layer, a)) is int for a in ("input_size", "hidden_size", "num_layers", "proj_size"))
+    x = np.random.default_rng(0).normal(size=(2, 5, 3)).astype(np.float32)
+    np.testing.assert_allclose(np.asarray(jsr.jit(layer)(x)[0]), twin(torch.from_numpy(x))[0].detach().numpy(),
+                               atol=1e-5)
+
+
 def test_to_torch_module_takes_torch_constructors_dtype_and_device():
     ours = jsr.GRU(3, 4, rngs=nnx.Rngs(0))
     twin = jsr.to_torch_module(ours, dtype=torch.float64, device="cpu")  # was a TypeError: unexpected keyword

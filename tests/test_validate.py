@@ -36,6 +36,11 @@ def test_real_bounds_wording_and_return():
 
 def test_boolean_choice_function_instance():
     assert validate.boolean("bias", False) is False
+    # A NumPy bool is a bool, as a NumPy int is a size (a config read from an array: TrainConfig(..., x=np.True_));
+    # returned as Python's, which JSON (a checkpoint's config) takes
+    assert validate.boolean("bias", np.True_) is True and validate.boolean("bias", np.bool_(False)) is False
+    with pytest.raises(TypeError, match=r"^bias: expected True or False, got array\(\[ True\]\)$"):
+        validate.boolean("bias", np.array([True]))
     with pytest.raises(TypeError, match=r"^bias: expected True or False, got 1$"):
         validate.boolean("bias", 1)
     assert validate.choice("kind", "cosine", ("constant", "cosine")) == "cosine"
