@@ -151,6 +151,8 @@ def _leaf_name(path: tuple) -> str:
 def check_metadata(metadata: Mapping[str, Any] | None) -> dict:
     """``metadata`` as the dict :func:`save` writes (None: empty); TypeError if it is not JSON-serialisable
     (NaN and inf included, which strict JSON lacks)."""
+    if metadata is not None and not isinstance(metadata, Mapping):  # dict("abc"): "dictionary update sequence ..."
+        raise TypeError(f"metadata: expected a dict of JSON values or None, got {type(metadata).__name__}")
     metadata = dict(metadata or {})
     try:
         json.dumps(metadata, allow_nan=False)

@@ -509,7 +509,8 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
         `out_dir`) and raises `TrainingStopped`, so a preempted job loses no update: `resume=True` continues
         there, exactly as the uninterrupted run would have gone on.
       optimizer: an optax transformation of your own (SGD, a Lion, a chain with your clipping; `optax.MultiSteps`
-        to accumulate gradients, `cfg.steps` then counting batches, k per update of the parameters) instead of the
+        to accumulate gradients, `cfg.steps` then counting batches, k per update of the parameters: make it a
+        multiple of k, as batches after the last multiple are accumulated but never applied) instead of the
         Adam(W) `make_optimizer(cfg)` builds. `cfg`'s optimiser fields (`OPTIMIZER_FIELDS`: learning rate,
         warmup, schedule, clipping, weight decay) are then not read and must keep their defaults (ValueError
         naming one that does not), and the rows' `lr` is NaN (not known; null in `metrics.jsonl`). Resuming
@@ -624,7 +625,7 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
                         # scope (a constant to jit) instead of its argument, or weights that are not nnx.Param
                         said_no_gradient = True
                         warnings.warn(f"fit: the gradient of the loss with respect to the model's nnx.Param was 0 in "
-                                      f"updates {k - int(window['count']) + 1}-{k}, so they did not change: does "
+                                      f"updates {k - int(window['count']) + 1}-{k}, the loss did not train them: does "
                                       "loss_fn call the model it is given (its first argument), not one from the "
                                       "enclosing scope, and are the weights nnx.Param?", UserWarning,
                                       stacklevel=validate.user_stacklevel())

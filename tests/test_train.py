@@ -921,6 +921,8 @@ def test_metadata_that_is_not_json_is_refused_before_the_first_update(tmp_path):
         fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), mse_fn, batch_fn, TrainConfig(steps=2, log_every=1), out_dir=tmp_path,
             metadata={"scale": np.float32(0.5)}, callback=events.append)
     assert events == [] and not (tmp_path / METRICS_FILE).exists()
+    with pytest.raises(TypeError, match=r"^metadata: expected a dict of JSON values or None, got str$"):
+        fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), mse_fn, batch_fn, TrainConfig(steps=2), metadata="run 7")
 
 
 def test_a_loss_fn_that_calls_a_model_from_its_enclosing_scope_is_told_nothing_trains():
@@ -929,8 +931,8 @@ def test_a_loss_fn_that_calls_a_model_from_its_enclosing_scope_is_told_nothing_t
     outer = nnx.Linear(4, 1, rngs=nnx.Rngs(0))
     kernel = np.asarray(outer.kernel[...])
     with pytest.warns(UserWarning, match=r"^fit: the gradient of the loss with respect to the model's nnx.Param was 0 "
-                                         r"in updates 1-2, so they did not change: does loss_fn call the model it is "
-                                         r"given \(its first argument\)"):
+                                         r"in updates 1-2, the loss did not train them: does loss_fn call the model "
+                                         r"it is given \(its first argument\)"):
         fit(outer, lambda model, batch: mse_fn(outer, batch), batch_fn, TrainConfig(steps=2, log_every=2))
     np.testing.assert_array_equal(outer.kernel[...], kernel)  # what the warning says
     with warnings.catch_warnings():
