@@ -155,6 +155,19 @@ def test_a_checkpoint_of_another_format_is_named_as_another_versions(tmp_path):
     assert manifest.is_file() and ckpt.steps(tmp_path) == [4]
 
 
+
+@pytest.mark.parametrize("fmt, by", [(3, "another"), ("2", "another"), (None, "another")])
+def test_a_checkpoint_of_a_newer_or_unknown_format_is_named_as_another_versions(tmp_path, fmt, by):
+    # Only an int below this version's format is an older version's; a newer one, or a value no version writes,
+    # is refused as another's in the same one line (a string compared with an int would raise a bare TypeError).
+    path = ckpt.save(tmp_path, 4, {"w": jnp.ones(3)})
+    manifest = path / "MANIFEST.json"
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "format": fmt}))
+    with pytest.raises(CheckpointError) as err:
+        ckpt.restore(tmp_path, 4)
+    assert str(err.value) == (f"checkpoint {path}: format {fmt!r} in MANIFEST.json, written by {by} jax-scan-rnn; "
+                              "this version reads format 2 only: load it with the version that wrote it")
+
 def test_missing_and_extra_files_are_detected(tmp_path):
     path = ckpt.save(tmp_path, 5, {"w": jnp.ones(3)})
     victim = data_file(path)
@@ -341,6 +354,16 @@ def test_argument_errors(tmp_path):
         ckpt.restore(tmp_path / "empty")
     assert ckpt.latest_step(tmp_path / "empty") is None
 
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_metadata_with_nan_or_inf_is_refused_as_not_json(tmp_path, value):
+    # Python's json writes them as NaN and Infinity, which strict JSON readers (jq, JSON.parse) refuse: save
+    # raises the same TypeError as for any value JSON lacks, and writes nothing.
+    with pytest.raises(TypeError, match=r"^metadata: expected a JSON-serialisable dict, got one that is not \(Out of "
+                                        r"range float values are not JSON compliant"):
+        ckpt.save(tmp_path, 1, {"w": jnp.zeros(1)}, {"best_loss": value})
+    assert ckpt.steps(tmp_path) == []
 
 MULTIHOST_SCRIPT = """
 import json, os, sys
