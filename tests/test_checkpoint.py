@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import types
 
 import jax
 import jax.numpy as jnp
@@ -364,6 +365,13 @@ def test_metadata_with_nan_or_inf_is_refused_as_not_json(tmp_path, value):
                                         r"range float values are not JSON compliant"):
         ckpt.save(tmp_path, 1, {"w": jnp.zeros(1)}, {"best_loss": value})
     assert ckpt.steps(tmp_path) == []
+
+
+def test_metadata_given_as_a_read_only_mapping_is_saved_as_its_dict(tmp_path):
+    # save takes any Mapping (a MappingProxyType, a frozen config's view): it is written as the dict it holds
+    meta = types.MappingProxyType({"run": "a", "seed": 3})
+    ckpt.save(tmp_path, 1, {"w": jnp.zeros(1)}, meta)
+    assert ckpt.read_metadata(tmp_path, 1) == {"run": "a", "seed": 3}
 
 MULTIHOST_SCRIPT = """
 import json, os, sys
