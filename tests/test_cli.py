@@ -855,6 +855,27 @@ def test_the_progress_bars_notes_start_a_line_of_their_own(capsys):
     assert found and before.endswith(("\r", "\n")), repr(before[-80:])
 
 
+
+@pytest.mark.parametrize("event, line", [
+    ({"event": "checkpoint_skipped", "step": 20, "reason": "a file is missing", "moved_to": "run/ckpt/bad_20"},
+     "skipped invalid checkpoint 20: a file is missing; kept as run/ckpt/bad_20\n"),
+    ({"event": "metrics_changed", "path": "run", "saved": ["acc"], "now": ["acc", "kl"]},
+     "the run in run logged the metrics ['acc'], this version ['acc', 'kl']: the first train row after the resume "
+     "covers the updates after it only\n"),
+    ({"event": "checkpoint_stray_files", "step": 20, "files": ["x.tmp"], "path": "run/ckpt/step_20"},
+     "checkpoint 20 holds files it did not write (left alone, not read): x.tmp in run/ckpt/step_20\n"),
+])
+def test_every_note_of_the_progress_bar_starts_a_line_of_its_own(capsys, event, line):
+    # as the plot's note above: each of the bar's notes goes through tqdm, none onto the bar's line
+    from jax_scan_rnn.cli import ProgressBar
+
+    with ProgressBar() as bar:
+        bar({"event": "start", "steps": 30, "step": 0, "resumed_from": None})
+        bar({"event": "log", "step": 25, "loss": 0.5})
+        bar(event)
+    before, found, _ = capsys.readouterr().err.partition(line)
+    assert found and before.endswith(("\r", "\n")), repr(before[-80:])
+
 def test_a_library_warning_is_one_line_naming_the_command(monkeypatch, capsys):
     # (a price column given as returns): not Python's two lines naming a source line of the package; the caller's
     # warning display is put back after.
