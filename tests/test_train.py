@@ -334,6 +334,24 @@ def test_a_step_that_adds_state_names_the_new_leaves_and_capturing_them_trains()
     assert int(window["count"]) == 1 and np.isfinite(window["metrics"]["hidden_mean"])
 
 
+
+def test_a_step_that_changes_a_variables_type_says_so_when_no_leaf_is_new_or_gone():
+    # The same leaf names, another Variable type (a BatchStat set as a Cache): the treedefs differ, and the message
+    # says what changed rather than naming no change at all ("got  (create every ...").
+    class Counting(nnx.Module):
+        def __init__(self):
+            self.lin = nnx.Linear(4, 1, rngs=nnx.Rngs(0))
+            self.count = nnx.BatchStat(jnp.zeros(()))
+
+    def retyping_loss_fn(model, batch):
+        model.count = nnx.Cache(model.count[...] + 1)
+        return mse_fn(model.lin, batch)
+
+    step = TrainStep(Counting(), retyping_loss_fn, optax.sgd(0.1), batch_fn(0))
+    with pytest.raises(ValueError, match=r"^loss_fn: expected the model's state structure to stay the same during a "
+                                         r"step, got the same leaves in other Variable types \(create every Variable"):
+        step(step.init(), batch_fn(0))
+
 def test_a_metric_named_loss_is_refused_since_evaluation_reports_the_loss_under_that_name():
     # make_eval_fn returns {"loss": loss, **metrics}: a metric "loss" (a reconstruction term of a loss with more
     # in it) replaced the loss in every eval row, and the curves' loss panel drew train loss against that term.
