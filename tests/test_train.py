@@ -1218,6 +1218,13 @@ def test_a_batch_fn_whose_iterator_runs_out_is_named_and_stops_no_loop_around_fi
         list(map(train, [0, 1]))
 
 
+def test_a_batch_fn_whose_iterator_is_empty_is_named_at_the_first_batch():
+    # fit reads batch_fn(0) before the loop (to build the step): an iterator with no batch at all is named there too
+    empty = iter([])
+    with pytest.raises(ValueError, match=r"^batch_fn\(0\): expected the batch of update 1 of 3, got StopIteration"):
+        list(map(lambda seed: fit(nnx.Linear(4, 1, rngs=nnx.Rngs(seed)), mse_fn, lambda i: next(empty),
+                                  TrainConfig(steps=3)), [0]))
+
 # optax.MultiSteps averages the gradients as it goes (acc += (g - acc) / k), in float32, another order of operations
 # than (g0 + g1) / 2: a few ulps of the kernel's O(1) entries
 MEAN_GRADIENT_ROUNDING = {"rtol": 1e-6, "atol": 1e-7}
