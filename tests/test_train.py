@@ -959,6 +959,29 @@ def test_a_loss_fn_that_calls_a_model_from_its_enclosing_scope_is_told_nothing_t
     assert not np.array_equal(outer.kernel[...], kernel)
 
 
+def test_a_loss_without_gradient_is_warned_about_once_per_run_not_at_every_row():
+    outer = nnx.Linear(4, 1, rngs=nnx.Rngs(0))
+    with pytest.warns(UserWarning) as record:
+        history = fit(outer, lambda model, batch: mse_fn(outer, batch), batch_fn, TrainConfig(steps=6, log_every=2))
+    assert len(history.train) == 3  # three rows, each with grad_norm 0
+    # said for the first row's updates, not again for each row after (the same cause, nothing new)
+    assert [str(w.message).split(", so")[0] for w in record] == [
+        "fit: the gradient of the loss with respect to the model's nnx.Param was 0 in updates 1-2"]
+
+
+def test_data_parallel_on_one_device_trains_without_the_replicated_batch_warning():
+    # On one device dp.data splits the batch into one block, which JAX calls fully replicated: the warning about a
+    # batch given whole to each of several devices is not for it (the CLI's usual run on one CPU or GPU).
+    from jax_scan_rnn.distributed import DataParallel
+
+    dp = DataParallel.create(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        history = fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), mse_fn, batch_fn, TrainConfig(steps=2, log_every=2),
+                      data_sharding=dp.data)
+    assert history.step == 2
+
+
 def test_a_state_sharding_that_splits_an_axis_the_scalars_lack_names_the_argument_and_leaves():
     # fit(state_sharding=dp.data) (.data given for .replicated) failed in JAX's device_put: "only valid for values
     # of rank at least 1", naming neither fit's argument nor a leaf. Any 1-device mesh shows it, in this process.
