@@ -578,6 +578,8 @@ def test_sequences_that_are_not_smiles_are_scored_as_strings(tmp_path, monkeypat
     scores = task_lib.sample_scores(["ABC", "ABC", "DDA", "", "BB"], dataset, task)
     assert scores == {"validity": None, "uniqueness": 3 / 4, "novelty": 2 / 3}  # "" is no sequence; ABC is training's
     assert np.isnan(task_lib.sample_scores(["", ""], dataset, task)["uniqueness"])
+    # no sequence at all: novelty is undefined too (NaN, as uniqueness), not "none novel"
+    assert np.isnan(task_lib.sample_scores(["", ""], dataset, task)["novelty"])
 
 
 def test_a_sample_with_a_pad_or_sos_is_no_sequence_of_the_data(tmp_path, monkeypatch):
