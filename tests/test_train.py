@@ -1230,6 +1230,19 @@ def test_fit_trains_and_restores_a_model_whose_variables_hold_python_scalars(tmp
     np.testing.assert_array_equal(restored.lin.kernel[...], model.lin.kernel[...])
 
 
+def test_a_model_whose_variables_hold_python_scalars_restores_without_x64(tmp_path):
+    # The tests run with x64 (conftest), where a Python int's array is int64 in NumPy and JAX alike; a user's default
+    # is without it: jit saves the counter as int32 and the scale as float32, JAX's dtypes for Python scalars, which
+    # restore_model must expect (NumPy's int64 and float64 would refuse the run's own checkpoint).
+    x = np.random.default_rng(0).normal(size=(32, 4)).astype(np.float32)  # (batch_fn's W_TRUE is float64)
+    with jax.enable_x64(False):
+        fit(ScalarStateMLP(nnx.Rngs(0)), mse_fn, lambda i: (x, x[:, :1]), TrainConfig(steps=2, log_every=1),
+            out_dir=tmp_path)
+        restored = ScalarStateMLP(nnx.Rngs(1))
+        assert restore_model(tmp_path, restored).step == 2
+    assert int(restored.calls.get_value()) == 2 and float(restored.scale.get_value()) == 0.5
+
+
 def test_a_batch_fn_whose_iterator_runs_out_is_named_and_stops_no_loop_around_fit():
     # batch_fn's StopIteration left fit as a bare StopIteration: it ended the loop of any iterator fit ran in,
     # so list(map(train, seeds)) returned fewer runs than seeds, silently.
