@@ -965,7 +965,7 @@ def test_a_loss_without_gradient_is_warned_about_once_per_run_not_at_every_row()
         history = fit(outer, lambda model, batch: mse_fn(outer, batch), batch_fn, TrainConfig(steps=6, log_every=2))
     assert len(history.train) == 3  # three rows, each with grad_norm 0
     # said for the first row's updates, not again for each row after (the same cause, nothing new)
-    assert [str(w.message).split(", so")[0] for w in record] == [
+    assert [str(w.message).split(", ")[0] for w in record] == [
         "fit: the gradient of the loss with respect to the model's nnx.Param was 0 in updates 1-2"]
 
 
