@@ -385,7 +385,7 @@ class TrainStep:
             change = change or "the same leaves in other Variable types"
             raise ValueError(f"loss_fn: expected the model's state structure to stay the same during a step, got "
                              f"{change} (create every Variable in __init__; take what a call sows in loss_fn with "
-                             "nnx.capture(model, nnx.Intermediate))")
+                             "nnx.pop(model, nnx.Intermediate) after the call)")
         new = self._raw([x for _, x in with_path])
         for (path, _), a, b in zip(with_path, new, old):
             if a.shape != b.shape or a.dtype != b.dtype:
