@@ -85,6 +85,12 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete or corrupted. The message names the path and the problem."""
 
 
+class CheckpointFormatError(CheckpointError):
+    """A checkpoint written in another format (by an older or a newer jax-scan-rnn): whole, but not this version's to
+    read. Never a reason to fall back to an older step (``fallback=True`` raises it): that would resume a run of the
+    other version from behind its newest step."""
+
+
 @dataclass(frozen=True)
 class Restored:
     """What :func:`restore` returns."""
@@ -337,7 +343,7 @@ def _check(directory: str | os.PathLike, step: int) -> tuple[str, ...]:
         raise CheckpointError(f"checkpoint {path}: {MANIFEST} is unreadable ({e})") from e
     if fmt != FORMAT_VERSION:  # 1: jax-scan-rnn before 2026-12-01, its own orbax layout (metadata.json, tree.json)
         by = "an older" if isinstance(fmt, int) and fmt < FORMAT_VERSION else "another"
-        raise CheckpointError(f"checkpoint {path}: format {fmt!r} in {MANIFEST}, written by {by} jax-scan-rnn; this "
+        raise CheckpointFormatError(f"checkpoint {path}: format {fmt!r} in {MANIFEST}, written by {by} jax-scan-rnn; this "
                               f"version reads format {FORMAT_VERSION} only: load it with the version that wrote it")
     if mstep != step:
         raise CheckpointError(f"checkpoint {path}: {MANIFEST} says step {mstep!r}, directory says {step}")
@@ -401,7 +407,7 @@ def restore(directory: str | os.PathLike, step: int | None = None, target: Any =
       fallback: only with ``step=None``: if the newest checkpoint is invalid, try the next older one,
         and so on; the skipped ones are reported in ``Restored.skipped`` (and left where they are:
         ``restore`` never changes the directory; see :func:`set_aside`). Without it an invalid newest
-        checkpoint raises.
+        checkpoint raises. A checkpoint of another format (:class:`CheckpointFormatError`) raises either way.
 
     Stray files in the loaded checkpoint (not in its manifest, never read) are reported in
     ``Restored.stray_files``; they do not make it invalid (see :func:`verify`).
@@ -477,6 +483,8 @@ def _newest_valid(root: Path, then: Callable[[int, tuple[str, ...], tuple], Any]
         with _held(step_path(root, s)):
             try:
                 stray = _check(root, s)
+            except CheckpointFormatError:
+                raise
             except CheckpointError as e:
                 skipped.append((s, str(e)))
                 continue

@@ -644,6 +644,25 @@ def test_resume_falls_back_past_a_corrupt_checkpoint(tmp_path):
     ckpt.verify(ckdir, 20)  # recomputed and rewritten, valid again
 
 
+def test_resume_refuses_a_newest_checkpoint_of_another_format_and_moves_nothing(tmp_path):
+    # A run whose newest step another jax-scan-rnn wrote (format 3 here) is not corrupt: falling back past it
+    # would resume from behind that version's progress, and move its checkpoint aside. Refused with that step's
+    # reason once (not once per step); every step left where it was.
+    cfg = replace(RESUME_CFG, keep_checkpoints=2)
+    fit(DropMLP(nnx.Rngs(0)), loss_fn, batch_fn, cfg, out_dir=tmp_path)
+    ckdir = tmp_path / CHECKPOINT_DIR
+    manifest = ckpt.step_path(ckdir, 20) / "MANIFEST.json"
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "format": 3}))
+    with pytest.raises(ckpt.CheckpointFormatError) as err:
+        fit(DropMLP(nnx.Rngs(5)), loss_fn, batch_fn, cfg, out_dir=tmp_path, resume=True)
+    assert str(err.value).startswith(f"checkpoint {ckpt.step_path(ckdir, 20)}: format 3 in MANIFEST.json")
+    assert str(err.value).count("format") == 2, err.value  # "format 3 in ...; this version reads format 2 only"
+    assert ckpt.steps(ckdir) == [10, 20] and sorted(p.name for p in ckdir.iterdir()) == [
+        ckpt.step_path(ckdir, 10).name, ckpt.step_path(ckdir, 20).name]
+    with pytest.raises(ckpt.CheckpointFormatError):
+        ckpt.newest_valid_step(ckdir)  # evaluate/export's reader alike
+
+
 def test_resume_after_a_crash_in_the_first_save_starts_again_and_a_corrupt_only_checkpoint_is_refused(tmp_path):
     """Killed between orbax's commit and the manifest of the run's first save: the only step lacks its manifest, no
     checkpoint ever completed, so resume starts from step 0 (the step moved aside, not deleted) and gives the straight
