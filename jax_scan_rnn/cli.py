@@ -571,7 +571,8 @@ def check_resume(out: Path, args: argparse.Namespace, task, cfg, data: dict | No
             if key == "data_stats":
                 what = data_change(saved[key], value)
             else:
-                what = None if saved[key] == value else f"its molecules: {VAE_DATA_DIFFERS}"
+                what = None if saved[key] == value else (f"its molecules: {VAE_DATA_DIFFERS}" if task.smiles_check
+                                                         else "its sequences: the file changed since")
             if what is not None:
                 changed.append(f"the data in --data {task.data} ({what})")
         elif key == "data_sha256" and task.smiles_check:  # (other text is read as it was)
@@ -1054,14 +1055,16 @@ def fraction(value: float | None) -> str:
 def print_vae_report(report: dict) -> None:
     if "reconstruction" in report:  # a CharRNN (--decoder-only) has no latent: samples only
         rec = report["reconstruction"]
-        head = f"reconstruction of {rec['n']} test molecules" if "n" in rec else "reconstruction (decoding from mu)"
+        what = "molecules" if report["samples"]["validity"] is not None else "sequences"  # --no-smiles-check: None
+        head = f"reconstruction of {rec['n']} test {what}" if "n" in rec else "reconstruction (decoding from mu)"
         print(f"{head:<36} {'token acc':>10} {'sequence acc':>13}")
         print(f"{'  teacher-forced':<36} {rec['tf_token_acc']:>10.3f} {rec['tf_sequence_acc']:>13.3f}")
         print(f"{'  free-running (greedy)':<36} {rec['free_token_acc']:>10.3f} {rec['free_sequence_acc']:>13.3f}")
     for key, how in (("samples", "sampled, T=1"), ("samples_greedy", "greedy")):
         samples = report[key]
         never_ended = f"  unterminated {fraction(samples['unterminated'])}" if "unterminated" in samples else ""
-        print(f"prior samples, {how} (n={samples['n']}): valid {fraction(samples['validity'])}{never_ended}  "
+        formed = f"  well-formed {fraction(samples['well_formed'])}" if "well_formed" in samples else ""
+        print(f"prior samples, {how} (n={samples['n']}): valid {fraction(samples['validity'])}{formed}{never_ended}  "
               f"unique {fraction(samples['uniqueness'])}  novel {fraction(samples['novelty'])}")
     if "latent" in report:
         latent, path = report["latent"], report["interpolation"]["path"]
@@ -1113,7 +1116,8 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
         print(f"training the VAE ({task.decoding} decoding) for {args.steps} steps on {dp.size} device(s) -> {out}")
         accuracy = ("" if task.decoder_only else f", free-running (greedy, from mu) accuracy on "
                                                     f"{min(task_lib.EVAL_RECONSTRUCT, len(dataset.valid))}")
-        print(f"the bar's eval figures: loss on {min(task_lib.EVAL_LOSS, len(dataset.valid))} validation molecules"
+        print(f"the bar's eval figures: loss on {min(task_lib.EVAL_LOSS, len(dataset.valid))} validation "
+              f"{'molecules' if task.smiles_check else 'sequences'}"
               f"{accuracy}; the final report uses the test set")
         # --init-from's errors name the flag; fit's out_dir is --out
         with flag_names(), field_as_flag("out_dir", "--out"), ProgressBar() as progress, sigterm_stops() as stop:
@@ -1270,8 +1274,9 @@ def cmd_evaluate_vae(args: argparse.Namespace) -> int:
     refuse_an_input(args.output, "--output", {"the run's --data file": data_file})
     check_memory("the samples (-n)", task_lib.sample_bytes(task, vocab.size, args.n))
     if data_file and not Path(data_file).is_file():
-        raise FileNotFoundError(f"--checkpoint: the run's data file {task.data} is gone (its test molecules are "
-                                "scored, its training molecules make novelty); `sample vae` needs no data")
+        items = "molecules" if task.smiles_check else "sequences"
+        raise FileNotFoundError(f"--checkpoint: the run's data file {task.data} is gone (its test {items} are "
+                                f"scored, its training {items} make novelty); `sample vae` needs no data")
     # The run's own vocabulary, as --resume reads the data (a run started --init-from another model's has that
     # model's, not the one its data would build)
     dataset = task_lib.load_dataset(task, vocab)
@@ -1281,10 +1286,11 @@ def cmd_evaluate_vae(args: argparse.Namespace) -> int:
             warnings.warn(f"--checkpoint: {VAE_DATA_UNRECORDED}; its test molecules as this version reads --data "
                           f"{task.data} may include ones it trained on")
     elif saved["data_sha256"] != dataset.digest:
+        items, why = ("molecules", VAE_DATA_DIFFERS) if task.smiles_check else ("sequences", "the file changed since")
         raise ValueError(f"--checkpoint: the run's data file {task.data} is not the data it was trained on (its "
-                         f"molecules as read now differ: {VAE_DATA_DIFFERS}): its test split would hold other "
-                         "molecules, maybe ones the model trained on; restore the file or evaluate with the version "
-                         "that trained the run, or score other molecules with sample vae and your own metrics")
+                         f"{items} as read now differ: {why}): its test split would hold other {items}, maybe ones "
+                         "the model trained on; restore the file or evaluate with the version that trained the run, "
+                         f"or score other {items} with sample vae and your own metrics")
     task = dataclasses.replace(task, eval_samples=args.n)
     # The run's own seed, as its final evaluation drew them: -n of its --eval-samples gives its evaluation.json's
     # samples, not another draw of them (a run saved before its seed was recorded: 0, as it then drew)

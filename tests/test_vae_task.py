@@ -576,7 +576,9 @@ def test_sequences_that_are_not_smiles_are_scored_as_strings(tmp_path, monkeypat
         monkeypatch.setattr(metrics, name, lambda *a, **k: pytest.fail("a SMILES metric of non-SMILES sequences"))
     task = task_lib.VAETask(data=str(tmp_path / "words.txt"), smiles_check=False)
     scores = task_lib.sample_scores(["ABC", "ABC", "DDA", "", "BB"], dataset, task)
-    assert scores == {"validity": None, "uniqueness": 3 / 4, "novelty": 2 / 3}  # "" is no sequence; ABC is training's
+    # "" is no sequence (4 of 5 are well-formed, the count the report shows in validity's place); ABC is training's
+    assert scores == {"validity": None, "well_formed": 4 / 5, "uniqueness": 3 / 4, "novelty": 2 / 3}
+    assert task_lib.sample_scores(["", ""], dataset, task)["well_formed"] == 0
     assert np.isnan(task_lib.sample_scores(["", ""], dataset, task)["uniqueness"])
     # no sequence at all: novelty is undefined too (NaN, as uniqueness), not "none novel"
     assert np.isnan(task_lib.sample_scores(["", ""], dataset, task)["novelty"])
@@ -600,8 +602,8 @@ def test_a_sample_with_a_pad_or_sos_is_no_sequence_of_the_data(tmp_path, monkeyp
     report = task_lib.evaluate(nnx.Dict(), dataset, task)  # decoder-only: the model only samples (patched above)
     assert report["samples"]["examples"][2:4] == ["A<pad>B", "<sos>A"]  # written out, as the model chose them
     for name in ("samples", "samples_greedy"):
-        scores = {k: report[name][k] for k in ("validity", "uniqueness", "novelty")}
-        assert scores == {"validity": None, "uniqueness": 2 / 3, "novelty": 1 / 2}, scores  # ABC, DDA, DDA
+        scores = {k: report[name][k] for k in ("validity", "well_formed", "uniqueness", "novelty")}
+        assert scores == {"validity": None, "well_formed": 3 / 5, "uniqueness": 2 / 3, "novelty": 1 / 2}, scores
 
 
 @pytest.mark.slow  # a whole run: its final evaluation compiles sampling and interpolation (~15 s)
@@ -614,7 +616,10 @@ def test_a_run_on_sequences_that_are_not_smiles_reports_no_validity(tmp_path, ca
                  "--out", str(out)]) == 0
     report = json.loads((out / "evaluation.json").read_text())
     assert report["samples"]["validity"] is None and 0 < report["samples"]["uniqueness"] <= 1
-    assert "valid n/a" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    # the count scored in validity's place, and no "molecules" of sequences that are not SMILES
+    assert f"valid n/a  well-formed {report['samples']['well_formed']:.3f}" in printed
+    assert "reconstruction of 5 test sequences" in printed and "molecules" not in printed, printed
     assert main(["evaluate", "vae", "--checkpoint", str(out), "--metrics", "moses", "--reference", "held-out"]) == 2
     assert capsys.readouterr().err.strip().endswith(
         f"--metrics moses: expected a run on SMILES, got one trained with --no-smiles-check on {words} (MOSES's "
@@ -628,6 +633,18 @@ def test_a_run_on_sequences_that_are_not_smiles_reports_no_validity(tmp_path, ca
                         lambda *a, **k: {key: v for key, v in read(*a, **k).items() if key != "data_sha256"})
     assert main(["evaluate", "vae", "--checkpoint", str(out), "-n", "5"]) == 0
     assert "warning" not in capsys.readouterr().err
+    monkeypatch.undo()
+    # The file revised since: refused as changed, naming sequences and no SMILES reader (which never read them)
+    words.write_text(words.read_text() + "ABCDAB\n")
+    assert main(["evaluate", "vae", "--checkpoint", str(out), "-n", "5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "(its sequences as read now differ: the file changed since): its test split would hold other sequences" in err
+    assert "SMILES" not in err and "molecules" not in err, err
+    assert main(["train", "vae", "--data", str(words), "--no-smiles-check", "--steps", "4", "--hidden-size", "8",
+                 "--latent-size", "2", "--batch-size", "8", "--eval-samples", "20", "--eval-every", "0",
+                 "--out", str(out), "--resume"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"the data in --data {words} (its sequences: the file changed since));" in err, err
 
 
 def test_moses_metrics_of_a_run_that_is_not_smiles_are_refused_before_molsets_is_asked_for(tmp_path, monkeypatch,

@@ -727,11 +727,11 @@ def reconstruction(model: SeqVAE, vocab: smiles.Vocabulary, sequences: list[str]
 def sample_scores(generated: list[str], dataset: Dataset, task: VAETask,
                   tokens: np.ndarray | None = None) -> dict[str, float | None]:
     """`validity`, `uniqueness` and `novelty` of generated sequences: MOSES's, for SMILES. A run on sequences that
-    are not SMILES (`smiles_check=False`) has no validity (None: rdkit would call every one invalid), and its
-    uniqueness and novelty compare the strings as written (distinct ones; novel: not a training one) among those
-    that are sequences of the data: non-empty and, given the `tokens [N, T]` that `generated` was decoded from,
-    with no <pad> or <sos> before their <eos> (decoded by name, "A<pad>B": no string of the data, and the
-    reason a SMILES run scores it invalid)."""
+    are not SMILES (`smiles_check=False`) has no validity (None: rdkit would call every one invalid); in its place
+    `well_formed`, the fraction that are sequences of the data: non-empty and, given the `tokens [N, T]` that
+    `generated` was decoded from, with no <pad> or <sos> before their <eos> (decoded by name, "A<pad>B": no string
+    of the data, and the reason a SMILES run scores it invalid). Its uniqueness and novelty compare the strings as
+    written (distinct ones; novel: not a training one) among the well-formed ones."""
     if task.smiles_check:
         return {"validity": metrics.validity(generated),
                 "uniqueness": metrics.uniqueness(generated, k=len(generated)),
@@ -743,7 +743,7 @@ def sample_scores(generated: list[str], dataset: Dataset, task: VAETask,
         formed &= ~np.any(before_eos & ((ids == smiles.PAD) | (ids == smiles.SOS)), axis=1)
     sequences = [s for s, ok in zip(generated, formed) if ok]
     distinct = set(sequences)
-    return {"validity": None,
+    return {"validity": None, "well_formed": len(sequences) / len(generated) if generated else float("nan"),
             "uniqueness": len(distinct) / len(sequences) if distinct else float("nan"),
             "novelty": len(distinct - set(dataset.train)) / len(distinct) if distinct else float("nan")}
 
@@ -753,7 +753,7 @@ def evaluate(model: SeqVAE, dataset: Dataset, task: VAETask, *, seed: int = 0) -
 
     `report["samples"]` (at temperature 1) and `report["samples_greedy"]`: `n`, `validity`, `unterminated` (the
     fraction with no <eos> within max_length + 1 tokens, scored as cut, as MOSES does: see `unterminated`),
-    `uniqueness`, `novelty` (see `sample_scores`) and the first ten `examples`. Without `task.decoder_only`, `reconstruction`, `latent`
+    `uniqueness`, `novelty` (`well_formed` in place of validity without `task.smiles_check`: see `sample_scores`) and the first ten `examples`. Without `task.decoder_only`, `reconstruction`, `latent`
     (`kl`, `kl_per_dim`, `active_units`) and `interpolation` too."""
     model.eval()
     test = dataset.test[: task.eval_sequences]
