@@ -271,6 +271,7 @@ class TrainStep:
         if isinstance(tx, optax.MultiSteps):  # optax's gradient accumulation: an object holding the transformation
             tx = tx.gradient_transformation()
         validate.instance("tx", tx, optax.GradientTransformation)
+        self.extra_args = isinstance(tx, optax.GradientTransformationExtraArgs)
         self.schedule = schedule
         # The optimiser's state built by one compiled `tx.init` instead of eager ops, each of which compiles a
         # program of its own on first use: quicker in a fresh process (docs/measurements.md, "Train step").
@@ -292,6 +293,17 @@ class TrainStep:
         # One program for `write`'s copies: it runs on every process, where the arrays span them all (an eager
         # device_put of a global array is refused).
         self._copy = jax.jit(lambda leaves: [jnp.copy(x) for x in leaves])
+
+    def _value_fn(self, model: nnx.Module, batch: Batch) -> Callable[[Any], jax.Array]:
+        """The loss on `batch` as a function of the parameters (the pure arrays `tx.update` is given), the model's
+        other state as it is now: `value_fn(params)` draws the step's own dropout masks, so it gives the step's loss
+        at the step's parameters, and leaves the model as it was. Unused, it compiles to nothing."""
+        graphdef, _, rest = nnx.split(nnx.clone(model), nnx.Param, ...)  # a copy: the step's call advances the rng
+
+        def value_fn(params):
+            return _check_loss_output(self.loss_fn(nnx.merge(graphdef, params, rest, copy=True), batch))[0]
+
+        return value_fn
 
     def _raw(self, leaves) -> list:
         return [jax.random.key_data(x) if k else x for x, k in zip(leaves, self.key_impls)]
@@ -372,8 +384,13 @@ class TrainStep:
         def objective(model):
             return _check_loss_output(self.loss_fn(model, batch))
 
+        value_fn = self._value_fn(objs["model"], batch) if self.extra_args else None  # before the call (its rng)
         (loss, metrics), grads = nnx.value_and_grad(objective, has_aux=True)(objs["model"])
-        objs["optimizer"].update(objs["model"], grads)
+        # What a transformation with extra arguments reads, as optax's own loops pass them: the batch's loss
+        # (`value`: optax.contrib.reduce_on_plateau, polyak_sgd), its gradient, and `value_fn` (optax.lbfgs's line
+        # search). A plain GradientTransformation's update takes none.
+        extra = {} if value_fn is None else {"value": loss, "grad": grads, "value_fn": value_fn}
+        objs["optimizer"].update(objs["model"], grads, **extra)
         with_path, treedef = jax.tree_util.tree_flatten_with_path(nnx.state(objs))
         if treedef != self.treedef:  # trace-time checks: a step must not change the state's layout
             # named by leaf: the two treedefs printed whole ran to thousands of characters for a small MLP
@@ -508,7 +525,8 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
         one asks); when it says True before the last update, `fit` writes a checkpoint of that update (with an
         `out_dir`) and raises `TrainingStopped`, so a preempted job loses no update: `resume=True` continues
         there, exactly as the uninterrupted run would have gone on.
-      optimizer: an optax transformation of your own (SGD, a Lion, a chain with your clipping; `optax.MultiSteps`
+      optimizer: an optax transformation of your own (SGD, a Lion, a chain with your clipping; one reading the loss,
+        as `optax.contrib.reduce_on_plateau` and `optax.lbfgs` do, gets `value`, `grad` and `value_fn`; `optax.MultiSteps`
         to accumulate gradients, `cfg.steps` then counting batches, k per update of the parameters: make it a
         multiple of k, as batches after the last multiple are accumulated but never applied) instead of the
         Adam(W) `make_optimizer(cfg)` builds. `cfg`'s optimiser fields (`OPTIMIZER_FIELDS`: learning rate,

@@ -1303,6 +1303,46 @@ def test_optax_multisteps_accumulates_gradients_in_train_step_and_fit():
     assert not np.allclose(model.kernel[...], kernel - 0.1 * (grads[0] + grads[1]) / 2)  # fit took it and trained
 
 
+# float32 least squares in 4 unknowns solved by L-BFGS: a few ulps of W_TRUE's O(1) entries left
+LBFGS_SOLUTION_ATOL = 1e-5
+
+
+def test_transformations_with_extra_arguments_get_the_loss_gradient_and_loss_function():
+    # optax.contrib.reduce_on_plateau (torch's ReduceLROnPlateau) and optax.lbfgs read the loss (`value`) and, for
+    # L-BFGS's line search, `grad` and `value_fn` in update(): fit called update without them, and the run died in
+    # optax ("update_fn() missing 1 required keyword-only argument: 'value'").
+    def update(updates, state, params, *, value, grad, value_fn, **extra):  # what it was given, kept in its state
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        return updates, {"value": jnp.float32(value), "again": jnp.float32(value_fn(params)),
+                         "moved": jnp.float32(value_fn(zeros)),
+                         "grad": grad["lin"]["kernel"], "updates": updates["lin"]["kernel"]}
+
+    def init(params):
+        return {**{k: jnp.float32(0) for k in ("value", "again", "moved")},
+                "grad": jnp.zeros((4, 16), jnp.float32), "updates": jnp.zeros((4, 16), jnp.float32)}
+
+    model = DropMLP(nnx.Rngs(0))  # dropout: value_fn draws the step's own masks and leaves the model's rng as it was
+    step = TrainStep(model, loss_fn, optax.GradientTransformationExtraArgs(init, update), batch_fn(0))
+    carry = step(step.init(), batch_fn(0))
+    loss = float(step.read(carry)["window"]["loss"])
+    step.write(carry)
+    seen = {k: np.asarray(v[...]) for k, v in step.optimizer.opt_state.items()}
+    assert float(seen["value"]) == loss  # this batch's loss, as logged
+    assert float(seen["again"]) == loss  # value_fn at the parameters: the same loss, dropout masks and all
+    assert float(seen["moved"]) == pytest.approx(float(jnp.mean((batch_fn(0)[1]) ** 2)))  # zero parameters: 0 out
+    np.testing.assert_array_equal(seen["grad"], seen["updates"])  # `grad`: the gradient the update is given
+    # and the models train: L-BFGS solves least squares; reduce_on_plateau runs (a plain GradientTransformation's
+    # update, sgd's, is still called without them)
+    model = nnx.Linear(4, 1, rngs=nnx.Rngs(0))
+    fit(model, mse_fn, lambda i: linear_batch_fn(0), TrainConfig(steps=12), optimizer=optax.lbfgs())
+    np.testing.assert_allclose(model.kernel[...], W_TRUE, atol=LBFGS_SOLUTION_ATOL)
+    np.testing.assert_allclose(model.bias[...], [0.5], atol=LBFGS_SOLUTION_ATOL)
+    plateau = optax.chain(optax.sgd(0.1), optax.contrib.reduce_on_plateau(patience=1))
+    assert fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), mse_fn, linear_batch_fn, TrainConfig(steps=3), optimizer=plateau)
+    assert fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), mse_fn, linear_batch_fn, TrainConfig(steps=3),
+               optimizer=optax.GradientTransformation(optax.sgd(0.1).init, optax.sgd(0.1).update))
+
+
 def test_steps_per_s_is_the_rate_since_the_last_row(monkeypatch):
     # A clock that moves only when batch_fn is called: one second per update after the first (whose batch fit
     # fetched before the loop), so each row's window is timed from the row before, not from the run's start.
