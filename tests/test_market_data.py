@@ -882,6 +882,32 @@ def test_the_unnamed_index_column_pandas_writes_is_checked_for_time_order(tmp_pa
         read_table(write_csv(tmp_path / "newest.csv", table_rows()[::-1], header))
 
 
+def test_the_unnamed_index_pandas_writes_to_parquet_is_checked_for_time_order(tmp_path):
+    """df.to_parquet() of a frame on a DatetimeIndex without a name stores its dates in a column named
+    '__index_level_0__' (pyarrow's name for it): the same file newest first trained on time run backwards, where its
+    CSV was refused. Written here as pandas writes it: the dates as parquet timestamps under that name."""
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+
+    def write(path, rows):
+        stamps = [datetime.datetime.fromisoformat(row[0]) for row in rows]
+        columns = {h: [row[i] for row in rows] for i, h in enumerate(HEADER) if h != "date"}
+        pq.write_table(pa.table({**columns, "__index_level_0__": pa.array(stamps, pa.timestamp("ns"))}), path)
+        return path
+
+    check(read_table(write(tmp_path / "ok.parquet", table_rows())))
+    with pytest.raises(ValueError, match=r"newest\.parquet: rows must be in time order \(oldest first\), but column "
+                                         r"'__index_level_0__' goes back from 2024-01-06 00:00:00 to 2024-01-05 "
+                                         r"00:00:00 at row 3; a file written newest first must be reversed$"):
+        read_table(write(tmp_path / "newest.parquet", table_rows()[::-1]))
+    # a RangeIndex kept as a column (df.reset_index() then to_parquet keeps 'index'; pyarrow itself may store one as
+    # __index_level_0__ of row numbers): no dates, nothing to check
+    rows = table_rows()
+    columns = {h: [row[i] for row in rows] for i, h in enumerate(HEADER)}
+    numbers = list(range(len(rows)))[::-1]  # even counting down
+    pq.write_table(pa.table({**columns, "__index_level_0__": numbers}), tmp_path / "numbered.parquet")
+    check(read_table(tmp_path / "numbered.parquet"))
+
+
 def test_a_repeated_date_is_refused_beside_the_row_numbers_pandas_writes(tmp_path):
     """df.to_csv() of a frame on the default RangeIndex writes a first column headed '' of row numbers 0, 1, ...
     Since '' was checked as a date column, it counted as the file's second one (a date beside a time of day), where a

@@ -30,8 +30,9 @@ the file's column order; `path_col` groups rows into paths, in order of first ap
 whole file is one path), and is never a feature or a return. A boolean feature (a flag, parquet or npz) reads
 as 0.0 / 1.0; a boolean return is an error.
 
-Time order: a column named date, datetime, time or timestamp (any case) or unnamed (pandas' index), neither a
-feature nor a return, whose non-blank cells are all dates or times is checked: ISO (2024-01-02, 2024-01-02T15:30,
+Time order: a column named date, datetime, time or timestamp (any case) or pandas' unnamed index ("" in a CSV,
+__index_level_0__ in a parquet file), neither a feature nor a return, whose non-blank cells are all dates or times
+is checked: ISO (2024-01-02, 2024-01-02T15:30,
 20240102 as text or integers), parquet dates, or an export's (01/31/2024, 31/01/2024, 31.01.2024, 2024/01/31,
 31-Jan-2024, each with or without a time HH:MM[:SS]; `OTHER_DATE_FORMATS`). Within a path each stamp must be later
 than the one before (a file written newest first, or the same bar twice, is refused); a blank cell is refused (date
@@ -62,6 +63,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import re
 import warnings
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
@@ -452,6 +454,13 @@ def _read_parquet(path: Path):
 # A column of these names (any case) is checked for order; "": the unnamed column pandas writes for an index without
 # a name (a DatetimeIndex, df.to_csv()), the dates of a table built in pandas.
 DATE_COLUMNS = ("date", "datetime", "time", "timestamp", "")
+# The same unnamed index as df.to_parquet() writes it (pyarrow names each level so)
+PANDAS_PARQUET_INDEX = re.compile(r"__index_level_\d+__")
+
+
+def _unnamed_index(column: str) -> bool:
+    """Whether `column` is pandas' unnamed index, as a CSV ("") or a parquet file holds it."""
+    return column == "" or PANDAS_PARQUET_INDEX.fullmatch(column) is not None
 RATE_ROWS = 20  # fewest rows per path to tell bars a year from the dates (MarketData.bars_per_year): a few say little
 # Fewest days spanned to tell bars a year from bars that pause (an exchange's, closed nights and weekends): a shorter
 # span may hold no weekend, and a week of hourly bars, Monday to Friday, reads as 1.7 times their rate a year.
@@ -480,11 +489,11 @@ def _check_time_order(file: str, columns: list[str], get: Callable, ids: np.ndar
     at most an hour (the hour repeated when daylight saving time ends) is refused too, as no zone says where it
     belongs: the message says how to write it (`CLOCK_BACK`). Returns the (non-blank) stamps of the first checked
     column that only one reading has in time order; None if there is none."""
-    cells = {c: _cells(get(c)) for c in columns if c.lower() in DATE_COLUMNS and c not in exclude}
+    cells = {c: _cells(get(c)) for c in columns if (c.lower() in DATE_COLUMNS or _unnamed_index(c)) and c not in exclude}
     readings = {name: _readings(column) for name, column in cells.items()}
     # pandas' unnamed index is a date column only when it holds dates: df.to_csv()'s RangeIndex (0, 1, ...) is no
     # time of day beside a date column, whose repeats must still be refused
-    stamped = [name for name in cells if name or readings[name]]
+    stamped = [name for name in cells if not _unnamed_index(name) or readings[name]]
     found = None
     for name in stamped:
         errors = [_order_error(file, name, cells[name], stamps, ids, where, len(stamped) == 1)
