@@ -997,6 +997,33 @@ def test_step_times_of_an_export_are_its_reading_in_time_order(tmp_path):
     data = read_table(write_csv(tmp_path / "days.csv", rows), path_col=None)
     np.testing.assert_array_equal(data.step_times, np.array([days], "datetime64[us]"))
 
+@pytest.mark.parametrize("per_second", [1, 1000, 10**6, 10**9], ids=["s", "ms", "us", "ns"])
+def test_unix_times_are_dates_checked_for_time_order(tmp_path, per_second):
+    """Exchanges' and crypto data's exports stamp bars in Unix time (Binance's open_time: milliseconds). Such a
+    'timestamp' column was no date, so the file newest first trained on time run backwards without a word; now it is
+    read as UTC times, in the unit its size gives, and checked."""
+    days = [datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone.utc) + datetime.timedelta(days=t) for t in range(T)]
+    stamps = [int(d.timestamp()) * per_second for d in days]
+    rows = [[stamp, *row[1:]] for stamp, row in zip(stamps, table_rows()[::2])]  # path 'x' alone
+    header = ["timestamp", *HEADER[1:]]
+    data = read_table(write_csv(tmp_path / "bars.csv", rows, header), path_col=None)
+    np.testing.assert_array_equal(data.step_times, np.array([[d.replace(tzinfo=None) for d in days]],
+                                                            "datetime64[us]"))
+    with pytest.raises(ValueError, match=rf"rows must be in time order \(oldest first\), but column 'timestamp' goes "
+                                         rf"back from {stamps[-1]} to {stamps[-2]} at row 2 \(line 3\)"):
+        read_table(write_csv(tmp_path / "newest.csv", rows[::-1], header), path_col=None)
+    with pytest.raises(ValueError, match=r"column 'timestamp' goes back"):  # a parquet integer column alike
+        read_table(write_parquet(tmp_path / "newest.parquet", rows[::-1], header), path_col=None)
+
+
+def test_numbers_of_no_one_unix_unit_are_no_dates(tmp_path):
+    """Below 1e9 a number is no Unix time (20240102 is an ISO date, 930 a time of day), nor is a column mixing
+    seconds and milliseconds: such a column is taken as it comes, as before."""
+    rows = [[stamp, *row[1:]] for stamp, row in zip([1_700_000_000_000, 1_600_000_000, 1_700_000_000_000, 930,
+                                                     1_600_000_000, 5][:T], table_rows()[::2])]
+    read_table(write_csv(tmp_path / "mixed.csv", rows, ["timestamp", *HEADER[1:]]), path_col=None)
+
+
 def test_bars_per_year_averages_the_paths_spans_from_rate_rows_steps():
     """Rows a year: steps per path over the paths' mean span. From `RATE_ROWS` steps per path; with fewer a rate
     says little (None)."""

@@ -32,16 +32,16 @@ as 0.0 / 1.0; a boolean return is an error.
 
 Time order: a column named date, datetime, time or timestamp (any case) or pandas' unnamed index ("" in a CSV,
 __index_level_0__ in a parquet file), neither a feature nor a return, whose non-blank cells are all dates or times
-is checked: ISO (2024-01-02, 2024-01-02T15:30,
-20240102 as text or integers), parquet dates, or an export's (01/31/2024, 31/01/2024, 31.01.2024, 2024/01/31,
-31-Jan-2024, each with or without a time HH:MM[:SS]; `OTHER_DATE_FORMATS`). Within a path each stamp must be later
-than the one before (a file written newest first, or the same bar twice, is refused); a blank cell is refused (date
-missing); and the stamps must all have a time zone, or none. A column that reads two ways (01/02/2024: month or day
-first) passes if either reading is in order; a column of other cells is taken as it comes. Local times without a
-zone repeat an hour when daylight saving time ends (01:00-02:00 twice): that is refused as going back in time, as
-nothing in the file says which hour came first; write the stamps with their UTC offset (2024-10-27T02:30+01:00) or
-in UTC, or the date and the time of day as two columns (date, time: only the dates are then checked, and may
-repeat).
+is checked: ISO (2024-01-02, 2024-01-02T15:30, 20240102 as text or integers), parquet dates, or an export's
+(01/31/2024, 31/01/2024, 31.01.2024, 2024/01/31, 31-Jan-2024, each with or without a time HH:MM[:SS];
+`OTHER_DATE_FORMATS`), or Unix time in seconds, milliseconds, microseconds or nanoseconds (`EPOCH_MIN`). Within a
+path each stamp must be later than the one before (a file written newest first, or the same bar twice, is refused);
+a blank cell is refused (date missing); and the stamps must all have a time zone, or none. A column that reads two
+ways (01/02/2024: month or day first) passes if either reading is in order; a column of other cells is taken as it
+comes. Local times without a zone repeat an hour when daylight saving time ends (01:00-02:00 twice): that is refused
+as going back in time, as nothing in the file says which hour came first; write the stamps with their UTC offset
+(2024-10-27T02:30+01:00) or in UTC, or the date and the time of day as two columns (date, time: only the dates are
+then checked, and may repeat).
 
 Missing values (empty cell, "nan"/"NA", parquet null, NaN in npz) follow `fill`:
     error  (default) refuse, naming the first one;
@@ -445,7 +445,8 @@ def _read_parquet(path: Path):
     def get(name):
         col = table.column(name)
         if pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_decimal(col.type):
-            return col.cast(pa.float64()).to_numpy()  # nulls -> NaN
+            # nulls -> NaN; unsafe: an int64 beyond 2**53 (a Unix time in nanoseconds) rounds, as NumPy's would
+            return col.cast(pa.float64(), safe=False).to_numpy()
         return col.to_pylist()  # text to parse, or the path ids
 
     return table.column_names, get, lambda i: f"row {i + 1}"
@@ -461,6 +462,8 @@ PANDAS_PARQUET_INDEX = re.compile(r"__index_level_\d+__")
 def _unnamed_index(column: str) -> bool:
     """Whether `column` is pandas' unnamed index, as a CSV ("") or a parquet file holds it."""
     return column == "" or PANDAS_PARQUET_INDEX.fullmatch(column) is not None
+
+
 RATE_ROWS = 20  # fewest rows per path to tell bars a year from the dates (MarketData.bars_per_year): a few say little
 # Fewest days spanned to tell bars a year from bars that pause (an exchange's, closed nights and weekends): a shorter
 # span may hold no weekend, and a week of hourly bars, Monday to Friday, reads as 1.7 times their rate a year.
@@ -543,13 +546,47 @@ def _order_error(file: str, name: str, cells: list, stamps: list, ids: np.ndarra
     return None
 
 
+# Unix time, as exchanges' and crypto data's exports stamp their bars: numbers from EPOCH_MIN on, whose size gives the
+# unit (seconds up to 1e11, i.e. until the year 5138; then milliseconds, microseconds, nanoseconds). Below, a number
+# is no Unix time: 20240102 is an ISO date, 930 a time of day.
+EPOCH_MIN = 1e9  # 2001-09-09 in seconds
+EPOCH_UNITS = ((1e11, 1.0), (1e14, 1e3), (1e17, 1e6), (float("inf"), 1e9))  # (below, units per second)
+
+
+def _epoch_reading(cells: list) -> list | None:
+    """A date column's cells as Unix times (UTC datetimes; None where blank), if every other cell is a number of the
+    same unit from `EPOCH_MIN` on (`EPOCH_UNITS`); else None."""
+    numbers = []
+    for cell in cells:
+        text = "" if cell is None else str(cell).strip()
+        if text.lower() in _MISSING:
+            numbers.append(None)
+            continue
+        try:
+            numbers.append(float(text))
+        except ValueError:
+            return None
+    given = [x for x in numbers if x is not None]
+    if not given or not all(np.isfinite(x) and x >= EPOCH_MIN for x in given):
+        return None
+    units = {next(per_second for below, per_second in EPOCH_UNITS if x < below) for x in given}
+    if len(units) > 1:
+        return None
+    per_second = units.pop()
+    return [None if x is None else datetime.fromtimestamp(x / per_second, timezone.utc) for x in numbers]
+
+
 def _readings(cells: list) -> list[list]:
     """Each way to read a date column's cells as datetimes (None where blank) that reads every cell: ISO dates or
-    times (or parquet dates) alone if they do, else each of `OTHER_DATE_FORMATS` that does; [] if none does."""
+    times (or parquet dates) alone if they do, else Unix times (`_epoch_reading`), else each of
+    `OTHER_DATE_FORMATS` that does; [] if none does."""
     try:
         return [[_stamp(cell) for cell in cells]]
     except ValueError:
         pass
+    epoch = _epoch_reading(cells)
+    if epoch is not None:
+        return [epoch]
     texts = [None if cell is None or str(cell).strip().lower() in _MISSING else str(cell).strip() for cell in cells]
     readings = []
     for form in OTHER_DATE_FORMATS:
