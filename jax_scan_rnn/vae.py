@@ -562,7 +562,10 @@ class SeqVAE(nnx.Module):
             check_host_lengths(lengths, *np.shape(tokens))
 
     def _check_tokens(self, tokens: Any) -> Array:
-        tokens = jnp.asarray(tokens)
+        try:
+            tokens = jnp.asarray(tokens)
+        except (TypeError, ValueError):  # None, a string: JAX's own message names no argument
+            raise TypeError(f"tokens: expected an integer array of token ids, got {type(tokens).__name__}") from None
         _check_token_array(tokens, self.vocab_size)
         return tokens
 

@@ -185,13 +185,18 @@ def float_dtype(name: str, value: Any, *, none: bool = False) -> Any:
 
 def floating_array(name: str, value: Any, like: Any = None) -> Any:
     """`value` (a JAX or NumPy array, a torch tensor as `from_torch` reads it, a list) as a JAX array of a floating
-    dtype: what every model's input is checked for first. TypeError naming `name` for another dtype. With `like`
+    dtype: what every model's input is checked for first. TypeError naming `name` for another dtype, or for what is no
+    array (None, a string, a tuple of arrays of different shapes: a state passed where the input goes). With `like`
     (the parameters' dtype), promoted to the dtype that holds both (`jnp.promote_types`), the dtype the model then
     computes in, as Flax's layers do: a float16 or bfloat16 input to float32 weights runs in float32, never in
     the lower precision silently (torch refuses the mismatch; `compute_dtype` asks for low-precision matmuls)."""
     import jax.numpy as jnp
 
-    x = jnp.asarray(from_torch(value))
+    host = from_torch(value)  # (its own error for a torch dtype no array library here holds)
+    try:
+        x = jnp.asarray(host)
+    except (TypeError, ValueError):  # JAX's own message ("None is not a valid value for jnp.array") names no argument
+        raise TypeError(f"{name}: expected a floating array, got {type(value).__name__}") from None
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise TypeError(f"{name}: expected a floating dtype, got {x.dtype}")
     return x if like is None else x.astype(jnp.promote_types(x.dtype, like))

@@ -46,6 +46,18 @@ def test_wrong_feature_size_is_a_value_error(cls):
 
 
 @pytest.mark.parametrize("cls", KINDS)
+def test_no_array_is_named(cls):
+    """None or a string for `x`, eager or through `jsr.jit`: one line naming `x`, not JAX's own error ("None is not a
+    valid value for jnp.array", "Value 'abc' with dtype <U3 is not a valid JAX array type")."""
+    model = cls(3, 5, rngs=nnx.Rngs(0))
+    for call in (model, jsr.jit(model)):
+        with pytest.raises(TypeError, match="^x: expected a floating array, got NoneType"):
+            call(None)
+        with pytest.raises(TypeError, match="^x: expected a floating array, got str"):
+            call("abc")
+
+
+@pytest.mark.parametrize("cls", KINDS)
 def test_integer_input_is_a_type_error(cls):
     model = cls(3, 5, rngs=nnx.Rngs(0))
     with pytest.raises(TypeError, match="x: expected a floating dtype, got int"):
@@ -533,6 +545,7 @@ def test_hand_written_gate_derivatives_are_jaxs_own(cls, kwargs, monkeypatch):
     (lambda cell, x, h: cell(x[0], h), ValueError, r"hx: expected a \[5\] array, got shape \(4, 5\)"),
     (lambda cell, x, h: cell(x, (h, h)), ValueError, r"hx: expected a \[4, 5\] array, got a tuple of 2"),
     (lambda cell, x, h: cell(x, h.astype(jnp.int32)), TypeError, "hx: expected a floating dtype, got int32"),
+    (lambda cell, x, h: cell(None), TypeError, "^input: expected a floating array, got NoneType$"),
 ])
 def test_a_wrong_cell_call_names_the_argument(bad, error, message):
     cell = jsr.GRUCell(3, 5, rngs=nnx.Rngs(0))

@@ -141,6 +141,18 @@ def test_step_errors_name_its_own_arguments_and_shapes():
         trav.step(None, np.zeros((2, 3)), dropout_masks=np.ones((2, 1, 7)))
 
 
+def test_what_is_no_array_is_named_not_left_to_jax():
+    """`step(inputs_t, state)`, the arguments swapped (torch_ref's twin names them too), or None for the inputs: one
+    line naming the argument and what was given, not JAX's "Cannot concatenate arrays with different numbers of
+    dimensions" or "None is not a valid value for jnp.array"."""
+    trav = model()
+    state = trav.initial_state(2)
+    with pytest.raises(TypeError, match=r"^inputs_t: expected a floating array, got TravellerState$"):
+        trav.step(np.zeros((2, 3)), state)
+    with pytest.raises(TypeError, match=r"^inputs: expected a floating array, got NoneType$"):
+        trav(None)
+
+
 def test_dropout_in_training_only_and_ones_masks_equal_eval():
     trav = model(num_layers=3, dropout=0.5)
     x = np.random.default_rng(2).standard_normal((2, 12, 3))

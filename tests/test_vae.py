@@ -696,6 +696,9 @@ Z2 = randn(2, Z)
             r"gumbel: expected shape \[B, max_len, V\] = \[2, 5, 9\], got \[2, 4, 9\]",
         ),
         (lambda m: m.generate(Z2.astype(jnp.int32), 5), TypeError, "z: expected a floating dtype, got int32"),
+        # no array at all: named, not JAX's "None is not a valid value for jnp.array"
+        (lambda m: m.generate(None, 5), TypeError, "^z: expected a floating array, got NoneType$"),
+        (lambda m: m.loss(None, LENGTHS), TypeError, "^tokens: expected an integer array of token ids, got NoneType$"),
     ],
 )
 def test_bad_arguments(call, error, message):
