@@ -534,6 +534,15 @@ def test_errors_name_the_argument():
             call()
 
 
+def test_decoder_only_loss_names_tokens_that_are_no_tensor():
+    """`loss(tokens, lengths, z=...)` (the decoder alone) checks `tokens` before reading their batch size for z's
+    check: a list is named as `encode` names it, not an AttributeError ("'list' object has no attribute 'shape'")."""
+    model = make_model()
+    tokens, lengths = make_batch([3, 4], 4)
+    with pytest.raises(TypeError, match=r"^tokens: expected a torch.Tensor of token ids, got list$"):
+        model.loss(tokens.tolist(), lengths, z=torch.zeros(2, Z, dtype=model.dtype))
+
+
 def test_numpy_numbers_are_taken_as_their_python_values():
     # Sizes read from a NumPy config or a sweep (np.int64) are integers as jsr.SeqVAE takes them; nn.GRU
     # itself refuses NumPy's integers ("hidden_size should be of type int"), so they are passed on as ints.

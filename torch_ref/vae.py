@@ -361,6 +361,7 @@ class SeqVAE(nn.Module):
             mu, logvar = self.encode(tokens, lengths)
             z = self.reparameterize(mu, logvar, eps)
         else:
+            self._check_tokens(tokens)  # first: z's check reads the tokens' batch size
             self._check_z(z, batch=tokens.shape[0])
             mu = logvar = torch.zeros_like(z)  # no posterior: KL(N(0, 1) || N(0, 1)) = 0 in every dimension
         logits = self.decode(z, tokens, replace_mask=replace_mask, word_mask=word_mask, mode=mode, gumbel=gumbel,
