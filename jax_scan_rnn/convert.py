@@ -671,9 +671,11 @@ def read_state_dict_file(path: str | os.PathLike, argname: str = "path") -> dict
         head = f.read(9)
     # Read as what it holds, whatever its suffix says (a safetensors file named .pt, or the other way): a safetensors
     # file starts with its header's length (8 bytes) and the header's "{", a torch.save file with a zip's or a
-    # pickle's mark.
-    saved_by_torch = head.startswith((b"PK", b"\x80"))
-    if not saved_by_torch and (suffix == ".safetensors" or (len(head) == 9 and head[8:] == b"{")):
+    # pickle's mark (whose 9th byte is never "{"). The "{" is looked at first: a header of 128 + 256k bytes starts
+    # with the pickle's mark, 0x80, as its length's low byte (one safetensors file in 32 was read as a pickle).
+    safetensors_header = len(head) == 9 and head[8:] == b"{"
+    saved_by_torch = not safetensors_header and head.startswith((b"PK", b"\x80"))
+    if not saved_by_torch and (suffix == ".safetensors" or safetensors_header):
         try:
             return load_safetensors(path)
         except ValueError as err:

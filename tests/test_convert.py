@@ -295,6 +295,22 @@ def test_a_damaged_safetensors_file_is_a_value_error_naming_the_path(tmp_path, d
         jsr.load_safetensors(path)
 
 
+def test_a_safetensors_file_whose_header_length_starts_with_the_pickle_mark_is_read_as_safetensors(tmp_path):
+    # A safetensors file starts with its header's length, little-endian: 1152 bytes (this Traveller's keys and shapes)
+    # is 0x80 0x04 ..., the byte a pickle starts with. Such a file (one in 32: lengths are multiples of 8) was read as
+    # torch's, and --init-from refused the command's own export as "not a readable torch state_dict".
+    from jax_scan_rnn.convert import read_state_dict_file
+
+    state_dict = jsr.torch_state_dict(jsr.Traveller(100, 8, 3, rngs=nnx.Rngs(0)))
+    path = tmp_path / "trav.safetensors"
+    jsr.save_safetensors(state_dict, path)
+    assert path.read_bytes()[:1] == b"\x80"  # what the test is about
+    read = read_state_dict_file(path, "init_from")
+    assert read.keys() == state_dict.keys()
+    for key, value in state_dict.items():
+        np.testing.assert_array_equal(read[key], value, err_msg=key)
+
+
 def test_a_saved_file_has_the_permissions_of_a_plain_file(tmp_path):
     """safetensors' own save_file leaves 0600 (its temporary file's mode): a weights file hidden from its group."""
     jsr.save_safetensors(jsr.torch_state_dict(pair("GRU", 1)[1]), tmp_path / "gru.safetensors")
