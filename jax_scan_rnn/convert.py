@@ -629,7 +629,8 @@ def load_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
     Raises:
       FileNotFoundError: no file at `path`.
       IsADirectoryError: `path` is a directory.
-      ValueError: the file is not a whole `.safetensors` file (truncated, say, by an interrupted copy).
+      ValueError: the file is not a whole `.safetensors` file (truncated, say, by an interrupted copy), or is a
+        `torch.save` file.
     """
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
@@ -643,6 +644,11 @@ def load_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
     try:
         return load_file(path)
     except SafetensorError as err:
+        with open(path, "rb") as f:
+            head = f.read(9)
+        if head.startswith((b"PK", b"\x80")) and head[8:] != b"{":  # a zip's or a pickle's mark: torch.save's file
+            raise ValueError(f"load_safetensors: {path!r} is a torch.save file (zip or pickle), not a .safetensors "
+                             "file: read it with torch.load(path, weights_only=True)") from None
         raise ValueError(
             f"load_safetensors: {path!r} is not a whole .safetensors file (truncated or corrupt): {err}"
         ) from err

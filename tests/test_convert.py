@@ -311,6 +311,16 @@ def test_a_safetensors_file_whose_header_length_starts_with_the_pickle_mark_is_r
         np.testing.assert_array_equal(read[key], value, err_msg=key)
 
 
+def test_a_torch_file_given_to_load_safetensors_is_named_as_such(tmp_path):
+    # A whole file torch.save wrote is neither truncated nor corrupt: the error says what it is and what reads it.
+    path = tmp_path / "lstm.pt"
+    torch.save(torch.nn.LSTM(2, 3).state_dict(), path)
+    with pytest.raises(ValueError) as err:
+        jsr.load_safetensors(path)
+    assert str(err.value) == (f"load_safetensors: '{path}' is a torch.save file (zip or pickle), not a .safetensors "
+                              "file: read it with torch.load(path, weights_only=True)")
+
+
 def test_a_saved_file_has_the_permissions_of_a_plain_file(tmp_path):
     """safetensors' own save_file leaves 0600 (its temporary file's mode): a weights file hidden from its group."""
     jsr.save_safetensors(jsr.torch_state_dict(pair("GRU", 1)[1]), tmp_path / "gru.safetensors")
