@@ -49,6 +49,9 @@ def integer(name: str, value: Any, lo: int | None = None, hi: int | None = None,
     ok = isinstance(value, Integral) and not isinstance(value, bool)
     if not ok or (lo is not None and value < lo) or (hi is not None and value > hi):
         either = "".join(f"{a!r} or " for a in extra)
+        if _traced(value):  # a NumPy or JAX scalar under jsr.jit / jax.jit: "got JitTracer(int32[])" said not why
+            raise ValueError(f"{name}: expected {either}an int{_bounds(lo, hi)}, a static one (a Python int: under "
+                             f"jit a NumPy or JAX scalar is traced), got a traced {value.aval.str_short()}")
         raise ValueError(f"{name}: expected {either}an int{_bounds(lo, hi)}, got {value!r}")
     return int(value)
 
@@ -235,6 +238,12 @@ def user_stacklevel() -> int:
     while frame is not None and frame.f_code.co_filename.startswith(inside):
         frame, level = frame.f_back, level + 1
     return level
+
+
+def _traced(value: Any) -> bool:
+    """Whether `value` is a JAX tracer (JAX not imported: it cannot be one)."""
+    jax = sys.modules.get("jax")
+    return jax is not None and isinstance(value, jax.core.Tracer)
 
 
 def _bounds(lo: int | None, hi: int | None) -> str:

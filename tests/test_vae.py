@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 
 import flax.errors
 import jax
@@ -725,6 +726,18 @@ def test_bad_constructor_arguments(kwargs, message):
 def test_flags_are_bools():
     with pytest.raises(TypeError, match="^bidirectional: expected True or False, got 1$"):
         jsr.SeqVAE(V, H, Z, L, bidirectional=1, rngs=nnx.Rngs(0))
+
+
+def test_a_numpy_max_len_through_jsr_jit_is_named_as_traced():
+    """jsr.jit traces NumPy scalars (compiled.py), so `fast.generate(z, np.int64(5))` reaches the static `max_len` as a
+    tracer: the error says so and what to pass, not "expected an int >= 1, got JitTracer(int32[])" of a 5."""
+    fast = jsr.jit(make_model())
+    with pytest.raises(ValueError, match=re.escape(
+        "max_len: expected an int >= 1, a static one (a Python int: under jit a NumPy or JAX scalar is traced), got a "
+        "traced int"
+    ) + r"(32|64)\[\]"):  # int64 under x64
+        fast.generate(Z2, np.int64(5))
+    assert fast.generate(Z2, 5).shape == (2, 5)  # the Python int: static, as documented
 
 
 def test_noise_from_the_modules_stream_under_a_plain_jax_transform_names_the_way_out():
