@@ -279,8 +279,10 @@ def test_config_errors(kwargs, match):
     [
         (dict(num_paths=0), r"num_paths: expected an int >= 1, got 0"),
         (dict(num_steps=2.5), r"num_steps: expected an int >= 1, got 2.5"),
-        (dict(seed="a"), r"seed: expected an int, got 'a'"),
-        (dict(seed=True), r"seed: expected an int, got True"),
+        (dict(seed="a"), r"^seed: expected an int >= 0, got 'a'$"),
+        (dict(seed=True), r"^seed: expected an int >= 0, got True$"),
+        # NumPy's own refusal ("expected non-negative integer") named no argument
+        (dict(seed=-1), r"^seed: expected an int >= 0, got -1$"),
     ],
 )
 def test_simulate_errors(kwargs, match):

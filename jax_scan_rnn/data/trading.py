@@ -178,7 +178,7 @@ def simulate(cfg: MarketConfig, num_paths: int, num_steps: int, seed: int) -> Ma
     """Draw `num_paths` independent stationary paths of `num_steps` steps; same seed, same market."""
     num_paths = validate.integer("num_paths", num_paths, lo=1)
     num_steps = validate.integer("num_steps", num_steps, lo=1)
-    validate.integer("seed", seed)
+    validate.integer("seed", seed, lo=0)  # NumPy's own refusal of a negative one names no argument
     rng = np.random.default_rng(seed)
     k = cfg.num_signals
     decay = 1.0 - cfg.phi  # [K]
