@@ -402,6 +402,15 @@ def test_performance_by_hand():
     assert performance(np.zeros_like(x), r, obj)["sharpe"] is None  # no trading: no risk to scale by
 
 
+@pytest.mark.parametrize("periods", [0, -252, None])
+def test_performance_names_a_periods_per_year_that_annualises_nothing(periods):
+    # 0 gave a Sharpe ratio of exactly 0, a negative number NaN (with NumPy's RuntimeWarning), None NumPy's TypeError
+    obj = Objective(2.0, 10.0, np.array([[0.04]]))
+    x, r = np.array([[[0.5], [0.5], [1.0]]]), np.array([[[0.1], [-0.2], [0.3]]])
+    with pytest.raises(ValueError, match=rf"^periods_per_year: expected a finite number > 0, got {periods}$"):
+        performance(x, r, obj, periods_per_year=periods)
+
+
 def test_buy_and_hold_and_rolling_markowitz_use_only_the_past():
     rng = np.random.default_rng(0)
     r = rng.standard_normal((2, 60, 3)) * 0.1 + 0.02

@@ -344,6 +344,8 @@ def summarise(terms: dict[str, np.ndarray], periods_per_year: float = 252) -> di
     step, times sqrt(periods_per_year); None when the net return is constant (no trading at all). With several paths
     [B, T] both are over all B T steps pooled (a typical path's Sharpe ratio, not that of a portfolio of the paths);
     the std is the population one (ddof 0) and there is no risk-free rate: excess returns in, excess Sharpe out."""
+    # 0 gave a Sharpe ratio of 0 and a negative one NaN, silently
+    periods_per_year = validate.real("periods_per_year", periods_per_year, lo=0, lo_open=True)
     net = terms["net"]
     std = float(net.std())
     sharpe = float(net.mean() / std * np.sqrt(periods_per_year)) if std > 1e-12 * (1 + abs(net.mean())) else None
