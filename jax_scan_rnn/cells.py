@@ -128,7 +128,8 @@ class RNNCellBase(nnx.Module):
     def initial_state(self, batch_size: int, dtype=jnp.float32):
         """The zero state for `batch_size` sequences: `h [B, R]` (an LSTM's carries its `c [B, H]` too)."""
         # Only what is surely no size is refused: a symbolic size (jax.export) and a 0-d integer array are sizes.
-        if isinstance(batch_size, (bool, float)) or (isinstance(batch_size, (int, np.integer)) and batch_size < 1):
+        if isinstance(batch_size, (bool, float, str, type(None))) or (
+                isinstance(batch_size, (int, np.integer)) and batch_size < 1):
             raise ValueError(f"batch_size: expected an int >= 1, got {batch_size!r}")
         return jnp.zeros((batch_size, self.state_size), dtype)
 

@@ -127,9 +127,9 @@ def test_dropout_masks_are_drawn_from_the_dropout_stream_given():
 @pytest.mark.parametrize("make", [lambda: jsr.GRU(3, 5, rngs=nnx.Rngs(0)), lambda: jsr.LSTMCell(3, 5, rngs=nnx.Rngs(0)),
                                   lambda: jsr.RNNCell(3, 5, rngs=nnx.Rngs(0)),
                                   lambda: jsr.Traveller(3, 5, rngs=nnx.Rngs(0))])
-@pytest.mark.parametrize("size", [True, 0, -2, 1.5, np.int64(0)])
+@pytest.mark.parametrize("size", [True, 0, -2, 1.5, np.int64(0), "2", None])
 def test_initial_state_batch_size_is_checked(make, size):
-    # A bool was batch 1 (False: 0) without a word; -2 and 1.5 failed inside jnp.zeros without naming it.
+    # A bool was batch 1 (False: 0) without a word; -2, 1.5, "2" and None failed inside jnp.zeros without naming it.
     with pytest.raises(ValueError, match=rf"^batch_size: expected an int >= 1, got {re.escape(repr(size))}$"):
         make().initial_state(size)
     # A 0-d integer array is a size, as a symbolic one is (jax.export: tests/test_jax_export.py)
