@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_scan_rnn import validate
+from jax_scan_rnn.cells import check_carry, state_description
 from jax_scan_rnn.layers import RNNBase
 from jax_scan_rnn.scan import ScanUnroll, time_scan
 
@@ -94,7 +95,7 @@ def feedback_scan(
         raise TypeError(f"core: expected a stack of layers (jsr.LSTM, jsr.GRU, jsr.RNN), got {type(core).__name__}")
     stacked = not isinstance(carries, list)
     if stacked:
-        carries = core.unstack_state(carries)
+        carries = core.unstack_state(_check_stacked(core, carries) if isinstance(core, RNNBase) else carries)
     if len(carries) != core.num_layers and not core.bidirectional:  # bidirectional: `core.step` says why not
         raise ValueError(f"carries: expected one per layer ({core.num_layers}), got {len(carries)}")
     steps = _steps(xs)
@@ -130,6 +131,20 @@ def feedback_scan(
         body, (carries, feedback), (xs, per_step), prepare=prepare_xs, unroll=unroll, remat_chunk=remat_chunk
     )
     return (core.stack_carries(carries) if stacked else carries), feedback, ys
+
+
+def _check_stacked(core: RNNBase, carries: PyTree) -> PyTree:
+    """`carries` in the layers' own layout (`core.initial_state(B)`: `h [L*D, B, R]`, an LSTM's `(h, c)`), checked
+    whole, as the layers' call checks its `initial_state`: unstacking reads entries 0 .. L*D-1 and JAX clamps an
+    index past the end, so a state of fewer layers ran silently (layer 0's state fed to the layers above it too)."""
+    leaves = jax.tree.leaves(carries)
+    batch = jnp.shape(leaves[0])[1] if leaves and jnp.ndim(leaves[0]) == 3 else None
+    dtype = jnp.result_type(leaves[0]) if leaves else jnp.float32
+    expected = core.initial_state(1 if batch is None else batch, dtype)  # (a symbolic batch has no truth value)
+    shape = f"[{core.num_layers * core.num_directions}, {'B' if batch is None else batch}, {{}}]"
+    desc = state_description(shape.format(core.layers[0].state_size),
+                             shape.format(core.hidden_size) if isinstance(expected, tuple) else None)
+    return check_carry("carries", carries, expected, desc)
 
 
 def _steps(xs: PyTree) -> int:

@@ -159,8 +159,14 @@ def test_a_per_layer_list_of_the_wrong_length_names_carries():
      r"feed's shape and dtype"),
     ({"feedback": jnp.zeros((4, 2), jnp.float32), "xs": jnp.zeros((6, 4, 2), jnp.float32)}, ValueError,
      r"feedback: expected what `feed` returns each step, float32\[4, 1\], got float32\[4, 2\]: give .*"),
+    # A stacked state of another number of layers ran: JAX clamps the index past its end, so a [1, B, H] state fed
+    # layer 0's state to layer 1 too, and a [3, B, H] one dropped its last layer; another H failed inside the step.
+    ({"carries": jnp.zeros((1, 4, 5))}, ValueError, r"carries: expected a \[2, 4, 5\] array, got shape \(1, 4, 5\)"),
+    ({"carries": jnp.zeros((3, 4, 5))}, ValueError, r"carries: expected a \[2, 4, 5\] array, got shape \(3, 4, 5\)"),
+    ({"carries": jnp.zeros((2, 4, 6))}, ValueError, r"carries: expected a \[2, 4, 5\] array, got shape \(2, 4, 6\)"),
+    ({"carries": jnp.zeros((4, 5))}, ValueError, r"carries: expected a \[2, B, 5\] array, got shape \(4, 5\)"),
 ], ids=["xs-None", "xs-empty", "xs-two-T", "masks-H", "masks-T", "jsr-cell", "nnx-cell", "carries-batch",
-        "feedback-dtype", "feedback-shape"])
+        "feedback-dtype", "feedback-shape", "carries-fewer-layers", "carries-more-layers", "carries-H", "carries-rank"])
 def test_a_wrong_argument_is_named_in_one_line(change, error, message):
     core = jsr.GRU(3, 5, 2, rngs=nnx.Rngs(0))
     args = {"core": core, "carries": core.initial_state(4), "feedback": jnp.zeros((4, 1)), "xs": jnp.zeros((6, 4, 2)),
