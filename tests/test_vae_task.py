@@ -943,6 +943,21 @@ def test_sample_draws_n_per_given_latent_row_by_row(corpus):
         task_lib.sample(model, vocab, 2, max_len=12, greedy=True, z=z)
 
 
+def test_sample_tokens_names_its_own_n_and_takes_a_numpy_max_len():
+    """n was left to JAX (n=-1: an MLIRError; n=0 named z, which was not given), and a NumPy max_len reached the
+    jitted generate as a traced value, refused there as no static int."""
+    from jax_scan_rnn import SeqVAE
+
+    model = SeqVAE(6, 8, 4, 1, rngs=nnx.Rngs(0))
+    for n in (0, -1, 2.0):
+        with pytest.raises(ValueError, match=rf"^n: expected an int >= 1, got {n}$"):
+            task_lib.sample_tokens(model, n, max_len=5)
+    with pytest.raises(ValueError, match=r"^max_len: expected an int >= 1, got 0$"):
+        task_lib.sample_tokens(model, 2, max_len=0)
+    np.testing.assert_array_equal(task_lib.sample_tokens(model, np.int64(2), max_len=np.int64(5)),
+                                  task_lib.sample_tokens(model, 2, max_len=5))
+
+
 def test_sample_and_evaluate_read_their_options_and_export_records_the_kekule_form(corpus, tmp_path, capsys):
     from jax_scan_rnn.cli import fraction
 

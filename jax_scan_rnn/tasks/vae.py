@@ -648,9 +648,12 @@ def sample_tokens(model: SeqVAE, n: int, *, max_len: int, seed: int = 0, tempera
                   greedy: bool = False, decoder_only: bool = False, z: np.ndarray | None = None) -> np.ndarray:
     """The token ids `[N, max_len]` of `sample`'s sequences, before decoding: each up to its first <eos>, <pad>
     after it (`SeqVAE.generate`)."""
+    # Python ints: a NumPy one would reach generate's static max_len traced (jsr.jit traces NumPy scalars), and n's
+    # errors were JAX's own (n=-1: an MLIRError) or named z (n=0: "z: expected shape [B, Z] = [B, 4], got [0, 4]").
+    n = validate.integer("n", n, lo=1)
+    max_len = validate.integer("max_len", max_len, lo=1)
     key_z, key_g = jax.random.split(jax.random.key(seed))
     if z is not None:
-        n = validate.integer("n", n, lo=1)
         if greedy and n > 1:
             raise ValueError(f"n: expected 1 with greedy decoding of given latents (each decodes to one sequence), "
                              f"got {n}")
