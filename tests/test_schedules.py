@@ -189,3 +189,11 @@ def test_every_schedule_runs_inside_jit_and_vmap():
 def test_argument_errors_name_the_argument(call, name):
     with pytest.raises(ValueError, match=rf"^{name}:"):
         call()
+
+
+@pytest.mark.parametrize("step", ["5", None])
+def test_a_step_that_is_no_number_nor_array_is_named(step):
+    # "5" was read by JAX as 5.0 (a schedule of a string, silently), None failed with "None is not a valid value for
+    # jnp.array", naming no argument
+    with pytest.raises(ValueError, match=rf"^step: expected a finite number >= 0, got {step!r}$"):
+        S.linear_decay(step, c=0.1)

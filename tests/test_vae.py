@@ -686,6 +686,8 @@ Z2 = randn(2, Z)
             r"gumbel: expected shape \[B, T, V\] = \[2, 4, 9\], got \[2, 4, 3\]",
         ),
         (lambda m: m.loss(TOKENS, LENGTHS, beta=-1.0), ValueError, "beta: expected a finite number >= 0, got -1.0"),
+        # a string failed late, in the loss: "Only integer scalar arrays can be converted to a scalar index"
+        (lambda m: m.loss(TOKENS, LENGTHS, beta="1"), ValueError, "^beta: expected a finite number >= 0, got '1'$"),
         (lambda m: m.loss(TOKENS, LENGTHS, free_bits=-0.1), ValueError,
          "free_bits: expected a finite number >= 0, got -0.1"),
         (lambda m: m.generate(Z2, 0), ValueError, "max_len: expected an int >= 1, got 0"),
