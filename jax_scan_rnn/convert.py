@@ -344,6 +344,12 @@ def from_torch_module(module: Any, *, dtype: Any = None, rngs: nnx.Rngs | None =
         state_dict = {key: value.to(to) for key, value in state_dict.items()}
     dtype = str(next(iter(state_dict.values())).dtype).removeprefix("torch.")
     if dtype == "float64" and not jax.config.jax_enable_x64:
+        # Said here, at the caller's line: the load's own cast warning named a line of this file and a state_dict
+        # the caller never gave, and not why, nor how to keep float64.
+        warnings.warn(f"from_torch_module: the torch.nn.{kind}'s float64 weights are cast to float32, as JAX computes "
+                      "in float32 unless jax_enable_x64 is on (jax.config.update('jax_enable_x64', True) before "
+                      "building keeps float64)", UserWarning, stacklevel=2)
+        state_dict = {key: value.float() for key, value in state_dict.items()}
         dtype = "float32"
     arguments = _constructor_arguments(module, kind, module.bias, getattr(module, "dropout", 0.0))
     ours = TWINS[kind](**arguments, param_dtype=jnp.dtype(dtype), rngs=rngs or nnx.Rngs(0))

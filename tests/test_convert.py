@@ -970,6 +970,21 @@ def test_a_state_dict_files_errors_hint_at_sizes_only_where_sizes_differ(tmp_pat
                              "hidden_size")
 
 
+def test_a_float64_torch_module_without_x64_is_cast_with_a_warning_at_the_callers_line():
+    # The load's own warning named convert.py's line and a state_dict the caller never gave, not why nor the way out
+    ref = torch.nn.LSTM(3, 4).double()
+    with jax.enable_x64(False), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ours = jsr.from_torch_module(ref)
+    assert [str(w.message) for w in caught] == [
+        "from_torch_module: the torch.nn.LSTM's float64 weights are cast to float32, as JAX computes in float32 unless "
+        "jax_enable_x64 is on (jax.config.update('jax_enable_x64', True) before building keeps float64)"]
+    assert caught[0].filename == __file__
+    for key, value in jsr.torch_state_dict(ours).items():  # each weight rounded once, as torch's .float() does
+        assert value.dtype == np.float32, key
+        np.testing.assert_array_equal(value, ref.state_dict()[key].float().numpy(), err_msg=key)
+
+
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, "float64", torch.float16])
 def test_from_torch_module_takes_a_dtype_and_leaves_the_torch_module_as_it_is(dtype):
     torch.manual_seed(0)
