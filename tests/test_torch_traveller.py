@@ -2,6 +2,7 @@
 dropout, errors."""
 from __future__ import annotations
 
+import collections
 import re
 import warnings
 
@@ -653,7 +654,15 @@ def bad_states(model, batch):
          r"state\.h: expected dtype torch\.float64 \(the model's parameters\), got torch\.float32"),
         (good._replace(positions=[[0.0, 0.0]] * batch), TypeError,
          r"state\.positions: expected a torch\.Tensor, got list"),
+        # another package's class of the same name (jsr.TravellerState, of JAX arrays): the message said "expected a
+        # TravellerState ..., got TravellerState"
+        (OtherTravellerState(*good), TypeError,
+         r"^state: expected a TravellerState\(h, c, positions\) or None, got [\w.]+\.TravellerState; build a "
+         r"torch_ref\.traveller\.TravellerState of torch tensors from its fields$"),
     ]
+
+
+OtherTravellerState = collections.namedtuple("TravellerState", "h c positions")  # another package's, as jsr's
 
 
 def test_bad_state_raises_a_clear_error():

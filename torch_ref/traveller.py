@@ -512,9 +512,11 @@ class Traveller(nn.Module):
         if state is None:
             return self.initial_state(batch_size)
         if not isinstance(state, TravellerState):
-            raise TypeError(
-                f"state: expected a TravellerState(h, c, positions) or None, got {type(state).__name__}"
-            )
+            got = type(state).__name__
+            if got == TravellerState.__name__:  # another package's class of that name (jax_scan_rnn's): say whose
+                got = (f"{type(state).__module__}.{got}; build a torch_ref.traveller.TravellerState of torch tensors "
+                       "from its fields")
+            raise TypeError(f"state: expected a TravellerState(h, c, positions) or None, got {got}")
         lstm = self.lstm_layers
         device = lstm.weight_hh_l0.device
         hc = ("[L, B, H]", (lstm.num_layers, batch_size, lstm.hidden_size))
