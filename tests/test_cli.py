@@ -58,6 +58,16 @@ def test_unknown_command_or_option_exits_2_with_one_line():
         assert len(lines) == 1 and says in lines[0] and lines[0].endswith("(see jax-scan-rnn --help)"), lines
 
 
+def test_python_dash_m_runs_the_command():
+    # `python -m jax_scan_rnn`, where pip put the console script off PATH (a --user install): "No module named
+    # jax_scan_rnn.__main__; 'jax_scan_rnn' is a package and cannot be directly executed"
+    result = subprocess.run([sys.executable, "-m", "jax_scan_rnn", "--version"], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.startswith("jax-scan-rnn "), result
+    result = subprocess.run([sys.executable, "-m", "jax_scan_rnn", "train", "traveller", "--steps", "0"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and result.stderr.startswith("jax-scan-rnn train traveller: error: argument --steps"), result
+
+
 # `--version` and `--help` import neither JAX nor torch (measured ~0.1 s on the 2-core CI machine, against
 # ~2 s when they did); the bound is generous for a loaded machine, far below a JAX import's cost there.
 STARTUP_BUDGET_S = 1.0
