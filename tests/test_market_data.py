@@ -1024,6 +1024,21 @@ def test_numbers_of_no_one_unix_unit_are_no_dates(tmp_path):
     read_table(write_csv(tmp_path / "mixed.csv", rows, ["timestamp", *HEADER[1:]]), path_col=None)
 
 
+@pytest.mark.parametrize("form", ["%Y%m%d%H%M%S", "%Y%m%d%H%M"])
+def test_compact_date_and_time_numbers_are_no_unix_times(tmp_path, form):
+    """An export's date and time of day as one number (20240102153000, MetaTrader's and many vendors') is as large
+    as a Unix time in milliseconds: it was read as one (the year 2611, a day 1000 s long), so the stamps, and the
+    bars a year told from them, were wrong. Now it reads as the date and time it spells, text or parquet integer."""
+    days = [datetime.datetime(2024, 1, 1, 15, 30) + datetime.timedelta(days=t) for t in range(T)]
+    rows = [[int(d.strftime(form)), *row[1:]] for d, row in zip(days, table_rows()[::2])]  # path 'x' alone
+    header = ["timestamp", *HEADER[1:]]
+    for file in (write_csv(tmp_path / "bars.csv", rows, header), write_parquet(tmp_path / "bars.parquet", rows, header)):
+        data = read_table(file, path_col=None)
+        np.testing.assert_array_equal(data.step_times, np.array([days], "datetime64[us]"))
+    with pytest.raises(ValueError, match=r"column 'timestamp' goes back"):
+        read_table(write_csv(tmp_path / "newest.csv", rows[::-1], header), path_col=None)
+
+
 def test_bars_per_year_averages_the_paths_spans_from_rate_rows_steps():
     """Rows a year: steps per path over the paths' mean span. From `RATE_ROWS` steps per path; with fewer a rate
     says little (None)."""

@@ -34,14 +34,14 @@ Time order: a column named date, datetime, time or timestamp (any case) or panda
 __index_level_0__ in a parquet file), neither a feature nor a return, whose non-blank cells are all dates or times
 is checked: ISO (2024-01-02, 2024-01-02T15:30, 20240102 as text or integers), parquet dates, or an export's
 (01/31/2024, 31/01/2024, 31.01.2024, 2024/01/31, 31-Jan-2024, each with or without a time HH:MM[:SS];
-`OTHER_DATE_FORMATS`), or Unix time in seconds, milliseconds, microseconds or nanoseconds (`EPOCH_MIN`). Within a
-path each stamp must be later than the one before (a file written newest first, or the same bar twice, is refused);
-a blank cell is refused (date missing); and the stamps must all have a time zone, or none. A column that reads two
-ways (01/02/2024: month or day first) passes if either reading is in order; a column of other cells is taken as it
-comes. Local times without a zone repeat an hour when daylight saving time ends (01:00-02:00 twice): that is refused
-as going back in time, as nothing in the file says which hour came first; write the stamps with their UTC offset
-(2024-10-27T02:30+01:00) or in UTC, or the date and the time of day as two columns (date, time: only the dates are
-then checked, and may repeat).
+`OTHER_DATE_FORMATS`), a date and time as one number (20240102153000), or Unix time in seconds, milliseconds,
+microseconds or nanoseconds (`EPOCH_MIN`). Within a path each stamp must be later than the one before (a file
+written newest first, or the same bar twice, is refused); a blank cell is refused (date missing); and the stamps
+must all have a time zone, or none. A column that reads two ways (01/02/2024: month or day first) passes if either
+reading is in order; a column of other cells is taken as it comes. Local times without a zone repeat an hour when
+daylight saving time ends (01:00-02:00 twice): that is refused as going back in time, as nothing in the file says
+which hour came first; write the stamps with their UTC offset (2024-10-27T02:30+01:00) or in UTC, or the date and
+the time of day as two columns (date, time: only the dates are then checked, and may repeat).
 
 Missing values (empty cell, "nan"/"NA", parquet null, NaN in npz) follow `fill`:
     error  (default) refuse, naming the first one;
@@ -576,6 +576,37 @@ def _epoch_reading(cells: list) -> list | None:
     return [None if x is None else datetime.fromtimestamp(x / per_second, timezone.utc) for x in numbers]
 
 
+# An export's date and time of day as one number (20240102153000, 202401021530): as large as a Unix time in
+# milliseconds, which it is not
+COMPACT_DATE_FORMATS = {14: "%Y%m%d%H%M%S", 12: "%Y%m%d%H%M"}  # (digits, format)
+
+
+def _compact_reading(cells: list) -> list | None:
+    """A date column's cells as datetimes (None where blank), if every other cell is a whole number whose digits are
+    a date and time of day, all of one `COMPACT_DATE_FORMATS` (text, or a float as parquet's integers read); else
+    None."""
+    digits = []
+    for cell in cells:
+        text = "" if cell is None else str(cell).strip()
+        if text.lower() in _MISSING:
+            digits.append(None)
+            continue
+        try:
+            x = float(text)
+        except ValueError:
+            return None
+        if not (np.isfinite(x) and x == int(x) and x > 0):
+            return None
+        digits.append(str(int(x)))
+    lengths = {len(d) for d in digits if d is not None}
+    if len(lengths) != 1 or (form := COMPACT_DATE_FORMATS.get(lengths.pop())) is None:
+        return None
+    try:
+        return [None if d is None else datetime.strptime(d, form) for d in digits]
+    except ValueError:
+        return None
+
+
 def _readings(cells: list) -> list[list]:
     """Each way to read a date column's cells as datetimes (None where blank) that reads every cell: ISO dates or
     times (or parquet dates) alone if they do, else Unix times (`_epoch_reading`), else each of
@@ -584,6 +615,9 @@ def _readings(cells: list) -> list[list]:
         return [[_stamp(cell) for cell in cells]]
     except ValueError:
         pass
+    compact = _compact_reading(cells)  # before Unix time: 20240102153000 is no millisecond of the year 2611
+    if compact is not None:
+        return [compact]
     epoch = _epoch_reading(cells)
     if epoch is not None:
         return [epoch]
