@@ -80,9 +80,11 @@ def real(name: str, value: Any, lo: float | None = None, hi: float | None = None
 
 def real_or_array(name: str, value: Any, **bounds: Any) -> Any:
     """A number is checked with `real` (and `bounds`); an array (perhaps traced under `jit`, whose values cannot be
-    seen) is returned as it is: the caller's to check. Anything else (None, a string) is refused as `real` refuses
-    it: JAX read "5" as 5.0 and failed on None with a message naming no argument."""
-    if isinstance(value, Real) or not hasattr(value, "shape"):  # bools included: `real` refuses them
+    seen) or a list, tuple or range of numbers (a schedule evaluated at several steps) is returned as it is: the
+    caller's to check. Anything else (None, a string) is refused as `real` refuses it: JAX read "5" as 5.0 and failed
+    on None with a message naming no argument."""
+    array_like = hasattr(value, "shape") or isinstance(value, (list, tuple, range))
+    if isinstance(value, Real) or not array_like:  # bools included: `real` refuses them
         real(name, value, **bounds)
     return value
 

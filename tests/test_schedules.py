@@ -197,3 +197,15 @@ def test_a_step_that_is_no_number_nor_array_is_named(step):
     # jnp.array", naming no argument
     with pytest.raises(ValueError, match=rf"^step: expected a finite number >= 0, got {step!r}$"):
         S.linear_decay(step, c=0.1)
+
+
+def test_a_schedule_takes_a_list_or_range_of_steps_as_an_array():
+    """Evaluating a schedule at several steps (to plot it) by a list or range worked as with an array; refusing
+    None and strings ("step: expected a finite number") refused these too. They are arrays of steps again."""
+    steps = [0, 10, 20]
+    expected = np.asarray(S.linear_decay(jnp.asarray(steps), c=0.01))
+    np.testing.assert_array_equal(np.asarray(S.linear_decay(steps, c=0.01)), expected)
+    np.testing.assert_array_equal(np.asarray(S.linear_decay(range(0, 30, 10), c=0.01)), expected)
+    np.testing.assert_array_equal(np.asarray(S.kl_linear((0, 5), warmup=10)), [0.0, 0.5])
+    with pytest.raises(ValueError, match="step: expected a finite number >= 0, got None"):
+        S.linear_decay(None, c=0.01)
