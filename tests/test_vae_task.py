@@ -479,6 +479,24 @@ def test_word_dropout_and_per_token_reconstruction_in_the_training_loss(corpus):
         task_lib.VAETask(word_dropout=0.1, decoding="scheduled")
 
 
+def test_the_logged_kl_is_the_kl_itself_with_free_bits(corpus):
+    """--free-bits f penalises max(kl_per_dim, f) per dimension, but the train rows' `kl` is the KL itself, the figure
+    the eval rows and the report give: logged clamped, a collapsed latent read as Z * f nats in use."""
+    from dataclasses import replace
+
+    task = tiny(corpus, kl_schedule="constant", max_beta=0.3)
+    dataset = task_lib.load_dataset(task)
+    batch = task_lib.make_batch_fn(task, dataset)(0)
+    model = task_lib.build_model(task, dataset.vocab.size)
+    _, plain = task_lib.make_loss_fn(task)(model, batch)
+    free_bits = 10.0  # far above a fresh model's per-dimension KL: every dimension is clamped
+    total, logged = task_lib.make_loss_fn(replace(task, free_bits=free_bits))(model, batch)
+    assert float(plain["kl"]) < free_bits
+    assert float(logged["kl"]) == float(plain["kl"])  # the same eps: the same KL
+    # the loss still penalises the clamped KL
+    assert float(total) == pytest.approx(float(logged["recon"]) + 0.3 * free_bits * task.latent_size, rel=1e-6)
+
+
 def test_preset_moses_is_its_values_and_explicit_flags_win(capsys):
     """`train vae --preset moses` parses to the preset's VAETask and TrainConfig exactly (`Preset.configs`), with
     MOSES's numbers (moses/vae/config.py); a flag given explicitly, before or after --preset, overrides it."""

@@ -575,6 +575,10 @@ def make_loss_fn(task: VAETask):
     token where coin < word_dropout); Gumbel noise [T, V]. The loss is `model.loss`'s total = recon + beta * kl,
     or with `recon_reduction="token"` recon / n + beta * kl, n = the batch's mean count of scored (non-pad)
     tokens per sequence: MOSES's per-token mean cross-entropy.
+
+    The logged `kl` is the KL itself, `sum(kl_per_dim)`, as the evaluation rows and the final report give it: free
+    bits (`task.free_bits`) raise the KL the loss penalises to at least `free_bits` per dimension, and that floor
+    logged as `kl` would read as a latent in use when it has collapsed.
     """
 
     def loss_fn(model: SeqVAE, batch: dict):
@@ -600,7 +604,8 @@ def make_loss_fn(task: VAETask):
         if task.recon_reduction == "token":
             scored_per_sequence = jnp.sum(tokens != smiles.PAD) / tokens.shape[0]
             total = out["recon"] / scored_per_sequence + beta * out["kl"]
-        return total, {"recon": out["recon"], "kl": out["kl"], "beta": beta, "p_replace": batch["p_replace"][0]}
+        return total, {"recon": out["recon"], "kl": jnp.sum(out["kl_per_dim"]), "beta": beta,
+                       "p_replace": batch["p_replace"][0]}
 
     return loss_fn
 
