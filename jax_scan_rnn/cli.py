@@ -258,6 +258,8 @@ def train_config(args: argparse.Namespace):
 
     if args.override and not args.resume:
         raise ValueError("--override: expected only with --resume (it accepts changed options of a resumed run)")
+    refuse_unread(args, [(("final_lr_fraction",), args.lr_schedule == "constant", "with --lr-schedule cosine or linear",
+                          "constant has no decay")])
     warmup = default_warmup(args.steps) if args.warmup_steps is None else args.warmup_steps
     with flag_names():  # "TrainConfig.warmup_steps: expected at most steps=10" -> the flags' names
         return options.from_args(TrainConfig, args, warmup_steps=warmup)

@@ -141,6 +141,10 @@ TINY_TRAVELLER = ["train", "traveller", "--steps", "2", "--hidden-size", "4", "-
      "--ss-max: expected only with --decoding scheduled (teacher forcing does not read it), got 0.3"),
     (["train", "vae", "--kl-schedule", "constant", "--kl-warmup", "10"],
      "--kl-warmup: expected only with --kl-schedule linear or sigmoid (constant has no warm-up), got 10"),
+    (["train", "traveller", "--lr-schedule", "constant", "--final-lr-fraction", "0.1"],
+     "--final-lr-fraction: expected only with --lr-schedule cosine or linear (constant has no decay), got 0.1"),
+    (["train", "vae", "--preset", "moses", "--final-lr-fraction", "0.1"],  # the preset's schedule is constant
+     "--final-lr-fraction: expected only with --lr-schedule cosine or linear (constant has no decay), got 0.1"),
     (["train", "traveller", "--devices", "999"], "--devices: expected at most the "),
     (["train", "traveller", "--num-layers", "1", "--dropout", "0.3"],
      "--dropout: expected 0 with --num-layers 1 (dropout acts between stacked layers), got 0.3"),
