@@ -553,9 +553,8 @@ EPOCH_MIN = 1e9  # 2001-09-09 in seconds
 EPOCH_UNITS = ((1e11, 1.0), (1e14, 1e3), (1e17, 1e6), (float("inf"), 1e9))  # (below, units per second)
 
 
-def _epoch_reading(cells: list) -> list | None:
-    """A date column's cells as Unix times (UTC datetimes; None where blank), if every other cell is a number of the
-    same unit from `EPOCH_MIN` on (`EPOCH_UNITS`); else None."""
+def _numbers(cells: list) -> list | None:
+    """A date column's cells as finite floats (None where blank), or None if another cell is no such number."""
     numbers = []
     for cell in cells:
         text = "" if cell is None else str(cell).strip()
@@ -566,8 +565,17 @@ def _epoch_reading(cells: list) -> list | None:
             numbers.append(float(text))
         except ValueError:
             return None
-    given = [x for x in numbers if x is not None]
-    if not given or not all(np.isfinite(x) and x >= EPOCH_MIN for x in given):
+        if not np.isfinite(numbers[-1]):
+            return None
+    return numbers
+
+
+def _epoch_reading(cells: list) -> list | None:
+    """A date column's cells as Unix times (UTC datetimes; None where blank), if every other cell is a number of the
+    same unit from `EPOCH_MIN` on (`EPOCH_UNITS`); else None."""
+    numbers = _numbers(cells)
+    given = [x for x in numbers or [] if x is not None]
+    if not given or not all(x >= EPOCH_MIN for x in given):
         return None
     units = {next(per_second for below, per_second in EPOCH_UNITS if x < below) for x in given}
     if len(units) > 1:
@@ -585,19 +593,10 @@ def _compact_reading(cells: list) -> list | None:
     """A date column's cells as datetimes (None where blank), if every other cell is a whole number whose digits are
     a date and time of day, all of one `COMPACT_DATE_FORMATS` (text, or a float as parquet's integers read); else
     None."""
-    digits = []
-    for cell in cells:
-        text = "" if cell is None else str(cell).strip()
-        if text.lower() in _MISSING:
-            digits.append(None)
-            continue
-        try:
-            x = float(text)
-        except ValueError:
-            return None
-        if not (np.isfinite(x) and x == int(x) and x > 0):
-            return None
-        digits.append(str(int(x)))
+    numbers = _numbers(cells)
+    if numbers is None or not all(x is None or (x == int(x) and x > 0) for x in numbers):
+        return None
+    digits = [None if x is None else str(int(x)) for x in numbers]
     lengths = {len(d) for d in digits if d is not None}
     if len(lengths) != 1 or (form := COMPACT_DATE_FORMATS.get(lengths.pop())) is None:
         return None
