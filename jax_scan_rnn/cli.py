@@ -1360,7 +1360,7 @@ def add_train_arguments(parser: argparse.ArgumentParser, task: type, defaults: d
     options.add_arguments(parser.add_argument_group("model and data"), task, task_defaults)
     group = parser.add_argument_group("training")
     options.add_arguments(group, TrainConfig, {**COMMAND_DEFAULTS, "warmup_steps": None, **defaults},
-                          shown={"warmup_steps": "min(100, steps / 10)"})
+                          shown={"warmup_steps": "min(100, steps // 10)"})
     group.add_argument("--out", default=out, help=f"output directory (default: {out})")
     group.add_argument("--resume", action="store_true", help="continue from the latest valid checkpoint in --out, with the run's own "
                        "settings for the options not given")

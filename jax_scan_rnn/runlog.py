@@ -86,7 +86,10 @@ def _finite_or_none(obj):
 class History:
     """What `fit` returns: the rows of `metrics.jsonl` (also when `out_dir` is None)."""
 
-    train: list[dict]  # train rows: step, split, loss, metrics, grad_norm, lr, wall_time, elapsed_s, ...
+    # train rows: step, split, loss, metrics, grad_norm (the gradient's global norm before clipping, as
+    # clip_by_global_norm reads it), lr (the window's last update's), wall_time, elapsed_s (seconds since
+    # this fit call began: from 0 again on resume), ...; loss, metrics and grad_norm are means over the window
+    train: list[dict]
     eval: list[dict]  # eval rows: step, split, loss (if eval_fn returned one), metrics, lr, wall_time, ...
     step: int  # updates completed
     resumed_from: int | None = None  # checkpoint step the run resumed from, if it did
