@@ -258,8 +258,6 @@ def train_config(args: argparse.Namespace):
 
     if args.override and not args.resume:
         raise ValueError("--override: expected only with --resume (it accepts changed options of a resumed run)")
-    refuse_unread(args, [(("final_lr_fraction",), args.lr_schedule == "constant", "with --lr-schedule cosine or linear",
-                          "constant has no decay")])
     warmup = default_warmup(args.steps) if args.warmup_steps is None else args.warmup_steps
     with flag_names():  # "TrainConfig.warmup_steps: expected at most steps=10" -> the flags' names
         return options.from_args(TrainConfig, args, warmup_steps=warmup)
@@ -656,6 +654,12 @@ def data_parallel(args: argparse.Namespace, batch_size: int):
 UnreadRule = tuple[tuple[str, ...], bool, str, str]  # (fields, unread in this run, when they are read, why)
 
 
+def train_rules(args: argparse.Namespace) -> list[UnreadRule]:
+    """The unread-flag rules of `train_config`'s flags, which every model's train command has."""
+    return [(("final_lr_fraction",), args.lr_schedule == "constant", "with --lr-schedule cosine or linear",
+             "constant has no decay")]
+
+
 def unread_flags(args: argparse.Namespace, rules: list[UnreadRule]) -> list[tuple]:
     """`(flag, value, when, why)` for each flag typed on the command line that the run will not read: rules are
     `(fields, unread, when, why)`, `unread` saying whether `fields` go unread in this run. Only flags the user
@@ -688,6 +692,7 @@ def cmd_train_traveller(args: argparse.Namespace) -> int:
     refuse_unread(args, [
         (task_lib.DATA_SETTINGS, args.data is None, "together with --data FILE", "the simulated market does not read it"),
         (task_lib.SIMULATED_ONLY, args.data is not None, "on the simulated market", f"--data {args.data} does not read it"),
+        *train_rules(args),
     ])
     with flag_names():
         task = options.from_args(task_lib.TravellerTask, args)
@@ -1088,6 +1093,7 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
     refuse_unread(args, [
         (task_lib.SCHEDULED_ONLY, args.decoding == "teacher", "with --decoding scheduled", "teacher forcing does not read it"),
         (("kl_warmup",), args.kl_schedule == "constant", "with --kl-schedule linear or sigmoid", "constant has no warm-up"),
+        *train_rules(args),
     ])
     # A CharRNN baseline shares its VAE's flags (docs/vae_experiments.md compares them), so these are said, not refused.
     for flag, value, when, why in unread_flags(args, [(task_lib.ENCODER_ONLY, args.decoder_only, "with --decoder-only",
