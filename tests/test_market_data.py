@@ -254,6 +254,19 @@ def test_bad_arguments(tmp_path):
     assert read_table(path, feature_cols=["*o*"]).feature_names == ("mom", "vol")  # never the path id
 
 
+def test_a_pattern_skips_the_date_columns_and_pandas_index(tmp_path):
+    """'*' (or 'd*') matched the date column, refused as no number, and pandas' unnamed index (df.to_csv()'s row
+    numbers), which trained as a feature without a word. A pattern now skips them; an exact name still takes one."""
+    rows = [[str(i), *row] for i, row in enumerate(table_rows())]
+    path = write_csv(tmp_path / "m.csv", rows, ["", *HEADER])
+    data = read(path, feature_cols="*", path_col="id", returns=False)
+    assert data.feature_names == ("mom", "ret_a", "vol", "ret_b")
+    assert read(path, feature_cols=["", "mom"], path_col="id", returns=False).feature_names == ("", "mom")
+    with pytest.raises(ValueError, match=r"feature_cols: 'd\*' matches no column of m\.csv but the date or index "
+                                         r"column 'date', which a pattern skips; its columns are '', 'date', 'mom'"):
+        read(path, feature_cols="d*", path_col="id", returns=False)
+
+
 def test_bad_files(tmp_path):
     with pytest.raises(ValueError, match=r"m\.xlsx: unsupported suffix '\.xlsx'; expected one of \.npz, \.csv, "):
         read(tmp_path / "m.xlsx")

@@ -26,7 +26,7 @@ Formats of `read`:
     .csv      header row, comma separated, rows in time order, oldest first (stdlib `csv`)
     .parquet  the same table as a CSV (needs pyarrow: pip install 'jax-scan-rnn[parquet]')
 For a table, `feature_cols` / `return_cols` select columns by exact name or fnmatch pattern ("ret_*"), in
-the file's column order; `path_col` groups rows into paths, in order of first appearance (default: the
+the file's column order (a pattern, '*' too, skips the date columns and pandas' index named below); `path_col` groups rows into paths, in order of first appearance (default: the
 whole file is one path), and is never a feature or a return. A boolean feature (a flag, parquet or npz) reads
 as 0.0 / 1.0; a boolean return is an error.
 
@@ -459,6 +459,11 @@ DATE_COLUMNS = ("date", "datetime", "time", "timestamp", "")
 PANDAS_PARQUET_INDEX = re.compile(r"__index_level_\d+__")
 
 
+def _stamp_column(column: str) -> bool:
+    """Whether `column` is one `_check_time_order` reads as dates, when it holds them: by name, or pandas' index."""
+    return column.lower() in DATE_COLUMNS or _unnamed_index(column)
+
+
 def _unnamed_index(column: str) -> bool:
     """Whether `column` is pandas' unnamed index, as a CSV ("") or a parquet file holds it."""
     return column == "" or PANDAS_PARQUET_INDEX.fullmatch(column) is not None
@@ -492,7 +497,7 @@ def _check_time_order(file: str, columns: list[str], get: Callable, ids: np.ndar
     at most an hour (the hour repeated when daylight saving time ends) is refused too, as no zone says where it
     belongs: the message says how to write it (`CLOCK_BACK`). Returns the (non-blank) stamps of the first checked
     column that only one reading has in time order; None if there is none."""
-    cells = {c: _cells(get(c)) for c in columns if (c.lower() in DATE_COLUMNS or _unnamed_index(c)) and c not in exclude}
+    cells = {c: _cells(get(c)) for c in columns if _stamp_column(c) and c not in exclude}
     readings = {name: _readings(column) for name, column in cells.items()}
     # pandas' unnamed index is a date column only when it holds dates: df.to_csv()'s RangeIndex (0, 1, ...) is no
     # time of day beside a date column, whose repeats must still be refused
@@ -809,7 +814,9 @@ def _correlation(x: np.ndarray, r: np.ndarray, pairs: bool = False) -> np.ndarra
 
 
 def _select(arg: str, patterns, columns: list[str], path_col: str | None, file: str) -> list[str]:
-    """The columns (but `path_col`) matching any of `patterns`, exact names or fnmatch patterns, in file order."""
+    """The columns (but `path_col`) matching any of `patterns`, exact names or fnmatch patterns, in file order. A
+    pattern skips the date columns and pandas' unnamed index (`_stamp_column`): '*' would otherwise feed the model
+    the row number or refuse a date as no number; an exact name still selects one."""
     patterns = [patterns] if isinstance(patterns, str) else list(patterns)
     if not patterns:
         raise ValueError(f"{arg}: empty; expected at least one column name or pattern")
@@ -818,8 +825,11 @@ def _select(arg: str, patterns, columns: list[str], path_col: str | None, file: 
         if p == path_col:
             raise ValueError(f"{arg}: {p!r} is the path_col; the path id is neither a feature nor a return")
         hits = [p] if p in columns else [c for c in columns if fnmatchcase(c, p) and c != path_col]
+        skipped = [c for c in hits if p not in columns and _stamp_column(c)]
+        hits = [c for c in hits if c not in skipped]
         if not hits:
-            raise ValueError(f"{arg}: {p!r} matches no column of {file}; its columns are {_listing(columns)}")
+            why = f" but the date or index column {_listing(skipped)}, which a pattern skips" if skipped else ""
+            raise ValueError(f"{arg}: {p!r} matches no column of {file}{why}; its columns are {_listing(columns)}")
         chosen.update(hits)
     return [c for c in columns if c in chosen]
 
