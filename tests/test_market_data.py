@@ -267,6 +267,20 @@ def test_a_pattern_skips_the_date_columns_and_pandas_index(tmp_path):
         read(path, feature_cols="d*", path_col="id", returns=False)
 
 
+def test_assets_stacked_one_after_another_without_path_col_are_told_to_give_it(tmp_path):
+    """A long table of several assets, each series whole before the next (pandas' MultiIndex (ticker, date)
+    written flat), goes back in time where the second asset begins: the message said only that a file written
+    newest first must be reversed. It now names path_col; a file written newest first is not told so."""
+    rows = sorted(table_rows(), key=lambda row: row[4])  # path 'x' whole, then 'y'
+    with pytest.raises(ValueError, match=r"goes back from 2024-01-06 to 2024-01-01 at row 7 \(line 8\); a file "
+                                         r"written newest first must be reversed; or, if the rows are of several "
+                                         r"assets one after another, give path_col$"):
+        read_table(write_csv(tmp_path / "stacked.csv", rows), path_col=None)
+    check(read_table(tmp_path / "stacked.csv"))
+    with pytest.raises(ValueError, match=r"at row 2 \(line 3\); a file written newest first must be reversed$"):
+        read_table(write_csv(tmp_path / "newest.csv", [r for r in table_rows() if r[4] == "x"][::-1]), path_col=None)
+
+
 def test_bad_files(tmp_path):
     with pytest.raises(ValueError, match=r"m\.xlsx: unsupported suffix '\.xlsx'; expected one of \.npz, \.csv, "):
         read(tmp_path / "m.xlsx")

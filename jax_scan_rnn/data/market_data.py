@@ -535,8 +535,11 @@ def _order_error(file: str, name: str, cells: list, stamps: list, ids: np.ndarra
         return (f"{file}: column {name!r}, {where(i)}: {cells[i]} has {'a' if zoned[i] else 'no'} time zone, the rows "
                 f"before it {'none' if zoned[i] else 'one'}; write every stamp with a zone, or none")
     last: dict = {}
+    first: dict = {}
+    one_path = len(set(ids.tolist())) == 1
     for i, (path, stamp) in enumerate(zip(ids.tolist(), stamps)):
         j = last.get(path)
+        first.setdefault(path, i)
         if j is not None and stamp == stamps[j] and alone:
             clock = f", or {CLOCK_BACK}" if not zoned[i] and ":" in str(cells[i]) else ""  # a time of day
             return (f"{file}: column {name!r}, {where(i)}: {cells[i]} repeats {where(j)} in the same path: a repeated "
@@ -545,6 +548,8 @@ def _order_error(file: str, name: str, cells: list, stamps: list, ids: np.ndarra
         if j is not None and stamp < stamps[j]:
             # within an hour, on a clock without a zone: maybe the autumn night's repeated hour
             clock = f"; or, {CLOCK_BACK}" if not zoned[i] and stamps[j] - stamp <= timedelta(hours=1) else ""
+            if one_path and j > first[path] and stamp <= stamps[first[path]]:  # back past the start: the next asset
+                clock += "; or, if the rows are of several assets one after another, give path_col"
             return (f"{file}: rows must be in time order (oldest first), but column {name!r} goes back from "
                     f"{cells[j]} to {cells[i]} at {where(i)}; a file written newest first must be reversed{clock}")
         last[path] = i
