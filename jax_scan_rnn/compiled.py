@@ -74,7 +74,7 @@ from __future__ import annotations
 
 import inspect
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, ParamSpec, Protocol, Self, TypeVar, overload
 
 import jax
@@ -149,12 +149,21 @@ def jit(module: Any, *, mode_attributes: Sequence[str] = MODE_ATTRIBUTES) -> Com
     cached = _COMPILED.get(module)
     if (
         cached is not None
-        and cached._mode_names == tuple(mode_attributes)
+        and cached._mode_names == _mode_names(mode_attributes)
         and cached._current_graphdef(cached._mode()) is not None
     ):
         return cached
     fast = _COMPILED[module] = Compiled(module, mode_attributes=mode_attributes)
     return fast
+
+
+def _mode_names(mode_attributes: Any) -> tuple[str, ...]:
+    if isinstance(mode_attributes, (str, bytes)) or not isinstance(mode_attributes, Iterable):
+        raise TypeError(f"mode_attributes: expected a sequence of attribute names, got {mode_attributes!r}")
+    names = tuple(mode_attributes)
+    if not all(isinstance(a, str) for a in names):
+        raise TypeError(f"mode_attributes: expected a sequence of attribute names, got {mode_attributes!r}")
+    return names
 
 
 def _path_text(path: tuple) -> str:
@@ -188,8 +197,7 @@ class Compiled(Generic[P, R]):
 
     def __init__(self, module: nnx.Module, *, mode_attributes: Sequence[str] = MODE_ATTRIBUTES):
         validate.instance("module", module, nnx.Module)
-        if isinstance(mode_attributes, str) or not all(isinstance(a, str) for a in mode_attributes):
-            raise TypeError(f"mode_attributes: expected a sequence of attribute names, got {mode_attributes!r}")
+        mode_names = _mode_names(mode_attributes)
         self._module = module
         graphdef, flat = nnx.graph.flatten(module, with_paths=True, graph=True)
         self._paths: tuple[tuple, ...] = tuple(flat.paths)
@@ -206,7 +214,7 @@ class Compiled(Generic[P, R]):
             else:  # an array attribute that is not a Variable (`nnx.data`): read by its path, rarely used
                 readers.append(lambda path=path: _get_at(module, path))
         self._readers = readers
-        self._mode_names = tuple(mode_attributes)
+        self._mode_names = mode_names
         self._mode_refs: list[tuple[nnx.Module, str]] = []
         self._watch(self._mode_names)
         self._graphdefs = {self._mode(): graphdef}

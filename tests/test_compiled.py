@@ -484,3 +484,13 @@ def test_jit_with_other_mode_attributes_is_a_new_compiled_view_that_watches_them
     assert watching(jnp.ones(1)).tolist() == [2.0]
     model.scale = 3.0  # a static attribute: watched, so part of the compile key
     assert watching(jnp.ones(1)).tolist() == [3.0]
+
+
+@pytest.mark.parametrize("bad", [None, "training", 3, ["training", 1]])
+def test_jit_refuses_mode_attributes_that_are_no_names_first_call_or_cached(bad):
+    """None on a model already compiled met the cache's tuple(None): Python's TypeError, naming no argument."""
+    model = Scale()
+    for _ in range(2):  # a fresh model, then one in the cache
+        with pytest.raises(TypeError, match=r"^mode_attributes: expected a sequence of attribute names, got "):
+            jsr.jit(model, mode_attributes=bad)
+        jsr.jit(model)
