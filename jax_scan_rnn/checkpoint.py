@@ -164,7 +164,22 @@ def check_metadata(metadata: Mapping[str, Any] | None) -> dict:
         json.dumps(metadata, allow_nan=False)
     except (TypeError, ValueError) as e:
         raise TypeError(f"metadata: expected a JSON-serialisable dict, got one that is not ({e})") from e
+    _check_string_keys("metadata", metadata)
     return metadata
+
+
+def _check_string_keys(where: str, value: Any) -> None:
+    """JSON's keys are strings: json.dumps writes 1 as "1" (and 1 beside "1" as the same key twice, one value
+    lost when read back), so a restored dict would not be the one saved."""
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise TypeError(f"{where}: expected string keys (JSON writes {key!r} as {json.dumps({key: 0})[1:-4]}), "
+                                f"got {key!r}")
+            _check_string_keys(f"{where}[{key!r}]", item)
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_string_keys(f"{where}[{i}]", item)
 
 
 def save(directory: str | os.PathLike, step: int, state: Any, metadata: Mapping[str, Any] | None = None, *,

@@ -4,6 +4,7 @@ fallback, setting aside, pruning."""
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -364,6 +365,20 @@ def test_metadata_with_nan_or_inf_is_refused_as_not_json(tmp_path, value):
     with pytest.raises(TypeError, match=r"^metadata: expected a JSON-serialisable dict, got one that is not \(Out of "
                                         r"range float values are not JSON compliant"):
         ckpt.save(tmp_path, 1, {"w": jnp.zeros(1)}, {"best_loss": value})
+    assert ckpt.steps(tmp_path) == []
+
+
+@pytest.mark.parametrize("metadata, where, key, written", [
+    ({1: "a", "1": "b"}, "metadata", "1", '"1"'),  # the same key twice in the file: one value lost
+    ({"vocab": {"C": 0, 7: 1}}, "metadata['vocab']", "7", '"7"'),
+    ({"layers": [{"sizes": {True: 4}}]}, "metadata['layers'][0]['sizes']", "True", '"true"'),
+])
+def test_metadata_with_keys_json_turns_into_strings_is_refused(tmp_path, metadata, where, key, written):
+    """json.dumps writes an int key 1 as "1" without a word, so what restore gives back differs from what was
+    saved (and {1: .., "1": ..} loses a value). save now names the key and writes nothing."""
+    with pytest.raises(TypeError, match=rf"^{re.escape(where)}: expected string keys \(JSON writes {key} as "
+                                        rf"{re.escape(written)}\), got {key}$"):
+        ckpt.save(tmp_path, 1, {"w": jnp.zeros(1)}, metadata)
     assert ckpt.steps(tmp_path) == []
 
 
