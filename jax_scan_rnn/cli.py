@@ -460,6 +460,8 @@ def saved_metadata(out: Path, model: str) -> dict | None:
 
     try:
         step, _ = checkpoint.newest_valid_step(out / CHECKPOINT_DIR)
+    except checkpoint.CheckpointFormatError:  # now, before the banner: fit would refuse the run the same way
+        raise
     except checkpoint.CheckpointError:
         return None
     saved = checkpoint.read_metadata(out / CHECKPOINT_DIR, step)

@@ -5,6 +5,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -386,6 +387,22 @@ def test_a_link_to_a_runs_own_file_is_refused_as_the_file_is(tiny_run, tmp_path,
     assert f"--output: {link} belongs to the training run in {tiny_run} (its own metrics.jsonl)" in \
         capsys.readouterr().err
     assert (tiny_run / "metrics.jsonl").read_bytes() == before
+
+
+def test_resume_of_a_run_another_version_wrote_is_refused_before_anything_is_printed(tiny_run, tmp_path, capsys):
+    """The refusal came from fit, after the banner ("training the Traveller ... -> DIR") had said training began."""
+    out = tmp_path / "run"
+    shutil.copytree(tiny_run, out)
+    steps = sorted((out / "checkpoints").glob("step_*"))
+    manifest = steps[-1] / "MANIFEST.json"
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "format": 3}))
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert main([*TINY_TRAVELLER, "--out", str(out), "--resume"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert re.fullmatch(rf"jax-scan-rnn train traveller: error: checkpoint {re.escape(str(steps[-1]))}: format 3 in "
+                        r"MANIFEST\.json.*\n", captured.err), captured.err
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
 def test_resume_where_checkpoints_is_a_file_is_refused_before_the_log_is_replaced(tmp_path, capsys):
