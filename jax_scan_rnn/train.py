@@ -528,7 +528,7 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
       optimizer: an optax transformation of your own (SGD, a Lion, a chain with your clipping; one reading the loss,
         as `optax.contrib.reduce_on_plateau` and `optax.lbfgs` do, gets `value`, `grad` and `value_fn`; `optax.MultiSteps`
         to accumulate gradients, `cfg.steps` then counting batches, k per update of the parameters: make it a
-        multiple of k, as batches after the last multiple are accumulated but never applied) instead of the
+        multiple of k, as batches after the last multiple are accumulated but never applied, which warns) instead of the
         Adam(W) `make_optimizer(cfg)` builds. `cfg`'s optimiser fields (`OPTIMIZER_FIELDS`: learning rate,
         warmup, schedule, clipping, weight decay) are then not read and must keep their defaults (ValueError
         naming one that does not), and the rows' `lr` is NaN (not known; null in `metrics.jsonl`). Resuming
@@ -671,6 +671,7 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
                     raise TrainingStopped(k, None if ckdir is None else ckpt.step_path(ckdir, k))
     finally:
         step.write(carry)
+    _warn_unapplied(step.optimizer.opt_state, cfg.steps)
     history = log.history(step=k, out_dir=out, **resumed)
     if log.write and available("matplotlib"):
         plot_curves(history, out / CURVES_FILE)
@@ -679,6 +680,18 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
               "reason": "matplotlib is not installed: pip install 'jax-scan-rnn[plot]'"})
     emit({"event": "end", "step": k, "elapsed_s": time.time() - t_start})
     return history
+
+
+def _warn_unapplied(opt_state: Any, steps: int) -> None:
+    """optax.MultiSteps applies the mean gradient of every k batches: batches past the last multiple of k are
+    accumulated and never applied, which the loss curve does not show."""
+    if not isinstance(opt_state, optax.MultiStepsState):
+        return
+    left = int(opt_state.mini_step[...].addressable_data(0))  # replicated: on several processes, this one's copy
+    if left:
+        warnings.warn(f"optimizer: the last {left} of cfg.steps={steps} batches were accumulated by optax.MultiSteps "
+                      f"but never applied; make cfg.steps a multiple of its k", UserWarning,
+                      stacklevel=validate.user_stacklevel())
 
 
 def _batch(batch_fn: Callable[[int], Batch], i: int, steps: int) -> Batch:

@@ -1303,6 +1303,17 @@ def test_optax_multisteps_accumulates_gradients_in_train_step_and_fit():
     assert not np.allclose(model.kernel[...], kernel - 0.1 * (grads[0] + grads[1]) / 2)  # fit took it and trained
 
 
+def test_fit_warns_of_batches_multisteps_accumulated_but_never_applied():
+    """steps=5 with k=2: the fifth batch's gradient was accumulated and dropped, without a word."""
+    model = nnx.Linear(4, 1, rngs=nnx.Rngs(0))
+    with pytest.warns(UserWarning, match=r"^optimizer: the last 1 of cfg.steps=5 batches were accumulated by "
+                                         r"optax.MultiSteps but never applied; make cfg.steps a multiple of its k$"):
+        fit(model, mse_fn, batch_fn, TrainConfig(steps=5), optimizer=optax.MultiSteps(optax.sgd(0.1), 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fit(model, mse_fn, batch_fn, TrainConfig(steps=4), optimizer=optax.MultiSteps(optax.sgd(0.1), 2))
+
+
 # float32 least squares in 4 unknowns solved by L-BFGS: a few ulps of W_TRUE's O(1) entries left
 LBFGS_SOLUTION_ATOL = 1e-5
 
