@@ -78,7 +78,8 @@ class TravellerTask:
     data: str | None = option(None, "your own market: a .npz, .csv or .parquet file (format in "
                               "jax_scan_rnn/data/market_data.py)", none="the simulated market")
     feature_cols: str | None = option(None, "with a .csv/.parquet --data: feature columns, comma-separated names or "
-                                      "patterns such as 'vol_*'", none="none; required for a table")
+                                      "patterns such as 'vol_*' (a pattern skips the date and index columns)",
+                                      none="none; required for a table")
     return_cols: str | None = option(None, "with a .csv/.parquet --data: return columns, one per asset: the return "
                                      "earned by the position chosen at that row", none="none; required for a table")
     path_col: str | None = option(None, "with a .csv/.parquet --data: the column naming each row's path (several "
