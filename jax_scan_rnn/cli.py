@@ -1343,13 +1343,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def positive_int_list(text: str) -> tuple[int, ...]:
-    """`"4,1000"` -> (4, 1000): comma-separated positive ints (the T or B values of a sweep)."""
+    """`"4,1000"` -> (4, 1000): comma-separated positive ints (the T or B values of a sweep), each once. An empty
+    entry ("1,,64": a value left out?) is refused rather than skipped."""
     try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
+        values = tuple(int(v) for v in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
+    if any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    if len(set(values)) < len(values):
+        raise argparse.ArgumentTypeError(f"expected each value once, got {text!r}")
     return values
 
 

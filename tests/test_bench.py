@@ -375,6 +375,17 @@ def test_config_from_args_presets_and_errors():
         parser.parse_args(["--torch-threads", "0"])
     with pytest.raises(SystemExit):
         parser.parse_args(["--seq-lens", "0,10"])
+
+
+@pytest.mark.parametrize("text, why", [("1,,64", "comma-separated integers"), ("64,", "comma-separated integers"),
+                                       ("1,64,1", "each value once")])
+def test_a_grid_with_an_empty_or_repeated_value_is_refused(text, why, capsys):
+    """'1,,64' (a value left out) ran the grid at 1 and 64 without a word; '1,64,1' timed B=1 twice."""
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--batch-sizes", text])
+    assert f"argument --batch-sizes: expected {why}, got {text!r}" in capsys.readouterr().err
     with pytest.raises(ValueError, match="min_repeats"):
         bench.BenchConfig(repeats=2, min_repeats=3).validate()
 
