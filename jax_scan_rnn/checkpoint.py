@@ -193,8 +193,9 @@ def save(directory: str | os.PathLike, step: int, state: Any, metadata: Mapping[
       step: a non-negative int. An existing checkpoint of that step is deleted first: a crash in between
         leaves none of it, or a partly deleted one that :func:`verify` refuses, never a mixture.
       state: pytree of arrays (jax or numpy), scalars allowed; typed PRNG keys are supported.
-      metadata: JSON-serialisable dict saved with it (model config, vocabulary, ...), so another process
-        can rebuild the model before restoring (several processes: process 0's is written).
+      metadata: JSON-serialisable dict, string keys at every level, saved with it (model config, vocabulary,
+        ...), so another process can rebuild the model before restoring (several processes: process 0's is
+        written).
       keep: if given (>= 1), afterwards delete older checkpoints so that ``step`` and the ``keep - 1``
         newest older ones remain. Checkpoints newer than ``step`` are never deleted here.
 

@@ -513,8 +513,8 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
         train row), eval (an eval row), checkpoint (step, path), plot_skipped (path, reason), end (step,
         elapsed_s). During a callback the model holds the current state (between callbacks its arrays are
         donated to the next step: keep no references). An exception raised by the callback stops training.
-      metadata: JSON-serialisable dict stored in every checkpoint (e.g. the model config, so another process
-        can rebuild the model); `train_config` and `logged_metrics` (the metric names of `loss_fn`) are added
+      metadata: JSON-serialisable dict (string keys) stored in every checkpoint (e.g. the model config, so another
+        process can rebuild the model); `train_config` and `logged_metrics` (the metric names of `loss_fn`) are added
         (and reserved).
       data_sharding: if given, every batch is placed with it (e.g. batch-sharded for data parallelism; on
         several processes each contributes the rows of its own devices, `distributed.put_batch`).

@@ -26,8 +26,9 @@ Formats of `read`:
     .csv      header row, comma separated, rows in time order, oldest first (stdlib `csv`)
     .parquet  the same table as a CSV (needs pyarrow: pip install 'jax-scan-rnn[parquet]')
 For a table, `feature_cols` / `return_cols` select columns by exact name or fnmatch pattern ("ret_*"), in
-the file's column order (a pattern, '*' too, skips the date columns and pandas' index named below); `path_col` groups rows into paths, in order of first appearance (default: the
-whole file is one path), and is never a feature or a return. A boolean feature (a flag, parquet or npz) reads
+the file's column order (a pattern, '*' too, skips the date columns and pandas' index named below); `path_col`
+groups rows into paths, in order of first appearance (default: the whole file is one path), and is never a
+feature or a return. A boolean feature (a flag, parquet or npz) reads
 as 0.0 / 1.0; a boolean return is an error.
 
 Time order: a column named date, datetime, time or timestamp (any case) or pandas' unnamed index ("" in a CSV,
