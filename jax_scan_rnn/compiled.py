@@ -111,10 +111,12 @@ _TRACED = object()  # placeholder for a traced leaf in a compile key and in the 
 _MISSING = object()
 
 
-# The Compiled of each live module: `jsr.jit(model)` called again (inline, or by library code that gets a
-# model passed in) reuses the compiled functions instead of compiling anew, after one graph walk that
-# checks the structure is unchanged (a changed one gets a fresh Compiled).
-_COMPILED: weakref.WeakKeyDictionary[nnx.Module, Compiled] = weakref.WeakKeyDictionary()
+# The compiled functions of each live module, and the `Compiled` last returned for it while one is held:
+# `jsr.jit(model)` called again (inline, or by library code that gets a model passed in) reuses them instead of
+# compiling anew, after one graph walk that checks the structure is unchanged (a changed one gets fresh ones).
+# Neither value holds the module (a weak key's value that did would keep it, its weights and its programs alive
+# for the whole session: every model a notebook ever compiled); the `Compiled` a user holds does.
+_COMPILED: weakref.WeakKeyDictionary[nnx.Module, tuple[_Core, weakref.ref]] = weakref.WeakKeyDictionary()
 
 
 P = ParamSpec("P")
@@ -142,18 +144,25 @@ def jit(module: Any, *, mode_attributes: Sequence[str] = MODE_ATTRIBUTES) -> Com
         them, is part of the compile key (default: the flags `train()` / `eval()` flip).
 
     Returns:
-      `Compiled`, the same one for the same module while its structure is unchanged (so calling
-      `jsr.jit(model)` again costs one graph walk, not a compile). See the module docstring for what a
-      call sees (weights, rng streams, mode), which arguments are static, and what is not supported.
+      `Compiled`, the same one for the same module while its structure is unchanged and the last one is
+      held (else a new one on the same compiled functions), so calling `jsr.jit(model)` again costs one graph
+      walk, not a compile. It holds the model; the cache behind it does not (a dropped model is freed). See
+      the module docstring for what a call sees (weights, rng streams, mode), which arguments are static,
+      and what is not supported.
     """
-    cached = _COMPILED.get(module)
+    core, handle = _COMPILED.get(module, (None, None))
     if (
-        cached is not None
-        and cached._mode_names == _mode_names(mode_attributes)
-        and cached._current_graphdef(cached._mode()) is not None
+        core is not None
+        and core._mode_names == _mode_names(mode_attributes)
+        and core._current_graphdef(core._mode()) is not None
     ):
-        return cached
-    fast = _COMPILED[module] = Compiled(module, mode_attributes=mode_attributes)
+        fast = handle()
+        if fast is None:  # the last one was dropped: a new handle on the same compiled functions
+            fast = Compiled(module, mode_attributes=mode_attributes, _core=core)
+            _COMPILED[module] = (core, weakref.ref(fast))
+        return fast
+    fast = Compiled(module, mode_attributes=mode_attributes)
+    _COMPILED[module] = (fast._core, weakref.ref(fast))
     return fast
 
 
@@ -195,39 +204,14 @@ class Compiled(Generic[P, R]):
       module: the wrapped model (the same object, not a copy).
     """
 
-    def __init__(self, module: nnx.Module, *, mode_attributes: Sequence[str] = MODE_ATTRIBUTES):
-        validate.instance("module", module, nnx.Module)
-        mode_names = _mode_names(mode_attributes)
+    def __init__(self, module: nnx.Module, *, mode_attributes: Sequence[str] = MODE_ATTRIBUTES,
+                 _core: _Core | None = None):
+        # The one strong reference to the module: the compiled functions (`_core`, shared through the cache of
+        # `jit`) hold it weakly, so a model is freed with the last `Compiled` of it.
         self._module = module
-        graphdef, flat = nnx.graph.flatten(module, with_paths=True, graph=True)
-        self._paths: tuple[tuple, ...] = tuple(flat.paths)
-        self._leaves: list[Any] = list(flat.leaves)  # Variable objects (or a bare array attribute's value)
-        readers: list[Callable[[], Any]] = []
-        for path, leaf in zip(self._paths, self._leaves):
-            if isinstance(leaf, nnx.Variable):
-                if leaf.hijax or leaf.ref:
-                    raise TypeError(
-                        f"module: Variable at {_path_text(path)} was created with hijax=True or ref=True; "
-                        "jsr.jit supports plain Variables only"
-                    )
-                readers.append(leaf.get_raw_value)
-            else:  # an array attribute that is not a Variable (`nnx.data`): read by its path, rarely used
-                readers.append(lambda path=path: _get_at(module, path))
-        self._readers = readers
-        self._mode_names = mode_names
-        self._mode_refs: list[tuple[nnx.Module, str]] = []
-        self._watch(self._mode_names)
-        self._graphdefs = {self._mode(): graphdef}
-        # The module's own node attributes (submodules, Variables) by identity: replacing one (the common
-        # structural change) is then caught on every call for a few `dict.get`s.
-        self._root_dict = vars(module)
-        self._root_nodes = tuple(
-            (name, value)
-            for name, value in self._root_dict.items()
-            if not name.startswith("_pytree__") and (nnx.graph.is_graph_node(value) or isinstance(value, nnx.Pytree))
-        )
+        self._core = _Core(module, mode_attributes) if _core is None else _core
         self._methods: dict[str, CompiledMethod] = {}
-        self._call = CompiledMethod(self, "__call__")
+        self._call = CompiledMethod(self._core, "__call__", module)
 
     @property
     def module(self) -> nnx.Module:
@@ -243,33 +227,76 @@ class Compiled(Generic[P, R]):
         if name.startswith("_"):  # private and protocol names (`__deepcopy__`, ...) are not delegated
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         if name not in self._methods:
-            self._methods[name] = CompiledMethod(self, name)
+            self._methods[name] = CompiledMethod(self._core, name, self._module)
         return self._methods[name]
 
     def train(self, **attributes) -> Self:
         """`module.train(**attributes)`; returns self. Extra attributes named here are watched as mode flags."""
         self._module.train(**attributes)
-        self._watch(attributes)
+        self._core._watch(attributes)
         return self
 
     def eval(self, **attributes) -> Self:
         """`module.eval(**attributes)`; returns self. Extra attributes named here are watched as mode flags."""
         self._module.eval(**attributes)
-        self._watch(attributes)
+        self._core._watch(attributes)
         return self
 
     def __repr__(self) -> str:
         return f"jsr.jit({type(self._module).__name__})"
 
+
+class _Core:
+    """What `Compiled` compiles and checks for one module, holding the module only weakly (see `_COMPILED`)."""
+
+    def __init__(self, module: nnx.Module, mode_attributes: Sequence[str]):
+        validate.instance("module", module, nnx.Module)
+        mode_names = _mode_names(mode_attributes)
+        self._ref = weakref.ref(module)
+        graphdef, flat = nnx.graph.flatten(module, with_paths=True, graph=True)
+        self._paths: tuple[tuple, ...] = tuple(flat.paths)
+        self._leaves: list[Any] = list(flat.leaves)  # Variable objects (or a bare array attribute's value)
+        readers: list[Callable[[], Any]] = []
+        for path, leaf in zip(self._paths, self._leaves):
+            if isinstance(leaf, nnx.Variable):
+                if leaf.hijax or leaf.ref:
+                    raise TypeError(
+                        f"module: Variable at {_path_text(path)} was created with hijax=True or ref=True; "
+                        "jsr.jit supports plain Variables only"
+                    )
+                readers.append(leaf.get_raw_value)
+            else:  # an array attribute that is not a Variable (`nnx.data`): read by its path, rarely used
+                readers.append(lambda path=path, ref=self._ref: _get_at(ref(), path))
+        self._readers = readers
+        self._mode_names = mode_names
+        self._mode_refs: list[tuple[nnx.Module, str]] = []
+        self._mode_ids: set[tuple[int, str]] = set()
+        self._watch(self._mode_names)
+        self._graphdefs = {self._mode(): graphdef}
+        # The module's own node attributes (submodules, Variables) by identity: replacing one (the common
+        # structural change) is then caught on every call for a few `dict.get`s.
+        self._root_dict = vars(module)
+        self._root_nodes = tuple(
+            (name, value)
+            for name, value in self._root_dict.items()
+            if not name.startswith("_pytree__") and (nnx.graph.is_graph_node(value) or isinstance(value, nnx.Pytree))
+        )
+        self._fns: dict[str, dict[tuple, Callable]] = {}  # method name -> its compiled functions (CompiledMethod)
+
+    @property
+    def _module(self) -> nnx.Module:
+        return self._ref()
+
     def _watch(self, names) -> None:
         """Add (submodule, attribute) for each submodule that has an attribute in `names` (a graph walk)."""
         if not names:
             return
-        known = {(id(m), a) for m, a in self._mode_refs}
-        for sub, name in mode_flags(self._module, names):
-            if (id(sub), name) not in known:
-                self._mode_refs.append((sub, name))
-                known.add((id(sub), name))
+        root = self._module
+        for sub, name in mode_flags(root, names):
+            if (id(sub), name) not in self._mode_ids:
+                # the module itself by a proxy (getattr reads through it): a strong reference would keep it alive
+                self._mode_refs.append((weakref.proxy(sub) if sub is root else sub, name))
+                self._mode_ids.add((id(sub), name))
 
     def _mode(self) -> tuple:
         return tuple([getattr(m, a) for m, a in self._mode_refs])
@@ -328,10 +355,9 @@ class Compiled(Generic[P, R]):
 class CompiledMethod:
     """One method of a `Compiled` model, compiled per (argument structure, static values, mode)."""
 
-    __slots__ = ("_owner", "_name", "_fns", "_qualname", "_check")
+    __slots__ = ("_owner", "_module", "_name", "_fns", "_qualname", "_check")
 
-    def __init__(self, owner: Compiled, name: str):
-        module = owner._module
+    def __init__(self, owner: _Core, name: str, module: nnx.Module):
         cls = type(module)
         if name == "__call__":
             if not callable(module):
@@ -351,9 +377,10 @@ class CompiledMethod:
                     f"jsr.jit: {cls.__name__}.{name} is a {type(attr).__name__}, not a method; use {hint}"
                 )
         self._owner = owner
+        self._module = module  # held here (and by the Compiled), not by the owner shared through jit's cache
         self._name = name
-        self._check = getattr(module, "check_arguments", None)  # the model's checks of host values, if any
-        self._fns: dict[tuple, Callable] = {}
+        self._check = hasattr(module, "check_arguments")  # the model's checks of host values, if any
+        self._fns = owner._fns.setdefault(name, {})
         self._qualname = f"{cls.__name__}.{name}"
 
     def __call__(self, *args, **kwargs):
@@ -363,8 +390,8 @@ class CompiledMethod:
         nested = not _trace_state_clean()  # inside jax.jit/vmap/grad: a jit without compiler options (_compile)
         if nested:
             self._refuse_inside_a_transform_of_the_model()
-        elif self._check is not None:
-            self._check(self._name, args, kwargs)
+        elif self._check:
+            self._module.check_arguments(self._name, args, kwargs)
         if any(type(a) is list for a in args) or any(type(a) is list for a in kwargs.values()):
             args, kwargs = _number_lists_as_arrays(args), _number_lists_as_arrays(kwargs)
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
@@ -404,7 +431,7 @@ class CompiledMethod:
         zero gradients, and a jitted step would keep the weights of its first trace. Refused, naming the fix."""
         if _NNX_CONTEXT is None or not _NNX_CONTEXT.update_context_stacks:
             return
-        module = self._owner._module
+        module = self._module
         for tag, stack in _NNX_CONTEXT.update_context_stacks.items():
             for context in stack:
                 outer = getattr(context, "outer_ref_outer_index", None)

@@ -1,6 +1,9 @@
 """`jsr.jit(model)`: same numbers as the eager model, current weights, rng streams, mode, static arguments."""
 from __future__ import annotations
 
+import gc
+import weakref
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -244,6 +247,36 @@ def test_jit_again_reuses_the_compiled_calls_until_the_structure_changes():
     fresh = jsr.jit(model)
     assert fresh is not fast
     np.testing.assert_array_equal(fresh(_x()), model(_x()))
+
+
+def test_a_model_is_freed_with_its_last_compiled_view():
+    """A notebook cell re-run (`model = ...; fast = jsr.jit(model)`) must not keep every model it ever compiled
+    alive: jit's cache held each Compiled, which held its model, a weak key kept alive by its own value."""
+    for make in (Toy, lambda rngs: nnx.Dropout(0.5, rngs=rngs)):  # mode flags below the model, and on the model
+        model = make(rngs=nnx.Rngs(0))
+        fast = jsr.jit(model)
+        fast(_x())
+        model.eval()
+        fast(_x())
+        fast.repeat(_x(), 2) if isinstance(model, Toy) else None
+        ref, core = weakref.ref(model), weakref.ref(fast._core)  # the core holds the model's Variables
+        del model, fast
+        gc.collect()
+        assert ref() is None, "the model outlived every reference to it and to its jsr.jit"
+        assert core() is None, "the compiled functions (and the Variables they read) outlived the model"
+
+
+def test_compiled_view_keeps_its_model_and_inline_jit_still_reuses_the_compile():
+    fast = jsr.jit(Toy(rngs=nnx.Rngs(0))).eval()  # the Compiled alone holds the model
+    gc.collect()
+    np.testing.assert_array_equal(fast(_x()), fast.module(_x()))
+    model = fast.module
+    del fast
+    gc.collect()
+    TRACES.clear()
+    jsr.jit(model)(_x())  # a new view on the compiled functions kept for the live model: no trace
+    jsr.jit(model)(_x())
+    assert TRACES == []
 
 
 def test_deeper_structural_change_raises_at_the_next_compile():
