@@ -99,7 +99,19 @@ class History:
     checkpoint_stray_files: tuple[str, ...] = ()  # unlisted files in the resumed checkpoint
 
     def series(self, key: str = "loss", split: str = "train") -> tuple[list[int], list[float]]:
-        """(steps, values) of `key` (a row field such as `loss`/`lr`, or a metric name)."""
+        """(steps, values) of `key` (a row field such as `loss`/`lr`, or a metric name) in the `split` rows
+        ("train" or "eval"). A key in no row of either split is a ValueError naming those there are (a misspelt
+        metric gave an empty series, an empty plot); one that only the other split has gives an empty series."""
+        if split not in ("train", "eval"):  # any other word read the eval rows
+            raise ValueError(f"split: expected 'train' or 'eval', got {split!r}")
+        rows = self.train + self.eval
+        known = {k for r in rows for k in r if k != "metrics"} | {m for r in rows for m in r.get("metrics", {})}
+        if rows and key not in known:
+            raise ValueError(f"key: expected a row field or metric of this run, one of {', '.join(sorted(known))}; "
+                             f"got {key!r}")
+        return self._series(key, split)
+
+    def _series(self, key: str, split: str) -> tuple[list[int], list[float]]:
         xs, ys = [], []
         for r in self.train if split == "train" else self.eval:
             v = r[key] if key in r else r.get("metrics", {}).get(key)
@@ -190,7 +202,7 @@ def _nan_for_null(row: dict) -> dict:
 def curve_panels(history: History) -> tuple[dict[str, dict[str, list]], dict[str, float]]:
     """({panel: {split: [(step, value)]}} for every series that changes, {name: value} for those that do not)."""
     names = list(dict.fromkeys(m for r in history.train + history.eval for m in r.get("metrics", {}) if m != "loss"))
-    series = {key: {split: [(x, y) for x, y in zip(*history.series(key, split)) if math.isfinite(y)]
+    series = {key: {split: [(x, y) for x, y in zip(*history._series(key, split)) if math.isfinite(y)]
                     for split in (("train", "eval") if key != "lr" else ("train",))}
               for key in ["loss", "lr", "grad_norm", *names]}
     constant = {key: pts[0][1] for key, by_split in series.items()

@@ -1424,3 +1424,18 @@ def test_batches_of_ever_new_shapes_warn_once_that_each_compiles_the_step_again(
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # three shapes (a few buckets) are fine
         fit(DropMLP(nnx.Rngs(0)), mse_fn, lambda i: growing(i % 3), cfg)
+
+
+def test_history_series_refuses_a_key_or_split_the_run_has_not():
+    """A misspelt metric or split gave an empty series (an empty plot, no error); "val" read the eval rows."""
+    rows = [{"step": i, "split": "train", "loss": 1 / i, "lr": 0.1, "metrics": {"acc": i / 10}} for i in (1, 2)]
+    history = History(train=rows, eval=[{"step": 2, "split": "eval", "loss": 0.3, "metrics": {"f1": 0.5}}], step=2)
+    assert history.series("acc") == ([1, 2], [0.1, 0.2])
+    assert history.series("f1", "eval") == ([2], [0.5])
+    assert history.series("f1") == ([], [])  # a metric of the other split only: empty, as before
+    with pytest.raises(ValueError, match=r"key: expected a row field or metric of this run, one of .*acc.*; "
+                                         r"got 'accuracy'"):
+        history.series("accuracy")
+    with pytest.raises(ValueError, match="split: expected 'train' or 'eval', got 'val'"):
+        history.series("loss", "val")
+    assert History(train=[], eval=[], step=0).series("loss") == ([], [])  # no rows: nothing to tell a key by
