@@ -203,11 +203,12 @@ def _check_constants(module: nnx.Module, prefix: str) -> None:
         warnings.warn(f"convert: nnx.BatchNorm {prefix[:-1] or 'module'!r} has momentum {module.momentum:g}, which is "
                       f"torch's momentum={1 - module.momentum:g}; {twin}'s default is {TORCH_BATCH_NORM_MOMENTUM:g} "
                       f"(nnx's {1 - TORCH_BATCH_NORM_MOMENTUM:g}): training updates the running statistics at "
-                      f"another rate", UserWarning, stacklevel=4)
+                      f"another rate", UserWarning, stacklevel=validate.user_stacklevel())
     if module.epsilon != eps:
         warnings.warn(f"convert: nnx.{type(module).__name__} {prefix[:-1] or 'module'!r} has epsilon "
                       f"{module.epsilon:g}, {twin}'s default eps is {eps:g}: the two compute other numbers unless the "
-                      f"torch model was built with eps={module.epsilon:g}", UserWarning, stacklevel=4)
+                      f"torch model was built with eps={module.epsilon:g}", UserWarning,
+                      stacklevel=validate.user_stacklevel())
 
 
 def _warn_same_padding(module: nnx.Conv | nnx.ConvTranspose, prefix: str, n: int) -> None:
@@ -218,7 +219,8 @@ def _warn_same_padding(module: nnx.Conv | nnx.ConvTranspose, prefix: str, n: int
     remedy = ("unless the torch model was built with padding='same'" if kind == "Conv" else
               "(torch has no 'same' for it: give nnx's padding as the table above translates torch's)")
     warnings.warn(f"convert: nnx.{kind} {prefix[:-1] or 'module'!r} has padding 'SAME' (Flax's default), {twin}'s "
-                  f"default is 0 ('VALID'): the two give other outputs {remedy}", UserWarning, stacklevel=4)
+                  f"default is 0 ('VALID'): the two give other outputs {remedy}", UserWarning,
+                  stacklevel=validate.user_stacklevel())
 
 
 def _children(container: Any, prefix: str) -> Iterator[Entry]:
@@ -485,7 +487,7 @@ def load_torch_state_dict(module: nnx.Module, state_dict: Mapping[str, Any]) -> 
     if casts:
         # (a float64 model's running statistics are cast to float32 too, which its param_dtype would not say)
         note = "; nnx.BatchNorm holds its running statistics in float32 whatever its param_dtype" if running else ""
-        warnings.warn(_cast_warning(casts) + note, UserWarning, stacklevel=2)
+        warnings.warn(_cast_warning(casts) + note, UserWarning, stacklevel=validate.user_stacklevel())
     for param, value in updates:
         param[...] = value
 

@@ -998,3 +998,27 @@ def test_from_torch_module_takes_a_dtype_and_leaves_the_torch_module_as_it_is(dt
         assert np.array_equal(value.astype(np.float32), cast), key
     with pytest.raises(TypeError, match=r"^dtype: expected a floating dtype .*got 'int32'"):
         jsr.from_torch_module(ref, dtype="int32")
+
+
+def test_conversion_warnings_name_the_callers_line_so_a_rerun_warns_again(tmp_path):
+    """The epsilon, momentum and padding warnings named a line of convert.py (a fixed stacklevel inside a generator),
+    and the cast warning of a file load another: Python's default filter shows a warning once per line, so a notebook
+    cell run again, or a second model of the same layout, said nothing. Each names the caller's own line now."""
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.norm = nnx.LayerNorm(4, rngs=rngs)  # Flax's default epsilon, 1e-6
+
+    from jax_scan_rnn.convert import load_state_dict_file
+
+    net = Net(nnx.Rngs(0))
+    path = tmp_path / "net.pt"
+    torch.save({k: torch.from_numpy(v).double() for k, v in jsr.torch_state_dict(net).items()}, path)
+    calls = {"torch_state_dict": lambda: jsr.torch_state_dict(net),
+             "load_torch_state_dict": lambda: jsr.load_torch_state_dict(net, torch.load(path)),
+             "load_state_dict_file": lambda: load_state_dict_file(net, torch.load(path), path, "init_from", "")}
+    for name, call in calls.items():
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            call()
+        assert record and {os.path.abspath(w.filename) for w in record} == {os.path.abspath(__file__)}, (
+            f"{name}: warned at {[(w.filename, w.lineno) for w in record]}, not at the caller's line")
