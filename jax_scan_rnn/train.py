@@ -28,6 +28,8 @@ import contextlib
 import functools
 import math
 import os
+import signal
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -483,7 +485,7 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
         carried and checkpointed. It trains in the mode it is in, as a torch module does: a module is built in
         training mode, and one set to `model.eval()` trains without dropout and with BatchNorm's statistics
         frozen (call `model.train()` first, unless that is what you want). On return (or on any exception) it holds the latest state (for
-        `NonFiniteLossError`: the state before the bad update).
+        `NonFiniteLossError`: the state before the bad update; for a Ctrl-C, the state after the update in flight).
       loss_fn: `loss_fn(model, batch) -> (loss, metrics: dict[str, scalar])`, traced once.
       batch_fn: `batch_fn(i) -> batch` for update `i + 1`; must be a pure function of `i`. A batch is a pytree
         of NumPy, JAX or torch arrays (torch tensors are copied to the host, as `jsr.jit` takes them).
@@ -615,9 +617,14 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
     k, last_log, last_k = start, time.time(), start
     said_no_gradient = False
     try:
-        with log:
+        with log, _InterruptAfterStep() as interrupt:
             for k in range(start + 1, cfg.steps + 1):
-                carry = step(carry, put(first_batch if k == 1 else _batch(batch_fn, k - 1, cfg.steps)))
+                batch = put(first_batch if k == 1 else _batch(batch_fn, k - 1, cfg.steps))
+                interrupt.held = True
+                carry = step(carry, batch)  # donates the old carry: a KeyboardInterrupt here would lose both
+                interrupt.held = False
+                if interrupt.pending:
+                    raise KeyboardInterrupt
                 final = k == cfg.steps
                 stopping = not final and _stop_now(stop, k, cfg)
                 do_log = k % cfg.log_every == 0 or final
@@ -680,6 +687,36 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
               "reason": "matplotlib is not installed: pip install 'jax-scan-rnn[plot]'"})
     emit({"event": "end", "step": k, "elapsed_s": time.time() - t_start})
     return history
+
+
+class _InterruptAfterStep:
+    """Ctrl-C (SIGINT) during a train step raised after the step's carry is stored, not inside the call.
+
+    The step donates its input carry, so a KeyboardInterrupt raised in `carry = step(carry, batch)` (inside the
+    dispatch, or as the call returns) lost the old carry and the new one alike: `fit`'s final `step.write` found
+    deleted arrays, and the model kept the state of the last log row, eval or checkpoint (with a long log_every, its
+    initial weights), not the latest one. Installed only where Python's own SIGINT handler is (the main thread);
+    elsewhere nothing changes."""
+
+    def __init__(self) -> None:
+        self.held = False  # a step is in flight: defer the interrupt
+        self.pending = False
+        self.previous: Any = None
+
+    def __enter__(self) -> _InterruptAfterStep:
+        if (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+            self.previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+    def _handler(self, signum, frame) -> None:
+        if not self.held:
+            raise KeyboardInterrupt
+        self.pending = True
 
 
 def _warn_unapplied(opt_state: Any, steps: int) -> None:

@@ -1439,3 +1439,38 @@ def test_history_series_refuses_a_key_or_split_the_run_has_not():
     with pytest.raises(ValueError, match="split: expected 'train' or 'eval', got 'val'"):
         history.series("loss", "val")
     assert History(train=[], eval=[], step=0).series("loss") == ([], [])  # no rows: nothing to tell a key by
+
+
+def test_ctrl_c_during_an_update_leaves_the_model_at_the_state_after_it(monkeypatch):
+    """A KeyboardInterrupt raised as the (donating) step call returns lost the old carry and the new one: the model
+    kept the state of its last log row, here its initial weights, not the 3 updates done. SIGINT is now held until
+    the step's carry is stored, then raised: the model holds the state after update 3, as `stop` after 3 leaves it."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers can only be installed in the main thread")
+    cfg = TrainConfig(steps=10, log_every=10, eval_every=0, checkpoint_every=0)
+    asked = itertools.count(1)
+    stopped = DropMLP(nnx.Rngs(0))
+    with pytest.raises(TrainingStopped):
+        fit(stopped, loss_fn, batch_fn, cfg, stop=lambda: next(asked) == 3)  # asked after each update
+    call = TrainStep.__call__
+    calls = itertools.count(1)
+
+    def sigint_as_the_third_update_returns(self, carry, batch):
+        carry = call(self, carry, batch)
+        if next(calls) == 3:
+            os.kill(os.getpid(), signal.SIGINT)  # Python raises it at the next bytecode, before `return`
+        return carry
+
+    monkeypatch.setattr(TrainStep, "__call__", sigint_as_the_third_update_returns)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as Python and Jupyter install it
+    try:
+        model = DropMLP(nnx.Rngs(0))
+        with pytest.raises(KeyboardInterrupt):
+            fit(model, loss_fn, batch_fn, cfg)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert signal.getsignal(signal.SIGINT) is previous
+    assert_same_params(param_leaves(model), param_leaves(stopped))
