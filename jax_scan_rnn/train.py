@@ -259,8 +259,10 @@ class TrainStep:
     `carry` is a dict of plain arrays: `state` (the model's and optimiser's state leaves, typed PRNG keys as
     their key data), `window` (on-device sums since init or the last `reset`: count, loss, gradient norm, every metric,
     and the latest learning rate) and `bad` (the first non-finite update: step -1 while there was none). The
-    carry is donated: use only the returned one. Variables shared inside the model (tied weights) stay shared
-    (`nnx.split` stores them once). `batch` is an example batch, traced once to learn the metric names.
+    carry is donated: use only the returned one (a Ctrl-C that lands as `carry = step(...)` returns loses both;
+    `fit` holds it until the new carry is stored, a loop of your own does not). Variables shared inside the model
+    (tied weights) stay shared (`nnx.split` stores them once). `batch` is an example batch, traced once to learn
+    the metric names.
 
     Each new batch shape or dtype compiles the step again (as `jax.jit` does); past `MANY_BATCH_SHAPES` of them a
     call warns once: pad or bucket batches to a few fixed shapes.
