@@ -200,13 +200,17 @@ def _nan_for_null(row: dict) -> dict:
 
 
 def curve_panels(history: History) -> tuple[dict[str, dict[str, list]], dict[str, float]]:
-    """({panel: {split: [(step, value)]}} for every series that changes, {name: value} for those that do not)."""
+    """({panel: {split: [(step, value)]}} for every series that changes, {name: value} for those that do not).
+
+    A series is constant when two or more of its points, train and eval together, all have one value; a series of one
+    point (a run shorter than two log windows) is drawn: one value says nothing about whether it changed (a cosine
+    learning rate logged once is no constant learning rate)."""
     names = list(dict.fromkeys(m for r in history.train + history.eval for m in r.get("metrics", {}) if m != "loss"))
     series = {key: {split: [(x, y) for x, y in zip(*history._series(key, split)) if math.isfinite(y)]
                     for split in (("train", "eval") if key != "lr" else ("train",))}
               for key in ["loss", "lr", "grad_norm", *names]}
     constant = {key: pts[0][1] for key, by_split in series.items()
-                if (pts := [p for split in by_split.values() for p in split]) and len({y for _, y in pts}) == 1}
+                if len(pts := [p for split in by_split.values() for p in split]) > 1 and len({y for _, y in pts}) == 1}
     return {k: v for k, v in series.items() if k not in constant and any(v.values())}, constant
 
 

@@ -1043,6 +1043,24 @@ def test_curves_draw_what_changes_and_name_what_does_not():
     assert panels["acc"]["eval"] == [(5, 0.2)] and len(panels["acc"]["train"]) == 5
 
 
+def test_curves_draw_a_series_logged_once():
+    """A run shorter than two log windows (the CLI's `--steps 20`, logging every 25) has one train row: its loss and a
+    cosine learning rate were drawn nowhere and named "constant" in the title, which they were not. One point is a
+    panel; two or more equal points are a constant."""
+    from jax_scan_rnn.runlog import curve_panels
+
+    rows = [{"step": 6, "split": "train", "loss": -0.5, "lr": 2e-4, "grad_norm": 0.2, "metrics": {"utility": 0.5}}]
+    evals = [{"step": 6, "split": "eval", "loss": None, "metrics": {"utility": 0.7, "over_optimal": 0.04}}]
+    panels, constant = curve_panels(History(train=rows, eval=evals, step=6))
+    assert constant == {}
+    assert list(panels) == ["loss", "lr", "grad_norm", "utility", "over_optimal"]
+    assert panels["lr"] == {"train": [(6, 2e-4)]} and panels["over_optimal"]["eval"] == [(6, 0.04)]
+    # the same value logged twice is a constant, across the splits too
+    twice = [{**evals[0], "step": step, "metrics": {"over_optimal": 0.04}} for step in (6, 7)]
+    panels, constant = curve_panels(History(train=rows, eval=twice, step=7))
+    assert constant == {"over_optimal": 0.04} and "loss" in panels
+
+
 def test_curves_leave_out_points_that_are_not_finite():
     from jax_scan_rnn.runlog import curve_panels
 
