@@ -393,10 +393,24 @@ def read_metadata(directory: str | os.PathLike, step: int | None = None) -> dict
     """
     root = Path(directory).absolute()
     if step is None and (step := latest_step(root)) is None:
-        raise CheckpointError(f"checkpoint directory {root}: no checkpoint found")
+        raise CheckpointError(_none_found(root))
     with _held(step_path(root, step)):
         _check(root, step)
         return _read_json(step_path(root, step))
+
+
+def _none_found(root: Path) -> str:
+    """The message for a `directory` without checkpoints; where a folder inside it holds some (a training run's
+    `out_dir`, whose checkpoints live in `out_dir/checkpoints`, the directory the CLI's --checkpoint names), it says
+    to pass that folder."""
+    try:
+        inside = sorted(p for p in root.iterdir() if p.is_dir() and steps(p)) if root.is_dir() else []
+    except OSError:  # a folder we may not list: the message without the hint
+        inside = []
+    message = f"checkpoint directory {root}: no checkpoint found"
+    if inside:
+        message += f"; {inside[0]} holds checkpoints: pass that folder (a training run's out_dir keeps them there)"
+    return message
 
 
 def _read_json(path: Path) -> dict:
@@ -444,7 +458,7 @@ def restore(directory: str | os.PathLike, step: int | None = None, target: Any =
     if step is None and fallback:
         return _newest_valid(root, read)
     if step is None and (step := latest_step(root)) is None:
-        raise CheckpointError(f"checkpoint directory {root}: no checkpoint found")
+        raise CheckpointError(_none_found(root))
     step = validate.integer("step", step, lo=0)
     with _held(step_path(root, step)):
         try:
@@ -506,7 +520,7 @@ def _newest_valid(root: Path, then: Callable[[int, tuple[str, ...], tuple], Any]
                 continue
             return then(s, stray, tuple(skipped))
     if not skipped:
-        raise CheckpointError(f"checkpoint directory {root}: no checkpoint found")
+        raise CheckpointError(_none_found(root))
     raise CheckpointError(f"checkpoint directory {root}: no valid checkpoint ({'; '.join(r for _, r in skipped)})")
 
 

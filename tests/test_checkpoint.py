@@ -343,6 +343,20 @@ def test_keep_n_pruning(tmp_path):
     assert ckpt.steps(tmp_path) == [30, 60] and float(ckpt.restore(tmp_path, 30).state["w"][0]) == 1.0
 
 
+def test_a_run_directory_given_for_its_checkpoints_is_named_as_such(tmp_path):
+    """The CLI's --checkpoint takes a training run's out_dir; the API takes out_dir/checkpoints. Given the run's
+    directory, read_metadata, restore and newest_valid_step said only 'no checkpoint found' in a folder that has
+    them one level down: the message names the folder to pass."""
+    ckpt.save(tmp_path / "checkpoints", 3, {"w": jnp.ones(2)}, {"model": "m"})
+    hint = re.escape(f"{tmp_path / 'checkpoints'} holds checkpoints: pass that folder")
+    for read in (ckpt.read_metadata, ckpt.restore, lambda d: ckpt.restore(d, fallback=True), ckpt.newest_valid_step):
+        with pytest.raises(CheckpointError, match=f"no checkpoint found; {hint}"):
+            read(tmp_path)
+    assert ckpt.read_metadata(tmp_path / "checkpoints") == {"model": "m"}
+    with pytest.raises(CheckpointError, match="no checkpoint found$"):  # nothing inside either: no hint
+        ckpt.restore(tmp_path / "checkpoints" / "step_00000003" / "metadata")
+
+
 def test_argument_errors(tmp_path):
     with pytest.raises(ValueError, match="^step:"):
         ckpt.save(tmp_path, -1, {"w": jnp.zeros(1)})
