@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import math
 import warnings
 
 import numpy as np
@@ -642,6 +643,28 @@ def test_without_a_validation_period_training_evaluates_on_the_training_period()
                    for a, b in ((0, stats.train_end), (stats.valid_end, data.num_steps)))
     got = history.eval[-1]["metrics"]["utility"]
     assert got == pytest.approx(train, rel=1e-6, abs=1e-9) and got != pytest.approx(test, rel=1e-6, abs=1e-9)
+
+
+def test_an_undefined_sharpe_ratio_is_logged_as_nan_not_zero(monkeypatch):
+    """A validation period whose net return is constant (here: no cost and no return) has no Sharpe ratio; the eval
+    rows said 0.0, a measured figure, where the reports say n/a. It is NaN now (null in metrics.jsonl)."""
+    from jax_scan_rnn.data.market_data import MarketData
+    from jax_scan_rnn.tasks import traveller as tv
+
+    data, task = tiny_market_task(valid_fraction=0.15)
+    task = dataclasses.replace(task, cost_scale=0.0)
+    stats = tv.fit_stats(task, data)
+    returns = data.returns.copy()
+    returns[:, stats.train_end:stats.valid_end] = 0.0  # a market closed over the validation period
+    data = MarketData(data.features, returns, data.feature_names, data.asset_names)
+    seen = {}
+    monkeypatch.setattr(tv, "fit", lambda model, loss_fn, batch_fn, cfg, **kw: seen.update(model=model, **kw))
+    tv.train(task, TrainConfig(steps=1), data=data)
+    start, stop = stats.train_end, stats.valid_end
+    x = tv.positions(seen["model"], stats.standardiser(data.features))[0]
+    assert tv.score_period(x, data, stats, start, stop)["sharpe"] is None
+    logged = seen["eval_fn"](seen["model"])
+    assert math.isnan(logged["sharpe"])
 
 
 def test_a_later_period_is_scored_from_the_position_held_before_it():

@@ -389,7 +389,8 @@ def train(task: TravellerTask, cfg: TrainConfig, out_dir: str | Path | None = No
 
         def eval_fn(m: Traveller) -> dict[str, float]:
             learned = score_period(positions(m, features)[0], data, stats, start, stop, task.periods_per_year)
-            return {"utility": learned["utility"], "sharpe": learned["sharpe"] or 0.0}
+            # an undefined Sharpe ratio (a constant net return) is NaN, null in metrics.jsonl: 0.0 reads as measured
+            return {"utility": learned["utility"], "sharpe": np.nan if learned["sharpe"] is None else learned["sharpe"]}
     if init_from is not None:
         metadata["init_from"] = load_init(model, init_from, stats)
     history = fit(model, make_loss_fn(task, None if stats is None else stats.objective),
