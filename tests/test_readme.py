@@ -175,3 +175,49 @@ def test_tuning_cpu_does_not_say_the_compiled_scans_compile_is_flat_when_its_fir
     section = text[text.index("## Compiling a Python loop instead"):text.index("## The peers' rows, explained")]
     if max(first) > FIRST_CALL_SPREAD * min(first):
         assert "its compile does not grow with T" not in section, first
+
+
+def logged_metric_names(monkeypatch, tmp_path) -> dict[str, set[str]]:
+    """{task: the metric names its train and eval rows hold}, from each task's own loss_fn and eval_fn (fit replaced
+    by a stand-in that keeps them): the simulated market, your data, the VAE."""
+    import numpy as np
+
+    from jax_scan_rnn.data.market_data import MarketData
+    from jax_scan_rnn.tasks import traveller as tv
+    from jax_scan_rnn.tasks import vae as vt
+    from jax_scan_rnn.train import TrainConfig
+    from tests.test_vae_task import SMILES
+
+    names = {}
+    for lib, label, run in (
+            (tv, "traveller, simulated", lambda: tv.train(tv.TravellerTask(
+                hidden_size=2, num_layers=1, batch_size=2, seq_len=3, train_paths=2, eval_paths=2, eval_steps=3),
+                TrainConfig(steps=1))),
+            (tv, "traveller, your data", lambda: tv.train(tv.TravellerTask(
+                data="mem.npz", hidden_size=2, num_layers=1, batch_size=2, seq_len=3),
+                TrainConfig(steps=1), data=MarketData(np.random.default_rng(0).standard_normal((1, 40, 2)),
+                                                      0.01 * np.random.default_rng(1).standard_normal((1, 40, 1)),
+                                                      ("f0", "f1"), ("a",)))),
+            (vt, "vae", lambda: vt.train(vt.VAETask(data=str(tmp_path / "mols.smi"), max_length=20, hidden_size=8,
+                                                    latent_size=2, batch_size=8), TrainConfig(steps=1)))):
+        seen = {}
+        monkeypatch.setattr(lib, "fit", lambda model, loss_fn, batch_fn, cfg, **kw: seen.update(
+            model=model, loss_fn=loss_fn, batch_fn=batch_fn, **kw))
+        (tmp_path / "mols.smi").write_text("\n".join(SMILES) + "\n")
+        run()
+        _, train_metrics = seen["loss_fn"](seen["model"], seen["batch_fn"](0))
+        names[label] = set(train_metrics) | set(seen["eval_fn"](seen["model"]))
+    return names
+
+
+@pytest.mark.slow  # ~12 s on 2 cores: each task's eval_fn compiles its model
+def test_the_readme_says_what_every_logged_metric_is(monkeypatch, tmp_path):
+    """metrics.jsonl's rows hold each task's metrics by name; the README named none of them, nor that the VAE's eval
+    `recon` (from z = mu, teacher-forced) is not the train rows' figure: a script reading the log had only the code.
+    Every name a task logs is explained where the README describes metrics.jsonl."""
+    text = " ".join(README.read_text().split())
+    start = text.index("A row of `metrics.jsonl`")
+    paragraph = text[start:text.index("`--resume` continues from the newest valid checkpoint", start)]
+    for label, names in logged_metric_names(monkeypatch, tmp_path).items():
+        for name in names:
+            assert f"`{name}`" in paragraph, f"{label}: {name} is logged but not explained in the README"
