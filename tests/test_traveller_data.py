@@ -667,6 +667,20 @@ def test_an_undefined_sharpe_ratio_is_logged_as_nan_not_zero(monkeypatch):
     assert math.isnan(logged["sharpe"])
 
 
+def test_the_data_table_says_how_its_sharpe_ratios_are_annualised():
+    """evaluation.json's Sharpe ratios are annualised with the run's --periods-per-year, which the file did not hold:
+    a daily run's and an hourly run's reports compared by script differ by sqrt(8760 / 252) in every ratio, unsaid."""
+    from jax_scan_rnn.tasks import traveller as tv
+
+    data, task = tiny_market_task(valid_fraction=0.15)
+    stats = tv.fit_stats(task, data)
+    model = tv.build_model(task, 0, stats)
+    daily, monthly = (tv.data_table(model, data, stats, "test", rate) for rate in (252, 12))
+    assert daily["periods_per_year"] == 252 and monthly["periods_per_year"] == 12
+    ratio = monthly["policies"]["learned"]["sharpe"] / daily["policies"]["learned"]["sharpe"]
+    assert ratio == pytest.approx(math.sqrt(12 / 252), rel=1e-12)
+
+
 def test_a_later_period_is_scored_from_the_position_held_before_it():
     """Buy-and-hold holds one position throughout: scored from the position held just before the test period,
     it trades nothing there (no cost, no turnover)."""

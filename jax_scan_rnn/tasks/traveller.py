@@ -341,14 +341,17 @@ def data_table(model: Traveller, data: market_data.MarketData, stats: DataStats,
                periods_per_year: float = 252) -> dict:
     """Every policy on one period of your data: the Traveller (run over each whole path from its first step,
     its state carried through) against buy-and-hold, a rolling Markowitz and no trading, each scored by
-    `score_period`."""
+    `score_period`: `{"period", "steps": [start, stop), "paths", "periods_per_year" (what each "sharpe" is
+    annualised with), "policies": {name: its scores}}`."""
     start, stop = _period(stats, data.num_steps, period)
     learned, _ = positions(model, stats.standardiser(data.features))
     runs = {"learned": learned, "buy_and_hold": trading.buy_and_hold_policy(data.returns),
             "rolling_markowitz": trading.rolling_markowitz_policy(data.returns, stats.objective, MARKOWITZ_WINDOW),
             "no_trade": np.zeros_like(data.returns)}
     scores = {name: score_period(x, data, stats, start, stop, periods_per_year) for name, x in runs.items()}
-    return {"period": period, "steps": [start, stop], "paths": data.num_paths, "policies": scores}
+    # periods_per_year in the report itself: two runs' Sharpe ratios compare only at one annualisation (daily, hourly)
+    return {"period": period, "steps": [start, stop], "paths": data.num_paths, "periods_per_year": periods_per_year,
+            "policies": scores}
 
 
 def evaluate(model: Traveller, task: TravellerTask, market: trading.Market | None = None) -> dict[str, float]:
