@@ -221,3 +221,6 @@ def test_the_readme_says_what_every_logged_metric_is(monkeypatch, tmp_path):
     for label, names in logged_metric_names(monkeypatch, tmp_path).items():
         for name in names:
             assert f"`{name}`" in paragraph, f"{label}: {name} is logged but not explained in the README"
+    from jax_scan_rnn.tasks.vae import EVAL_LOSS, EVAL_RECONSTRUCT  # the counts it quotes are the code's
+
+    assert f"up to {EVAL_LOSS} validation molecules" in paragraph and f"up to {EVAL_RECONSTRUCT} of them" in paragraph
