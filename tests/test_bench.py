@@ -10,6 +10,7 @@ import argparse
 import ast
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -296,6 +297,8 @@ def test_cli_hook_runs_and_prints(tmp_path, capsys):
     assert bench.run(args) == 0
     out = capsys.readouterr().out
     assert "B=1     T=4" in out and "lax.scan" in out
+    # wall_s times the cases only: the last line said "wall time 1 s" of a command that ran 13 s
+    assert re.search(r"\nmeasured in \d+ s; wrote ", out) and "wall time" not in out
     stem = f"{bench.host_kind()}-cli"
     assert (tmp_path / f"{stem}.json").exists() and (tmp_path / f"{stem}.md").exists()
     assert not list(tmp_path.glob("*.png"))
