@@ -1010,6 +1010,8 @@ def write_export(model, step: int, args: argparse.Namespace, side: dict) -> Path
     else:
         save_safetensors(state_dict, args.output)  # atomically, as every output
     path = side_file(args.output)
+    # where the weights came from: two exports of one run (or of two) tell apart by their files alone
+    side = {**side, "source": {"checkpoint": os.path.abspath(args.checkpoint), "step": step}}
     write_atomically(str(path), lambda f: f.write(json.dumps(side, indent=2) + "\n"))
     shown = ", ".join(f"{k}={v}" for k, v in side["arguments"].items())
     print(f"state_dict of {side['model']}({shown}), step {step} of {args.checkpoint} -> {args.output}")

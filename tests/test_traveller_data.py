@@ -6,6 +6,7 @@ import csv
 import dataclasses
 import json
 import math
+import os
 import warnings
 
 import numpy as np
@@ -287,6 +288,8 @@ def test_export_loads_into_the_seeds_class_and_gives_the_same_positions(run, fmt
     assert side["model"] == "torch_ref.Traveller" and side["arguments"] == {
         "num_inputs": 4, "hidden_size": 8, "num_layers": 1, "dropout": 0.0, "num_assets": 2}
     assert side["data_stats"]["standardiser"]["names"] == ["f0", "f1", "f2", "f3"]
+    # which run and step: two exports told apart by their files alone
+    assert side["source"] == {"checkpoint": os.path.abspath(out), "step": checkpoint.latest_step(out / "checkpoints")}
     import torch_ref
 
     torch_ref.Traveller(**side["arguments"]).load_state_dict(state_dict)  # strict: the arguments are the model's
