@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_scan_rnn import validate
-from jax_scan_rnn.cells import check_carry, state_description
+from jax_scan_rnn.cells import check_carry
 from jax_scan_rnn.layers import RNNBase
 from jax_scan_rnn.scan import ScanUnroll, time_scan
 
@@ -138,13 +138,10 @@ def _check_stacked(core: RNNBase, carries: PyTree) -> PyTree:
     whole, as the layers' call checks its `initial_state`: unstacking reads entries 0 .. L*D-1 and JAX clamps an
     index past the end, so a state of fewer layers ran silently (layer 0's state fed to the layers above it too)."""
     leaves = jax.tree.leaves(carries)
-    batch = jnp.shape(leaves[0])[1] if leaves and jnp.ndim(leaves[0]) == 3 else None
+    batch = jnp.shape(leaves[0])[1] if leaves and jnp.ndim(leaves[0]) == 3 else None  # None: not [L*D, B, R]
     dtype = jnp.result_type(leaves[0]) if leaves else jnp.float32
     expected = core.initial_state(1 if batch is None else batch, dtype)  # (a symbolic batch has no truth value)
-    shape = f"[{core.num_layers * core.num_directions}, {'B' if batch is None else batch}, {{}}]"
-    desc = state_description(shape.format(core.layers[0].state_size),
-                             shape.format(core.hidden_size) if isinstance(expected, tuple) else None)
-    return check_carry("carries", carries, expected, desc)
+    return check_carry("carries", carries, expected, core._state_desc("B" if batch is None else batch))
 
 
 def _steps(xs: PyTree) -> int:

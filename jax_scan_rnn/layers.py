@@ -179,7 +179,9 @@ class RNNBase(nnx.Module):
         desc = self._state_desc(None if unbatched else batch_size)
         return check_carry(name, state, expected, desc, batch_axis=1 if unbatched else None)
 
-    def _state_desc(self, batch_size: int | None) -> str:
+    def _state_desc(self, batch_size: int | str | None) -> str:
+        """The state's layout in words for an error: "a [2, 4, 8] array", "a tuple (h, c) of [2, B, 8] arrays" (a
+        batch size not known: "B"), without the batch axis for None (an unbatched sequence's)."""
         batch = "" if batch_size is None else f"{batch_size}, "
         shape = f"[{self.num_layers * self.num_directions}, {batch}{{}}]"
         return state_description(shape.format(self.layers[0].state_size),
