@@ -652,14 +652,24 @@ def load_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
     try:
         return load_file(path)
     except SafetensorError as err:
-        with open(path, "rb") as f:
-            head = f.read(9)
-        if head.startswith((b"PK", b"\x80")) and head[8:] != b"{":  # a zip's or a pickle's mark: torch.save's file
+        if _file_kind(path) == "torch":
             raise ValueError(f"load_safetensors: {path!r} is a torch.save file (zip or pickle), not a .safetensors "
                              "file: read it with torch.load(path, weights_only=True)") from None
         raise ValueError(
             f"load_safetensors: {path!r} is not a whole .safetensors file (truncated or corrupt): {err}"
         ) from err
+
+
+def _file_kind(path: str) -> str | None:
+    """"safetensors", "torch" (a torch.save file) or None (neither mark), from the file's first 9 bytes: a safetensors
+    file starts with its header's length (8 bytes) and the header's "{", a torch.save file with a zip's or a pickle's
+    mark (whose 9th byte is never "{"). The "{" is looked at first: a header of 128 + 256k bytes starts with the
+    pickle's mark, 0x80, as its length's low byte (one safetensors file in 32 was read as a pickle)."""
+    with open(path, "rb") as f:
+        head = f.read(9)
+    if len(head) == 9 and head[8:] == b"{":
+        return "safetensors"
+    return "torch" if head.startswith((b"PK", b"\x80")) else None
 
 
 def side_file(path: str | os.PathLike) -> Path:
@@ -681,15 +691,9 @@ def read_state_dict_file(path: str | os.PathLike, argname: str = "path") -> dict
     suffix = os.path.splitext(path)[1].lower()
     if suffix not in (".pt", ".pth", ".safetensors"):
         raise ValueError(f"{argname}: expected a .pt, .pth or .safetensors file, got {os.path.basename(path)}")
-    with open(path, "rb") as f:
-        head = f.read(9)
-    # Read as what it holds, whatever its suffix says (a safetensors file named .pt, or the other way): a safetensors
-    # file starts with its header's length (8 bytes) and the header's "{", a torch.save file with a zip's or a
-    # pickle's mark (whose 9th byte is never "{"). The "{" is looked at first: a header of 128 + 256k bytes starts
-    # with the pickle's mark, 0x80, as its length's low byte (one safetensors file in 32 was read as a pickle).
-    safetensors_header = len(head) == 9 and head[8:] == b"{"
-    saved_by_torch = not safetensors_header and head.startswith((b"PK", b"\x80"))
-    if not saved_by_torch and (suffix == ".safetensors" or safetensors_header):
+    # Read as what it holds, whatever its suffix says (a safetensors file named .pt, or the other way).
+    kind = _file_kind(path)
+    if kind == "safetensors" or (kind is None and suffix == ".safetensors"):
         try:
             return load_safetensors(path)
         except ValueError as err:
