@@ -93,8 +93,8 @@ class RNNCellBase(nnx.Module):
         input_size = validate.integer("input_size", input_size, lo=1)  # a plain int from here on
         hidden_size = validate.integer("hidden_size", hidden_size, lo=1)
         bias = validate.boolean("bias", bias)
-        compute_dtype = validate.float_dtype("compute_dtype", compute_dtype, none=True)
-        param_dtype = validate.float_dtype("param_dtype", param_dtype)
+        compute_dtype = validate.model_dtype("compute_dtype", compute_dtype, none=True)
+        param_dtype = validate.model_dtype("param_dtype", param_dtype)
         self.input_size = input_size
         self.hidden_size = hidden_size
         self.compute_dtype = compute_dtype
@@ -223,8 +223,10 @@ class LSTMCell(RNNCellBase):
         validate.integer("hidden_size", hidden_size, lo=1)
         proj_size = validate.integer("proj_size", proj_size, lo=0, hi=hidden_size - 1)  # as torch: 0 or P < H
         self.proj_size = proj_size
+        # checked once here: the base class then gets the dtype JAX holds (one warning for float64 without x64)
+        param_dtype = kwargs["param_dtype"] = validate.model_dtype("param_dtype", kwargs.get("param_dtype", jnp.float32))
         super().__init__(input_size, hidden_size, bias, **kwargs)
-        rngs, param_dtype = kwargs["rngs"], validate.float_dtype("param_dtype", kwargs.get("param_dtype", jnp.float32))
+        rngs = kwargs["rngs"]
         bound = 1.0 / math.sqrt(hidden_size)
         self.w_hr = nnx.Param(_torch_uniform(rngs.params(), (hidden_size, proj_size), bound, param_dtype)) if proj_size else None
 

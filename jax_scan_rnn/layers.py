@@ -64,7 +64,7 @@ class RNNBase(nnx.Module):
     Keyword-only (not in torch):
       param_dtype: dtype of the parameters; computation runs in the dtype that holds both the input's and
         the parameters' (`jnp.promote_types`, as Flax's layers: a bfloat16 input to float32 weights runs in
-        float32; torch refuses the mismatch).
+        float32; torch refuses the mismatch). float64 needs `jax_enable_x64` (without it: float32, and a warning).
       compute_dtype: None, or the matmul operand dtype (e.g. `jnp.bfloat16` on GPU): states, gates
         and accumulation stay in the computation's dtype.
       unroll: default `lax.scan` unroll factor (time steps per loop iteration), or "auto": the measured
@@ -113,6 +113,8 @@ class RNNBase(nnx.Module):
             warnings.warn(f"dropout={dropout} does nothing with num_layers=1: it acts between stacked layers only "
                           "(as torch.nn.LSTM/GRU's)", UserWarning, stacklevel=validate.user_stacklevel())
         remat_chunk = validate.integer("remat_chunk", remat_chunk, lo=1, none=True)
+        param_dtype = validate.model_dtype("param_dtype", param_dtype)  # here, not once per cell
+        compute_dtype = validate.model_dtype("compute_dtype", compute_dtype, none=True)
         resolve_unroll(unroll, 1)  # validates
         resolve_hoist(hoist_inputs)  # validates
         self.input_size = input_size
@@ -494,6 +496,7 @@ def Linear(in_features: int, out_features: int, *, param_dtype=jnp.float32, rngs
     (torch's kaiming_uniform with a=sqrt(5) reduces to that bound.) The layout is Flax's:
     `kernel [in, out]` is torch's `weight.T`.
     """
+    param_dtype = validate.model_dtype("param_dtype", param_dtype)
     bound = 1.0 / in_features**0.5
     init = nnx.initializers.uniform(2 * bound)  # U(0, 2b); shifted below to U(-b, b)
 

@@ -101,7 +101,8 @@ class Traveller(nnx.Module):
     ):
         self.num_inputs = validate.integer("num_inputs", num_inputs, lo=1)
         self.num_assets = validate.integer("num_assets", num_assets, lo=1)
-        param_dtype = validate.float_dtype("param_dtype", param_dtype)  # read by the output layer too
+        param_dtype = validate.model_dtype("param_dtype", param_dtype)  # read by the output layer too
+        compute_dtype = validate.model_dtype("compute_dtype", compute_dtype, none=True)  # here, not per layer
         self.lstm_layers = LSTM(
             self.num_assets + num_inputs,
             hidden_size,

@@ -225,7 +225,8 @@ class SeqVAE(nnx.Module):
         validate.integer("num_layers", num_layers, lo=1)
         validate.integer("decoder_hidden_size", decoder_hidden_size, lo=1, none=True)
         validate.integer("decoder_layers", decoder_layers, lo=1, none=True)
-        param_dtype = validate.float_dtype("param_dtype", param_dtype)
+        param_dtype = validate.model_dtype("param_dtype", param_dtype)
+        compute_dtype = validate.model_dtype("compute_dtype", compute_dtype, none=True)  # here, not per layer
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.latent_size = latent_size

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import warnings
 from collections.abc import Iterable, Sequence
 from numbers import Integral, Real
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -187,6 +188,22 @@ def float_dtype(name: str, value: Any, *, none: bool = False) -> Any:
         raise TypeError(f"{name}: expected {'None or ' if none else ''}a floating dtype (jnp.bfloat16, 'float16', "
                         f"torch.float64, ...), got {given!r}")
     return dtype.type
+
+
+def model_dtype(name: str, value: Any, *, none: bool = False) -> Any:
+    """`float_dtype(name, value, none=none)` for a dtype a model computes or keeps weights in: float64 with JAX's
+    64-bit mode off is float32, as JAX makes it, with a warning at the caller's line naming `name` and the switch
+    (JAX's own warning named a line inside the model's initialiser, and not the argument)."""
+    import jax
+    import jax.numpy as jnp
+
+    dtype = float_dtype(name, value, none=none)
+    if dtype not in (None, float) and jax.dtypes.canonicalize_dtype(dtype) != dtype:
+        warnings.warn(f"{name}: {jnp.dtype(dtype).name} is {jax.dtypes.canonicalize_dtype(dtype).name} while JAX's "
+                      "64-bit mode is off (jax.config.update('jax_enable_x64', True) before building the model keeps "
+                      f"{jnp.dtype(dtype).name})", UserWarning, stacklevel=user_stacklevel())
+        dtype = jax.dtypes.canonicalize_dtype(dtype).type
+    return dtype
 
 
 def floating_array(name: str, value: Any, like: Any = None) -> Any:

@@ -455,6 +455,25 @@ def test_param_dtype_none_is_jaxs_default_float_as_before(build):
     assert {p.dtype for p in jax.tree.leaves(nnx.state(model, nnx.Param))} == {jnp.dtype(jnp.float32)}
 
 
+@DTYPE_BUILDS
+def test_float64_without_x64_is_one_warning_at_the_callers_line_naming_the_argument_and_the_switch(build):
+    # JAX's own "Explicitly requested dtype float64 is not available" came from a line inside the cells'
+    # initialiser (shown once a session by Python's default filter, naming no argument), once per weight drawn.
+    for name in ("param_dtype", "compute_dtype"):
+        with jax.enable_x64(False), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model = build(**{name: jnp.float64})
+        assert [str(w.message) for w in caught] == [
+            f"{name}: float64 is float32 while JAX's 64-bit mode is off (jax.config.update('jax_enable_x64', True) "
+            "before building the model keeps float64)"]
+        assert caught[0].filename == __file__
+        assert {p.dtype for p in jax.tree.leaves(nnx.state(model, nnx.Param))} == {jnp.dtype(jnp.float32)}
+    with jax.enable_x64(True), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = build(param_dtype=jnp.float64, compute_dtype=jnp.float64)
+    assert {p.dtype for p in jax.tree.leaves(nnx.state(model, nnx.Param))} == {jnp.dtype(jnp.float64)}
+
+
 # Summation order differs between the thin (broadcast-multiply-sum) form and a matmul call, so results
 # agree to a few ulps of the magnitudes summed, |x| @ |w| (a dot product's rounding bound), not of the result.
 THIN_MATMUL_RTOL = {jnp.float32: 1e-6, jnp.float64: 1e-14}
