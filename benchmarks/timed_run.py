@@ -4,8 +4,10 @@
         --report runs/t/evaluation.json -- jax-scan-rnn train traveller --out runs/t
 
 Each run appends {command, wall_s, peak_rss_mib, peak_total_rss_mib, peak_total_pss_mib, load average
-before/after, started, compilation_cache, report} to the file's "runs", so the docs can quote a range over
-runs (`docs/figures.py`). Wall time is the command's, start-up included, as a user waits for it. Memory, the
+before/after, started, compilation_cache, commit, last_line, report} to the file's "runs", so the docs can quote a
+range over runs (`docs/figures.py`). `commit` is the git HEAD of the folder the command ran in (with "+changes"
+when its tracked files differed from it), `last_line` the last line the command printed (pytest's "1567 passed
+... in 917.40s"): a run of one command is then read against the code it ran, which a suite that grows changes. Wall time is the command's, start-up included, as a user waits for it. Memory, the
 figure that decides whether a machine can run it: `peak_rss_mib` is the largest resident set of the command or
 any one process it started (`getrusage(RUSAGE_CHILDREN)`); `peak_total_rss_mib` is the largest sum over the
 whole process tree at one moment (sampled from /proc every 0.2 s), which is what counts when the command runs
@@ -133,11 +135,32 @@ def _pss_bytes(pid: int) -> int:
     return 0
 
 
-def _run(command: list[str], env: dict) -> tuple[int, float, list[float]]:
-    """Run `command`; returns (exit code, wall seconds, [peak RSS, peak PSS] of its process tree in MiB)."""
+def commit() -> str | None:
+    """The git HEAD of the current folder, with "+changes" when tracked files differ from it; None outside git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                 text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+changes" if changed else "")
+
+
+def _run(command: list[str], env: dict) -> tuple[int, float, list[float], str]:
+    """Run `command`, its output passed on as it comes; returns (exit code, wall seconds, [peak RSS, peak PSS] of
+    its process tree in MiB, its last non-empty line of standard output)."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(command, env=env)
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE)
     peak_total = [0.0, 0.0]  # RSS, PSS
+    last = [b""]
+
+    def relay() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.buffer.write(line)
+            sys.stdout.buffer.flush()
+            if line.strip():
+                last[0] = line
 
     def sample() -> None:
         last_pss = -PSS_EVERY_S
@@ -150,11 +173,14 @@ def _run(command: list[str], env: dict) -> tuple[int, float, list[float]]:
             time.sleep(0.2)
 
     sampler = threading.Thread(target=sample, daemon=True)
+    relayer = threading.Thread(target=relay, daemon=True)
     sampler.start()
+    relayer.start()
     code = proc.wait()
     wall = time.perf_counter() - t0
     sampler.join()
-    return code, wall, peak_total
+    relayer.join()
+    return code, wall, peak_total, last[0].decode("utf-8", "replace").strip()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,11 +196,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("expected a command after --")
     results = Path(args.results)
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    code_at = commit()  # before the command, which may write into the folder
     load_before = os.getloadavg()[0]
     cache = "as set by the caller" if CACHE_ENV in os.environ else "empty at start"
     with tempfile.TemporaryDirectory(prefix="timed-run-xla-cache-") as folder:
         env = {CACHE_ENV: folder, **os.environ}
-        code, wall, peak_total = _run(command, env)
+        code, wall, peak_total, last_line = _run(command, env)
     if code != 0:
         print(f"timed_run: the command exited with {code}; nothing recorded", file=sys.stderr)
         return code
@@ -185,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
            "peak_total_pss_mib": round(peak_total[1], 1),
            "load_average": {"start": round(load_before, 2), "end": round(os.getloadavg()[0], 2)},
            "started": started,
-           "compilation_cache": cache}
+           "compilation_cache": cache, "commit": code_at, "last_line": last_line}
     if args.report:
         run["report"] = json.loads(Path(args.report).read_text(encoding="utf-8"))
     count = append_run(results, run)

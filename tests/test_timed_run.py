@@ -23,3 +23,35 @@ def test_processes_appending_together_lose_no_run(tmp_path):
     assert data["machine"] == {"cpu": "test"}
     got = sorted((r["writer"], r["i"]) for r in data["runs"])
     assert got == [(w, i) for w in range(WRITERS) for i in range(RUNS_EACH)]
+
+
+def test_a_run_records_the_commit_it_ran_and_the_commands_last_line(tmp_path, capfd, monkeypatch):
+    # The suite's wall time is quoted against the tests it ran: the README's range once mixed runs of a suite of
+    # ~940 tests with runs of ~1,570 (docs/figures.py, pytest.run).
+    import subprocess as sp
+
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import timed_run
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    sp.run([*git, "init", "-q"], check=True)
+    (repo / "f.txt").write_text("a\n")
+    sp.run([*git, "add", "f.txt"], check=True)
+    sp.run([*git, "commit", "-q", "-m", "one"], check=True)
+    head = sp.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    results = tmp_path / "results.json"
+    command = [sys.executable, "-c", "print('collected'); print('3 passed in 0.1s'); print()"]
+    monkeypatch.chdir(repo)
+    assert timed_run.main(["--results", str(results), "--", *command]) == 0
+    (repo / "f.txt").write_text("b\n")  # a tracked file changed: not the commit's code
+    assert timed_run.main(["--results", str(results), "--", *command]) == 0
+    monkeypatch.chdir(tmp_path)  # outside git
+    assert timed_run.main(["--results", str(results), "--", *command]) == 0
+    runs = json.loads(results.read_text())["runs"]
+    assert [(r["commit"], r["last_line"]) for r in runs] == [
+        (head, "3 passed in 0.1s"), (head + "+changes", "3 passed in 0.1s"), (None, "3 passed in 0.1s")]
+    assert capfd.readouterr().out.count("collected\n3 passed in 0.1s\n") == 3  # the output is passed on as it comes
