@@ -183,15 +183,42 @@ def _run(command: list[str], env: dict) -> tuple[int, float, list[float], str]:
     return code, wall, peak_total, last[0].decode("utf-8", "replace").strip()
 
 
+def step_time(value: str) -> tuple[str, int]:
+    """argparse `type=` for NAME=SECONDS (whole seconds, as bash's SECONDS counts them)."""
+    name, _, seconds = value.partition("=")
+    if not name or not seconds.isdigit():
+        raise argparse.ArgumentTypeError(f"expected NAME=SECONDS (e.g. pytest=917), got {value!r}")
+    return name, int(seconds)
+
+
+def record_steps(results: Path, steps: dict[str, int]) -> int:
+    """Append a run made of `steps` ({name: seconds}, in order; timed by the caller, which ends now): the whole
+    `.ci/run`, whose README figure says how long CI takes and where the time goes."""
+    wall = sum(steps.values())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    run = {"command": ".ci/run", "wall_s": wall, "steps": steps,
+           "started": (now - datetime.timedelta(seconds=wall)).isoformat(timespec="seconds"),
+           "load_average": {"end": round(os.getloadavg()[0], 2)}, "commit": commit()}
+    count = append_run(results, run)
+    print(f"timed_run: {wall} s in {len(steps)} steps -> {results} ({count} run(s))")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--results", required=True, type=results_file,
                         help="the JSON file to append this run to (created if missing)")
     parser.add_argument("--report", default=None, help="a JSON file the command writes (evaluation.json), kept with "
                                                        "the run")
+    parser.add_argument("--steps", nargs="+", type=step_time, default=None, metavar="NAME=SECONDS",
+                        help="record steps timed elsewhere instead of running a command (.ci/run's own steps)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to time")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if args.steps is not None:
+        if command:
+            parser.error("--steps: expected no command with it, got " + " ".join(command))
+        return record_steps(Path(args.results), dict(args.steps))
     if not command:
         parser.error("expected a command after --")
     results = Path(args.results)

@@ -6,9 +6,21 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 WRITERS = 4  # processes appending at once
 RUNS_EACH = 25
+
+
+def benchmark_script(name: str = "timed_run"):
+    """benchmarks/NAME.py imported as a module (the folder is no package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_processes_appending_together_lose_no_run(tmp_path):
@@ -30,11 +42,7 @@ def test_a_run_records_the_commit_it_ran_and_the_commands_last_line(tmp_path, ca
     # ~940 tests with runs of ~1,570 (docs/figures.py, pytest.run).
     import subprocess as sp
 
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import timed_run
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    timed_run = benchmark_script()
     repo = tmp_path / "repo"
     repo.mkdir()
     git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
@@ -55,3 +63,18 @@ def test_a_run_records_the_commit_it_ran_and_the_commands_last_line(tmp_path, ca
     assert [(r["commit"], r["last_line"]) for r in runs] == [
         (head, "3 passed in 0.1s"), (head + "+changes", "3 passed in 0.1s"), (None, "3 passed in 0.1s")]
     assert capfd.readouterr().out.count("collected\n3 passed in 0.1s\n") == 3  # the output is passed on as it comes
+
+
+def test_steps_timed_elsewhere_are_one_run_and_a_bad_step_is_one_line(tmp_path, capsys):
+    # .ci/run times its own steps (bash's SECONDS) and records them as one run: the README says what CI takes.
+    timed_run = benchmark_script()
+    results = tmp_path / "ci.json"
+    assert timed_run.main(["--results", str(results), "--steps", "install=120", "pytest=917"]) == 0
+    run = json.loads(results.read_text())["runs"][0]
+    assert run["command"] == ".ci/run" and run["steps"] == {"install": 120, "pytest": 917} and run["wall_s"] == 1037
+    for argv, said in ((["--steps", "pytest"], "argument --steps: expected NAME=SECONDS (e.g. pytest=917), got 'pytest'"),
+                       (["--steps", "a=1", "--", "ls"], "--steps: expected no command with it, got ls")):
+        with pytest.raises(SystemExit) as exit_:
+            timed_run.main(["--results", str(results), *argv])
+        assert exit_.value.code == 2 and said in capsys.readouterr().err
+    assert len(json.loads(results.read_text())["runs"]) == 1
