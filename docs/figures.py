@@ -363,6 +363,24 @@ def _pytest_run() -> str:
             "share once per process)")
 
 
+# .ci/run's steps, as its last line records them (benchmarks/timed_run.py --steps), in the README's words
+CI_STEPS = {"install": "installs", "pytest": "the default run", "slow_processes_and_examples":
+            "the multi-process tests and example 03", "slow_others": "the other slow tests",
+            "floors_install": "the floors' install", "floors_tests": "the floors' tests"}
+
+
+@figure("ci.run")
+def _ci_run() -> str:
+    """The whole `.ci/run` over its recorded runs, and the newest run's time per step."""
+    ci = runs("ci-cpu-2core.json")
+    steps = ci[-1]["steps"]
+    unknown = set(steps) - set(CI_STEPS)
+    if unknown:
+        raise SystemExit(f"ci.run: steps {sorted(unknown)} of the newest run have no words in CI_STEPS")
+    parts = ", ".join(f"{CI_STEPS[name]} {seconds / 60:.1f}" for name, seconds in steps.items())
+    return f"{span([r['wall_s'] / 60 for r in ci], 'min')} ({runs_count(len(ci))}; the newest: {parts} min)"
+
+
 @figure("cli.cache")
 def _cli_cache() -> str:
     """The newest run: each command's median wall time with an empty cache and with the one it filled."""
