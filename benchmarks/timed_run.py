@@ -6,21 +6,23 @@
 Each run appends {command, wall_s, peak_rss_mib, peak_total_rss_mib, peak_total_pss_mib, load average
 before/after, started, compilation_cache, commit, last_line, report} to the file's "runs", so the docs can quote a
 range over runs (`docs/figures.py`). `commit` is the git HEAD of the folder the command ran in (with "+changes"
-when its tracked files differed from it), `last_line` the last line the command printed (pytest's "1567 passed
-... in 917.40s"): a run of one command is then read against the code it ran, which a suite that grows changes. Wall time is the command's, start-up included, as a user waits for it. Memory, the
-figure that decides whether a machine can run it: `peak_rss_mib` is the largest resident set of the command or
-any one process it started (`getrusage(RUSAGE_CHILDREN)`); `peak_total_rss_mib` is the largest sum over the
-whole process tree at one moment (sampled from /proc every 0.2 s), which is what counts when the command runs
-processes side by side (pytest's workers). That sum counts the pages the processes share (the same jaxlib,
-torch and Python libraries mapped in each) once per process; `peak_total_pss_mib` sums their proportional set
-sizes (/proc/PID/smaps_rollup: a shared page split among its sharers), the memory the tree takes from the
-machine. Reading smaps_rollup walks each process's page tables (~0.18 s for pytest's two workers, measured):
-done every 0.2 s it took half a core from the command it measured, so the PSS is read only while the resident
-sum is within PSS_NEAR_PEAK of its peak so far, at most every PSS_EVERY_S.
+when its tracked files differed from it), `last_line` the last line the command printed (pytest's "1567 passed ...
+in 917.40s"): a run of one command is then read against the code it ran, which a suite that grows changes. Wall
+time is the command's, start-up included, as a user waits for it. Memory, the figure that decides whether a
+machine can run it: `peak_rss_mib` is the largest resident set of the command or any one process it started
+(`getrusage(RUSAGE_CHILDREN)`); `peak_total_rss_mib` is the largest sum over the whole process tree at one moment
+(sampled from /proc every 0.2 s), which is what counts when the command runs processes side by side (pytest's
+workers). That sum counts the pages the processes share (the same jaxlib, torch and Python libraries mapped in
+each) once per process; `peak_total_pss_mib` sums their proportional set sizes (/proc/PID/smaps_rollup: a shared
+page split among its sharers), the memory the tree takes from the machine. Reading smaps_rollup walks each
+process's page tables (~0.18 s for pytest's two workers, measured): done every 0.2 s it took half a core from the
+command it measured, so the PSS is read only while the resident sum is within PSS_NEAR_PEAK of its peak so far, at
+most every PSS_EVERY_S.
 The command starts with an empty compilation cache of the CLI's (`JAX_SCAN_RNN_COMPILATION_CACHE` set to a
 new temporary folder, removed after it, unless already set), so the time is a first run's, as a newcomer
 waits for it; the run records which (`compilation_cache`).
 The results file is only written when named: nothing here overwrites committed results by default.
+`--steps NAME=SECONDS ...` instead of a command records steps timed elsewhere as one run: `.ci/run`'s own.
 """
 from __future__ import annotations
 

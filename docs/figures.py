@@ -1219,6 +1219,13 @@ def _tuning_hoist() -> str:
                      for c, label in (("1x64", "B=1"), ("64x64", "B=64"), ("1024x64", "B=1024 (T=100)")))
 
 
+@figure("tuning.hoist_gain")
+def _tuning_hoist_gain() -> str:
+    """Inside the step against hoisted, forward, over every shape of both hoisting logs."""
+    ratios = [float(r["fwd0"]) / float(r["fwd1"]) for kind in ("hoist", "hoist-layers") for r in tuning_log(kind)]
+    return f"{ratio_span(ratios)} as fast forward over the {len(ratios)} shapes measured"
+
+
 @figure("tuning.hoist_layers")
 def _tuning_hoist_layers() -> str:
     rows = {r["config"]: r for r in tuning_log("hoist-layers")}

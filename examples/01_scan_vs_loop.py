@@ -13,8 +13,8 @@ What it teaches
     Why the numbers come out as they do: docs/scan_vs_loop.md. The full benchmark: `jax-scan-rnn bench`.
 
 How to run
-    python examples/01_scan_vs_loop.py            # about a minute on a 2-core CPU (imports included)
-    python examples/01_scan_vs_loop.py --quick    # T=50, 3 repeats: ~15-30 s, a smoke test (noisier timings)
+    python examples/01_scan_vs_loop.py            # about 25 s on a 2-core CPU (imports included)
+    python examples/01_scan_vs_loop.py --quick    # T=50, 3 repeats: ~15 s, a smoke test (noisier timings)
     The `# %%` markers make it a notebook in VS Code or Jupyter.
 
 Outputs: `times.md` (the table) and `times.png` (the chart) in examples/out/01_scan_vs_loop (or --out),

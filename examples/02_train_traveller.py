@@ -8,8 +8,8 @@ What it teaches:
      an "aim" portfolio (Garleanu & Pedersen 2013), which needs the previous position, i.e. feedback.
   3. The same weights in PyTorch (`torch_ref.Traveller`, the seed's own loop) give the same positions.
 
-Run:   python examples/02_train_traveller.py           (about 1-2 minutes on a 2-core CPU)
-       python examples/02_train_traveller.py --quick   (60 updates on small data: ~15-30 s, a smoke test)
+Run:   python examples/02_train_traveller.py           (about 25 s on a 2-core CPU)
+       python examples/02_train_traveller.py --quick   (60 updates on small data: ~10 s, a smoke test)
 Output: a utility table on held-out paths, and PNGs of the training curve and of the positions in
 examples/out/02_train_traveller (or --out).
 """

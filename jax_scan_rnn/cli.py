@@ -978,7 +978,7 @@ def write_positions_csv(file, positions, assets, data) -> None:
     """One row per --data row read: its path (path_col's value, or 0..N-1), its step (its index among its path's rows
     in the file, 0 first: rows --fill drop dropped are skipped, not renumbered, so each row lines up with its bar),
     then one position per asset, as the shortest decimal that reads back as the same number of the positions' dtype
-    (NumPy's `str`: 9 significant digits at most for float32; a fixed 8 left ~0.7% of float32 positions 1 ulp off)."""
+    (NumPy's `str`: 9 significant digits at most for float32; a fixed 8 left some float32 positions 1 ulp off)."""
     import csv
 
     import numpy as np
