@@ -202,7 +202,7 @@ def record_steps(results: Path, steps: dict[str, int]) -> int:
            "started": (now - datetime.timedelta(seconds=wall)).isoformat(timespec="seconds"),
            "load_average": {"end": round(os.getloadavg()[0], 2)}, "commit": commit()}
     count = append_run(results, run)
-    print(f"timed_run: {wall} s in {len(steps)} steps -> {results} ({count} run(s))")
+    print(f"timed_run: {wall} s in {len(steps)} step{'' if len(steps) == 1 else 's'} -> {results} ({count} run(s))")
     return 0
 
 
@@ -220,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps is not None:
         if command:
             parser.error("--steps: expected no command with it, got " + " ".join(command))
+        names = [name for name, _ in args.steps]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:  # a dict would keep the last time and drop the other from the run's whole
+            parser.error(f"--steps: expected each NAME once, got {', '.join(twice)} more than once")
         return record_steps(Path(args.results), dict(args.steps))
     if not command:
         parser.error("expected a command after --")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -68,13 +69,15 @@ def save_figure(fig, path: str | os.PathLike, dpi: int) -> None:
 
 def strict_json(obj, **kwargs) -> str:
     """`json.dumps(obj)` as strict JSON, which has no NaN: a non-finite float (a metric undefined for this run, such
-    as the uniqueness of samples none of which is valid) is written as null."""
+    as the uniqueness of samples none of which is valid) is written as null. NumPy scalars are written as numbers."""
     return json.dumps(_finite_or_none(obj), allow_nan=False, **kwargs)
 
 
 def _finite_or_none(obj):
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
+    if isinstance(obj, numbers.Integral) and not isinstance(obj, int):  # a NumPy integer
+        return int(obj)
+    if isinstance(obj, numbers.Real) and not isinstance(obj, int):  # float, and NumPy's floats of any width
+        return float(obj) if math.isfinite(obj) else None
     if isinstance(obj, dict):
         return {k: _finite_or_none(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

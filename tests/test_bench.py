@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import jax_scan_rnn as jsr
@@ -70,6 +71,20 @@ def test_files_are_written(tiny):
     assert loaded["host"]["host_kind"] == bench.host_kind()
     assert loaded["host"]["xla_small_loop_setting"] == jsr.xla_flags.status()  # it changes batch-1 times
     assert len(loaded["rows"]) == len(results["rows"])
+
+
+def test_the_results_file_is_strict_json(tiny, tmp_path):
+    # A time that is not a number (a NaN from a failed measurement) is null, as other JSON readers need: json.dumps
+    # would write NaN, which only Python reads back. NumPy scalars are numbers.
+    _, results, _, _ = tiny
+    rows = [dict(row) for row in results["rows"]]
+    rows[0]["per_step_us"], rows[1]["per_step_us"] = float("nan"), np.float32(2.5)
+    paths = bench.write_results({**results, "rows": rows}, tmp_path, plots=False)
+
+    def refuse(constant):
+        raise ValueError(f"not strict JSON: {constant}")
+    loaded = json.loads(paths["json"].read_text(), parse_constant=refuse)
+    assert loaded["rows"][0]["per_step_us"] is None and loaded["rows"][1]["per_step_us"] == 2.5
 
 
 def test_one_row_per_method_and_cell(tiny):

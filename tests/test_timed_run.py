@@ -72,9 +72,13 @@ def test_steps_timed_elsewhere_are_one_run_and_a_bad_step_is_one_line(tmp_path, 
     assert timed_run.main(["--results", str(results), "--steps", "install=120", "pytest=917"]) == 0
     run = json.loads(results.read_text())["runs"][0]
     assert run["command"] == ".ci/run" and run["steps"] == {"install": 120, "pytest": 917} and run["wall_s"] == 1037
+    assert "1037 s in 2 steps ->" in capsys.readouterr().out
     for argv, said in ((["--steps", "pytest"], "argument --steps: expected NAME=SECONDS (e.g. pytest=917), got 'pytest'"),
-                       (["--steps", "a=1", "--", "ls"], "--steps: expected no command with it, got ls")):
+                       (["--steps", "a=1", "--", "ls"], "--steps: expected no command with it, got ls"),
+                       (["--steps", "a=1", "b=2", "a=3"], "--steps: expected each NAME once, got a more than once")):
         with pytest.raises(SystemExit) as exit_:
             timed_run.main(["--results", str(results), *argv])
         assert exit_.value.code == 2 and said in capsys.readouterr().err
     assert len(json.loads(results.read_text())["runs"]) == 1
+    assert timed_run.main(["--results", str(results), "--steps", "pytest=917"]) == 0
+    assert "917 s in 1 step ->" in capsys.readouterr().out and len(json.loads(results.read_text())["runs"]) == 2

@@ -1420,6 +1420,9 @@ def test_strict_json_writes_null_for_a_nan_in_a_tuple_too():
     from jax_scan_rnn.runlog import strict_json
 
     assert strict_json({"a": (1.0, float("nan")), "b": [float("inf")]}) == '{"a": [1.0, null], "b": [null]}'
+    # NumPy scalars (the benchmark's results hold them) are numbers, and a non-finite one is null too
+    assert strict_json([np.float32(1.5), np.float32("nan"), np.float64("-inf"), np.int64(3), True]) == \
+        '[1.5, null, null, 3, true]'
 
 
 def test_batches_of_ever_new_shapes_warn_once_that_each_compiles_the_step_again(monkeypatch):

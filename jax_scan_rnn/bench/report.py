@@ -3,16 +3,13 @@ and `write_results` (JSON + Markdown + PNG files named after the machine).
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
 
-import numpy as np
-
 from jax_scan_rnn.bench.config import AUTO_KEY, LIMIT_KEYS, SEED_KEY
 from jax_scan_rnn.optional import require
-from jax_scan_rnn.runlog import save_figure, write_atomically
+from jax_scan_rnn.runlog import save_figure, strict_json, write_atomically
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -50,16 +47,10 @@ def write_results(results: dict, out_dir: str | os.PathLike, *, plots: bool = Tr
     if plots:
         paths.update(_plot(results, out, stem))
     # Each replaced in one rename: an interrupted run leaves the earlier results whole (committed ones too)
-    write_atomically(paths["json"], lambda f: f.write(json.dumps(results, indent=1, default=_json_default) + "\n"))
+    write_atomically(paths["json"], lambda f: f.write(strict_json(results, indent=1) + "\n"))
     md = markdown(results, {k: p.name for k, p in paths.items() if k.startswith("png")})
     write_atomically(paths["md"], lambda f: f.write(md))
     return paths
-
-
-def _json_default(value):
-    if isinstance(value, (np.floating, np.integer)):
-        return value.item()
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
 def format_us(value: float | None) -> str:
