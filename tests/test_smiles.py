@@ -416,15 +416,16 @@ def test_split_sizes_and_the_minimum_for_given_part_sizes():
     assert sm.split_sizes(25, fractions)[1] == 2 and sm.split_sizes(31, fractions)[1] == 1
     assert sm.min_split_size((0.5, 0.5), (0, 0)) == 0
 
-    def by_trying_each(fractions, minimums, up_to=3000):  # the definition: the last size that fails, plus 1
-        fails = [n for n in range(up_to) if min(np.subtract(sm.split_sizes(n, fractions), minimums)) < 0]
-        return fails[-1] + 1 if fails else 0
+    def by_trying_each(sizes, minimums):  # the definition: the last size that fails, plus 1 (sizes: n = 0, 1, ...)
+        fails = np.flatnonzero((sizes < np.array(minimums)).any(axis=1))
+        return int(fails[-1]) + 1 if fails.size else 0
 
     rng = np.random.default_rng(0)
     for fractions in [(0.9, 0.05, 0.05), (0.8, 0.1, 0.1), (1 / 3, 1 / 3, 1 / 3), (0.7, 0.3)]:
+        sizes = np.array([sm.split_sizes(n, fractions) for n in range(3000)])  # once for the 20 minimums below
         for _ in range(20):
             minimums = tuple(int(m) for m in rng.integers(0, 60, len(fractions)))
-            assert sm.min_split_size(fractions, minimums) == by_trying_each(fractions, minimums), (fractions, minimums)
+            assert sm.min_split_size(fractions, minimums) == by_trying_each(sizes, minimums), (fractions, minimums)
     # A batch size of billions (`train vae --batch-size 5000000000`): found at once, without trying every size.
     need = sm.min_split_size(fractions := (0.9, 0.05, 0.05), minimums := (5_000_000_000, 1, 2))
     assert min(np.subtract(sm.split_sizes(need - 1, fractions), minimums)) < 0
