@@ -26,17 +26,21 @@ Each figure is the median over all calls of the wall time of `jax.block_until_re
 warm-up calls; the arms take turns in `--rounds` rounds (A B C D E A B C D E ...), so that a drift in the
 machine's speed hits them alike, and the table also gives the range of the per-round medians. Each round
 makes `--calls` calls of each compiled arm and one eager call (eager costs a compile per call). "x bare"
-is an arm's median over the bare jax.jit median at the same T, the overhead `jsr.jit` is held to.
+is an arm's median over the bare jax.jit median at the same T, the overhead `jsr.jit` is held to. Around each
+timed eager call the process's resident size is read (after `gc.collect()`): what it grew by, per call, is what
+JAX's caches keep of the programs eager calls compile (the other arms' programs are compiled in the warm-up).
 Results back the figures quoted in the README and docs/scan_vs_loop.md ("Calling the compiled loop").
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import os
 import platform
 import sys
 import time
+import warnings
 
 from timed_run import append_run, results_file  # this folder's script: the script's own directory is on sys.path
 
@@ -70,6 +74,8 @@ def _arms(steps: int) -> dict:
     import torch
     from flax import nnx
 
+    import jax_scan_rnn as jsr
+
     model, fast, seed_model = _models()
     x = jax.random.normal(jax.random.key(1), (1, steps, 8), jnp.float32)
 
@@ -84,8 +90,13 @@ def _arms(steps: int) -> dict:
         with torch.no_grad():
             return seed_model(x_torch, method="loop")[0].numpy()
 
+    def eager():
+        with warnings.catch_warnings():  # timed on purpose: the arm jsr.EagerCallWarning warns of
+            warnings.simplefilter("ignore", jsr.EagerCallWarning)
+            return model(x)
+
     return {
-        "eager": lambda: model(x),
+        "eager": eager,
         "nnx.jit": lambda: graph_jit(model, x),
         "cached_partial": lambda: cached(x),
         "bare jax.jit": lambda: bare(state, x),
@@ -177,13 +188,18 @@ def measure(steps: int, rounds: int, calls: int) -> list[dict]:
         jax.block_until_ready(fn())  # second warm-up: caches filled on every path
     max_diff = _same_outputs(arms)
     samples: dict[str, list[list[float]]] = {name: [] for name in arms}
+    eager_growth = 0  # bytes the process's resident size grew across the eager calls below (the others' are warm)
     for _ in range(rounds):
         for name, fn in arms.items():
             times = []
             for _ in range(1 if name == "eager" else max(1, calls // 20) if name.startswith("torch") else calls):
+                before = resident_bytes() if name == "eager" else 0
                 start = time.perf_counter()
                 jax.block_until_ready(fn())
                 times.append(time.perf_counter() - start)
+                if name == "eager":
+                    gc.collect()  # what stays is what JAX's caches keep, not garbage not yet collected
+                    eager_growth += resident_bytes() - before
             samples[name].append(times)
     rows = []
     for name in arms:
@@ -191,11 +207,21 @@ def measure(steps: int, rounds: int, calls: int) -> list[dict]:
         per_round = [float(np.median(r)) * 1e6 for r in samples[name]]
         rows.append({"T": steps, "arm": name, "median_us": float(np.median(flat)) * 1e6,
                      "round_median_min_us": min(per_round), "round_median_max_us": max(per_round),
-                     "calls": len(flat), "first_call_s": first[name], "max_abs_diff_vs_bare": max_diff})
+                     "calls": len(flat), "first_call_s": first[name], "max_abs_diff_vs_bare": max_diff,
+                     "resident_growth_mib_per_call": eager_growth / 2**20 / len(flat) if name == "eager" else None})
     bare = next(r["median_us"] for r in rows if r["arm"] == "bare jax.jit")
     for row in rows:
         row["x_bare"] = row["median_us"] / bare
     return rows
+
+
+def resident_bytes() -> int:
+    """This process's resident size (Linux: /proc; elsewhere 0, and the growth reads 0)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
 
 
 def pieces(number: int = 20000) -> dict:
@@ -262,6 +288,11 @@ def table(rows: list[dict], info: dict, command: str, parts: dict, live_rows: li
                      f"{by['torch seed loop']['median_us'] / by['jsr.jit']['median_us']:.1f}x faster than the torch seed "
                      f"loop ({by['jsr.jit']['median_us'] / steps:.2f} vs {by['torch seed loop']['median_us'] / steps:.1f} "
                      "us per step)")
+        eager = by["eager"]
+        if eager.get("resident_growth_mib_per_call") is not None:
+            lines.append(f"# T={steps}: each eager call left the process {eager['resident_growth_mib_per_call']:.2f} MiB "
+                         f"larger (resident size after gc, over its {eager['calls']} timed calls): JAX keeps each "
+                         "program it compiled")
     for row in live_rows:
         lines.append(f"# live tick, {row['arm']}: {row['median_us']:.1f} us per call [{row['round_median_min_us']:.1f}, "
                      f"{row['round_median_max_us']:.1f}], first call {row['first_call_s']:.3f} s ({row['calls']} ticks; "

@@ -1018,6 +1018,15 @@ def _calls_readme() -> str:
             f"({span(seed, 'µs', 0)} per step)")
 
 
+@figure("calls.eager_memory")
+def _calls_eager_memory() -> str:
+    measured = [run for run in call_runs() if run[("eager", 4)].get("resident_growth_mib_per_call") is not None]
+    growth = {steps: [run[("eager", steps)]["resident_growth_mib_per_call"] for run in measured] for steps in (4, 1000)}
+    return (f"each eager call of the Traveller left the process {span(growth[4], 'MiB', 1)} larger at T=4 and "
+            f"{span(growth[1000], 'MiB', 1)} at T=1000 (resident size after `gc.collect()`, "
+            f"{runs_count(len(measured))} of `benchmarks/call_overhead.py`)")
+
+
 @figure("calls.live")
 def _calls_live() -> str:
     with_live = [run for run in runs(CALLS) if run.get("live")]

@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # what type checkers and editors read for the lazy names belo
     from jax_scan_rnn.convert import load_torch_state_dict as load_torch_state_dict, torch_state_dict as torch_state_dict
     from jax_scan_rnn.convert import load_safetensors as load_safetensors, save_safetensors as save_safetensors
     from jax_scan_rnn.feedback import feedback_scan as feedback_scan
+    from jax_scan_rnn.scan import EagerCallWarning as EagerCallWarning
     from jax_scan_rnn.layers import GRU as GRU, LSTM as LSTM, RNN as RNN, RNNBase as RNNBase
     from jax_scan_rnn.traveller import Traveller as Traveller, TravellerState as TravellerState
     from jax_scan_rnn.vae import SeqVAE as SeqVAE
@@ -46,7 +47,7 @@ _EXPORTS = {
     "LSTMCell": "cells", "GRUCell": "cells", "RNNCell": "cells", "RNNCellBase": "cells",
     "load_torch_state_dict": "convert", "torch_state_dict": "convert", "save_safetensors": "convert",
     "load_safetensors": "convert", "from_torch_module": "convert", "to_torch_module": "convert",
-    "jit": "compiled", "Compiled": "compiled",
+    "jit": "compiled", "Compiled": "compiled", "EagerCallWarning": "scan",
 }
 
 __all__ = [*_EXPORTS, "__version__"]

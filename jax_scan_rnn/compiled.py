@@ -82,12 +82,7 @@ import numpy as np
 from flax import nnx
 
 from jax_scan_rnn import validate, xla_flags
-
-try:  # whether a call happens inside another transformation (jax.jit, vmap, grad): JAX has no public test
-    from jax._src.core import trace_state_clean as _trace_state_clean
-except ImportError:  # pragma: no cover - moved in a later jax: every call compiles as a nested one
-    def _trace_state_clean() -> bool:
-        return False
+from jax_scan_rnn.scan import trace_state_clean as _trace_state_clean  # False where JAX moved it: nested
 
 try:  # the NNX transforms in progress, each with the outer objects it split (flax/nnx/graphlib.py, UpdateContext)
     from flax.nnx.graphlib import GRAPH_CONTEXT as _NNX_CONTEXT

@@ -41,12 +41,13 @@ import jax.numpy as jnp
 from jax_scan_rnn import validate
 from jax_scan_rnn.cells import check_carry
 from jax_scan_rnn.layers import RNNBase
-from jax_scan_rnn.scan import ScanUnroll, time_scan
+from jax_scan_rnn.scan import ScanUnroll, time_scan, warns_when_called_eagerly
 
 Array = jax.Array
 PyTree = Any
 
 
+@warns_when_called_eagerly("Call it inside a jax.jit-compiled function of your own: compiled once per input shape.")
 def feedback_scan(
     core: RNNBase,
     carries: list,

@@ -38,7 +38,7 @@ from flax import nnx
 
 from jax_scan_rnn import validate
 from jax_scan_rnn.cells import NONLINEARITIES, GRUCell, LSTMCell, RNNCell, RNNCellBase, check_carry, state_description
-from jax_scan_rnn.scan import Unroll, resolve_hoist, resolve_unroll, time_scan
+from jax_scan_rnn.scan import Unroll, resolve_hoist, resolve_unroll, time_scan, warns_when_called_eagerly
 
 Array = jax.Array
 State = Any  # a layer stack's state: h `[L*D, B, H]` (GRU, RNN), or (h, c) (LSTM)
@@ -294,6 +294,7 @@ class RNNBase(nnx.Module):
             new_carries.append(carry)
         return new_carries, h
 
+    @warns_when_called_eagerly()
     def __call__(
         self, x: validate.ArrayInput, initial_state=None, *, hx=None,
         lengths: validate.ArrayInput | Sequence[int] | None = None, unroll: Unroll | None = None,

@@ -22,9 +22,12 @@ chunk, inside the rematerialised region, so the projected `[T, B, G*H]` inputs a
 """
 from __future__ import annotations
 
+import contextvars
 import functools
+import sys
+import warnings
 from collections.abc import Callable, Iterator
-from typing import Any, Literal
+from typing import Any, Literal, ParamSpec, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -33,7 +36,15 @@ import numpy as np
 from jax_scan_rnn import validate
 from jax_scan_rnn.cells import explain_forward_mode
 
+try:  # whether a call happens inside a JAX transformation (jax.jit, vmap, grad): JAX has no public test
+    from jax._src.core import trace_state_clean
+except ImportError:  # pragma: no cover - moved in a later jax: every call is taken as a nested one
+    def trace_state_clean() -> bool:
+        return False
+
 PyTree = Any
+P = ParamSpec("P")
+R = TypeVar("R")
 Unroll = int | Literal["auto"]
 ScanUnroll = int | tuple[int, int]  # one unroll, or (when not differentiated, when differentiated)
 
@@ -264,3 +275,57 @@ def _equations(jaxpr) -> Iterator:
                 sub = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's Jaxpr
                 if hasattr(sub, "eqns"):
                     yield from _equations(sub)
+
+
+class EagerCallWarning(UserWarning):
+    """A model's time loop called eagerly (outside `jax.jit` and `jsr.jit`) a second time from one line of code."""
+
+
+# The first eager call from a line is a one-off (a notebook cell, a look at the shapes); a second one from the same
+# line is a loop or a rerun, where every call compiles the whole loop again: a scan body defined inside the call is a
+# new function each time, and JAX caches traces and programs by function. JAX also keeps each of those programs, so
+# a loop of eager calls grows the process too. Measured: docs/scan_vs_loop.md, section 4.
+EAGER_CALLS_BEFORE_WARNING = 2
+_eager_calls: dict[tuple[str, int, str], int] = {}  # (file, line, function) of the caller -> eager calls from there
+_in_eager_call = contextvars.ContextVar("jax_scan_rnn_in_eager_call", default=False)
+
+
+def warns_when_called_eagerly(instead: str | None = None) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Decorates a public method (or, with `instead`, a function) that runs a time loop: its second eager call from
+    one line warns once (`EagerCallWarning`, at the user's line) that each such call compiles the loop again, and
+    says what to call instead (a method: through `jsr.jit(model)`). Calls inside a JAX transformation, under
+    `jax.disable_jit()` (nothing compiles there), and the library's own calls nested in an eager one are not
+    counted. It costs about a microsecond per eager call, and nothing in a compiled one."""
+    def decorate(function: Callable[P, R]) -> Callable[P, R]:
+        owner = function.__qualname__.rpartition(".")[0]
+        method = bool(owner) and not owner.endswith("<locals>")  # defined in a class (Class.f), not a function
+
+        @functools.wraps(function)
+        def call(*args: P.args, **kwargs: P.kwargs) -> R:
+            if _in_eager_call.get() or jax.config.jax_disable_jit or not trace_state_clean():
+                return function(*args, **kwargs)
+            caller = sys._getframe(1)
+            where = (caller.f_code.co_filename, caller.f_lineno, function.__qualname__)
+            calls = _eager_calls[where] = _eager_calls.get(where, 0) + 1
+            if calls == EAGER_CALLS_BEFORE_WARNING:
+                warnings.warn(_eager_message(function, type(args[0]).__name__ if method else None, instead),
+                              EagerCallWarning, stacklevel=validate.user_stacklevel())
+            token = _in_eager_call.set(True)
+            try:
+                return function(*args, **kwargs)
+            finally:
+                _in_eager_call.reset(token)
+        return call
+    return decorate
+
+
+def _eager_message(function: Callable, owner: str | None, instead: str | None) -> str:
+    name = function.__name__
+    if owner is not None:
+        what = owner if name == "__call__" else f"{owner}.{name}"
+        call = "fast(...)" if name == "__call__" else f"fast.{name}(...)"
+        instead = instead or f"Make fast = jsr.jit(model) once and call {call}: compiled once per input shape."
+    else:
+        what = name
+    return (f"{what} ran eagerly again from this line: outside jax.jit, every call traces and compiles its whole "
+            f"time loop anew, and JAX keeps each program it compiled. {instead} (docs/scan_vs_loop.md, section 4)")

@@ -41,7 +41,7 @@ from jax_scan_rnn import validate
 from jax_scan_rnn.cells import matmul
 from jax_scan_rnn.feedback import feedback_scan
 from jax_scan_rnn.layers import LSTM, Linear
-from jax_scan_rnn.scan import Unroll, resolve_hoist
+from jax_scan_rnn.scan import Unroll, resolve_hoist, warns_when_called_eagerly
 
 Array = jax.Array
 LAYOUTS = ("batch", "seed")
@@ -123,6 +123,7 @@ class Traveller(nnx.Module):
         h, c = self.lstm_layers.initial_state(batch_size, dtype)
         return TravellerState(h, c, jnp.zeros((batch_size, self.num_assets), dtype))
 
+    @warns_when_called_eagerly()
     def __call__(
         self,
         inputs: validate.ArrayInput,
@@ -161,6 +162,7 @@ class Traveller(nnx.Module):
         positions, state = self._run(x, state, dropout_masks, unroll)
         return (positions[0], state) if layout == "seed" else (positions, state)
 
+    @warns_when_called_eagerly()
     def step(
         self, state: TravellerState | None, inputs_t: validate.ArrayInput, *, dropout_masks: Array | None = None
     ) -> tuple[Array, TravellerState]:

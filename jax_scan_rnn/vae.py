@@ -77,7 +77,7 @@ from jax_scan_rnn import validate
 from jax_scan_rnn.data.smiles import EOS, PAD, SOS  # the special token ids (docs/vae_spec.md)
 from jax_scan_rnn.feedback import feedback_scan
 from jax_scan_rnn.layers import GRU, Linear, check_host_lengths, check_lengths, own_stream_draw
-from jax_scan_rnn.scan import Unroll, resolve_hoist
+from jax_scan_rnn.scan import Unroll, resolve_hoist, warns_when_called_eagerly
 
 Array = jax.Array
 
@@ -257,6 +257,7 @@ class SeqVAE(nnx.Module):
         """The parameters' dtype, in which everything is computed."""
         return self.h2o.kernel[...].dtype
 
+    @warns_when_called_eagerly()
     def encode(self, tokens: validate.ArrayInput, lengths: validate.ArrayInput) -> tuple[Array, Array]:
         """tokens [B, T] (int), lengths [B] (int) -> (mu [B, Z], logvar [B, Z]).
 
@@ -333,6 +334,7 @@ class SeqVAE(nnx.Module):
 
         return run
 
+    @warns_when_called_eagerly()
     def decode(
         self,
         z: validate.ArrayInput,
@@ -431,6 +433,7 @@ class SeqVAE(nnx.Module):
         logits = run_decoder(first, xs, readout=lambda h, _: self.h2o(h), feed=feed)
         return jnp.swapaxes(logits, 0, 1)  # [B, T, V]
 
+    @warns_when_called_eagerly()
     def loss(
         self,
         tokens: validate.ArrayInput,
@@ -489,10 +492,12 @@ class SeqVAE(nnx.Module):
             kl = jnp.where(free_bits > 0, clamped, jnp.sum(kl_per_dim))
         return {"total": recon + beta * kl, "recon": recon, "kl": kl, "kl_per_dim": kl_per_dim}
 
+    @warns_when_called_eagerly()
     def __call__(self, tokens: validate.ArrayInput, lengths: validate.ArrayInput, **loss_kwargs) -> dict[str, Array]:
         """`self.loss(tokens, lengths, **loss_kwargs)`."""
         return self.loss(tokens, lengths, **loss_kwargs)
 
+    @warns_when_called_eagerly()
     def generate(
         self,
         z: validate.ArrayInput,

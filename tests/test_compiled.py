@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import gc
+import sys
+import warnings
 import weakref
 
 import jax
@@ -12,6 +14,7 @@ import pytest
 from flax import nnx
 
 import jax_scan_rnn as jsr
+from jax_scan_rnn.scan import warns_when_called_eagerly
 
 # Eager runs op by op and jit compiles the whole call, so XLA may fuse (and round) a few float32 ops
 # differently; on this CPU the results agree exactly, the tolerance is for other backends.
@@ -527,3 +530,77 @@ def test_jit_refuses_mode_attributes_that_are_no_names_first_call_or_cached(bad)
         with pytest.raises(TypeError, match=r"^mode_attributes: expected a sequence of attribute names, got "):
             jsr.jit(model, mode_attributes=bad)
         jsr.jit(model)
+
+
+def _eager_warnings(record) -> list[warnings.WarningMessage]:
+    return [w for w in record if issubclass(w.category, jsr.EagerCallWarning)]
+
+
+def test_a_second_eager_call_from_one_line_warns_once_at_that_line_that_each_compiles_the_loop():
+    # A PyTorch habit, `for x in batches: model(x)`, compiles the whole scan at every call and keeps each program:
+    # the second call from a line says so, once, at the user's line; a first call anywhere says nothing.
+    model = jsr.LSTM(3, 4, bidirectional=True, rngs=nnx.Rngs(0))  # two scans per call, one call counted
+    x = jnp.ones((2, 5, 3), jnp.float32)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        model(x)
+        for _ in range(3):
+            model(x); line = sys._getframe().f_lineno  # noqa: E702 - the line the warning must name
+    (warned,) = _eager_warnings(record)
+    assert (warned.filename, warned.lineno) == (__file__, line)
+    said = str(warned.message)
+    assert said.startswith("LSTM ran eagerly again from this line") and "fast = jsr.jit(model)" in said
+    assert "call fast(...)" in said and "compiles its whole time loop anew" in said
+
+    # A method names itself; the calls it makes itself (the SeqVAE's loss: encode, decode) are not counted
+    class Toy(nnx.Module):
+        @warns_when_called_eagerly()
+        def loss(self, x):
+            return self.encode(x) + self.encode(x)
+
+        @warns_when_called_eagerly()
+        def encode(self, x):
+            return x + 1
+
+    toy = Toy()
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            toy.loss(x)
+    (warned,) = _eager_warnings(record)
+    assert str(warned.message).startswith("Toy.loss ran eagerly again") and "call fast.loss(...)" in str(warned.message)
+    # ... and every public method of the models that runs a time loop is one that says so
+    for method in (jsr.RNNBase.__call__, jsr.Traveller.__call__, jsr.Traveller.step, jsr.SeqVAE.__call__,
+                   jsr.SeqVAE.encode, jsr.SeqVAE.decode, jsr.SeqVAE.loss, jsr.SeqVAE.generate):
+        assert method.__code__ is Toy.loss.__code__, method.__qualname__  # the decorator's wrapper
+
+    # jsr.feedback_scan, a function: compiled in a function of one's own
+    core = jsr.LSTM(2, 3, rngs=nnx.Rngs(0))  # gates [B, 4H]: layer 0's input is the fed-back value, tiled
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            jsr.feedback_scan(core, core.initial_state(1), jnp.zeros((1, 1), jnp.float32),
+                              jnp.ones((4, 1, 1), jnp.float32), inject=lambda fb, x_t: jnp.tile(fb + x_t, (1, 12)), readout=lambda h, x_t: h[:, :1],
+                              feed=lambda y, x_t: y)
+    (warned,) = _eager_warnings(record)
+    said = str(warned.message)
+    assert said.startswith("feedback_scan ran eagerly again") and "jax.jit-compiled" in said
+
+
+def test_compiled_calls_and_calls_under_disable_jit_never_warn_that_they_ran_eagerly():
+    model = jsr.LSTM(3, 4, rngs=nnx.Rngs(0))
+    x = jnp.ones((2, 5, 3), jnp.float32)
+    graphdef, state = nnx.split(model)
+    fast = jsr.jit(model)
+    pure = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x)[0])
+    graph_jit = nnx.jit(lambda m, x: m(x)[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", jsr.EagerCallWarning)
+        for _ in range(3):
+            fast(x)
+            pure(state, jnp.ones((2, 5 + _, 3), jnp.float32))  # a new shape: traced again, inside jax.jit
+            graph_jit(model, x)
+            jax.grad(lambda x: model(x)[0].sum())(x)  # inside a transformation (traced)
+        with jax.disable_jit():  # debugging: nothing is compiled, so there is nothing to say
+            for _ in range(2):
+                model(x)
