@@ -9,7 +9,8 @@ Why a wrapper of its own (figures: `benchmarks/results/call-overhead-cpu-2core.t
 docs/scan_vs_loop.md, "Calling the compiled loop"):
 
 - Eager, `model(x)`: every call builds its scan body as a new Python function, and JAX's trace and
-  compile caches key on function identity, so each call traces and compiles the whole loop again.
+  compile caches key on function identity, so each call traces and compiles the whole loop again, and JAX
+  keeps each program. A second eager call from one line of code says so (`scan.EagerCallWarning`).
 - `nnx.jit(lambda m, x: m(x))(model, x)`: compiled once, but every call walks the module graph in Python,
   splitting it into graphdef and state on the way in and merging the updates back on the way out
   (`nnx.cached_partial` caches the walk but still writes every Variable back).
