@@ -42,7 +42,7 @@ import sys
 import time
 import warnings
 
-from timed_run import append_run, results_file  # this folder's script: the script's own directory is on sys.path
+from timed_run import append_run, results_file, tree_rss_mib  # this folder's script: the script's own directory is on sys.path
 
 from jax_scan_rnn.cli import POSITIVE_INT, positive_int_list  # the CLI's option checks (no JAX import)
 
@@ -188,18 +188,18 @@ def measure(steps: int, rounds: int, calls: int) -> list[dict]:
         jax.block_until_ready(fn())  # second warm-up: caches filled on every path
     max_diff = _same_outputs(arms)
     samples: dict[str, list[list[float]]] = {name: [] for name in arms}
-    eager_growth = 0  # bytes the process's resident size grew across the eager calls below (the others' are warm)
+    eager_growth = 0.0  # MiB the process's resident size grew across the eager calls below (the others' are warm)
     for _ in range(rounds):
         for name, fn in arms.items():
             times = []
             for _ in range(1 if name == "eager" else max(1, calls // 20) if name.startswith("torch") else calls):
-                before = resident_bytes() if name == "eager" else 0
+                before = tree_rss_mib(os.getpid())[0] if name == "eager" else 0.0
                 start = time.perf_counter()
                 jax.block_until_ready(fn())
                 times.append(time.perf_counter() - start)
                 if name == "eager":
                     gc.collect()  # what stays is what JAX's caches keep, not garbage not yet collected
-                    eager_growth += resident_bytes() - before
+                    eager_growth += tree_rss_mib(os.getpid())[0] - before
             samples[name].append(times)
     rows = []
     for name in arms:
@@ -208,20 +208,11 @@ def measure(steps: int, rounds: int, calls: int) -> list[dict]:
         rows.append({"T": steps, "arm": name, "median_us": float(np.median(flat)) * 1e6,
                      "round_median_min_us": min(per_round), "round_median_max_us": max(per_round),
                      "calls": len(flat), "first_call_s": first[name], "max_abs_diff_vs_bare": max_diff,
-                     "resident_growth_mib_per_call": eager_growth / 2**20 / len(flat) if name == "eager" else None})
+                     "resident_growth_mib_per_call": eager_growth / len(flat) if name == "eager" else None})
     bare = next(r["median_us"] for r in rows if r["arm"] == "bare jax.jit")
     for row in rows:
         row["x_bare"] = row["median_us"] / bare
     return rows
-
-
-def resident_bytes() -> int:
-    """This process's resident size (Linux: /proc; elsewhere 0, and the growth reads 0)."""
-    try:
-        with open("/proc/self/statm", encoding="ascii") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:
-        return 0
 
 
 def pieces(number: int = 20000) -> dict:
