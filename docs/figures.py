@@ -400,6 +400,17 @@ def _optimizer_init() -> str:
     return ", ".join(parts) + f" (median of {len(run['seconds']['traveller']['eager'])} fresh processes each)"
 
 
+@figure("cells.model_init")
+def _model_init() -> str:
+    """The newest run: each model's median time to build, parameters drawn per shape and cut from longer draws."""
+    run = load("model-init-cpu-2core.json")["runs"][-1]
+    names = {"lstm": "`jsr.LSTM(8, 64, 2)`", "traveller": "the default Traveller (H=32, 2 layers)",
+             "vae": "the default VAE (H=256, 2 decoder layers)"}
+    parts = [f"{names[m]} {statistics.median(t['per-shape']):.2f} -> {statistics.median(t['cut']):.2f} s"
+             for m, t in run["seconds"].items()]
+    return ", ".join(parts) + f" (median of {len(run['seconds']['lstm']['cut'])} fresh processes each)"
+
+
 @figure("cells.hand_vjp")
 def _cells_hand_vjp() -> str:
     """The newest run of benchmarks/cell_vjp.py: per model and batch, the warm train call with the cells'

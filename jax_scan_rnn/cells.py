@@ -39,9 +39,39 @@ from jax_scan_rnn import validate
 Array = jax.Array
 
 
+# The smallest draw `uniform` makes: every parameter of up to this many numbers shares one program.
+MIN_DRAW = 256
+
+
+def uniform(key: Array, shape: tuple[int, ...], dtype, minval: float = 0.0, maxval: float = 1.0, *,
+            scale: float | None = None, offset: float = 0.0) -> Array:
+    """`jax.random.uniform(key, shape, dtype, minval, maxval)`, bit for bit, without a program per shape.
+
+    With `scale`: that draw `* scale - offset`, each rounded in `dtype` (as `nnx.initializers.uniform(scale)`
+    and a subtraction after it would give).
+
+    `jax.random.uniform` compiles one program per shape, so building a model compiled one per parameter shape
+    (docs/measurements.md#parameter-draws).
+    With JAX's default, partitionable threefry key, number i of a draw depends only on the key and i, so the
+    first n numbers of a longer draw are the same numbers: this draws the next power of two (at least
+    `MIN_DRAW`) and cuts. One program serves every size up to it. Other key implementations draw the shape.
+    Inside a transformation (`jax.jit`, `nnx.eval_shape`) the cut is part of the traced program.
+    """
+    n = math.prod(shape)
+    prefix_stable = jax.config.jax_threefry_partitionable and str(jax.random.key_impl(key)) == "threefry2x32"
+    size = max(MIN_DRAW, 1 << max(n - 1, 0).bit_length()) if prefix_stable else None
+    flat = jax.random.uniform(key, shape if size is None else (size,), dtype, minval, maxval)
+    traced = isinstance(flat, jax.core.Tracer)
+    xp = jnp if traced else np  # NumPy cuts a concrete draw: JAX would compile a slice and a reshape per shape
+    out = xp.asarray(flat)[:n].reshape(shape) if size else flat
+    if scale is not None:
+        out = out * xp.asarray(scale, out.dtype) - xp.asarray(offset, out.dtype)
+    return out if traced else jax.device_put(out)  # not jnp.asarray, which compiles an identity per shape
+
+
 def _torch_uniform(key: Array, shape: tuple[int, ...], bound: float, dtype) -> Array:
     # torch.nn.RNNBase.reset_parameters: every weight and bias ~ U(-1/sqrt(H), 1/sqrt(H)).
-    return jax.random.uniform(key, shape, dtype, -bound, bound)
+    return uniform(key, shape, dtype, -bound, bound)
 
 
 # A contraction this thin (the Traveller's 2 fed-back positions in, its 2 positions out) is cheaper as

@@ -37,7 +37,9 @@ import numpy as np
 from flax import nnx
 
 from jax_scan_rnn import validate
-from jax_scan_rnn.cells import NONLINEARITIES, GRUCell, LSTMCell, RNNCell, RNNCellBase, check_carry, state_description
+from jax_scan_rnn.cells import (
+    NONLINEARITIES, GRUCell, LSTMCell, RNNCell, RNNCellBase, check_carry, state_description, uniform,
+)
 from jax_scan_rnn.scan import Unroll, resolve_hoist, resolve_unroll, time_scan, warns_when_called_eagerly
 
 Array = jax.Array
@@ -499,10 +501,9 @@ def Linear(in_features: int, out_features: int, *, param_dtype=jnp.float32, rngs
     """
     param_dtype = validate.model_dtype("param_dtype", param_dtype)
     bound = 1.0 / in_features**0.5
-    init = nnx.initializers.uniform(2 * bound)  # U(0, 2b); shifted below to U(-b, b)
 
-    def shifted(key, shape, dtype=param_dtype):
-        return init(key, shape, dtype) - jnp.asarray(bound, dtype)
+    def shifted(key, shape, dtype=param_dtype):  # U(0, 1) * 2b - b: U(-b, b)
+        return uniform(key, shape, dtype, scale=2 * bound, offset=bound)
 
     return nnx.Linear(
         in_features, out_features, kernel_init=shifted, bias_init=shifted, param_dtype=param_dtype, rngs=rngs

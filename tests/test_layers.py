@@ -634,3 +634,57 @@ def test_dropout_masks_for_step_under_a_plain_jax_transform_name_the_way_out():
                                                            r".*nnx\.jit.* or call \.eval\(\)") as ei:
         jax.jit(lambda: model.dropout_masks((5, 6), jnp.float32))()
     assert isinstance(ei.value.__cause__, flax.errors.TraceContextError)  # Flax's own, as the direct cause
+
+
+# Below MIN_DRAW, one past a power of two, exactly one, and empty.
+DRAW_SHAPES = [(7, 5), (257,), (8, 128), (0, 4)]
+
+
+def _bits(x) -> np.ndarray:
+    x = np.asarray(x)
+    return x.view(np.uint8).reshape(-1) if x.size else x
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64, jnp.bfloat16, jnp.float16])
+def test_parameter_draws_are_jaxs_uniform_bit_for_bit(dtype):
+    """cells.uniform cuts a longer draw (one program per power of two, not per shape): the numbers must be
+    `jax.random.uniform`'s own, eagerly and traced, for typed, raw and other-implementation keys, and the
+    Linear layers' `U(0, 1) * 2b - b` must be `nnx.initializers.uniform(2b)` then `- b`, rounding for rounding."""
+    from jax_scan_rnn.cells import uniform
+
+    b = 0.17407766
+    cases = [(shape, "key", jax.random.key(0), "eager") for shape in DRAW_SHAPES] + [((33, 5), "key", jax.random.key(2), "jit")]
+    if dtype == jnp.float32:
+        cases += [((7, 5), "PRNGKey", jax.random.PRNGKey(3), "eager"), ((7, 5), "rbg", jax.random.key(1, impl="rbg"), "eager")]
+    for shape, name, key, mode in cases:
+        wrap = jax.jit if mode == "jit" else (lambda f: f)
+        pairs = {
+            "U(-b, b)": (lambda k: uniform(k, shape, dtype, -b, b), lambda k: jax.random.uniform(k, shape, dtype, -b, b)),
+            "U(0, 1) * 2b - b": (lambda k: uniform(k, shape, dtype, scale=2 * b, offset=b),
+                                 lambda k: nnx.initializers.uniform(2 * b)(k, shape, dtype) - jnp.asarray(b, dtype)),
+        }
+        for form, (new, old) in pairs.items():
+            got, want = wrap(new)(key), wrap(old)(key)
+            where = f"{form}, {jnp.dtype(dtype).name} {shape}, {name} key, {mode}"
+            assert got.shape == want.shape and got.dtype == want.dtype, where
+            assert np.array_equal(_bits(got), _bits(want)), where
+
+
+def test_a_model_of_another_size_compiles_nothing_to_draw_its_parameters():
+    """LSTM(8, 32) draws 1,024 + 4,096 + 128 + 128 numbers; LSTM(7, 30) 840 + 3,600 + 120 + 120: the same
+    powers of two, so the second is built from programs already compiled (each shape compiled its own before:
+    docs/measurements.md#parameter-draws)."""
+    jsr.LSTM(8, 32, rngs=nnx.Rngs(0))
+    lowered = []
+
+    def listen(event, duration, **kwargs):
+        if event.endswith("jaxpr_to_mlir_module_duration"):
+            lowered.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        model = jsr.LSTM(7, 30, rngs=nnx.Rngs(1))
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert lowered == []
+    assert model.layers[0].w_hh[...].shape == (30, 120)
