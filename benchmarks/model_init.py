@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from timed_run import append_run, results_file  # noqa: E402
+from timed_run import alternating_processes, append_run, measurement_end, measurement_start, results_file  # noqa: E402
 from jax_scan_rnn.cli import POSITIVE_INT  # noqa: E402  the CLI's option check
 
 WAYS = ("per-shape", "cut")
@@ -57,24 +55,15 @@ def main() -> int:
     parser.add_argument("--rounds", type=POSITIVE_INT, default=5)
     parser.add_argument("--out", default=None, type=results_file, help="append the run to this JSON file (default: print only)")
     args = parser.parse_args()
-    times: dict[str, dict[str, list[float]]] = {m: {w: [] for w in WAYS} for m in MODELS}
-    env = {**os.environ, "JAX_ENABLE_COMPILATION_CACHE": "false"}
-    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    for _ in range(args.rounds):
-        for model in MODELS:
-            digests = set()
-            for way in WAYS:
-                out = subprocess.run([sys.executable, "-c", CHILD, way, model], check=True, capture_output=True,
-                                     text=True, env=env).stdout.split()
-                times[model][way].append(round(float(out[-2]), 4))
-                digests.add(out[-1])
-            if len(digests) != 1:
-                print(f"model_init: {model}: the two ways drew different parameters", file=sys.stderr)
-                return 1
-            print(model, times[model], flush=True)
+    run = measurement_start("model_init.py")
+    words = alternating_processes(CHILD, MODELS, WAYS, args.rounds, env={**os.environ, "JAX_ENABLE_COMPILATION_CACHE": "false"})
+    for model, ways in words.items():
+        if len({r[-1] for runs in ways.values() for r in runs}) != 1:
+            print(f"model_init: {model}: the two ways drew different parameters", file=sys.stderr)
+            return 1
+    times = {m: {w: [round(float(r[0]), 4) for r in runs] for w, runs in ways.items()} for m, ways in words.items()}
     if args.out:
-        append_run(args.out, {"command": " ".join(["python benchmarks/model_init.py", *sys.argv[1:]]),
-                              "started": started, "load_average_end": os.getloadavg()[0], "seconds": times})
+        append_run(args.out, measurement_end(run, seconds=times))
     return 0
 
 

@@ -11,14 +11,11 @@ The two ways alternate. About 1 minute on a 2-core CPU.
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from timed_run import append_run, results_file  # noqa: E402
+from timed_run import alternating_processes, append_run, measurement_end, measurement_start, results_file  # noqa: E402
 from jax_scan_rnn.cli import POSITIVE_INT  # noqa: E402  the CLI's option check
 
 WAYS = ("eager", "compiled")
@@ -52,18 +49,11 @@ def main() -> int:
     parser.add_argument("--rounds", type=POSITIVE_INT, default=5)
     parser.add_argument("--out", default=None, type=results_file, help="append the run to this JSON file (default: print only)")
     args = parser.parse_args()
-    times: dict[str, dict[str, list[float]]] = {m: {w: [] for w in WAYS} for m in MODELS}
-    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    for _ in range(args.rounds):
-        for model in MODELS:
-            for way in WAYS:
-                out = subprocess.run([sys.executable, "-c", CHILD, way, model], check=True, capture_output=True,
-                                     text=True).stdout
-                times[model][way].append(round(float(out.split()[-1]), 4))
-            print(model, times[model], flush=True)
+    run = measurement_start("optimizer_init.py")
+    words = alternating_processes(CHILD, MODELS, WAYS, args.rounds)
+    times = {m: {w: [round(float(r[-1]), 4) for r in runs] for w, runs in ways.items()} for m, ways in words.items()}
     if args.out:
-        append_run(args.out, {"command": " ".join(["python benchmarks/optimizer_init.py", *sys.argv[1:]]),
-                              "started": started, "load_average_end": os.getloadavg()[0], "seconds": times})
+        append_run(args.out, measurement_end(run, seconds=times))
     return 0
 
 

@@ -75,6 +75,20 @@ def measurement_end(run: dict, **fields) -> dict:
     return {**run, "load_average": {**run["load_average"], "end": os.getloadavg()[0]}, **fields}
 
 
+def alternating_processes(child: str, models, ways, rounds: int, env: dict | None = None) -> dict:
+    """Per round and model, each way in turn: `python -c child WAY MODEL` in a new process. Returns
+    `{model: {way: [its stdout's words, per round]}}`; a model's line is printed after each round."""
+    words: dict = {m: {w: [] for w in ways} for m in models}
+    for _ in range(rounds):
+        for model in models:
+            for way in ways:
+                out = subprocess.run([sys.executable, "-c", child, way, model], check=True, capture_output=True,
+                                     text=True, env=env).stdout
+                words[model][way].append(out.split())
+            print(model, {w: [r[0] for r in runs] for w, runs in words[model].items()}, flush=True)
+    return words
+
+
 def append_run(results: Path, run: dict, machine_info: dict | None = None) -> int:
     """Add `run` to the "runs" of the JSON file `results` (made, with `machine_info` or this `machine()`, if
     missing), written whole then renamed: never half a file, which the docs test reads. Returns the run count.
