@@ -63,7 +63,9 @@ def uniform(key: Array, shape: tuple[int, ...], dtype, minval: float = 0.0, maxv
     flat = jax.random.uniform(key, shape if size is None else (size,), dtype, minval, maxval)
     traced = isinstance(flat, jax.core.Tracer)
     xp = jnp if traced else np  # NumPy cuts a concrete draw: JAX would compile a slice and a reshape per shape
-    out = xp.asarray(flat)[:n].reshape(shape) if size else flat
+    out = flat if traced else jax.device_get(flat)  # an explicit transfer, which jax.transfer_guard allows
+    if size:
+        out = out[:n].reshape(shape)
     if scale is not None:
         out = out * xp.asarray(scale, out.dtype) - xp.asarray(offset, out.dtype)
     return out if traced else jax.device_put(out)  # not jnp.asarray, which compiles an identity per shape
