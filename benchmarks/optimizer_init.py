@@ -51,7 +51,7 @@ def main() -> int:
     args = parser.parse_args()
     run = measurement_start("optimizer_init.py")
     words = alternating_processes(CHILD, MODELS, WAYS, args.rounds)
-    times = {m: {w: [round(float(r[-1]), 4) for r in runs] for w, runs in ways.items()} for m, ways in words.items()}
+    times = {m: {w: [round(float(r[0]), 4) for r in runs] for w, runs in ways.items()} for m, ways in words.items()}
     if args.out:
         append_run(args.out, measurement_end(run, seconds=times))
     return 0

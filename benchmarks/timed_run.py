@@ -76,16 +76,17 @@ def measurement_end(run: dict, **fields) -> dict:
 
 
 def alternating_processes(child: str, models, ways, rounds: int, env: dict | None = None) -> dict:
-    """Per round and model, each way in turn: `python -c child WAY MODEL` in a new process. Returns
-    `{model: {way: [its stdout's words, per round]}}`; a model's line is printed after each round."""
+    """Per round and model, each way in turn: `python -c child WAY MODEL` in a new process, whose last line of
+    output starts with the seconds it measured. Returns `{model: {way: [that line's words, per round]}}`; a
+    model's seconds are printed after each round."""
     words: dict = {m: {w: [] for w in ways} for m in models}
     for _ in range(rounds):
         for model in models:
             for way in ways:
                 out = subprocess.run([sys.executable, "-c", child, way, model], check=True, capture_output=True,
                                      text=True, env=env).stdout
-                words[model][way].append(out.split())
-            print(model, {w: [r[0] for r in runs] for w, runs in words[model].items()}, flush=True)
+                words[model][way].append(out.splitlines()[-1].split())
+            print(model, {w: [round(float(r[0]), 3) for r in runs] for w, runs in words[model].items()}, flush=True)
     return words
 
 
