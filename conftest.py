@@ -49,13 +49,15 @@ def _share_compiled_programs(config) -> None:
     """One JAX compilation cache for the whole run, in a fresh temporary folder removed at its end: the
     workers, the CLI's subprocesses and each module after `jax.clear_caches()` compile many of the same
     programs. It starts empty, so a run never reads another run's programs. A user's own
-    JAX_COMPILATION_CACHE_DIR is kept."""
+    JAX_COMPILATION_CACHE_DIR is kept. The CLI's data cache (Kekulé forms) goes in the same folder, not the user's
+    (`JAX_SCAN_RNN_DATA_CACHE`; one set by hand is kept)."""
+    folder = tempfile.mkdtemp(prefix="jax-scan-rnn-pytest-xla-cache-")
+    config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+    os.environ.setdefault("JAX_SCAN_RNN_DATA_CACHE", os.path.join(folder, "data"))  # xla_flags.DATA_CACHE_ENV
     if "JAX_COMPILATION_CACHE_DIR" in os.environ:
         return
-    folder = tempfile.mkdtemp(prefix="jax-scan-rnn-pytest-xla-cache-")
     os.environ["JAX_COMPILATION_CACHE_DIR"] = folder
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = str(CACHE_MIN_COMPILE_S)
-    config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
 
 
 # Within a module, a worker whose resident size grew by this much since the module began (or since the last

@@ -18,8 +18,8 @@ page split among its sharers), the memory the tree takes from the machine. Readi
 process's page tables (~0.18 s for pytest's two workers, measured): done every 0.2 s it took half a core from the
 command it measured, so the PSS is read only while the resident sum is within PSS_NEAR_PEAK of its peak so far, at
 most every PSS_EVERY_S.
-The command starts with an empty compilation cache of the CLI's (`JAX_SCAN_RNN_COMPILATION_CACHE` set to a
-new temporary folder, removed after it, unless already set), so the time is a first run's, as a newcomer
+The command starts with the CLI's caches empty (`JAX_SCAN_RNN_COMPILATION_CACHE` and `JAX_SCAN_RNN_DATA_CACHE`
+set to a new temporary folder, removed after it, unless already set), so the time is a first run's, as a newcomer
 waits for it; the run records which (`compilation_cache`).
 The results file is only written when named: nothing here overwrites committed results by default.
 `--steps NAME=SECONDS ...` instead of a command records steps timed elsewhere as one run: `.ci/run`'s own.
@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 
 CACHE_ENV = "JAX_SCAN_RNN_COMPILATION_CACHE"  # jax_scan_rnn.xla_flags.CACHE_ENV (this script imports no JAX)
+DATA_CACHE_ENV = "JAX_SCAN_RNN_DATA_CACHE"  # jax_scan_rnn.xla_flags.DATA_CACHE_ENV
 
 
 def machine() -> dict:
@@ -246,9 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     code_at = commit()  # before the command, which may write into the folder
     load_before = os.getloadavg()[0]
-    cache = "as set by the caller" if CACHE_ENV in os.environ else "empty at start"
+    cache = "as set by the caller" if {CACHE_ENV, DATA_CACHE_ENV} & set(os.environ) else "empty at start"
     with tempfile.TemporaryDirectory(prefix="timed-run-xla-cache-") as folder:
-        env = {CACHE_ENV: folder, **os.environ}
+        env = {CACHE_ENV: folder, DATA_CACHE_ENV: os.path.join(folder, "data"), **os.environ}
         code, wall, peak_total, last_line = _run(command, env)
     if code != 0:
         print(f"timed_run: the command exited with {code}; nothing recorded", file=sys.stderr)

@@ -69,6 +69,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         ("xla small-loop setting", f"{jax_scan_rnn.xla_flags.status()} (jax_scan_rnn/xla_flags.py)"),
         ("library compile options", f"{jax_scan_rnn.xla_flags.compiler_options()} (jax_scan_rnn/xla_flags.py)"),
         ("compilation cache", compilation_cache_status()),
+        ("data cache", data_cache_status()),
     ]
     try:
         import torch
@@ -95,6 +96,16 @@ def compilation_cache_status() -> str:
     if folder == xla_flags.cli_compilation_cache():
         return f"{folder} (the CLI's; {xla_flags.CACHE_ENV}=0 turns it off)"
     return f"{folder} (JAX_COMPILATION_CACHE_DIR)"
+
+
+def data_cache_status() -> str:
+    """Where the VAE commands keep the molecules they rewrite in Kekulé form across runs."""
+    from jax_scan_rnn import xla_flags
+
+    folder = xla_flags.cli_data_cache()
+    if folder is None:
+        return f"off ({xla_flags.DATA_CACHE_ENV}=0)"
+    return f"{folder} (Kekulé forms of the VAE data; {xla_flags.DATA_CACHE_ENV}=DIR moves it, =0 turns it off)"
 
 
 CHECK_ATOL = 1e-5  # float32 on both sides: the same sums in another order (the parity tests' float32 tolerance)
@@ -1088,6 +1099,7 @@ def print_vae_report(report: dict) -> None:
 
 @command("train vae")
 def cmd_train_vae(args: argparse.Namespace) -> int:
+    from jax_scan_rnn import xla_flags
     from jax_scan_rnn.data import smiles
     from jax_scan_rnn.tasks import vae as task_lib
 
@@ -1120,7 +1132,7 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
             init_from.check(task)
     refuse_a_finished_run(out, args.resume)  # before the data: MOSES's 300,000 molecules take half a minute
     vocab = smiles.Vocabulary.from_json(saved["vocab"]) if saved and "vocab" in saved else init_from and init_from.vocab
-    dataset = task_lib.load_dataset(task, vocab)
+    dataset = task_lib.load_dataset(task, vocab, cache=xla_flags.cli_data_cache())
     check_memory("the final evaluation's samples (--eval-samples)",
                  task_lib.sample_bytes(task, dataset.vocab.size, task.eval_samples))
     print(f"data {task.data}: {len(dataset.train)} train / {len(dataset.valid)} valid / {len(dataset.test)} test "
@@ -1269,7 +1281,7 @@ def cmd_encode_vae(args: argparse.Namespace) -> int:
 
 @command("evaluate vae")
 def cmd_evaluate_vae(args: argparse.Namespace) -> int:
-    from jax_scan_rnn import checkpoint
+    from jax_scan_rnn import checkpoint, xla_flags
     from jax_scan_rnn.tasks import vae as task_lib
     from jax_scan_rnn.train import CHECKPOINT_DIR
 
@@ -1294,7 +1306,7 @@ def cmd_evaluate_vae(args: argparse.Namespace) -> int:
                                 f"scored, its training {items} make novelty); `sample vae` needs no data")
     # The run's own vocabulary, as --resume reads the data (a run started --init-from another model's has that
     # model's, not the one its data would build)
-    dataset = task_lib.load_dataset(task, vocab)
+    dataset = task_lib.load_dataset(task, vocab, cache=xla_flags.cli_data_cache())
     saved = checkpoint.read_metadata(Path(args.checkpoint) / CHECKPOINT_DIR, step)
     if "data_sha256" not in saved:
         if task.smiles_check:  # (other text is read as it was)

@@ -36,7 +36,8 @@ compile in JAX's persistent compilation cache, in `~/.cache/jax-scan-rnn/xla` (`
 `CLI_CACHE_MAX_BYTES` (least recently used programs go first): a second run of the same model, or `sample`
 after `train`, loads them instead of compiling again (docs/measurements.md#the-clis-compilation-cache).
 `JAX_SCAN_RNN_COMPILATION_CACHE` names another folder, or `0` turns it off; a user's own
-`JAX_COMPILATION_CACHE_DIR` is used as it is.
+`JAX_COMPILATION_CACHE_DIR` is used as it is. Beside it, `~/.cache/jax-scan-rnn/data` keeps the molecules the VAE
+commands rewrite in Kekulé form (`cli_data_cache`; `JAX_SCAN_RNN_DATA_CACHE` moves it or, `0`, turns it off).
 """
 from __future__ import annotations
 
@@ -56,6 +57,7 @@ CPU_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1, "xla_cpu_prefer_vec
 CACHE_ENV = "JAX_SCAN_RNN_COMPILATION_CACHE"  # the CLI's cache folder, or "0": none
 CLI_CACHE_MAX_BYTES = 2**30
 CLI_CACHE_MIN_COMPILE_S = 0.1  # every model program the CLI compiles takes longer; JAX's default is 1 s
+DATA_CACHE_ENV = "JAX_SCAN_RNN_DATA_CACHE"  # the CLI's folder of converted molecules, or "0": none
 
 _status = "not configured"
 
@@ -139,12 +141,23 @@ def cli_compilation_cache(environ=None) -> str | None:
     """The folder `use_cli_compilation_cache` would keep compiled programs in, or None: turned off
     (`JAX_SCAN_RNN_COMPILATION_CACHE=0`), or the user's own `JAX_COMPILATION_CACHE_DIR` applies."""
     env = os.environ if environ is None else environ
-    if env.get("JAX_COMPILATION_CACHE_DIR") or _opted_out(env, CACHE_ENV):
+    return None if env.get("JAX_COMPILATION_CACHE_DIR") else _cli_cache(env, CACHE_ENV, "xla")
+
+
+def cli_data_cache(environ=None) -> str | None:
+    """The folder the CLI keeps the VAE data's Kekulé forms in (`smiles.kekule_forms(..., cache=)`), or None:
+    turned off (`JAX_SCAN_RNN_DATA_CACHE=0`)."""
+    return _cli_cache(os.environ if environ is None else environ, DATA_CACHE_ENV, "data")
+
+
+def _cli_cache(env, variable: str, name: str) -> str | None:
+    """`$variable`'s folder, None where it says off, else `name` in the user's cache (`$XDG_CACHE_HOME`, ~/.cache)."""
+    if _opted_out(env, variable):
         return None
-    if env.get(CACHE_ENV):
-        return env[CACHE_ENV]
+    if env.get(variable):
+        return env[variable]
     home = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(home, "jax-scan-rnn", "xla")
+    return os.path.join(home, "jax-scan-rnn", name)
 
 
 def use_cli_compilation_cache() -> str | None:

@@ -3,9 +3,11 @@
 import gzip
 import importlib.util
 import io
+import os
 import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -294,6 +296,79 @@ def test_ctrl_c_during_kekule_forms_is_quiet_in_the_workers_and_stops_every_one(
     with pytest.raises(KeyboardInterrupt):
         sources.kekule_forms(["CCO", "CCN", "CCC", "CCS"])
     assert killed == [True, True]
+
+
+def test_kekule_forms_read_back_from_the_cache_are_the_ones_converted(tmp_path, monkeypatch):
+    """`kekule_forms(..., cache=folder)` keeps one file per list; the same list again is read back, nothing converted;
+    another list, or the same under another rdkit version, is converted (and kept) anew."""
+    from jax_scan_rnn.data.smiles import sources
+
+    given = ["CCO", "c1ccccc1", "C1CC", "", "Á", "C\rC"]  # valid, aromatic, open ring, empty, no SMILES, a "\r"
+    expected = sources.kekule_forms(given)
+    assert sources.kekule_forms(given, cache=tmp_path) == expected
+    assert len(list(tmp_path.glob("kekule-*.gz"))) == 1
+    converted = []
+    convert = sources._convert
+    monkeypatch.setattr(sources, "_convert", lambda sequences: converted.append(sequences) or convert(sequences))
+    assert sources.kekule_forms(given, cache=tmp_path) == expected and converted == []
+    assert sources.kekule_forms(given[:-1], cache=tmp_path) == expected[:-1] and converted == [given[:-1]]
+    monkeypatch.setattr(sources.require("rdkit", "test"), "__version__", "1999.01")
+    assert sources.kekule_forms(given, cache=tmp_path) == expected and converted[-1] == given
+    assert len(list(tmp_path.glob("kekule-*.gz"))) == 3
+    # a line break inside a molecule would split the file's lines: such a list is converted, never kept
+    assert sources.kekule_forms(["C\nC"], cache=tmp_path) == sources.kekule_forms(["C\nC"])
+    assert len(list(tmp_path.glob("kekule-*.gz"))) == 3
+
+
+@pytest.mark.parametrize("damage", ["truncated", "a flipped bit", "another list"])
+def test_a_cache_file_that_does_not_read_back_whole_is_converted_again_and_replaced(tmp_path, damage):
+    from jax_scan_rnn.data.smiles import sources
+
+    given = ["CCO", "c1ccccc1", "C1CC"]
+    expected = sources.kekule_forms(given, cache=tmp_path)
+    (entry,) = tmp_path.glob("kekule-*.gz")
+    whole = entry.read_bytes()
+    if damage == "truncated":  # a process killed mid-write cannot leave this (os.replace): a disk can
+        entry.write_bytes(whole[:-9])
+    elif damage == "a flipped bit":  # in the compressed body: zlib or gzip's CRC-32 refuses it
+        entry.write_bytes(whole[:len(whole) // 2] + bytes([whole[len(whole) // 2] ^ 1]) + whole[len(whole) // 2 + 1:])
+    else:  # a whole file whose header counts other molecules
+        entry.write_bytes(gzip.compress(sources._cache_header(2) + b"CCO CCO\n\n"))
+    with pytest.warns(UserWarning, match="converting the molecules again"):
+        assert sources.kekule_forms(given, cache=tmp_path) == expected
+    assert entry.read_bytes() == whole  # written whole again (gzip's mtime is 0: the same bytes)
+
+
+def test_a_cache_that_cannot_be_written_warns_and_the_forms_are_returned(tmp_path):
+    from jax_scan_rnn.data.smiles import sources
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.warns(UserWarning, match=f"cannot keep the forms in {blocker}/cache"):
+        assert sources.kekule_forms(["CCO"], cache=blocker / "cache") == [("CCO", "CCO")]
+    assert list(tmp_path.iterdir()) == [blocker]
+
+
+def test_the_cache_keeps_the_most_recently_used_lists_within_its_bound(tmp_path, monkeypatch):
+    """Past `KEKULE_CACHE_MAX_BYTES` the least recently used files go (a read counts as a use), never the one just
+    written; a temporary file a dead process left a day ago goes too, a newer one (a writer at work) stays."""
+    from jax_scan_rnn.data.smiles import sources
+
+    lists = [["CCO"], ["CCN"], ["CCC"], ["CCS"]]
+    entries = [sources._cache_entry(tmp_path, molecules) for molecules in lists]
+    for age, molecules in zip((40, 30, 20), lists):
+        sources.kekule_forms(molecules, cache=tmp_path)
+        os.utime(sources._cache_entry(tmp_path, molecules), (time.time() - age,) * 2)
+    sources.kekule_forms(lists[0], cache=tmp_path)  # read back: now the newest of the three
+    stale, fresh = tmp_path / ".kekule-dead", tmp_path / ".kekule-writing"
+    stale.write_bytes(b"x")
+    fresh.write_bytes(b"x")
+    os.utime(stale, (time.time() - 2 * 24 * 3600,) * 2)
+    # room for two of these (near-equal) files: the newest two stay
+    monkeypatch.setattr(sources, "KEKULE_CACHE_MAX_BYTES", sum(entries[i].stat().st_size for i in (0, 2)) + 10)
+    sources.kekule_forms(lists[3], cache=tmp_path)
+    assert [e.exists() for e in entries] == [True, False, False, True]
+    assert not stale.exists() and fresh.exists()
 
 
 def test_special_tokens_have_one_definition():

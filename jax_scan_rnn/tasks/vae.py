@@ -15,6 +15,7 @@ devices like any other array.
 from __future__ import annotations
 
 import inspect
+import os
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
@@ -340,7 +341,8 @@ def min_sequences(batch_size: int) -> int:
     return smiles.min_split_size(SPLIT_FRACTIONS, (batch_size, MIN_VALID, MIN_TEST))
 
 
-def load_dataset(task: VAETask, vocab: smiles.Vocabulary | None = None) -> Dataset:
+def load_dataset(task: VAETask, vocab: smiles.Vocabulary | None = None, *,
+                 cache: str | os.PathLike | None = None) -> Dataset:
     """Load, split (train/valid/test = `SPLIT_FRACTIONS`, 90/5/5) and build the vocabulary from the training part
     (or take `vocab`, a model's own: then training molecules with characters outside it are dropped too).
 
@@ -352,7 +354,8 @@ def load_dataset(task: VAETask, vocab: smiles.Vocabulary | None = None) -> Datas
     `max_length` applies to the form the model learns, after that rewrite ("too_long"); `limit` counts the distinct
     molecules read before it (one whose Kekulé form is then too long is not replaced). Raises ValueError, naming `--data`, when the data holds fewer usable sequences than
     `min_sequences(task.batch_size)`, or when too few validation/test sequences remain once those with characters
-    unseen in the training part are dropped: nothing is trained on data that cannot be evaluated.
+    unseen in the training part are dropped: nothing is trained on data that cannot be evaluated. `cache`: a folder
+    that keeps the Kekulé forms for the next load of the same molecules (`smiles.kekule_forms`; the CLI's).
     """
     file_smiles = None if smiles.is_builtin_source(task.data) else task.smiles_check
     # The length limit applies to the strings the model learns: with the Kekulé rewrite, to its forms, below (a file
@@ -369,7 +372,7 @@ def load_dataset(task: VAETask, vocab: smiles.Vocabulary | None = None) -> Datas
     sequences, skipped = loaded.sequences, dict(loaded.skipped)
     canonical_of = None  # Kekulé form -> canonical SMILES, for novelty (one parse gives both)
     if rewrite:  # every part in one form: the test set is reconstructed as the model learnt to write
-        forms = smiles.kekule_forms(sequences)
+        forms = smiles.kekule_forms(sequences, cache=cache)
         valid = [f for f in forms if f is not None]
         short = [(k, c) for k, c in valid if len(k) <= task.max_length]
         canonical_of = dict(short)
