@@ -98,6 +98,20 @@ def compilation_cache_status() -> str:
     return f"{folder} (JAX_COMPILATION_CACHE_DIR)"
 
 
+def data_cache(command: str) -> str | None:
+    """The folder the VAE commands keep their molecules' Kekulé forms in, or None: turned off, or a folder that
+    cannot be written (one note says so: the command runs, converting as usual)."""
+    from jax_scan_rnn import xla_flags
+
+    folder = xla_flags.cli_data_cache()
+    try:
+        return None if folder is None else xla_flags.writable_folder(folder)
+    except OSError as err:
+        print(f"jax-scan-rnn {command}: note: data cache off: {err}; {xla_flags.DATA_CACHE_ENV}=DIR moves it, =0 "
+              "turns it off", file=sys.stderr)
+        return None
+
+
 def data_cache_status() -> str:
     """Where the VAE commands keep the molecules they rewrite in Kekulé form across runs."""
     from jax_scan_rnn import xla_flags
@@ -1099,7 +1113,6 @@ def print_vae_report(report: dict) -> None:
 
 @command("train vae")
 def cmd_train_vae(args: argparse.Namespace) -> int:
-    from jax_scan_rnn import xla_flags
     from jax_scan_rnn.data import smiles
     from jax_scan_rnn.tasks import vae as task_lib
 
@@ -1132,7 +1145,7 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
             init_from.check(task)
     refuse_a_finished_run(out, args.resume)  # before the data: MOSES's 300,000 molecules take half a minute
     vocab = smiles.Vocabulary.from_json(saved["vocab"]) if saved and "vocab" in saved else init_from and init_from.vocab
-    dataset = task_lib.load_dataset(task, vocab, cache=xla_flags.cli_data_cache())
+    dataset = task_lib.load_dataset(task, vocab, cache=data_cache("train vae"))
     check_memory("the final evaluation's samples (--eval-samples)",
                  task_lib.sample_bytes(task, dataset.vocab.size, task.eval_samples))
     print(f"data {task.data}: {len(dataset.train)} train / {len(dataset.valid)} valid / {len(dataset.test)} test "
@@ -1281,7 +1294,7 @@ def cmd_encode_vae(args: argparse.Namespace) -> int:
 
 @command("evaluate vae")
 def cmd_evaluate_vae(args: argparse.Namespace) -> int:
-    from jax_scan_rnn import checkpoint, xla_flags
+    from jax_scan_rnn import checkpoint
     from jax_scan_rnn.tasks import vae as task_lib
     from jax_scan_rnn.train import CHECKPOINT_DIR
 
@@ -1306,7 +1319,7 @@ def cmd_evaluate_vae(args: argparse.Namespace) -> int:
                                 f"scored, its training {items} make novelty); `sample vae` needs no data")
     # The run's own vocabulary, as --resume reads the data (a run started --init-from another model's has that
     # model's, not the one its data would build)
-    dataset = task_lib.load_dataset(task, vocab, cache=xla_flags.cli_data_cache())
+    dataset = task_lib.load_dataset(task, vocab, cache=data_cache("evaluate vae"))
     saved = checkpoint.read_metadata(Path(args.checkpoint) / CHECKPOINT_DIR, step)
     if "data_sha256" not in saved:
         if task.smiles_check:  # (other text is read as it was)

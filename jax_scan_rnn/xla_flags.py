@@ -150,6 +150,17 @@ def cli_data_cache(environ=None) -> str | None:
     return _cli_cache(os.environ if environ is None else environ, DATA_CACHE_ENV, "data")
 
 
+def writable_folder(folder: str) -> str:
+    """`folder`, made where missing; OSError naming it where it cannot be made or written."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as err:
+        raise OSError(f"cannot create {folder} ({err.strerror or err})") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OSError(f"cannot write {folder} (permission denied)")
+    return folder
+
+
 def _cli_cache(env, variable: str, name: str) -> str | None:
     """`$variable`'s folder, None where it says off, else `name` in the user's cache (`$XDG_CACHE_HOME`, ~/.cache)."""
     if _opted_out(env, variable):
@@ -171,13 +182,7 @@ def use_cli_compilation_cache() -> str | None:
     import filelock  # noqa: F401
     import jax
 
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as err:
-        raise OSError(f"cannot create {folder} ({err.strerror or err})") from None
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise OSError(f"cannot write {folder} (permission denied)")
-
+    writable_folder(folder)
     jax.config.update("jax_compilation_cache_dir", folder)
     jax.config.update("jax_compilation_cache_max_size", CLI_CACHE_MAX_BYTES)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", CLI_CACHE_MIN_COMPILE_S)

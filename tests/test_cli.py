@@ -764,6 +764,27 @@ def test_the_vae_commands_read_their_data_through_the_cli_data_cache(command, mo
     assert given == [str(tmp_path / "forms")]
 
 
+def test_a_data_cache_folder_that_cannot_be_made_is_one_note_and_the_molecules_are_converted(monkeypatch, tmp_path,
+                                                                                            capsys):
+    from jax_scan_rnn.tasks import vae as task_lib
+
+    given = []
+
+    def load_dataset(task, vocab=None, *, cache=None):
+        given.append(cache)
+        raise ValueError("--data: read no further")
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setattr(task_lib, "load_dataset", load_dataset)
+    monkeypatch.setenv("JAX_SCAN_RNN_DATA_CACHE", str(blocker / "forms"))
+    assert main(["train", "vae", "--data", "rdkit", "--out", str(tmp_path / "run")]) == 2
+    assert given == [None]
+    notes = [line for line in capsys.readouterr().err.splitlines() if "data cache" in line]
+    assert notes == [f"jax-scan-rnn train vae: note: data cache off: cannot create {blocker}/forms (Not a directory); "
+                     "JAX_SCAN_RNN_DATA_CACHE=DIR moves it, =0 turns it off"], notes
+
+
 def test_every_command_but_bench_uses_the_compilation_cache(monkeypatch):
     from jax_scan_rnn import cli, xla_flags
 
