@@ -1276,7 +1276,7 @@ def cmd_encode_vae(args: argparse.Namespace) -> int:
     except ValueError as err:  # a table without a SMILES column
         raise ValueError(f"--input: {str(err).removeprefix('source: ')}") from None
     model.eval()
-    found = task_lib.latents(model, vocab, task, [seq for _, seq in records])
+    found = task_lib.latents(model, vocab, task, [seq for _, seq in records], cache=data_cache("encode vae"))
     total = len(records) + sum(skipped.values())  # the empty and undecodable records counted as they were read
     skipped.update(found["skipped"])
     described = task_lib.describe_skipped(dict(skipped))

@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -736,30 +737,34 @@ def test_the_cli_cache_folders_and_how_to_turn_them_off():
     assert cli_data_cache({"JAX_COMPILATION_CACHE_DIR": "/theirs", "XDG_CACHE_HOME": "/c"}) == "/c/jax-scan-rnn/data"
 
 
-@pytest.mark.parametrize("command", ["train", "evaluate"])
+@pytest.mark.parametrize("command", ["train", "evaluate", "encode"])
 def test_the_vae_commands_read_their_data_through_the_cli_data_cache(command, monkeypatch, tmp_path):
-    """`train vae` and `evaluate vae` hand `load_dataset` the CLI's data cache, where the Kekulé forms of their
-    molecules are kept (MOSES's 300,000: ~50 s to convert on 2 cores, under a second to read back)."""
+    """`train vae`, `evaluate vae` (`load_dataset`) and `encode vae` (`latents`) get the CLI's data cache, where the
+    Kekulé forms of their molecules are kept (MOSES's 300,000: ~50 s to convert on 2 cores, under a second to read
+    back)."""
     from jax_scan_rnn import cli
+    from jax_scan_rnn.data.smiles import Vocabulary
     from jax_scan_rnn.tasks import vae as task_lib
 
     given = []
 
-    def load_dataset(task, vocab=None, *, cache=None):
+    def read(*args, cache=None):
         given.append(cache)
         raise ValueError("--data: read no further")
 
-    monkeypatch.setattr(task_lib, "load_dataset", load_dataset)
+    monkeypatch.setattr(task_lib, "load_dataset", read)
+    monkeypatch.setattr(task_lib, "latents", read)
     monkeypatch.setenv("JAX_SCAN_RNN_DATA_CACHE", str(tmp_path / "forms"))
-    if command == "evaluate":  # a run to evaluate, without training one: the model of a default task, step 3
-        from jax_scan_rnn.data.smiles import Vocabulary
-
-        task, vocab = task_lib.VAETask(data="rdkit"), Vocabulary.build(["CCO"])
-        monkeypatch.setattr(cli, "load_run", lambda args, name: (None, vocab, task, 3))
-        monkeypatch.setattr(cli, "vae_data_file", lambda task: None)
-        argv = ["evaluate", "vae", "--checkpoint", str(tmp_path / "run")]
-    else:
-        argv = ["train", "vae", "--data", "rdkit", "--out", str(tmp_path / "run")]
+    # a run to read, without training one: the model of a default task, step 3
+    task, vocab = task_lib.VAETask(data="rdkit"), Vocabulary.build(["CCO"])
+    model = types.SimpleNamespace(eval=lambda: None)  # what the commands call before reading
+    monkeypatch.setattr(cli, "load_run", lambda args, name: (model, vocab, task, 3))
+    monkeypatch.setattr(cli, "vae_data_file", lambda task: None)
+    (tmp_path / "mols.smi").write_text("CCO\n")
+    argv = {"train": ["train", "vae", "--data", "rdkit", "--out", str(tmp_path / "run")],
+            "evaluate": ["evaluate", "vae", "--checkpoint", str(tmp_path / "run")],
+            "encode": ["encode", "vae", "--checkpoint", str(tmp_path / "run"), "--input", str(tmp_path / "mols.smi"),
+                       "--output", str(tmp_path / "latents.npz")]}[command]
     assert main(argv) == 2
     assert given == [str(tmp_path / "forms")]
 

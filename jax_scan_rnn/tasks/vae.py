@@ -679,7 +679,8 @@ def sample_tokens(model: SeqVAE, n: int, *, max_len: int, seed: int = 0, tempera
     return np.asarray(tokens)
 
 
-def latents(model: SeqVAE, vocab: smiles.Vocabulary, task: VAETask, sequences: list[str]) -> dict[str, Any]:
+def latents(model: SeqVAE, vocab: smiles.Vocabulary, task: VAETask, sequences: list[str], *,
+            cache: str | os.PathLike | None = None) -> dict[str, Any]:
     """The encoder's posterior q(z | x) of each sequence the model can read, in jitted calls of `ENCODE_CHUNK`.
 
     Each is first written as the run's molecules were: in Kekulé form (`task.writes_kekule`), as rdkit's canonical
@@ -687,10 +688,10 @@ def latents(model: SeqVAE, vocab: smiles.Vocabulary, task: VAETask, sequences: l
     SMILES (`smiles_check=False`). One that rdkit cannot parse, longer than `task.max_length` or with a character
     outside `vocab` is skipped and counted. Returns
     `{"index": [N] positions in `sequences` of those encoded, "sequences": [N] them as encoded, "mu": [N, Z],
-    "logvar": [N, Z], "skipped": {reason: count}}`."""
+    "logvar": [N, Z], "skipped": {reason: count}}`. `cache`: as `load_dataset`'s, for the Kekulé forms."""
     written, skipped = list(sequences), Counter()
     if task.writes_kekule:
-        written = [form and form[0] for form in smiles.kekule_forms(sequences)]
+        written = [form and form[0] for form in smiles.kekule_forms(sequences, cache=cache)]
     elif task.data == "rdkit":
         written = [smiles.canonical_smiles(s) for s in written]
     elif task.smiles_check:
