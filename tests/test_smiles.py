@@ -306,7 +306,11 @@ def test_kekule_forms_read_back_from_the_cache_are_the_ones_converted(tmp_path, 
     given = ["CCO", "c1ccccc1", "C1CC", "", "Á", "C\rC"]  # valid, aromatic, open ring, empty, no SMILES, a "\r"
     expected = sources.kekule_forms(given)
     assert sources.kekule_forms(given, cache=tmp_path) == expected
-    assert len(list(tmp_path.glob("kekule-*.gz"))) == 1
+    (entry,) = tmp_path.glob("kekule-*.gz")
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert entry.stat().st_mode & 0o777 == 0o666 & ~umask  # as any file the user writes: a shared folder works
+    assert [p.name for p in tmp_path.iterdir()] == [entry.name]  # no temporary file left
     converted = []
     convert = sources._convert
     monkeypatch.setattr(sources, "_convert", lambda sequences: converted.append(sequences) or convert(sequences))

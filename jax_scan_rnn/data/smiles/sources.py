@@ -211,8 +211,11 @@ def _keep_forms(entry: Path, forms: list[tuple[str, str] | None]) -> None:
     temporary = None
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=entry.parent, prefix=".kekule-", delete=False) as file:
-            temporary = file.name
+        # A name of this process's own; "x": created here, with the umask's permissions (as JAX's compiled programs
+        # beside it), so that a folder shared on purpose is readable by its other users
+        name = entry.parent / f".kekule-{os.getpid()}-{os.urandom(4).hex()}"
+        with open(name, "xb") as file:
+            temporary = name
             # 4x smaller in 0.3 s; no name or time in the header: the same forms make the same bytes
             with gzip.GzipFile("", mode="wb", compresslevel=1, fileobj=file, mtime=0) as packed:
                 packed.write(_cache_header(len(forms)) + _form_lines(forms))
