@@ -11,14 +11,12 @@ About 1 minute on a 2-core CPU.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from timed_run import alternating_processes, append_run, measurement_end, measurement_start, results_file  # noqa: E402
-from jax_scan_rnn.cli import POSITIVE_INT  # noqa: E402  the CLI's option check
+from timed_run import alternating_benchmark  # noqa: E402
 
 WAYS = ("per-shape", "cut")
 MODELS = ("lstm", "traveller", "vae")
@@ -51,20 +49,8 @@ print(seconds, digest.hexdigest())
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=POSITIVE_INT, default=5)
-    parser.add_argument("--out", default=None, type=results_file, help="append the run to this JSON file (default: print only)")
-    args = parser.parse_args()
-    run = measurement_start("model_init.py")
-    words = alternating_processes(CHILD, MODELS, WAYS, args.rounds, env={**os.environ, "JAX_ENABLE_COMPILATION_CACHE": "false"})
-    for model, ways in words.items():
-        if len({r[-1] for runs in ways.values() for r in runs}) != 1:
-            print(f"model_init: {model}: the two ways drew different parameters", file=sys.stderr)
-            return 1
-    times = {m: {w: [round(float(r[0]), 4) for r in runs] for w, runs in ways.items()} for m, ways in words.items()}
-    if args.out:
-        append_run(args.out, measurement_end(run, seconds=times))
-    return 0
+    return alternating_benchmark("model_init.py", __doc__, CHILD, MODELS, WAYS, same_last_word=True,
+                                 env={**os.environ, "JAX_ENABLE_COMPILATION_CACHE": "false"})
 
 
 if __name__ == "__main__":

@@ -10,13 +10,11 @@ The two ways alternate. About 1 minute on a 2-core CPU.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from timed_run import alternating_processes, append_run, measurement_end, measurement_start, results_file  # noqa: E402
-from jax_scan_rnn.cli import POSITIVE_INT  # noqa: E402  the CLI's option check
+from timed_run import alternating_benchmark  # noqa: E402
 
 WAYS = ("eager", "compiled")
 MODELS = ("traveller", "vae")
@@ -45,16 +43,7 @@ print(time.perf_counter() - start)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=POSITIVE_INT, default=5)
-    parser.add_argument("--out", default=None, type=results_file, help="append the run to this JSON file (default: print only)")
-    args = parser.parse_args()
-    run = measurement_start("optimizer_init.py")
-    words = alternating_processes(CHILD, MODELS, WAYS, args.rounds)
-    times = {m: {w: [round(float(r[0]), 4) for r in runs] for w, runs in ways.items()} for m, ways in words.items()}
-    if args.out:
-        append_run(args.out, measurement_end(run, seconds=times))
-    return 0
+    return alternating_benchmark("optimizer_init.py", __doc__, CHILD, MODELS, WAYS)
 
 
 if __name__ == "__main__":

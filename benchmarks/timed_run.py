@@ -91,6 +91,30 @@ def alternating_processes(child: str, models, ways, rounds: int, env: dict | Non
     return words
 
 
+def alternating_benchmark(script: str, doc: str, child: str, models, ways, *, env: dict | None = None,
+                          same_last_word: bool = False) -> int:
+    """The whole of a fresh-process A/B script (model_init.py, optimizer_init.py): its `--rounds` and `--out`, the
+    `alternating_processes` loop, and the run appended with `seconds` `{model: {way: [per round]}}`. With
+    `same_last_word`, every run of a model must end in the same word (a digest of what the ways built), or the
+    script says which model differed and exits 1, recording nothing."""
+    from jax_scan_rnn.cli import POSITIVE_INT  # the CLI's option check (the CLI module imports no JAX)
+
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--rounds", type=POSITIVE_INT, default=5)
+    parser.add_argument("--out", default=None, type=results_file, help="append the run to this JSON file (default: print only)")
+    args = parser.parse_args()
+    run = measurement_start(script)
+    words = alternating_processes(child, models, ways, args.rounds, env=env)
+    for model, runs in words.items():
+        if same_last_word and len({r[-1] for way_runs in runs.values() for r in way_runs}) != 1:
+            print(f"{script.removesuffix('.py')}: {model}: the ways built different results", file=sys.stderr)
+            return 1
+    seconds = {m: {w: [round(float(r[0]), 4) for r in runs] for w, runs in ways.items()} for m, ways in words.items()}
+    if args.out:
+        append_run(args.out, measurement_end(run, seconds=seconds))
+    return 0
+
+
 def append_run(results: Path, run: dict, machine_info: dict | None = None) -> int:
     """Add `run` to the "runs" of the JSON file `results` (made, with `machine_info` or this `machine()`, if
     missing), written whole then renamed: never half a file, which the docs test reads. Returns the run count.
