@@ -270,6 +270,10 @@ class ProgressBar:
         elif kind == "metrics_changed":  # a newer version of a task logs other metrics
             self.note(f"the run in {event['path']} logged the metrics {event['saved']}, this version {event['now']}: "
                       "the first train row after the resume covers the updates after it only")
+        elif kind == "environment_changed":  # another jax, backend, device count or JAX_ENABLE_X64
+            from jax_scan_rnn.train import environment_note
+
+            self.note(environment_note(event))
         elif kind == "checkpoint_stray_files":
             self.note(f"checkpoint {event['step']} holds files it did not write (left alone, not read): "
                       f"{', '.join(event['files'])} in {event['path']}")

@@ -9,7 +9,8 @@ Contract with models (`loss_fn`) and data (`batch_fn`)::
 updates, and a run resumed from checkpoint `k` continues with `batch_fn(k)`. Because the data is a function
 of the step and the whole training state (parameters, optimiser state, the model's rng streams such as
 `nnx.Dropout`'s, the metric window) is checkpointed, a resumed run is bit-for-bit identical to an
-uninterrupted one (on the same machine and backend).
+uninterrupted one (on the same machine and backend: each checkpoint records `environment()`, and a resume
+under another says so).
 
 `TrainStep` is that update: `carry = step(carry, batch)`, one `jax.jit` of a pure function over plain arrays
 (the model and its `nnx.Optimizer` split once; the carry donated). Passing a flat list of arrays keeps jit's
@@ -114,6 +115,21 @@ def command_config(task_defaults: Mapping[str, Any], **fields) -> TrainConfig:
     values.setdefault("warmup_steps", default_warmup(values.get("steps", TrainConfig.__dataclass_fields__["steps"].default)))
     return TrainConfig(**values)
 
+
+def environment() -> dict[str, Any]:
+    """What a run's last bits depend on beyond its settings, data and state: JAX's and jaxlib's versions, the
+    backend, the device kind and count, and 64-bit mode (`JAX_ENABLE_X64`: optax's schedule and Adam's bias
+    correction then compute in float64). `fit` saves it with every checkpoint; a resume under another continues
+    (it is the same run, trained on) but not bit for bit as the uninterrupted run, and says so."""
+    import jaxlib
+
+    return {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "backend": jax.default_backend(),
+            "device_kind": jax.devices()[0].device_kind, "devices": jax.device_count(),
+            "jax_enable_x64": bool(jax.config.jax_enable_x64)}
+
+
+# The metadata keys `fit` adds to every checkpoint (a caller's own metadata may not use them).
+RESERVED_METADATA = ("train_config", "logged_metrics", "environment")
 
 # The TrainConfig fields that only make_optimizer reads: fit(optimizer=...) refuses a changed one.
 OPTIMIZER_FIELDS = ("learning_rate", "warmup_steps", "lr_schedule", "final_lr_fraction", "clip_norm", "weight_decay")
@@ -512,14 +528,16 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
       callback: `callback(event: dict)` for progress (the library never prints). Events, each with an "event"
         key: start (step, steps, resumed_from), checkpoint_skipped (step, reason, moved_to),
         checkpoint_stray_files (step, path, files), config_changed (path, fields: {name: [saved, now]};
-        without a callback, a warning), metrics_changed (path, saved, now: `loss_fn`'s metric names; the log
+        without a callback, a warning), environment_changed (path, fields: {name: [saved, now]} of `environment()`:
+        the resumed run goes on, but not bit for bit as the uninterrupted one; without a callback, a warning),
+        metrics_changed (path, saved, now: `loss_fn`'s metric names; the log
         window restarts at the resume; without a callback, a warning), log (a
         train row), eval (an eval row), checkpoint (step, path), plot_skipped (path, reason), end (step,
         elapsed_s). During a callback the model holds the current state (between callbacks its arrays are
         donated to the next step: keep no references). An exception raised by the callback stops training.
       metadata: JSON-serialisable dict (string keys) stored in every checkpoint (e.g. the model config, so another
-        process can rebuild the model); `train_config` and `logged_metrics` (the metric names of `loss_fn`) are added
-        (and reserved).
+        process can rebuild the model); `train_config`, `logged_metrics` (the metric names of `loss_fn`) and
+        `environment` (`environment()`) are added (and reserved).
       data_sharding: if given, every batch is placed with it (e.g. batch-sharded for data parallelism; on
         several processes each contributes the rows of its own devices, `distributed.put_batch`).
       state_sharding: if given, the training state is placed with it (e.g. replicated) before the loop. Default:
@@ -561,9 +579,10 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
                 raise ValueError(f"cfg.{field.name}: not read with optimizer= (set it in your optax transformation); "
                                  f"expected the default {field.default!r}, got {getattr(cfg, field.name)!r}")
     metadata = ckpt.check_metadata(metadata)  # now, not at the first checkpoint, checkpoint_every updates in
-    for key in ("train_config", "logged_metrics"):
+    for key in RESERVED_METADATA:
         if key in metadata:
             raise ValueError(f"metadata: expected no {key!r} key (fit adds it), got one")
+    run_environment = environment()
     out = Path(out_dir) if out_dir is not None else None
     if resume and out is None:
         raise ValueError("out_dir: expected a directory when resume=True, got None")
@@ -673,7 +692,8 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
                                                       "elapsed_s": now - t_start})})
                 if do_ckpt:
                     path = ckpt.save(ckdir, k, {"train_state": step.tree(carry["state"]), "loop": carry["window"]},
-                                     {**metadata, "train_config": asdict(cfg), "logged_metrics": step.metric_names},
+                                     {**metadata, "train_config": asdict(cfg), "logged_metrics": step.metric_names,
+                                      "environment": run_environment},
                                      keep=cfg.keep_checkpoints)
                     emit({"event": "checkpoint", "step": k, "path": str(path)})
                 if stopping:
@@ -779,10 +799,19 @@ def _unheard(event: dict) -> None:
         changes = "; ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in event["fields"].items())
         warnings.warn(f"fit: resuming the run in {event['path']} with another TrainConfig: {changes}", UserWarning,
                       stacklevel=validate.user_stacklevel())
+    elif event["event"] == "environment_changed":
+        warnings.warn(f"fit: {environment_note(event)}", UserWarning, stacklevel=validate.user_stacklevel())
     elif event["event"] == "metrics_changed":
         warnings.warn(f"fit: resuming the run in {event['path']} with a loss_fn whose metrics {event['now']} are not "
                       f"the saved run's {event['saved']}: the first train row covers the updates after the resume "
                       "only", UserWarning, stacklevel=validate.user_stacklevel())
+
+
+def environment_note(event: dict) -> str:
+    """The line that says an `environment_changed` event: what differs, and what it means for the run."""
+    changes = "; ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in event["fields"].items())
+    return (f"the run in {event['path']} was saved under another environment ({changes}): it goes on, but not bit "
+            "for bit as the uninterrupted run would have")
 
 
 def _eval_values(result: Mapping[str, Any]) -> dict[str, float]:
@@ -841,6 +870,12 @@ def _resume(step: TrainStep, carry: dict, ckdir: Path, cfg: TrainConfig, emit: C
     diff = {k: [saved_cfg.get(k), v] for k, v in asdict(cfg).items() if saved_cfg.get(k) != v}
     if diff:
         emit({"event": "config_changed", "path": str(ckdir.parent), "fields": diff})
+    saved_env = restored.metadata.get("environment")  # None: saved before it was recorded (2026-12-07)
+    if saved_env is not None:
+        now_env = environment()
+        diff = {k: [saved_env.get(k), v] for k, v in now_env.items() if saved_env.get(k) != v}
+        if diff:
+            emit({"event": "environment_changed", "path": str(ckdir.parent), "fields": diff})
     saved_metrics = restored.metadata.get("logged_metrics", step.metric_names)
     if saved_metrics != step.metric_names:  # the first train row then covers the updates after the resume only
         emit({"event": "metrics_changed", "path": str(ckdir.parent), "saved": saved_metrics, "now": step.metric_names})

@@ -955,6 +955,10 @@ def test_the_progress_bars_notes_start_a_line_of_their_own(capsys):
     ({"event": "metrics_changed", "path": "run", "saved": ["acc"], "now": ["acc", "kl"]},
      "the run in run logged the metrics ['acc'], this version ['acc', 'kl']: the first train row after the resume "
      "covers the updates after it only\n"),
+    ({"event": "environment_changed", "path": "run",
+      "fields": {"jax": ["0.9.0", "0.10.2"], "jax_enable_x64": [False, True]}},
+     "the run in run was saved under another environment (jax '0.9.0' -> '0.10.2'; jax_enable_x64 False -> True): it "
+     "goes on, but not bit for bit as the uninterrupted run would have\n"),
     ({"event": "checkpoint_stray_files", "step": 20, "files": ["x.tmp"], "path": "run/ckpt/step_20"},
      "checkpoint 20 holds files it did not write (left alone, not read): x.tmp in run/ckpt/step_20\n"),
 ])

@@ -25,12 +25,14 @@ from jax_scan_rnn.train import (
     CHECKPOINT_DIR,
     CURVES_FILE,
     METRICS_FILE,
+    RESERVED_METADATA,
     History,
     NonFiniteLossError,
     TrainConfig,
     TrainingStopped,
     TrainStep,
     clip_by_global_norm,
+    environment,
     fit,
     global_norm,
     make_eval_fn,
@@ -1209,6 +1211,74 @@ def test_a_resume_with_other_metrics_restarts_the_log_window(tmp_path):
     changed = [e for e in events if e["event"] == "metrics_changed"]
     assert changed == [{"event": "metrics_changed", "path": str(tmp_path / "a"), "saved": ["mae", "max_err"],
                         "now": []}]
+
+
+def float32_batch_fn(i):
+    """linear_batch_fn's data built in float32 alone: the same in 64-bit mode and out of it (W_TRUE is float64)."""
+    x = jax.random.normal(jax.random.key(1000 + i), (64, 4), jnp.float32)
+    return x, x @ jnp.asarray(W_TRUE, jnp.float32) + 0.5
+
+
+def test_a_resume_under_another_environment_says_so_and_goes_on(tmp_path):
+    # Each checkpoint records environment() (jax, jaxlib, backend, device kind and count, 64-bit mode): a resume
+    # under another goes on, as the same run, but says it is no longer bit for bit the uninterrupted run's. Here the
+    # run is saved in 64-bit mode (the tests' own) and resumed without it, as from a shell without JAX_ENABLE_X64.
+    cfg = TrainConfig(steps=4, log_every=1, checkpoint_every=1, clip_norm=None)
+    with jax.enable_x64(True), pytest.raises(TrainingStopped):
+        fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), mse_fn, float32_batch_fn, cfg, out_dir=tmp_path / "a",
+            stop=lambda: True)
+    saved = ckpt.read_metadata(tmp_path / "a" / CHECKPOINT_DIR)["environment"]
+    assert saved == {**environment(), "jax_enable_x64": True} and saved["jax"] == jax.__version__
+    events = []
+    with jax.enable_x64(False):
+        resumed = fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), mse_fn, float32_batch_fn, cfg, out_dir=tmp_path / "a",
+                      resume=True, callback=events.append)
+        last = ckpt.read_metadata(tmp_path / "a" / CHECKPOINT_DIR)["environment"]
+        assert last["jax_enable_x64"] is False  # what ran last
+    assert resumed.resumed_from == 1 and resumed.step == 4
+    assert [e for e in events if e["event"] == "environment_changed"] == [
+        {"event": "environment_changed", "path": str(tmp_path / "a"), "fields": {"jax_enable_x64": [True, False]}}]
+    # Without a callback, a warning that names the difference (beside the one for the changed steps); the same
+    # environment again, nothing.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), mse_fn, float32_batch_fn, replace(cfg, steps=5),
+            out_dir=tmp_path / "a", resume=True)
+    said = [str(w.message) for w in caught if "environment" in str(w.message)]
+    assert said == [f"fit: the run in {tmp_path / 'a'} was saved under another environment (jax_enable_x64 False -> "
+                    "True): it goes on, but not bit for bit as the uninterrupted run would have"], said
+    events = []
+    fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), mse_fn, float32_batch_fn, replace(cfg, steps=6), out_dir=tmp_path / "a",
+        resume=True, callback=events.append)
+    assert not [e for e in events if e["event"] == "environment_changed"]
+
+
+def test_a_checkpoint_from_before_the_environment_was_recorded_resumes_without_a_note(tmp_path, monkeypatch):
+    # Runs saved before 2026-12-07 hold no environment: nothing to compare, nothing said.
+    save = ckpt.save
+
+    def save_without(directory, step, state, metadata, **kwargs):
+        return save(directory, step, state, {k: v for k, v in metadata.items() if k != "environment"}, **kwargs)
+
+    cfg = TrainConfig(steps=3, log_every=1, checkpoint_every=1, clip_norm=None)
+    monkeypatch.setattr(ckpt, "save", save_without)
+    with pytest.raises(TrainingStopped):
+        fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), mse_fn, float32_batch_fn, cfg, out_dir=tmp_path / "a",
+            stop=lambda: True)
+    monkeypatch.undo()
+    assert "environment" not in ckpt.read_metadata(tmp_path / "a" / CHECKPOINT_DIR)
+    events = []
+    with jax.enable_x64(not jax.config.jax_enable_x64):
+        fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), mse_fn, float32_batch_fn, cfg, out_dir=tmp_path / "a", resume=True,
+            callback=events.append)
+    assert not [e for e in events if e["event"] == "environment_changed"]
+
+
+def test_fit_refuses_metadata_that_uses_its_own_keys():
+    for key in RESERVED_METADATA:
+        with pytest.raises(ValueError, match=f"metadata: expected no '{key}' key \\(fit adds it\\), got one"):
+            fit(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), mse_fn, linear_batch_fn, TrainConfig(steps=1),
+                metadata={key: 1})
 
 
 def test_fit_trains_with_an_optax_transformation_of_ones_own(tmp_path):
