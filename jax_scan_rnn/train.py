@@ -117,15 +117,17 @@ def command_config(task_defaults: Mapping[str, Any], **fields) -> TrainConfig:
 
 
 def environment() -> dict[str, Any]:
-    """What a run's last bits depend on beyond its settings, data and state: JAX's and jaxlib's versions, the
-    backend, the device kind and count, and 64-bit mode (`JAX_ENABLE_X64`: optax's schedule and Adam's bias
-    correction then compute in float64). `fit` saves it with every checkpoint; a resume under another continues
-    (it is the same run, trained on) but not bit for bit as the uninterrupted run, and says so."""
+    """What a run's last bits depend on beyond its settings, data and state: this package's, JAX's and jaxlib's
+    versions, the backend, the device kind and count, and 64-bit mode (`JAX_ENABLE_X64`: optax's schedule and
+    Adam's bias correction then compute in float64). `fit` saves it with every checkpoint; a resume under another
+    continues (it is the same run, trained on) but not bit for bit as the uninterrupted run, and says so."""
     import jaxlib
 
-    return {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "backend": jax.default_backend(),
-            "device_kind": jax.devices()[0].device_kind, "devices": jax.device_count(),
-            "jax_enable_x64": bool(jax.config.jax_enable_x64)}
+    from jax_scan_rnn import __version__
+
+    return {"jax_scan_rnn": __version__, "jax": jax.__version__, "jaxlib": jaxlib.__version__,
+            "backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
+            "devices": jax.device_count(), "jax_enable_x64": bool(jax.config.jax_enable_x64)}
 
 
 # The metadata keys `fit` adds to every checkpoint (a caller's own metadata may not use them).

@@ -118,6 +118,19 @@ def instance(name: str, value: Any, cls: type | tuple[type, ...]) -> Any:
     return value
 
 
+def saved_names(name: str, saved: Any, known: Iterable[str]) -> None:
+    """Settings saved with a run (`saved`, a dict) hold only names this version knows (`known`): a name it has no
+    field for comes from a newer jax-scan-rnn, and reading past it would drop a setting the run was trained with.
+    ValueError naming them, instead of Python's "unexpected keyword argument"."""
+    unknown = sorted(set(saved) - set(known))
+    if unknown:
+        from jax_scan_rnn import __version__
+
+        raise ValueError(f"{name}: the run's saved settings hold {listed(unknown, 5)}, which this jax-scan-rnn "
+                         f"({__version__}) does not know: it was saved by a newer version; read it with that one "
+                         "(pip install -U jax-scan-rnn)")
+
+
 def shape(name: str, value: Any, expected: tuple[int | None, ...], symbols: str) -> None:
     """ValueError unless `value`'s shape is `expected`, each size as given or, for None, any size >= 1; `symbols`
     spells the shape, e.g. "[B, Z]", and the message gives it with the sizes known: `[B, Z] = [4, Z]`."""

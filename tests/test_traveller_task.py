@@ -366,3 +366,34 @@ def test_a_run_saved_with_an_old_market_of_other_parameters_is_refused():
         task_lib.TravellerTask.from_json({**saved, "market": market})
     market["phi_fast"] = trading.MarketConfig().phi_fast  # the default market: read as before
     assert task_lib.TravellerTask.from_json({**saved, "market": market}).market == trading.MarketConfig()
+
+
+def test_a_run_saved_by_a_newer_version_is_refused_naming_the_settings_it_does_not_know(tmp_path, monkeypatch,
+                                                                                           capsys):
+    # A newer jax-scan-rnn saves an option this one has no field for: reading past it would resume or evaluate
+    # without a setting the run was trained with, and Python's own error ("unexpected keyword argument") does not
+    # say why. One line naming the setting and the cure; the same for the data's statistics.
+    saved = task_lib.TravellerTask().to_json()
+    with pytest.raises(ValueError, match=r"^task: the run's saved settings hold 'signal_decay', which this "
+                                         rf"jax-scan-rnn \({re.escape(jsr.__version__)}\) does not know: it was saved "
+                                         r"by a newer version; read it with that one \(pip install -U jax-scan-rnn\)$"):
+        task_lib.TravellerTask.from_json({**saved, "signal_decay": 0.5})
+    stats = {"standardiser": {"mean": [0.0], "std": [1.0], "names": ["a"]},
+             "objective": {"gamma": 1.0, "lam": 1.0, "Sigma": [[1.0]]}, "asset_names": ["a"], "train_end": 5,
+             "valid_end": 6, "num_steps": 8}
+    assert task_lib.DataStats.from_json(stats).train_end == 5
+    with pytest.raises(ValueError, match=r"^data_stats: the run's saved settings hold 'winsorise'"):
+        task_lib.DataStats.from_json({**stats, "winsorise": 3.0})
+    # Through the CLI: a run whose checkpoint holds such a setting, evaluated and resumed by this version.
+    out = tmp_path / "run"
+    to_json = task_lib.TravellerTask.to_json
+    monkeypatch.setattr(task_lib.TravellerTask, "to_json", lambda self: {**to_json(self), "signal_decay": 0.5})
+    assert main(["train", "traveller", "--steps", "2", "--batch-size", "16", "--seq-len", "8", "--hidden-size", "4",
+                 "--eval-every", "0", "--out", str(out)]) == 0
+    monkeypatch.undo()
+    capsys.readouterr()
+    for argv in (["evaluate", "traveller", "--checkpoint", str(out)],
+                 ["train", "traveller", "--steps", "4", "--out", str(out), "--resume"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "the run's saved settings hold 'signal_decay'" in err, err

@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from types import EllipsisType
 
@@ -147,6 +147,7 @@ class TravellerTask:
                 raise ValueError(f"market: the run's market has {other}, which this version cannot simulate (only "
                                  "num_assets, gamma and lam are options now); load it with the version that trained it")
             data.update(num_assets=market["num_assets"], risk_aversion=market["gamma"], cost_scale=market["lam"])
+        validate.saved_names("task", data, (f.name for f in fields(cls)))
         return cls(**data)
 
 
@@ -170,6 +171,7 @@ class DataStats:
 
     @classmethod
     def from_json(cls, data: dict) -> DataStats:
+        validate.saved_names("data_stats", data, (f.name for f in fields(cls)))
         return cls(market_data.Standardiser.from_json(data["standardiser"]),
                    trading.Objective.from_json(data["objective"]), tuple(data["asset_names"]),
                    data["train_end"], data["valid_end"], data["num_steps"], data.get("data_sha256"))

@@ -159,6 +159,7 @@ class VAETask:
     @classmethod
     def from_json(cls, data: dict) -> VAETask:
         """The task saved with a run; a field the run predates takes the value it ran with (`SAVED_BEFORE`)."""
+        validate.saved_names("task", data, (f.name for f in fields(cls)))
         return cls(**{**SAVED_BEFORE, **data})
 
     def _schedule_params(self) -> dict[str, float]:
