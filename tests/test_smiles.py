@@ -3,6 +3,7 @@
 import gzip
 import importlib.util
 import io
+import json
 import os
 import re
 import subprocess
@@ -458,6 +459,13 @@ def test_vocabulary_json_round_trip_and_validation():
         Vocabulary(SPECIAL_TOKENS + ("a", "a"))
     with pytest.raises(ValueError, match="tokens"):
         Vocabulary(SPECIAL_TOKENS + ("Cl",))
+    # Another format version (a newer tokenisation, "Cl" one token) is refused naming it, never read as this one's;
+    # a vocabulary saved without the field (none was) reads as version 1.
+    newer = json.dumps({"format": "jax_scan_rnn.Vocabulary", "version": 2, "tokens": [*SPECIAL_TOKENS, "C", "Cl"]})
+    with pytest.raises(ValueError, match=r"^text: expected a Vocabulary of format version 1, got version 2: it "
+                                         r"was written by another jax-scan-rnn than this one \(.*\); read it with"):
+        Vocabulary.from_json(newer)
+    assert Vocabulary.from_json(json.dumps({"tokens": list(vocab.tokens)})) == vocab
 
 
 # ---------------------------------------------------------------- split and batches

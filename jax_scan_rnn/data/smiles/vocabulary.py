@@ -29,6 +29,8 @@ from jax_scan_rnn.validate import integer
 # The one definition of the special tokens: every module (models, metrics, tasks) imports these.
 SPECIAL_TOKENS = ("<pad>", "<sos>", "<eos>")
 PAD, SOS, EOS = range(len(SPECIAL_TOKENS))
+# `Vocabulary.to_json`'s format: a reader refuses another (a newer version's tokenisation would read as this one's).
+FORMAT_VERSION = 1
 
 
 def _check_strings(sequences, name: str) -> list[str]:
@@ -151,7 +153,7 @@ class Vocabulary:
 
     def to_json(self) -> str:
         """JSON text that `from_json` turns back into an equal Vocabulary."""
-        return json.dumps({"format": "jax_scan_rnn.Vocabulary", "version": 1, "tokens": list(self.tokens)})
+        return json.dumps({"format": "jax_scan_rnn.Vocabulary", "version": FORMAT_VERSION, "tokens": list(self.tokens)})
 
     @classmethod
     def from_json(cls, text: str) -> Vocabulary:
@@ -164,4 +166,11 @@ class Vocabulary:
             ) from err
         if not isinstance(data, dict) or not isinstance(data.get("tokens"), list):
             raise ValueError(f"text: expected a JSON object with a 'tokens' list, got {str(text)[:60]!r}")
+        version = data.get("version", FORMAT_VERSION)  # (a run's vocabulary saved before the field: version 1)
+        if version != FORMAT_VERSION:  # another tokenisation: its ids would decode to other strings, silently
+            from jax_scan_rnn import __version__
+
+            raise ValueError(f"text: expected a Vocabulary of format version {FORMAT_VERSION}, got version "
+                             f"{version!r}: it was written by another jax-scan-rnn than this one ({__version__}); read "
+                             "it with that one (pip install -U jax-scan-rnn)")
         return cls(tuple(data["tokens"]))
