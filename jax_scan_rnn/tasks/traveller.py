@@ -98,7 +98,8 @@ class TravellerTask:
     eval_paths: int = option(256, "simulated held-out paths for evaluation", lo=1)
     eval_steps: int = option(500, "steps per simulated held-out path (longer than training: the policy must stay "
                              "stable)", lo=1)
-    data_seed: int = option(1, "seed of the simulated training market", lo=0, hi=validate.SEED_MAX)
+    data_seed: int = option(1, "seed of the simulated training market, and (added to --seed) of the batch order, "
+                                  "on it or on --data", lo=0, hi=validate.SEED_MAX)
     eval_seed: int = option(999, "seed of the simulated held-out market (never seen in training)", lo=0, hi=validate.SEED_MAX)
 
     def __post_init__(self):
