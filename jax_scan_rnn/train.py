@@ -874,10 +874,9 @@ def _resume(step: TrainStep, carry: dict, ckdir: Path, cfg: TrainConfig, emit: C
         emit({"event": "config_changed", "path": str(ckdir.parent), "fields": diff})
     saved_env = restored.metadata.get("environment")  # None: saved before it was recorded (2026-12-07)
     if saved_env is not None:
-        now_env = environment()
-        diff = {k: [saved_env.get(k), v] for k, v in now_env.items() if saved_env.get(k) != v}
-        if diff:
-            emit({"event": "environment_changed", "path": str(ckdir.parent), "fields": diff})
+        differ = {k: [saved_env.get(k), v] for k, v in environment().items() if saved_env.get(k) != v}
+        if differ:
+            emit({"event": "environment_changed", "path": str(ckdir.parent), "fields": differ})
     saved_metrics = restored.metadata.get("logged_metrics", step.metric_names)
     if saved_metrics != step.metric_names:  # the first train row then covers the updates after the resume only
         emit({"event": "metrics_changed", "path": str(ckdir.parent), "saved": saved_metrics, "now": step.metric_names})
