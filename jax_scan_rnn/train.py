@@ -585,16 +585,7 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
         if key in metadata:
             raise ValueError(f"metadata: expected no {key!r} key (fit adds it), got one")
     run_environment = environment()
-    out = Path(out_dir) if out_dir is not None else None
-    if resume and out is None:
-        raise ValueError("out_dir: expected a directory when resume=True, got None")
-    ckdir = out / CHECKPOINT_DIR if out is not None else None
-    if ckdir is not None and ckdir.exists() and not ckdir.is_dir():  # found at the first save, the log already replaced
-        raise ValueError(f"out_dir: expected {ckdir} to be the run's checkpoint directory, got a file; move it away or "
-                         "choose another directory")
-    if out is not None and not resume and earlier_run(out):
-        raise ValueError(f"out_dir: expected no earlier run when resume=False, got {earlier_run(out)}; pass "
-                         "resume=True to continue that run or choose another out_dir")
+    out, ckdir = _run_directories(out_dir, resume)
 
     def put(batch):
         batch = validate.from_torch(batch)  # a torch DataLoader's tensors: data, as jsr.jit takes them
@@ -604,31 +595,9 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
     own = optimizer is not None
     step = TrainStep(model, loss_fn, optimizer if own else make_optimizer(cfg), put(first_batch),
                      None if own else make_lr_schedule_for(cfg))
-    placement = state_sharding
-    spec = getattr(state_sharding, "spec", None)  # a NamedSharding's: it places each array's leading len(spec) axes
-    if spec is not None:  # JAX's error (a rank, for a scalar) names no state leaf nor fit's argument
-        names, leaves, _ = ckpt.named_leaves(nnx.state(step.objs), "state")
-        short = [name for name, x in zip(names, leaves) if np.ndim(x) < len(spec)]
-        if short:
-            raise ValueError(f"state_sharding: expected a sharding every state array can take (the whole state on "
-                             f"each device: DataParallel.replicated), got {spec}, which needs {len(spec)} or more "
-                             f"axes, and leaves with fewer: {validate.listed(short, 3)}")
-    if data_sharding is not None and state_sharding is None:
-        # Left unplaced, a fresh state is replicated by the first step's jit, but a resumed one is restored onto
-        # this process's first device, where the step refuses it beside a batch on several: place both alike,
-        # replicated over the batch's devices, but for a leaf already spread over them (a model sharded over
-        # another axis of the batch's mesh), which keeps its placement (replicated, it may no longer fit).
-        state_sharding = replicated_over(data_sharding)
-        placement = [x.sharding if _spread_over(x, data_sharding) else state_sharding for x in step.raw_state()]
+    state_sharding, placement = _state_placement(step, state_sharding, data_sharding)
     carry = step.init(state_sharding, placement)
-    # A batch and a state both whole on every device (DataParallel's .replicated given for .data): no error, the
-    # same numbers, and every device doing the one device's work
-    if (data_sharding is not None and len(data_sharding.device_set) > 1 and data_sharding.is_fully_replicated
-            and all(x.sharding.is_fully_replicated for x in carry["state"])):
-        warnings.warn(f"data_sharding: expected a sharding that splits the batch, got one that gives each of its "
-                      f"{len(data_sharding.device_set)} devices the whole batch, beside the whole state: every device "
-                      "computes the same update (DataParallel.data splits the batch axis)", UserWarning,
-                      stacklevel=validate.user_stacklevel())
+    _warn_if_every_device_does_the_same(data_sharding, carry)
     writer = jax.process_index() == 0  # one process writes the log and the plot; every process checkpoints
     log = RunLog(out, write=writer)
     resumed: dict[str, Any] = {}
@@ -658,25 +627,14 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
                     continue
                 host = step.read(carry)
                 if host["bad"]["step"] >= 0:
-                    loss, grad_norm = float(host["bad"]["loss"]), float(host["bad"]["grad_norm"])
-                    float16 = any(p.dtype == jnp.float16 for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
-                    why = FLOAT16_ADAM if float16 and not own and math.isfinite(loss + grad_norm) else ""
-                    raise NonFiniteLossError(int(host["bad"]["step"]), loss, grad_norm,
-                                             ckpt.latest_step(ckdir) if ckdir else None, why)
+                    raise _non_finite(host["bad"], model, own, ckdir)
                 step.write(carry)  # callbacks and eval_fn see the model holding the current state
                 now, window = time.time(), host["window"]
                 times = {"lr": float(window["lr"]), "wall_time": now, "elapsed_s": now - t_start}
                 if do_log:
                     n = max(int(window["count"]), 1)
                     if float(window["grad_norm"]) == 0 and window["count"] > 0 and not said_no_gradient:
-                        # nothing trains, and nothing else says so: a loss_fn calling a model from its enclosing
-                        # scope (a constant to jit) instead of its argument, or weights that are not nnx.Param
-                        said_no_gradient = True
-                        warnings.warn(f"fit: the gradient of the loss with respect to the model's nnx.Param was 0 in "
-                                      f"updates {k - int(window['count']) + 1}-{k}, the loss did not train them: does "
-                                      "loss_fn call the model it is given (its first argument), not one from the "
-                                      "enclosing scope, and are the weights nnx.Param?", UserWarning,
-                                      stacklevel=validate.user_stacklevel())
+                        said_no_gradient = _warn_no_gradient(k, int(window["count"]))
                     emit({"event": "log", **log.add({
                         "step": k, "split": "train", "loss": float(window["loss"]) / n,
                         "metrics": {m: float(v) / n for m, v in window["metrics"].items()},
@@ -711,6 +669,73 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
               "reason": "matplotlib is not installed: pip install 'jax-scan-rnn[plot]'"})
     emit({"event": "end", "step": k, "elapsed_s": time.time() - t_start})
     return history
+
+
+def _run_directories(out_dir: str | os.PathLike | None, resume: bool) -> tuple[Path | None, Path | None]:
+    """`(out, its checkpoint directory)` for `fit`'s `out_dir` (both None without one), checked before any work."""
+    out = Path(out_dir) if out_dir is not None else None
+    if resume and out is None:
+        raise ValueError("out_dir: expected a directory when resume=True, got None")
+    ckdir = out / CHECKPOINT_DIR if out is not None else None
+    if ckdir is not None and ckdir.exists() and not ckdir.is_dir():  # found at the first save, the log already replaced
+        raise ValueError(f"out_dir: expected {ckdir} to be the run's checkpoint directory, got a file; move it away or "
+                         "choose another directory")
+    if out is not None and not resume and earlier_run(out):
+        raise ValueError(f"out_dir: expected no earlier run when resume=False, got {earlier_run(out)}; pass "
+                         "resume=True to continue that run or choose another out_dir")
+    return out, ckdir
+
+
+def _state_placement(step: TrainStep, state_sharding: Any, data_sharding: Any) -> tuple[Any, Any]:
+    """`(state_sharding, placement)` for `TrainStep.init`: `fit`'s `state_sharding`, checked against the state's
+    arrays, or with only a `data_sharding` the state replicated over its devices (placement: one sharding per
+    state leaf)."""
+    placement = state_sharding
+    spec = getattr(state_sharding, "spec", None)  # a NamedSharding's: it places each array's leading len(spec) axes
+    if spec is not None:  # JAX's error (a rank, for a scalar) names no state leaf nor fit's argument
+        names, leaves, _ = ckpt.named_leaves(nnx.state(step.objs), "state")
+        short = [name for name, x in zip(names, leaves) if np.ndim(x) < len(spec)]
+        if short:
+            raise ValueError(f"state_sharding: expected a sharding every state array can take (the whole state on "
+                             f"each device: DataParallel.replicated), got {spec}, which needs {len(spec)} or more "
+                             f"axes, and leaves with fewer: {validate.listed(short, 3)}")
+    if data_sharding is not None and state_sharding is None:
+        # Left unplaced, a fresh state is replicated by the first step's jit, but a resumed one is restored onto
+        # this process's first device, where the step refuses it beside a batch on several: place both alike,
+        # replicated over the batch's devices, but for a leaf already spread over them (a model sharded over
+        # another axis of the batch's mesh), which keeps its placement (replicated, it may no longer fit).
+        state_sharding = replicated_over(data_sharding)
+        placement = [x.sharding if _spread_over(x, data_sharding) else state_sharding for x in step.raw_state()]
+    return state_sharding, placement
+
+
+def _warn_if_every_device_does_the_same(data_sharding: Any, carry: dict) -> None:
+    """A batch and a state both whole on every device (DataParallel's .replicated given for .data): no error, the
+    same numbers, and every device doing the one device's work."""
+    if (data_sharding is not None and len(data_sharding.device_set) > 1 and data_sharding.is_fully_replicated
+            and all(x.sharding.is_fully_replicated for x in carry["state"])):
+        warnings.warn(f"data_sharding: expected a sharding that splits the batch, got one that gives each of its "
+                      f"{len(data_sharding.device_set)} devices the whole batch, beside the whole state: every device "
+                      "computes the same update (DataParallel.data splits the batch axis)", UserWarning,
+                      stacklevel=validate.user_stacklevel())
+
+
+def _non_finite(bad: dict, model: nnx.Module, own_optimizer: bool, ckdir: Path | None) -> NonFiniteLossError:
+    """The error for the first update the step found not finite (`bad`: its step, loss and gradient norm)."""
+    loss, grad_norm = float(bad["loss"]), float(bad["grad_norm"])
+    float16 = any(p.dtype == jnp.float16 for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    why = FLOAT16_ADAM if float16 and not own_optimizer and math.isfinite(loss + grad_norm) else ""
+    return NonFiniteLossError(int(bad["step"]), loss, grad_norm, ckpt.latest_step(ckdir) if ckdir else None, why)
+
+
+def _warn_no_gradient(k: int, count: int) -> bool:
+    """Nothing trains, and nothing else says so: a loss_fn calling a model from its enclosing scope (a constant to
+    jit) instead of its argument, or weights that are not nnx.Param. Returns True: said (once per run)."""
+    warnings.warn(f"fit: the gradient of the loss with respect to the model's nnx.Param was 0 in updates "
+                  f"{k - count + 1}-{k}, the loss did not train them: does loss_fn call the model it is given (its "
+                  "first argument), not one from the enclosing scope, and are the weights nnx.Param?", UserWarning,
+                  stacklevel=validate.user_stacklevel())
+    return True
 
 
 class _InterruptAfterStep:
