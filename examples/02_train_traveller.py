@@ -88,7 +88,7 @@ for step in range(STEPS):
         carry = train_step.reset(carry)
     if (step + 1) % PRINT_EVERY == 0:
         print(f"step {step + 1:4d}  training utility per step {-losses[-1]:+.4f}")
-train_step.write(carry)  # the model now holds the trained weights
+train_step.write(carry)  # the model now holds the trained weights (after a Ctrl-C: train_step.latest)
 
 # %% Evaluate out of sample, through the one compiled call (it reads the trained weights at each call)
 model.eval()

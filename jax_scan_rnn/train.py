@@ -277,10 +277,13 @@ class TrainStep:
     `carry` is a dict of plain arrays: `state` (the model's and optimiser's state leaves, typed PRNG keys as
     their key data), `window` (on-device sums since init or the last `reset`: count, loss, gradient norm, every metric,
     and the latest learning rate) and `bad` (the first non-finite update: step -1 while there was none). The
-    carry is donated: use only the returned one (a Ctrl-C that lands as `carry = step(...)` returns loses both;
-    `fit` holds it until the new carry is stored, a loop of your own does not). Variables shared inside the model
-    (tied weights) stay shared (`nnx.split` stores them once). `batch` is an example batch, traced once to learn
-    the metric names.
+    carry is donated: use only the returned one. A Ctrl-C (SIGINT) during a call is held until the update is done
+    and its carry kept as `step.latest` (the newest carry `init`, a call or `reset` made), then raised: the
+    assignment `carry = step(...)` never happens, so after a KeyboardInterrupt continue from, or write,
+    `step.latest` (`write` refuses a donated carry, naming it). A loop's first call installs the handler that holds
+    it, and `write` puts Python's own back (docs/measurements.md#ctrl-c-during-a-train-step). Variables shared
+    inside the model (tied weights) stay shared (`nnx.split` stores them once). `batch` is an example batch, traced
+    once to learn the metric names.
 
     Each new batch shape or dtype compiles the step again (as `jax.jit` does); past `MANY_BATCH_SHAPES` of them a
     call warns once: pad or bucket batches to a few fixed shapes.
@@ -311,6 +314,7 @@ class TrainStep:
         self.metric_names = sorted(jax.eval_shape(probe, self._raw(leaves), batch)[1])
         self.batch_shapes: set = set()  # the batch signatures the step was traced for (a trace-time record)
         self._shapes_warning: str | None = None  # set by the trace that passes MANY_BATCH_SHAPES; warned once
+        self.latest: dict | None = None  # the newest carry init, a call or reset made
         self._step = jax.jit(self._update, donate_argnums=0, compiler_options=options)
         # One program for `write`'s copies: it runs on every process, where the arrays span them all (an eager
         # device_put of a global array is refused).
@@ -358,8 +362,9 @@ class TrainStep:
         pinned = None if sharding is None else jax.tree.map(lambda x: x.sharding, window)
         self._zero = jax.jit(lambda tree: jax.tree.map(jnp.zeros_like, tree), out_shardings=pinned).lower(window).compile()
         state_sharding = sharding if state_sharding is None else state_sharding
-        return {"state": raw if state_sharding is None else jax.device_put(raw, state_sharding), "window": window,
-                "bad": jax.device_put(bad, sharding)}
+        self.latest = {"state": raw if state_sharding is None else jax.device_put(raw, state_sharding),
+                       "window": window, "bad": jax.device_put(bad, sharding)}
+        return self.latest
 
     def read(self, carry: dict) -> dict:
         """The window's sums and the NaN record as host values (this waits for the steps dispatched so far)."""
@@ -368,10 +373,28 @@ class TrainStep:
     def reset(self, carry: dict) -> dict:
         """The carry with its window zeroed on the device: same placement, no host-to-device transfer (which
         on several processes would be a collective)."""
-        return {**carry, "window": self._zero(carry["window"])}
+        self.latest = {**carry, "window": self._zero(carry["window"])}
+        return self.latest
 
     def __call__(self, carry: dict, batch: Batch) -> dict:
-        carry = self._step(carry, batch)
+        # The carry is donated: a Ctrl-C raised as the call returns would lose both. Held until the new one is kept.
+        if not _SIGINT.tried:
+            _SIGINT.install()
+        held = _SIGINT.previous is not None and threading.get_ident() == _SIGINT_THREAD
+        if not held:  # another thread's step (no signal reaches it), or another handler than Python's
+            self.latest = carry = self._step(carry, batch)
+        else:
+            _SIGINT.in_step = True
+            try:
+                self.latest = carry = self._step(carry, batch)
+            except BaseException:
+                _SIGINT.pending = False  # the step's own error, not a Ctrl-C held during it
+                raise
+            finally:
+                _SIGINT.in_step = False
+            if _SIGINT.pending:
+                _SIGINT.pending = False
+                raise KeyboardInterrupt
         if self._shapes_warning:  # one attribute test per call: the record is made when jit traces
             warnings.warn(self._shapes_warning, UserWarning, stacklevel=validate.user_stacklevel())
             self._shapes_warning = ""  # "" (not None): warned, never again
@@ -386,9 +409,15 @@ class TrainStep:
     def write(self, carry: dict) -> None:
         """Set the model's and optimiser's Variables to copies of the carry's arrays: the carry is donated to the
         next step, and a model pointing at its buffers (or a clone of it, kept as the best weights so far) would
-        then hold deleted arrays."""
-        if not any(x.is_deleted() for x in carry["state"]):  # donated to a step that failed: keep the old ones
-            nnx.update(self.objs, self.tree(self._copy(carry["state"])))
+        then hold deleted arrays. A carry already donated is a ValueError (writing it did nothing, silently)."""
+        _SIGINT.uninstall()  # a loop's end: Python's own Ctrl-C handler back
+        if not _live(carry):
+            newer = _live(self.latest)
+            raise ValueError("carry: expected a carry whose arrays are live, got one donated to a later call of this "
+                             "step" + (" (each call takes its carry's buffers): step.latest is the newest carry, e.g. "
+                                       "after a Ctrl-C stopped `carry = step(carry, batch)` before the assignment"
+                                       if newer else ", which failed: the model keeps the state last written"))
+        nnx.update(self.objs, self.tree(self._copy(carry["state"])))
 
     def _update(self, carry: dict, batch: Batch) -> dict:
         leaves, treedef = jax.tree.flatten(batch)
@@ -603,20 +632,17 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
     resumed: dict[str, Any] = {}
     if resume and ckpt.steps(ckdir):
         carry, resumed = _resume(step, carry, ckdir, cfg, emit, placement)
+        step.latest = carry  # what the finally below writes, should nothing follow
         log.resume_at(resumed["resumed_from"] or 0)
     start = resumed.get("resumed_from") or 0
     emit({"event": "start", "step": start, "steps": cfg.steps, "resumed_from": resumed.get("resumed_from")})
     k, last_log, last_k = start, time.time(), start
     said_no_gradient = False
     try:
-        with log, _InterruptAfterStep() as interrupt:
+        with log:
             for k in range(start + 1, cfg.steps + 1):
                 batch = put(first_batch if k == 1 else _batch(batch_fn, k - 1, cfg.steps))
-                interrupt.held = True
-                carry = step(carry, batch)  # donates the old carry: a KeyboardInterrupt here would lose both
-                interrupt.held = False
-                if interrupt.pending:
-                    raise KeyboardInterrupt
+                carry = step(carry, batch)  # a Ctrl-C during it is raised once it is step.latest
                 final = k == cfg.steps
                 stopping = not final and _stop_now(stop, k, cfg)
                 do_log = k % cfg.log_every == 0 or final
@@ -658,8 +684,10 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
                     emit({"event": "checkpoint", "step": k, "path": str(path)})
                 if stopping:
                     raise TrainingStopped(k, None if ckdir is None else ckpt.step_path(ckdir, k))
-    finally:
-        step.write(carry)
+    finally:  # step.latest: the carry, or the one a step interrupted by a Ctrl-C made
+        _SIGINT.uninstall()
+        if _live(step.latest):  # (not after a step that failed once it took the carry: the model keeps its state)
+            step.write(step.latest)
     _warn_unapplied(step.optimizer.opt_state, cfg.steps)
     history = log.history(step=k, out_dir=out, **resumed)
     if log.write and available("matplotlib"):
@@ -738,34 +766,51 @@ def _warn_no_gradient(k: int, count: int) -> bool:
     return True
 
 
-class _InterruptAfterStep:
-    """Ctrl-C (SIGINT) during a train step raised after the step's carry is stored, not inside the call.
+class _SigintHold:
+    """Ctrl-C (SIGINT) held while a train step is in flight, and raised once its new carry is kept (`TrainStep.latest`).
 
-    The step donates its input carry, so a KeyboardInterrupt raised in `carry = step(carry, batch)` (inside the
-    dispatch, or as the call returns) lost the old carry and the new one alike: `fit`'s final `step.write` found
-    deleted arrays, and the model kept the state of the last log row, eval or checkpoint (with a long log_every, its
-    initial weights), not the latest one. Installed only where Python's own SIGINT handler is (the main thread);
-    elsewhere nothing changes."""
+    The step donates its input carry, and Python raises a KeyboardInterrupt as the step's call returns, before
+    `carry = step(carry, batch)` assigns: the old carry and the new one were lost alike. In a loop of one's own
+    nearly every Ctrl-C landed there, and the model kept its initial weights; `fit` found deleted arrays and kept
+    the state of its last log row, eval or checkpoint.
+
+    A step's first call installs the holding handler in place of Python's own (in the main thread, and only where
+    Python's own is installed: another's is left alone); outside a step it raises at once, as Python's does.
+    `TrainStep.write` (a loop's end) and the end of `fit` put Python's back. Not per call: two signal calls a step
+    cost up to a quarter of the smallest step (docs/measurements.md#ctrl-c-during-a-train-step). One per process
+    (`_SIGINT`): signals reach the main thread only."""
 
     def __init__(self) -> None:
-        self.held = False  # a step is in flight: defer the interrupt
+        self.tried = False  # install() looked since the last uninstall(): once per loop, not once per step
+        self.previous: Any = None  # Python's handler, while this one is installed
+        self.in_step = False  # the main thread is inside a step's call: hold the interrupt
         self.pending = False
-        self.previous: Any = None
 
-    def __enter__(self) -> _InterruptAfterStep:
-        if (threading.current_thread() is threading.main_thread()
-                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+    def install(self) -> None:
+        if threading.get_ident() != _SIGINT_THREAD:  # only the main thread can install one
+            return
+        self.tried = True
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             self.previous = signal.signal(signal.SIGINT, self._handler)
-        return self
 
-    def __exit__(self, *exc) -> None:
-        if self.previous is not None:
+    def uninstall(self) -> None:
+        if self.previous is not None and signal.getsignal(signal.SIGINT) == self._handler:  # (not one set since)
             signal.signal(signal.SIGINT, self.previous)
+        self.tried, self.previous, self.pending = False, None, False
 
-    def _handler(self, signum, frame) -> None:
-        if not self.held:
+    def _handler(self, signum: int, frame: Any) -> None:
+        if not self.in_step:
             raise KeyboardInterrupt
         self.pending = True
+
+
+_SIGINT = _SigintHold()
+_SIGINT_THREAD = threading.main_thread().ident  # the thread Python runs signal handlers in
+
+
+def _live(carry: dict | None) -> bool:
+    """Whether `carry`'s arrays still hold data (not donated to a later step)."""
+    return carry is not None and not any(x.is_deleted() for x in carry["state"])
 
 
 def _warn_unapplied(opt_state: Any, steps: int) -> None:

@@ -1,0 +1,146 @@
+"""What `TrainStep` pays per call for holding a Ctrl-C until its new carry is kept (`train._SigintHold`).
+
+    python benchmarks/sigint_hold.py                                                     # ~2 minutes on 2 cores
+    python benchmarks/sigint_hold.py --out benchmarks/results/sigint-hold-cpu-2core.txt
+
+A loop's first step installs the holding SIGINT handler, `TrainStep.write` (the loop's end) puts Python's back;
+each step in between sets two flags. Three arms, on `jsr.Traveller` train steps (value, gradient and Adam over
+the mean squared positions), taking turns in `--rounds` rounds of `--calls` calls each, after warm-up; each
+figure is the median over the rounds of the round's mean time per call (the calls dispatched back to back, as a
+training loop does, then waited for):
+
+    no hold      the step's call with the hold swapped for one that does nothing (the call before the hold)
+    held         the call as shipped: the handler installed once, two flags set per step
+    per call     the handler installed and put back around every call (two signal calls per step: not shipped)
+
+Sizes: the smallest step (B=1, T=4, H=8), where the hold's cost shows most, and example 02's (B=64, T=128, H=32).
+
+Then what the hold is for: `--interrupts` times, a loop of one's own runs steps back to back (B=16, T=64, H=32)
+until a SIGINT sent from a timer 10-100 ms later stops it, and the trial counts as lost when no live carry is
+left: without the hold, the loop's `carry` (donated when the interrupt landed inside the call); with it, `carry`
+or `step.latest`.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+import jax_scan_rnn as jsr
+from jax_scan_rnn import train
+from jax_scan_rnn.train import TrainStep
+
+SIZES = ((1, 4, 8), (64, 128, 32))  # (B, T, H)
+
+
+class _NoHold:
+    """A `_SigintHold` that holds nothing: installs no handler, so every call takes the unheld path."""
+
+    tried, previous, in_step, pending = True, None, False, False
+
+    def uninstall(self) -> None:
+        pass
+
+
+def loss_fn(model, x):
+    positions, _ = model(x)
+    return jnp.mean(positions**2), {}
+
+
+def measure(batch: int, steps: int, hidden: int, rounds: int, calls: int) -> dict[str, float]:
+    """Median over rounds of each arm's mean seconds per call."""
+    model = jsr.Traveller(8, hidden, 2, 0.0, rngs=nnx.Rngs(0))
+    x = jnp.ones((batch, steps, 8), jnp.float32)
+    step = TrainStep(model, loss_fn, optax.adam(1e-3), x)
+    carry = step.init()
+    for _ in range(20):
+        carry = step(carry, x)
+    jax.block_until_ready(carry)
+    shipped, times = train._SIGINT, {"no hold": [], "held": [], "per call": []}
+    try:
+        for _ in range(rounds):
+            for arm in times:
+                train._SIGINT = _NoHold() if arm == "no hold" else shipped
+                start = time.perf_counter()
+                for _ in range(calls):
+                    carry = step(carry, x)
+                    if arm == "per call":
+                        shipped.uninstall()  # the next call installs it again
+                jax.block_until_ready(carry)
+                times[arm].append((time.perf_counter() - start) / calls)
+                shipped.uninstall()
+    finally:
+        train._SIGINT = shipped
+    return {arm: statistics.median(values) for arm, values in times.items()}
+
+
+def lost_carries(trials: int, hold: bool) -> int:
+    """Of `trials` Ctrl-Cs in a loop of steps, how many left no live carry to write."""
+    model = jsr.Traveller(8, 32, 2, 0.0, rngs=nnx.Rngs(0))
+    x = jnp.ones((16, 64, 8), jnp.float32)
+    step = TrainStep(model, loss_fn, optax.adam(1e-3), x)
+    shipped, lost = train._SIGINT, 0
+    train._SIGINT = shipped if hold else _NoHold()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        carry = step(step.init(), x)
+        for _ in range(trials):
+            threading.Timer(random.uniform(0.01, 0.1), os.kill, (os.getpid(), signal.SIGINT)).start()
+            try:
+                while True:
+                    carry = step(carry, x)
+            except KeyboardInterrupt:
+                pass
+            live = [c for c in (carry, step.latest if hold else None) if train._live(c)]
+            lost += not live
+            carry = live[0] if live else step.init()
+            step.write(carry)
+    finally:
+        train._SIGINT = shipped
+        signal.signal(signal.SIGINT, previous)
+    return lost
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--interrupts", type=int, default=40, help="Ctrl-Cs sent to a loop, with and without the hold")
+    parser.add_argument("--out", type=Path, help="append the table to this text file")
+    args = parser.parse_args(argv)
+    for name in ("rounds", "calls", "interrupts"):
+        if getattr(args, name) < 1:
+            parser.error(f"argument --{name}: expected an int >= 1, got {getattr(args, name)}")
+    lines = [f"# python benchmarks/sigint_hold.py --rounds {args.rounds} --calls {args.calls}",
+             f"# jax {jax.__version__}, backend {jax.default_backend()}, {time.strftime('%Y-%m-%d')}",
+             "    B     T    H  no hold us   held us   (+us)  per call us   (+us)"]
+    for batch, steps, hidden in SIZES:
+        t = {arm: s * 1e6 for arm, s in measure(batch, steps, hidden, args.rounds, args.calls).items()}
+        base, held, per_call = t["no hold"], t["held"], t["per call"]
+        lines.append(f"{batch:5d} {steps:5d} {hidden:4d} {base:11.1f} {held:9.1f} ({held - base:+6.1f}) "
+                     f"{per_call:12.1f} ({per_call - base:+6.1f})")
+    random.seed(0)
+    lines += [f"# Ctrl-Cs in a loop of one's own (B=16, T=64, H=32) that left no live carry: "
+              f"without the hold {lost_carries(args.interrupts, False)} of {args.interrupts}, "
+              f"with it {lost_carries(args.interrupts, True)} of {args.interrupts}"]
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    if args.out is not None:
+        with open(args.out, "a", encoding="utf-8") as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
