@@ -409,8 +409,13 @@ class TrainStep:
     def write(self, carry: dict) -> None:
         """Set the model's and optimiser's Variables to copies of the carry's arrays: the carry is donated to the
         next step, and a model pointing at its buffers (or a clone of it, kept as the best weights so far) would
-        then hold deleted arrays. A carry already donated is a ValueError (writing it did nothing, silently)."""
-        _SIGINT.uninstall()  # a loop's end: Python's own Ctrl-C handler back
+        then hold deleted arrays. A carry already donated is a ValueError (writing it did nothing, silently). Also
+        a loop's end: Python's own Ctrl-C handler is put back (the loop's next call installs the holding one again)."""
+        _SIGINT.uninstall()
+        self._keep(carry)
+
+    def _keep(self, carry: dict) -> None:
+        """`write` without putting Python's Ctrl-C handler back: `fit`'s writes inside its loop."""
         if not _live(carry):
             newer = _live(self.latest)
             raise ValueError("carry: expected a carry whose arrays are live, got one donated to a later call of this "
@@ -654,7 +659,7 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
                 host = step.read(carry)
                 if host["bad"]["step"] >= 0:
                     raise _non_finite(host["bad"], model, own, ckdir)
-                step.write(carry)  # callbacks and eval_fn see the model holding the current state
+                step._keep(carry)  # callbacks and eval_fn see the model holding the current state
                 now, window = time.time(), host["window"]
                 times = {"lr": float(window["lr"]), "wall_time": now, "elapsed_s": now - t_start}
                 if do_log:

@@ -1567,6 +1567,27 @@ def test_ctrl_c_during_an_update_leaves_the_model_at_the_state_after_it(monkeypa
     assert_same_params(param_leaves(model), param_leaves(stopped))
 
 
+def test_fit_installs_the_ctrl_c_hold_once_not_at_every_logged_step(monkeypatch):
+    # Two signal calls around a step cost up to a quarter of the smallest one (docs/measurements.md): fit's writes
+    # inside its loop (a log row at every update here) keep the holding handler; its end puts Python's back.
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers can only be installed in the main thread")
+    calls = []
+    real = signal.signal
+    monkeypatch.setattr(signal, "signal", lambda *a: calls.append(a[1]) or real(*a))
+    previous = real(signal.SIGINT, signal.default_int_handler)
+    try:
+        fit(DropMLP(nnx.Rngs(0)), loss_fn, batch_fn, TrainConfig(steps=6, log_every=1, eval_every=0,
+                                                                 checkpoint_every=0))
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        real(signal.SIGINT, previous)
+    assert len(calls) == 2 and calls[1] is signal.default_int_handler, calls  # installed once, put back once
+
+
 def test_ctrl_c_during_a_step_in_a_loop_of_ones_own_keeps_the_update_as_step_latest():
     """In a loop of one's own (example 02's), a Ctrl-C lands inside `carry = step(carry, batch)` nearly every time
     (40 of 40, measured): the call had donated the old carry, the new one was never assigned, and `write(carry)`
