@@ -636,7 +636,7 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
     log = RunLog(out, write=writer)
     resumed: dict[str, Any] = {}
     if resume and ckpt.steps(ckdir):
-        carry, resumed = _resume(step, carry, ckdir, cfg, emit, placement)
+        carry, resumed = _resume(step, carry, ckdir, cfg, emit, placement, run_environment)
         step.latest = carry  # what the finally below writes, should nothing follow
         log.resume_at(resumed["resumed_from"] or 0)
     start = resumed.get("resumed_from") or 0
@@ -692,7 +692,7 @@ def fit(model: nnx.Module, loss_fn: LossFn, batch_fn: Callable[[int], Batch], cf
     finally:  # step.latest: the carry, or the one a step interrupted by a Ctrl-C made
         _SIGINT.uninstall()
         if _live(step.latest):  # (not after a step that failed once it took the carry: the model keeps its state)
-            step.write(step.latest)
+            step._keep(step.latest)
     _warn_unapplied(step.optimizer.opt_state, cfg.steps)
     history = log.history(step=k, out_dir=out, **resumed)
     if log.write and available("matplotlib"):
@@ -873,9 +873,8 @@ def _unheard(event: dict) -> None:
     """`fit`'s events without a callback: all unsaid but a resume with another TrainConfig or other metrics, which
     gets a warning (the CLI listens, says it, and asks for --override)."""
     if event["event"] == "config_changed":
-        changes = "; ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in event["fields"].items())
-        warnings.warn(f"fit: resuming the run in {event['path']} with another TrainConfig: {changes}", UserWarning,
-                      stacklevel=validate.user_stacklevel())
+        warnings.warn(f"fit: resuming the run in {event['path']} with another TrainConfig: {_changes(event)}",
+                      UserWarning, stacklevel=validate.user_stacklevel())
     elif event["event"] == "environment_changed":
         warnings.warn(f"fit: {environment_note(event)}", UserWarning, stacklevel=validate.user_stacklevel())
     elif event["event"] == "metrics_changed":
@@ -886,9 +885,13 @@ def _unheard(event: dict) -> None:
 
 def environment_note(event: dict) -> str:
     """The line that says an `environment_changed` event: what differs, and what it means for the run."""
-    changes = "; ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in event["fields"].items())
-    return (f"the run in {event['path']} was saved under another environment ({changes}): it goes on, but not bit "
-            "for bit as the uninterrupted run would have")
+    return (f"the run in {event['path']} was saved under another environment ({_changes(event)}): it goes on, but "
+            "not bit for bit as the uninterrupted run would have")
+
+
+def _changes(event: dict) -> str:
+    """A `*_changed` event's fields as "name saved -> now; ..."."""
+    return "; ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in event["fields"].items())
 
 
 def _eval_values(result: Mapping[str, Any]) -> dict[str, float]:
@@ -905,7 +908,7 @@ def _spread_over(x, sharding: jax.sharding.Sharding) -> bool:
 
 
 def _resume(step: TrainStep, carry: dict, ckdir: Path, cfg: TrainConfig, emit: Callable,
-            sharding: Any) -> tuple[dict, dict]:
+            sharding: Any, run_environment: dict) -> tuple[dict, dict]:
     """The carry from the newest valid checkpoint, and the History fields that describe the resume; its state
     placed with `sharding` (None: as restored; one sharding, or one per state leaf)."""
     def target(metadata: dict) -> dict:  # the log window as saved: it sums the metrics the saved run's loss_fn gave
@@ -944,14 +947,13 @@ def _resume(step: TrainStep, carry: dict, ckdir: Path, cfg: TrainConfig, emit: C
     if restored.step > cfg.steps:
         raise ValueError(f"cfg.steps: expected at least the checkpoint's step {restored.step}, got {cfg.steps}")
     saved_cfg = restored.metadata.get("train_config", asdict(cfg))
-    diff = {k: [saved_cfg.get(k), v] for k, v in asdict(cfg).items() if saved_cfg.get(k) != v}
-    if diff:
-        emit({"event": "config_changed", "path": str(ckdir.parent), "fields": diff})
-    saved_env = restored.metadata.get("environment")  # None: saved before it was recorded (2026-12-07)
-    if saved_env is not None:
-        differ = {k: [saved_env.get(k), v] for k, v in environment().items() if saved_env.get(k) != v}
-        if differ:
-            emit({"event": "environment_changed", "path": str(ckdir.parent), "fields": differ})
+    # The run's settings, then what its last bits depend on (not recorded before 2026-12-07: nothing to compare)
+    for event, saved, now in (("config_changed", saved_cfg, asdict(cfg)),
+                              ("environment_changed", restored.metadata.get("environment", run_environment),
+                               run_environment)):
+        fields = {k: [saved.get(k), v] for k, v in now.items() if saved.get(k) != v}
+        if fields:
+            emit({"event": event, "path": str(ckdir.parent), "fields": fields})
     saved_metrics = restored.metadata.get("logged_metrics", step.metric_names)
     if saved_metrics != step.metric_names:  # the first train row then covers the updates after the resume only
         emit({"event": "metrics_changed", "path": str(ckdir.parent), "saved": saved_metrics, "now": step.metric_names})

@@ -124,11 +124,17 @@ def saved_names(name: str, saved: Any, known: Iterable[str]) -> None:
     ValueError naming them, instead of Python's "unexpected keyword argument"."""
     unknown = sorted(set(saved) - set(known))
     if unknown:
-        from jax_scan_rnn import __version__
+        raise written_by_another_version(name, f"the run's saved settings hold {listed(unknown, 5)}, which this "
+                                               "version does not know")
 
-        raise ValueError(f"{name}: the run's saved settings hold {listed(unknown, 5)}, which this jax-scan-rnn "
-                         f"({__version__}) does not know: it was saved by a newer version; read it with that one "
-                         "(pip install -U jax-scan-rnn)")
+
+def written_by_another_version(name: str, found: str) -> ValueError:
+    """The error for what another jax-scan-rnn (a newer one, as a rule) wrote and this one cannot read: `found`
+    says what, and the message names this version and the cure."""
+    from jax_scan_rnn import __version__
+
+    return ValueError(f"{name}: {found}: it was written by another jax-scan-rnn than this one ({__version__}); read "
+                      "it with that one (pip install -U jax-scan-rnn)")
 
 
 def shape(name: str, value: Any, expected: tuple[int | None, ...], symbols: str) -> None:

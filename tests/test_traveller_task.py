@@ -374,9 +374,10 @@ def test_a_run_saved_by_a_newer_version_is_refused_naming_the_settings_it_does_n
     # without a setting the run was trained with, and Python's own error ("unexpected keyword argument") does not
     # say why. One line naming the setting and the cure; the same for the data's statistics.
     saved = task_lib.TravellerTask().to_json()
-    with pytest.raises(ValueError, match=r"^task: the run's saved settings hold 'signal_decay', which this "
-                                         rf"jax-scan-rnn \({re.escape(jsr.__version__)}\) does not know: it was saved "
-                                         r"by a newer version; read it with that one \(pip install -U jax-scan-rnn\)$"):
+    with pytest.raises(ValueError, match=r"^task: the run's saved settings hold 'signal_decay', which this version "
+                                         r"does not know: it was written by another jax-scan-rnn than this one "
+                                         rf"\({re.escape(jsr.__version__)}\); read it with that one \(pip install -U "
+                                         r"jax-scan-rnn\)$"):
         task_lib.TravellerTask.from_json({**saved, "signal_decay": 0.5})
     stats = {"standardiser": {"mean": [0.0], "std": [1.0], "names": ["a"]},
              "objective": {"gamma": 1.0, "lam": 1.0, "Sigma": [[1.0]]}, "asset_names": ["a"], "train_end": 5,

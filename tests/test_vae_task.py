@@ -875,7 +875,8 @@ def test_a_run_saved_by_a_newer_version_is_refused_naming_the_settings_it_does_n
     # it, not Python's "unexpected keyword argument"; a field the run predates still takes its old value.
     saved = task_lib.VAETask().to_json()
     with pytest.raises(ValueError, match=r"^task: the run's saved settings hold 'attention', 'heads', which this "
-                                         r"jax-scan-rnn \(.*\) does not know: it was saved by a newer version"):
+                                         r"version does not know: it was written by another jax-scan-rnn than this one "
+                                         r"\(.*\); read it with that one"):
         task_lib.VAETask.from_json({**saved, "heads": 4, "attention": True})
     assert task_lib.VAETask.from_json(saved) == task_lib.VAETask()
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jax_scan_rnn.validate import integer
+from jax_scan_rnn.validate import integer, written_by_another_version
 
 # The one definition of the special tokens: every module (models, metrics, tasks) imports these.
 SPECIAL_TOKENS = ("<pad>", "<sos>", "<eos>")
@@ -168,9 +168,6 @@ class Vocabulary:
             raise ValueError(f"text: expected a JSON object with a 'tokens' list, got {str(text)[:60]!r}")
         version = data.get("version", FORMAT_VERSION)  # (a run's vocabulary saved before the field: version 1)
         if version != FORMAT_VERSION:  # another tokenisation: its ids would decode to other strings, silently
-            from jax_scan_rnn import __version__
-
-            raise ValueError(f"text: expected a Vocabulary of format version {FORMAT_VERSION}, got version "
-                             f"{version!r}: it was written by another jax-scan-rnn than this one ({__version__}); read "
-                             "it with that one (pip install -U jax-scan-rnn)")
+            raise written_by_another_version("text", f"expected a Vocabulary of format version {FORMAT_VERSION}, "
+                                                     f"got version {version!r}")
         return cls(tuple(data["tokens"]))
