@@ -149,10 +149,10 @@ def test_run_writes_positions_and_two_halves_with_the_state_carried_equal_the_wh
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=0, atol=1e-6, err_msg=f"state.{name}")
     # Live use in Python, as the README gives it: one raw bar [B, F] at a time, standardised by the run's stats,
     # from the first half's state, gives what `run traveller` wrote for the second file.
-    fast, state = jsr.jit(model), s_a
+    fast, state, written = jsr.jit(model), s_a, read_positions(second)
     for t in range(150, STEPS):
         p_t, state = fast.step(state, stats.standardiser(features[None, t]))
-        np.testing.assert_allclose(np.asarray(p_t)[0], read_positions(second)[t - 150], rtol=0, atol=1e-6,
+        np.testing.assert_allclose(np.asarray(p_t)[0], written[t - 150], rtol=0, atol=1e-6,
                                    err_msg=f"live tick {t}")
 
 
