@@ -244,6 +244,10 @@ def check_encode_and_decode_given_latents(out, model, tmp_path, capsys):
     assert drawn == task_lib.sample(model, model_vocab(out), 5, max_len=task.max_length + 1, seed=3, z=z)
     assert drawn == task_lib.sample(model, model_vocab(out), 1, max_len=task.max_length + 1, seed=3,
                                     z=np.repeat(z, 5, axis=0))  # row 0 five times, then row 1
+    # From the prior: the README's Python call (max_len counts the <eos>) gives `sample vae -n`'s molecules.
+    assert main(["sample", "vae", "--checkpoint", str(out), "-n", "4", "--seed", "2"]) == 0
+    assert capsys.readouterr().out.splitlines() == task_lib.sample(model, model_vocab(out), 4,
+                                                                   max_len=task.max_length + 1, seed=2)
     with pytest.raises(ValueError, match=r"^n: expected 1 with greedy decoding of given latents"):
         task_lib.sample(model, model_vocab(out), 2, max_len=8, greedy=True, z=z)
     np.save(tmp_path / "wide.npy", np.zeros((3, 5), np.float32))
