@@ -111,7 +111,7 @@ def _name_format():
 
 def step_path(directory: str | os.PathLike, step: int) -> Path:
     """The directory a committed checkpoint of ``step`` lives in: ``directory/step_{step:08d}``."""
-    return Path(directory) / f"{_PREFIX}_{int(step):0{_DIGITS}d}"
+    return Path(directory) / f"{_PREFIX}_{validate.integer('step', step, lo=0):0{_DIGITS}d}"
 
 
 def step_of(path: str | os.PathLike) -> int | None:
@@ -347,7 +347,8 @@ def verify(directory: str | os.PathLike, step: int) -> tuple[str, ...]:
 def _check(directory: str | os.PathLike, step: int) -> tuple[str, ...]:
     path = step_path(directory, step)
     if not path.is_dir():
-        raise CheckpointError(f"checkpoint {path}: no such checkpoint directory")
+        raise CheckpointError(f"checkpoint {path}: no such checkpoint directory (the steps of {Path(directory)}: "
+                              f"{steps(directory)})")
     if not (path / MANIFEST).is_file():
         raise CheckpointError(f"checkpoint {path}: {MANIFEST} is missing (a save still being written, "
                               "a crashed save, or a tampered checkpoint)")

@@ -246,6 +246,18 @@ def test_set_aside_keeps_the_data_and_hides_it_from_steps_and_pruning(tmp_path):
         ckpt.set_aside(tmp_path, 7)
 
 
+def test_a_step_that_is_not_there_is_named_with_the_steps_that_are(tmp_path):
+    """`restore`, `read_metadata` and `verify` (a task's `load(out_dir, step)`) given another step."""
+    for step in (10, 20):
+        ckpt.save(tmp_path, step, {"w": jnp.zeros(2)}, metadata={"step": step})
+    for call in (ckpt.restore, ckpt.read_metadata, ckpt.verify):
+        with pytest.raises(CheckpointError, match=r"step_00000015: no such checkpoint directory \(the steps of "
+                                                  rf"{re.escape(str(tmp_path))}: \[10, 20\]\)$"):
+            call(tmp_path, 15)
+        with pytest.raises(ValueError, match=r"^step: expected an int >= 0, got -1$"):
+            call(tmp_path, -1)
+
+
 def test_fallback_only_when_asked(tmp_path):
     ckpt.save(tmp_path, 10, {"w": jnp.full(3, 10.0)})
     bad = ckpt.save(tmp_path, 20, {"w": jnp.full(3, 20.0)})
