@@ -69,19 +69,13 @@ from jax_scan_rnn.data.smiles.sources import molsets_file
 from jax_scan_rnn.optional import require
 
 
-def _check_smiles_list(smiles, name: str) -> list[str]:
-    if isinstance(smiles, str | bytes):
-        raise TypeError(f"{name}: expected a list of SMILES strings, got a single {type(smiles).__name__}")
-    return list(smiles)
-
-
 def validity(smiles: Sequence[str]) -> float:
     """Fraction of `smiles` that are valid molecules (MOSES `fraction_valid`).
 
     Valid: a non-empty string that `Chem.MolFromSmiles` parses and `Chem.SanitizeMol` accepts.
     Non-strings count as invalid. Raises ValueError on an empty list (the fraction is undefined).
     """
-    smiles = _check_smiles_list(smiles, "smiles")
+    smiles = validate.strings("smiles", smiles, each=False)
     if not smiles:
         raise ValueError("smiles: expected at least one string, got an empty list")
     with silence_rdkit():
@@ -96,7 +90,7 @@ def valid_canonical(smiles: Sequence[str]) -> list[str]:
     `jax_scan_rnn.data.smiles.canonical_smiles`'s, the one the "rdkit" data source stores.
     """
     Chem = require("rdkit.Chem", "SMILES metrics")
-    smiles = _check_smiles_list(smiles, "smiles")
+    smiles = validate.strings("smiles", smiles, each=False)
     with silence_rdkit():
         return [Chem.MolToSmiles(mol) for mol in map(parse_smiles, smiles) if mol is not None]
 
@@ -125,7 +119,7 @@ def novelty(smiles: Sequence[str], train: Sequence[str], *, train_is_canonical: 
     a sample that reproduces a held-out (validation or test) molecule is novel, as in MOSES.
     """
     generated = set(valid_canonical(smiles))
-    train = _check_smiles_list(train, "train")
+    train = validate.strings("train", train, each=False)
     train_set = set(train) if train_is_canonical else set(valid_canonical(train))
     if not generated:
         return float("nan")
@@ -202,7 +196,7 @@ def _moses_smiles(split: str) -> list[str]:
 def _molecules(items, name: str) -> list:
     """rdkit Mols of `items` (SMILES strings or Mols); an invalid entry is a ValueError naming it."""
     Chem = _chem()
-    items = _check_smiles_list(items, name)
+    items = validate.strings(name, items, each=False)
     mols = []
     with silence_rdkit():
         for i, item in enumerate(items):
@@ -642,7 +636,7 @@ def _training_set(train, train_is_canonical: bool = False):
             raise ValueError(f"train: expected None, 'moses' or a list of SMILES, got {train!r}")
         # MOSES compares with its training strings as stored (canonical for the rdkit MOSES used).
         return set(_moses_smiles("train")), f"MOSES train set (molsets {_molsets_version()})"
-    train = _check_smiles_list(train, "train")
+    train = validate.strings("train", train, each=False)
     return set(train) if train_is_canonical else set(valid_canonical(train)), f"given set, n={len(train)}"
 
 
@@ -671,7 +665,7 @@ def moses_metrics(generated: Sequence[str], train: Sequence[str] | str | None = 
         canonical SMILES of the valid molecules with their duplicates; unique@k uses the first k of G
         (all of G when it is shorter, as MOSES does, with a warning there).
     """
-    generated = _check_smiles_list(generated, "generated")
+    generated = validate.strings("generated", generated, each=False)
     if not generated:
         raise ValueError("generated: expected at least one SMILES string, got an empty list")
     n_jobs = validate.integer("n_jobs", n_jobs, lo=1)

@@ -118,6 +118,20 @@ def instance(name: str, value: Any, cls: type | tuple[type, ...]) -> Any:
     return value
 
 
+def strings(name: str, value: Any, *, each: bool = True) -> list:
+    """A list from an iterable of strings (SMILES, sequences); one string alone is a TypeError, since iterating it
+    would read each character as a molecule. `each`: every element must be a str (False: left to the caller,
+    e.g. MOSES's metrics, which count a non-string as invalid)."""
+    if isinstance(value, str | bytes):
+        raise TypeError(f"{name}: expected a list of strings, got a single {type(value).__name__} {value[:40]!r} "
+                        f"(one molecule is a list of one: [{value[:40]!r}])")
+    items = list(value)
+    for i, item in enumerate(items if each else ()):
+        if not isinstance(item, str):
+            raise TypeError(f"{name}: expected strings, got {type(item).__name__} at index {i}")
+    return items
+
+
 def saved_names(name: str, saved: Any, known: Iterable[str]) -> None:
     """Settings saved with a run (`saved`, a dict) hold only names this version knows (`known`): a name it has no
     field for comes from a newer jax-scan-rnn, and reading past it would drop a setting the run was trained with.

@@ -111,6 +111,10 @@ def test_latents_in_chunks_are_one_calls_and_skipped_molecules_are_counted(corpu
         np.testing.assert_allclose(chunked[key], whole[key], atol=1e-6, err_msg=key)  # other batch sizes' kernels
     none = task_lib.latents(model, vocab, task, ["Xyz"])
     assert none["mu"].shape == (0, task.latent_size) and none["skipped"] == {"unparsable": 1}
+    # One SMILES alone is refused: iterated, it would be encoded as one molecule per character.
+    with pytest.raises(TypeError, match=r"^sequences: expected a list of strings, got a single str 'CCO' \(one "
+                                        r"molecule is a list of one: \['CCO'\]\)$"):
+        task_lib.latents(model, vocab, task, "CCO")
 
 
 def test_bad_task_arguments():

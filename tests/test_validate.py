@@ -53,6 +53,17 @@ def test_boolean_choice_function_instance():
         validate.instance("cfg", [], dict)
 
 
+def test_strings_takes_any_iterable_of_them_but_not_one_string():
+    assert validate.strings("smiles", ("CCO", "CCN")) == ["CCO", "CCN"]
+    assert validate.strings("smiles", iter(["C"])) == ["C"]
+    assert validate.strings("smiles", ["C", None], each=False) == ["C", None]  # MOSES's metrics count it invalid
+    for single in ("CCO", b"CCO"):
+        with pytest.raises(TypeError, match=rf"^smiles: expected a list of strings, got a single {type(single).__name__} "):
+            validate.strings("smiles", single)
+    with pytest.raises(TypeError, match=r"^smiles: expected strings, got NoneType at index 1$"):
+        validate.strings("smiles", ["C", None])
+
+
 def test_integer_also_accepts_named_values_and_choice_tells_bools_from_ints():
     assert validate.integer("unroll", "auto", lo=1, also=("auto",)) == "auto"
     assert validate.integer("unroll", 4, lo=1, also=("auto",)) == 4

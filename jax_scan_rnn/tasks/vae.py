@@ -690,7 +690,7 @@ def latents(model: SeqVAE, vocab: smiles.Vocabulary, task: VAETask, sequences: l
     outside `vocab` is skipped and counted. Returns
     `{"index": [N] positions in `sequences` of those encoded, "sequences": [N] them as encoded, "mu": [N, Z],
     "logvar": [N, Z], "skipped": {reason: count}}`. `cache`: as `load_dataset`'s, for the Kekulé forms."""
-    written, skipped = list(sequences), Counter()
+    written, skipped = validate.strings("sequences", sequences), Counter()
     if task.writes_kekule:
         written = [form and form[0] for form in smiles.kekule_forms(sequences, cache=cache)]
     elif task.data == "rdkit":

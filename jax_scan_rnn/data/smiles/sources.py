@@ -43,6 +43,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from jax_scan_rnn import validate
 from jax_scan_rnn.optional import require
 from jax_scan_rnn.validate import boolean, instance, integer
 
@@ -157,7 +158,7 @@ def kekule_forms(sequences: Sequence[str], cache: str | os.PathLike | None = Non
     its list is converted again and the file replaced; a folder that cannot be written is a `UserWarning`, and the
     forms are returned all the same.
     """
-    sequences = list(sequences)
+    sequences = validate.strings("sequences", sequences)
     entry = _cache_entry(cache, sequences)
     forms = None if entry is None else _cached_forms(entry, len(sequences))
     if forms is None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from jax_scan_rnn import validate
 from jax_scan_rnn.validate import integer, written_by_another_version
 
 # The one definition of the special tokens: every module (models, metrics, tasks) imports these.
@@ -31,16 +32,6 @@ SPECIAL_TOKENS = ("<pad>", "<sos>", "<eos>")
 PAD, SOS, EOS = range(len(SPECIAL_TOKENS))
 # `Vocabulary.to_json`'s format: a reader refuses another (a newer version's tokenisation would read as this one's).
 FORMAT_VERSION = 1
-
-
-def _check_strings(sequences, name: str) -> list[str]:
-    if isinstance(sequences, str | bytes):
-        raise TypeError(f"{name}: expected a list of strings, got a single {type(sequences).__name__}")
-    sequences = list(sequences)
-    for i, seq in enumerate(sequences):
-        if not isinstance(seq, str):
-            raise TypeError(f"{name}: expected strings, got {type(seq).__name__} at index {i}")
-    return sequences
 
 
 @dataclass(frozen=True)
@@ -73,7 +64,7 @@ class Vocabulary:
         Build it from all the data you will encode (train, validation and test), or encoding a
         held-out sequence with an unseen character raises.
         """
-        chars = set().union(*_check_strings(sequences, "sequences"))
+        chars = set().union(*validate.strings("sequences", sequences))
         return cls(SPECIAL_TOKENS + tuple(sorted(chars)))
 
     @property
@@ -99,7 +90,7 @@ class Vocabulary:
             ValueError: a sequence longer than max_len, or a character not in the vocabulary (both
                 name the sequence).
         """
-        sequences = _check_strings(sequences, "sequences")
+        sequences = validate.strings("sequences", sequences)
         num_chars = np.fromiter(map(len, sequences), dtype=np.int64, count=len(sequences))
         max_len = integer("max_len", int(num_chars.max(initial=0)) if max_len is None else max_len, lo=0)
         too_long = np.flatnonzero(num_chars > max_len)
