@@ -58,7 +58,8 @@ def test_strings_takes_any_iterable_of_them_but_not_one_string():
     assert validate.strings("smiles", iter(["C"])) == ["C"]
     assert validate.strings("smiles", ["C", None], each=False) == ["C", None]  # MOSES's metrics count it invalid
     for single in ("CCO", b"CCO"):
-        with pytest.raises(TypeError, match=rf"^smiles: expected a list of strings, got a single {type(single).__name__} "):
+        kind = type(single).__name__
+        with pytest.raises(TypeError, match=rf"^smiles: expected a list of strings, got a single {kind} "):
             validate.strings("smiles", single)
     with pytest.raises(TypeError, match=r"^smiles: expected strings, got NoneType at index 1$"):
         validate.strings("smiles", ["C", None])
