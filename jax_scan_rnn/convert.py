@@ -399,9 +399,12 @@ def to_torch_module(module: nnx.Module, *, dtype: Any = None, device: Any = None
     return twin
 
 
-def _check_mapping(state_dict: Any) -> None:
+def _check_mapping(state_dict: Any, *, reading: bool = False) -> None:
     if not isinstance(state_dict, Mapping):
         hint = " (pass its .state_dict())" if hasattr(state_dict, "state_dict") else ""
+        if reading and isinstance(state_dict, str | os.PathLike):
+            hint = (f" {str(state_dict)!r} (a file's path: pass its contents, jsr.load_safetensors(path) or "
+                    "torch.load(path, weights_only=True))")
         raise TypeError(
             f"state_dict: expected a mapping of torch key -> tensor/array, got {type(state_dict).__name__}{hint}"
         )
@@ -452,7 +455,7 @@ def load_torch_state_dict(module: nnx.Module, state_dict: Mapping[str, Any]) -> 
         cast (a float64 1e300 into float32): loading it would only show up later as a NaN loss.
     """
     _check_module(module)
-    _check_mapping(state_dict)
+    _check_mapping(state_dict, reading=True)
     layout = _full_layout(module)
     expected_keys = [entry.key for entry in layout]
     missing = [k for k in expected_keys if k not in state_dict]

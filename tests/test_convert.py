@@ -231,7 +231,11 @@ def test_bfloat16_survives_a_safetensors_round_trip(tmp_path):
 def test_a_non_mapping_state_dict_is_a_type_error(bad, tmp_path):
     _, ours = pair("LSTM", 1)
     got = type(bad).__name__
-    with pytest.raises(TypeError, match=rf"state_dict: expected a mapping of torch key -> tensor/array, got {got}$"):
+    # A path names what to read it with.
+    why = r" 'weights.pt' \(a file's path: pass its contents, jsr.load_safetensors\(path\) or torch.load" \
+          r"\(path, weights_only=True\)\)" if isinstance(bad, str) else ""
+    expected = rf"state_dict: expected a mapping of torch key -> tensor/array, got {got}{why}$"
+    with pytest.raises(TypeError, match=expected):
         jsr.load_torch_state_dict(ours, bad)
     with pytest.raises(TypeError, match=rf"state_dict: expected a mapping .*, got {got}$"):
         jsr.save_safetensors(bad, tmp_path / "unused.safetensors")
