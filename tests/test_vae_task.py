@@ -109,6 +109,8 @@ def test_latents_in_chunks_are_one_calls_and_skipped_molecules_are_counted(corpu
     chunked = task_lib.latents(model, vocab, task, given)
     for key in ("mu", "logvar"):
         np.testing.assert_allclose(chunked[key], whole[key], atol=1e-6, err_msg=key)  # other batch sizes' kernels
+    from_a_generator = task_lib.latents(model, vocab, task, (s for s in given))  # any iterable, read once
+    np.testing.assert_array_equal(from_a_generator["mu"], chunked["mu"])
     none = task_lib.latents(model, vocab, task, ["Xyz"])
     assert none["mu"].shape == (0, task.latent_size) and none["skipped"] == {"unparsable": 1}
     # One SMILES alone is refused: iterated, it would be encoded as one molecule per character.

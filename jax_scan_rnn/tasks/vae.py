@@ -692,7 +692,7 @@ def latents(model: SeqVAE, vocab: smiles.Vocabulary, task: VAETask, sequences: l
     "logvar": [N, Z], "skipped": {reason: count}}`. `cache`: as `load_dataset`'s, for the Kekulé forms."""
     written, skipped = validate.strings("sequences", sequences), Counter()
     if task.writes_kekule:
-        written = [form and form[0] for form in smiles.kekule_forms(sequences, cache=cache)]
+        written = [form and form[0] for form in smiles.kekule_forms(written, cache=cache)]
     elif task.data == "rdkit":
         written = [smiles.canonical_smiles(s) for s in written]
     elif task.smiles_check:
