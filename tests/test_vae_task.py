@@ -606,6 +606,7 @@ def test_sequences_that_are_not_smiles_are_scored_as_strings(tmp_path, monkeypat
     scores = task_lib.sample_scores(["ABC", "ABC", "DDA", "", "BB"], dataset, task)
     # "" is no sequence (4 of 5 are well-formed, the count the report shows in validity's place); ABC is training's
     assert scores == {"validity": None, "well_formed": 4 / 5, "uniqueness": 3 / 4, "novelty": 2 / 3}
+    assert task_lib.sample_scores(iter(["ABC", "ABC", "DDA", "", "BB"]), dataset, task) == scores  # read once
     assert task_lib.sample_scores(["", ""], dataset, task)["well_formed"] == 0
     assert np.isnan(task_lib.sample_scores(["", ""], dataset, task)["uniqueness"])
     # no sequence at all: novelty is undefined too (NaN, as uniqueness), not "none novel"

@@ -745,6 +745,7 @@ def sample_scores(generated: list[str], dataset: Dataset, task: VAETask,
     `generated` was decoded from, with no <pad> or <sos> before their <eos> (decoded by name, "A<pad>B": no string
     of the data, and the reason a SMILES run scores it invalid). Its uniqueness and novelty compare the strings as
     written (distinct ones; novel: not a training one) among the well-formed ones."""
+    generated = validate.strings("generated", generated, each=False)  # read by each score: a generator once
     if task.smiles_check:
         return {"validity": metrics.validity(generated),
                 "uniqueness": metrics.uniqueness(generated, k=len(generated)),
