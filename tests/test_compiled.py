@@ -604,3 +604,39 @@ def test_compiled_calls_and_calls_under_disable_jit_never_warn_that_they_ran_eag
         with jax.disable_jit():  # debugging: nothing is compiled, so there is nothing to say
             for _ in range(2):
                 model(x)
+
+
+class Offsets(nnx.Module):
+    """Array attributes that are not Variables (`nnx.data`): one read, a list's item read, and a count the call sets."""
+
+    def __init__(self):
+        self.w = nnx.Param(jnp.ones(3))
+        self.offset = nnx.data(jnp.full(3, 2.0))
+        self.items = nnx.data([jnp.zeros(3), jnp.ones(3)])
+        self.calls = nnx.data(jnp.zeros((), jnp.int32))
+
+    def __call__(self, x):
+        self.calls = self.calls + 1
+        return x * self.w + self.offset + self.items[1]
+
+
+def test_array_attributes_that_are_not_variables_are_read_each_call_and_written_back():
+    model = Offsets()
+    fast = jsr.jit(model)
+    x = jnp.ones(3)
+    np.testing.assert_array_equal(fast(x), np.full(3, 4.0))
+    model.offset = jnp.full(3, 5.0)  # replaced, as a Variable's value would be: the next call reads it
+    model.items[1] = jnp.full(3, 10.0)  # an item of a list attribute
+    np.testing.assert_array_equal(fast(x), np.full(3, 16.0))
+    assert int(model.calls) == 2  # what the call set is written back, as a Variable's update is
+
+
+def test_a_variable_holding_a_mutable_reference_is_refused_at_jit():
+    try:
+        model = nnx.Module()
+        model.w = nnx.Param(jnp.ones(3), ref=True)
+    except TypeError:  # a flax without Variable references
+        pytest.skip("this flax has no Variable(ref=True)")
+    with pytest.raises(TypeError, match=r"^module: Variable at w was created with hijax=True or ref=True; jsr.jit "
+                                        r"supports plain Variables only"):
+        jsr.jit(model)
