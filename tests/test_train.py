@@ -646,6 +646,15 @@ def test_resume_falls_back_past_a_corrupt_checkpoint(tmp_path):
     ckpt.verify(ckdir, 20)  # recomputed and rewritten, valid again
 
 
+def test_resume_with_fewer_steps_than_the_checkpoints_is_refused_and_changes_nothing(tmp_path):
+    fit(DropMLP(nnx.Rngs(0)), loss_fn, batch_fn, RESUME_CFG, out_dir=tmp_path)
+    log = (tmp_path / METRICS_FILE).read_bytes()
+    with pytest.raises(ValueError, match=r"^cfg.steps: expected at least the checkpoint's step 20, got 10$"):
+        fit(DropMLP(nnx.Rngs(0)), loss_fn, batch_fn, replace(RESUME_CFG, steps=10, warmup_steps=0), out_dir=tmp_path,
+            resume=True)
+    assert ckpt.steps(tmp_path / CHECKPOINT_DIR) == [20] and (tmp_path / METRICS_FILE).read_bytes() == log
+
+
 def test_resume_refuses_a_newest_checkpoint_of_another_format_and_moves_nothing(tmp_path):
     # A run whose newest step another jax-scan-rnn wrote (format 3 here) is not corrupt: falling back past it
     # would resume from behind that version's progress, and move its checkpoint aside. Refused with that step's
