@@ -4,13 +4,13 @@
     python benchmarks/sigint_hold.py --out benchmarks/results/sigint-hold-cpu-2core.txt
 
 A loop's first step installs the holding SIGINT handler, `TrainStep.write` (the loop's end) puts Python's back;
-each step in between sets two flags. Three arms, on `jsr.Traveller` train steps (value, gradient and Adam over
-the mean squared positions), taking turns in `--rounds` rounds of `--calls` calls each, after warm-up; each
-figure is the median over the rounds of the round's mean time per call (the calls dispatched back to back, as a
-training loop does, then waited for):
+each step in between looks at the installed handler (one `getsignal`) and sets two flags. Three arms, on
+`jsr.Traveller` train steps (value, gradient and Adam over the mean squared positions), taking turns in `--rounds`
+rounds of `--calls` calls each, after warm-up; each figure is the median over the rounds of the round's mean time
+per call (the calls dispatched back to back, as a training loop does, then waited for):
 
     no hold      the step's call with the hold swapped for one that does nothing (the call before the hold)
-    held         the call as shipped: the handler installed once, two flags set per step
+    held         the call as shipped: the handler installed once, looked at and two flags set per step
     per call     the handler installed and put back around every call (two signal calls per step: not shipped)
 
 Sizes: the smallest step (B=1, T=4, H=8), where the hold's cost shows most, and example 02's (B=64, T=128, H=32).
@@ -47,7 +47,10 @@ SIZES = ((1, 4, 8), (64, 128, 32))  # (B, T, H)
 class _NoHold:
     """A `_SigintHold` that holds nothing: installs no handler, so every call takes the unheld path."""
 
-    tried, previous, in_step, pending = True, None, False, False
+    previous, in_step, pending = None, False, False
+
+    def hold(self) -> bool:
+        return False
 
     def uninstall(self) -> None:
         pass

@@ -1650,3 +1650,47 @@ def test_ctrl_c_during_a_step_in_a_loop_of_ones_own_keeps_the_update_as_step_lat
         step.write(carry)  # the carry assigned before the Ctrl-C: live
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_the_ctrl_c_hold_returns_after_a_host_puts_pythons_handler_back_between_loops():
+    """Jupyter's kernel sets Python's own SIGINT handler before each cell and puts its own back after it, so a cell
+    that goes on with a loop an earlier cell started (no `write` between) found Python's handler in place: the hold
+    was not reinstalled, and a Ctrl-C there lost the update again. Each step now looks (one `getsignal`)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers can only be installed in the main thread")
+    straight = DropMLP(nnx.Rngs(0))
+    step = TrainStep(straight, loss_fn, optax.adam(1e-2), batch_fn(0))
+    carry = step.init()
+    for i in range(4):
+        carry = step(carry, batch_fn(i))
+    step.write(carry)
+
+    model = DropMLP(nnx.Rngs(0))
+    step = TrainStep(model, loss_fn, optax.adam(1e-2), batch_fn(0))
+    compiled, calls = step._step, itertools.count(1)
+
+    def sigint_in_the_fourth_update(carry, batch):  # inside the call, after the carry was donated
+        new = compiled(carry, batch)
+        if next(calls) == 4:
+            os.kill(os.getpid(), signal.SIGINT)
+        return new
+
+    step._step = sigint_in_the_fourth_update
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        carry = step.init()
+        for i in range(2):  # the first cell
+            carry = step(carry, batch_fn(i))
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the kernel's own, between cells
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # the next cell: Python's again
+        with pytest.raises(KeyboardInterrupt):
+            for i in range(2, 10):
+                carry = step(carry, batch_fn(i))
+        assert i == 3 and not step.latest["state"][0].is_deleted()
+        step.write(step.latest)  # the state after the fourth update
+        assert_same_params(param_leaves(model), param_leaves(straight))
+    finally:
+        signal.signal(signal.SIGINT, previous)
