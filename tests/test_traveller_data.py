@@ -148,8 +148,12 @@ def test_run_writes_positions_and_two_halves_with_the_state_carried_equal_the_wh
     for name, a, b in zip(s_whole._fields, s_whole, s_b):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=0, atol=1e-6, err_msg=f"state.{name}")
     # Live use in Python, as the README gives it: one raw bar [B, F] at a time, standardised by the run's stats,
-    # from the first half's state, gives what `run traveller` wrote for the second file.
-    fast, state, written = jsr.jit(model), s_a, read_positions(second)
+    # from the state file the first half's `run traveller` saved, gives what it wrote for the second file.
+    with np.load(folder / "state.npz") as f:
+        saved = jsr.TravellerState(*(f[k] for k in jsr.TravellerState._fields))
+    for name, a, b in zip(saved._fields, saved, s_a):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-6, err_msg=f"saved state.{name}")
+    fast, state, written = jsr.jit(model), saved, read_positions(second)
     for t in range(150, STEPS):
         p_t, state = fast.step(state, stats.standardiser(features[None, t]))
         np.testing.assert_allclose(np.asarray(p_t)[0], written[t - 150], rtol=0, atol=1e-6,
