@@ -1597,6 +1597,32 @@ def test_fit_installs_the_ctrl_c_hold_once_not_at_every_logged_step(monkeypatch)
     assert len(calls) == 2 and calls[1] is signal.default_int_handler, calls  # installed once, put back once
 
 
+def _sigint_inside_update(k: int):
+    """`(straight, model, step)`: a model after k updates in a loop of one's own (the reference), and a fresh model
+    whose TrainStep sends the process a SIGINT inside its k-th call, after the carry was donated (Python runs the
+    handler at its next bytecode, still in the call)."""
+    import signal
+
+    straight = DropMLP(nnx.Rngs(0))
+    step = TrainStep(straight, loss_fn, optax.adam(1e-2), batch_fn(0))
+    carry = step.init()
+    for i in range(k):
+        carry = step(carry, batch_fn(i))
+    step.write(carry)
+    model = DropMLP(nnx.Rngs(0))
+    step = TrainStep(model, loss_fn, optax.adam(1e-2), batch_fn(0))
+    compiled, calls = step._step, itertools.count(1)
+
+    def sigint_inside_the_kth_update(carry, batch):
+        new = compiled(carry, batch)
+        if next(calls) == k:
+            os.kill(os.getpid(), signal.SIGINT)
+        return new
+
+    step._step = sigint_inside_the_kth_update
+    return straight, model, step
+
+
 def test_ctrl_c_during_a_step_in_a_loop_of_ones_own_keeps_the_update_as_step_latest():
     """In a loop of one's own (example 02's), a Ctrl-C lands inside `carry = step(carry, batch)` nearly every time
     (40 of 40, measured): the call had donated the old carry, the new one was never assigned, and `write(carry)`
@@ -1608,24 +1634,7 @@ def test_ctrl_c_during_a_step_in_a_loop_of_ones_own_keeps_the_update_as_step_lat
 
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("signal handlers can only be installed in the main thread")
-    straight = DropMLP(nnx.Rngs(0))
-    step = TrainStep(straight, loss_fn, optax.adam(1e-2), batch_fn(0))
-    carry = step.init()
-    for i in range(3):
-        carry = step(carry, batch_fn(i))
-    step.write(carry)
-
-    model = DropMLP(nnx.Rngs(0))
-    step = TrainStep(model, loss_fn, optax.adam(1e-2), batch_fn(0))
-    compiled, calls = step._step, itertools.count(1)
-
-    def sigint_as_the_third_update_returns(carry, batch):  # inside the call, after the carry was donated
-        new = compiled(carry, batch)
-        if next(calls) == 3:
-            os.kill(os.getpid(), signal.SIGINT)  # Python runs the handler at its next bytecode, still in here
-        return new
-
-    step._step = sigint_as_the_third_update_returns
+    straight, model, step = _sigint_inside_update(3)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as Python and Jupyter install it
     try:
         carry = step.init()
@@ -1661,24 +1670,7 @@ def test_the_ctrl_c_hold_returns_after_a_host_puts_pythons_handler_back_between_
 
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("signal handlers can only be installed in the main thread")
-    straight = DropMLP(nnx.Rngs(0))
-    step = TrainStep(straight, loss_fn, optax.adam(1e-2), batch_fn(0))
-    carry = step.init()
-    for i in range(4):
-        carry = step(carry, batch_fn(i))
-    step.write(carry)
-
-    model = DropMLP(nnx.Rngs(0))
-    step = TrainStep(model, loss_fn, optax.adam(1e-2), batch_fn(0))
-    compiled, calls = step._step, itertools.count(1)
-
-    def sigint_in_the_fourth_update(carry, batch):  # inside the call, after the carry was donated
-        new = compiled(carry, batch)
-        if next(calls) == 4:
-            os.kill(os.getpid(), signal.SIGINT)
-        return new
-
-    step._step = sigint_in_the_fourth_update
+    straight, model, step = _sigint_inside_update(4)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         carry = step.init()
