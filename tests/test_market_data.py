@@ -531,6 +531,12 @@ def test_standardiser():
     np.testing.assert_array_equal(again(x[0]), z[0])  # any leading shape
     with pytest.raises(ValueError, match=r"features: expected 2 features \('mom', 'vol'\) on the last axis, got shape"):
         s(x[..., :1])
+    # A missing live bar (NaN) would make the Traveller's state NaN from then on: refused, naming where it is.
+    bar = x[0, 0].copy()
+    bar[1] = np.nan
+    with pytest.raises(ValueError, match=r"^features: expected finite values, got nan at index \[1\] \(feature "
+                                         r"'vol'\): fill a missing value first, as --fill does for a file$"):
+        s(bar)
     const = x.copy()
     const[..., 1] = 0.1  # a float constant: its computed std is round-off, not exactly 0
     with pytest.raises(ValueError, match="feature_cols: 'vol' is constant or not finite over the training period"):

@@ -285,11 +285,16 @@ class Standardiser:
         return cls(tuple(mean), tuple(std), names)
 
     def __call__(self, features: np.ndarray) -> np.ndarray:
-        """features [..., F] -> standardised [..., F] float32."""
+        """features [..., F] -> standardised [..., F] float32. A value that is not finite is refused: fed to the
+        Traveller, it would make this step's positions NaN and every later step's too, through the state."""
         x = np.asarray(features, np.float64)
         if x.ndim == 0 or x.shape[-1] != len(self.mean):
             raise ValueError(f"features: expected {len(self.mean)} features {self.names} on the last axis, "
                              f"got shape {x.shape}")
+        if not np.isfinite(x).all():
+            at = tuple(int(i) for i in np.argwhere(~np.isfinite(x))[0])
+            raise ValueError(f"features: expected finite values, got {x[at]} at index {list(at)} (feature "
+                             f"{self.names[at[-1]]!r}): fill a missing value first, as --fill does for a file")
         return ((x - np.array(self.mean)) / np.array(self.std)).astype(np.float32)
 
     def to_json(self) -> dict:
