@@ -981,6 +981,9 @@ def test_sample_draws_n_per_given_latent_row_by_row(corpus):
     assert drawn != task_lib.sample(model, vocab, 1, max_len=12, seed=1, z=np.tile(z, (3, 1)))
     with pytest.raises(ValueError, match=r"^n: expected 1 with greedy decoding of given latents"):
         task_lib.sample(model, vocab, 2, max_len=12, greedy=True, z=z)
+    z[1, 2] = np.nan  # decoded, a row holding NaN was <pad>s only: no molecule, and no word why
+    with pytest.raises(ValueError, match=r"^z: expected finite latents, got 1 NaN or inf values"):
+        task_lib.sample(model, vocab, 1, max_len=12, greedy=True, z=z)
 
 
 def test_sample_tokens_names_its_own_n_and_takes_a_numpy_max_len():

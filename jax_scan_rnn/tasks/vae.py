@@ -666,6 +666,10 @@ def sample_tokens(model: SeqVAE, n: int, *, max_len: int, seed: int = 0, tempera
         if greedy and n > 1:
             raise ValueError(f"n: expected 1 with greedy decoding of given latents (each decodes to one sequence), "
                              f"got {n}")
+        given = np.asarray(z)
+        if np.issubdtype(given.dtype, np.number) and not np.isfinite(given).all():  # else the model says what it takes
+            raise ValueError(f"z: expected finite latents, got {int((~np.isfinite(given)).sum())} NaN or inf values "
+                             "(a row holding one decodes to nothing but <pad>, silently)")
         z = jnp.repeat(jnp.asarray(z, model.dtype), n, axis=0)
         n = z.shape[0]
     else:
