@@ -30,6 +30,7 @@ def run(tmp_path_factory):
     done = subprocess.run([sys.executable, str(EXAMPLE), "--quick", "--out", str(tmp / "out"), "--results",
                            str(tmp / "results")], cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "EagerCallWarning" not in done.stderr, done.stderr[-3000:]  # an example teaches compiled calls
     return tmp
 
 

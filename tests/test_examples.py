@@ -32,6 +32,12 @@ def environment() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
 
 
+def assert_ran_compiled(done: subprocess.CompletedProcess, script: str) -> None:
+    """The examples teach compiled calls: one that warns it ran eagerly (example 05's evaluation did) contradicts
+    its own lesson, in front of every reader."""
+    assert "EagerCallWarning" not in done.stderr, f"{script} called a model eagerly twice:\n{done.stderr[-3000:]}"
+
+
 def run_example(script: str, tmp_path: Path) -> str:
     """Run examples/`script` --quick --out tmp_path/out from tmp_path; return its stdout."""
     default_out = EXAMPLES / "out" / Path(script).stem  # where a run without --out writes
@@ -39,6 +45,7 @@ def run_example(script: str, tmp_path: Path) -> str:
     done = subprocess.run([sys.executable, str(EXAMPLES / script), "--quick", "--out", str(tmp_path / "out")],
                           cwd=tmp_path, env=environment(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert_ran_compiled(done, script)
     assert snapshot(default_out) == before, f"{script} --out wrote into {default_out}"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"], "the example wrote outside --out"
     return done.stdout
@@ -55,6 +62,7 @@ def run_copy_without_out(script: str, tmp_path: Path) -> tuple[str, Path]:
     done = subprocess.run([sys.executable, str(copy), "--quick"], cwd=tmp_path / "elsewhere", env=environment(),
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert_ran_compiled(done, script)
     out = tmp_path / "examples" / "out" / copy.stem
     assert not any((tmp_path / "elsewhere").iterdir()), "the example wrote into its cwd"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere", "examples"]
