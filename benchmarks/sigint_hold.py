@@ -19,6 +19,11 @@ Then what the hold is for: `--interrupts` times, a loop of one's own runs steps 
 until a SIGINT sent from a timer 10-100 ms later stops it, and the trial counts as lost when no live carry is
 left: without the hold, the loop's `carry` (donated when the interrupt landed inside the call); with it, `carry`
 or `step.latest`.
+
+`--notebook N` (needs `pip install ipykernel jupyter_client`): the same in a Jupyter kernel, where a first cell
+starts the loop and each of N later cells goes on with it until the kernel is interrupted (the notebook's stop
+button) 0.3-0.75 s in. The kernel puts Python's own SIGINT handler back before every cell, so only a hold that
+each step installs again, where Python's is back, holds there.
 """
 from __future__ import annotations
 
@@ -115,17 +120,74 @@ def lost_carries(trials: int, hold: bool) -> int:
     return lost
 
 
+NOTEBOOK_FIRST_CELL = """
+import jax.numpy as jnp, optax
+from flax import nnx
+import jax_scan_rnn as jsr
+from jax_scan_rnn import train
+model = jsr.Traveller(8, 32, 2, 0.0, rngs=nnx.Rngs(0))
+x = jnp.ones((16, 64, 8), jnp.float32)
+step = train.TrainStep(model, lambda m, x: (jnp.mean(m(x)[0] ** 2), {}), optax.adam(1e-3), x)
+carry = step.init()
+for _ in range(3):
+    carry = step(carry, x)
+"""
+NOTEBOOK_LOOP_CELL = "while True:\n    carry = step(carry, x)\n"
+NOTEBOOK_CHECK_CELL = ("live = [c for c in (carry, step.latest) if train._live(c)]\nprint(len(live))\n"
+                       "carry = live[0] if live else step.init()\n")
+
+
+def notebook_lost(trials: int) -> int:
+    """Of `trials` interrupts of a Jupyter kernel's cell going on with a loop an earlier cell started, how many
+    left no live carry."""
+    try:
+        from jupyter_client.manager import start_new_kernel
+    except ImportError:
+        sys.exit("--notebook needs a Jupyter kernel: pip install ipykernel jupyter_client")
+    manager, client = start_new_kernel(kernel_name="python3")
+
+    def run(code: str) -> str:  # one cell, to its end: what it printed
+        msg_id, printed = client.execute(code), []
+        while True:
+            msg = client.get_iopub_msg(timeout=300)
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "stream":
+                printed.append(msg["content"]["text"])
+            elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                return "".join(printed)
+
+    try:
+        run(NOTEBOOK_FIRST_CELL)
+        lost = 0
+        for trial in range(trials):
+            timer = threading.Timer(0.3 + 0.45 * trial / max(trials - 1, 1), manager.interrupt_kernel)
+            timer.start()
+            run(NOTEBOOK_LOOP_CELL)
+            timer.join()
+            lost += run(NOTEBOOK_CHECK_CELL).strip() == "0"
+        return lost
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--interrupts", type=int, default=40, help="Ctrl-Cs sent to a loop, with and without the hold")
+    parser.add_argument("--notebook", type=int, default=0, metavar="N", help="also N interrupts of a Jupyter "
+                        "kernel's later cells (pip install ipykernel jupyter_client)")
     parser.add_argument("--out", type=Path, help="append the table to this text file")
     args = parser.parse_args(argv)
     for name in ("rounds", "calls", "interrupts"):
         if getattr(args, name) < 1:
             parser.error(f"argument --{name}: expected an int >= 1, got {getattr(args, name)}")
-    lines = [f"# python benchmarks/sigint_hold.py --rounds {args.rounds} --calls {args.calls}",
+    if args.notebook < 0:
+        parser.error(f"argument --notebook: expected an int >= 0, got {args.notebook}")
+    notebook = f" --notebook {args.notebook}" if args.notebook else ""
+    lines = [f"# python benchmarks/sigint_hold.py --rounds {args.rounds} --calls {args.calls}{notebook}",
              f"# jax {jax.__version__}, backend {jax.default_backend()}, {time.strftime('%Y-%m-%d')}",
              "    B     T    H  no hold us   held us   (+us)  per call us   (+us)"]
     for batch, steps, hidden in SIZES:
@@ -137,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     lines += [f"# Ctrl-Cs in a loop of one's own (B=16, T=64, H=32) that left no live carry: "
               f"without the hold {lost_carries(args.interrupts, False)} of {args.interrupts}, "
               f"with it {lost_carries(args.interrupts, True)} of {args.interrupts}"]
+    if args.notebook > 0:
+        lines += [f"# interrupts of a Jupyter kernel's later cells going on with one loop (B=16, T=64, H=32) that left "
+                  f"no live carry: {notebook_lost(args.notebook)} of {args.notebook}"]
     text = "\n".join(lines) + "\n"
     print(text, end="")
     if args.out is not None:
