@@ -253,7 +253,8 @@ def check_encode_and_decode_given_latents(out, model, tmp_path, capsys):
     # From the prior: the README's Python call (max_len counts the <eos>) gives `sample vae -n`'s molecules.
     assert main(["sample", "vae", "--checkpoint", str(out), "-n", "4", "--seed", "2"]) == 0
     assert capsys.readouterr().out.splitlines() == task_lib.sample(model, model_vocab(out), 4,
-                                                                   max_len=task.max_length + 1, seed=2)
+                                                                   max_len=task.max_length + 1, seed=2,
+                                                                   decoder_only=task.decoder_only)
     with pytest.raises(ValueError, match=r"^n: expected 1 with greedy decoding of given latents"):
         task_lib.sample(model, model_vocab(out), 2, max_len=8, greedy=True, z=z)
     np.save(tmp_path / "wide.npy", np.zeros((3, 5), np.float32))
@@ -823,7 +824,11 @@ def test_decoder_only_is_a_charrnn_baseline_from_the_same_code(corpus, tmp_path,
     printed = capsys.readouterr().out
     assert "prior samples, sampled" in printed and "reconstruction" not in printed.split("the final report")[-1]
     assert main(["sample", "vae", "--checkpoint", str(out), "-n", "3"]) == 0
-    capsys.readouterr()
+    sampled = capsys.readouterr().out.splitlines()
+    # From Python as the README gives it: decoder_only=task.decoder_only decodes from z = 0, as the run trained
+    loaded, vocab, saved = task_lib.load(out)
+    assert saved.decoder_only and sampled == task_lib.sample(loaded, vocab, 3, max_len=saved.max_length + 1, seed=0,
+                                                             decoder_only=saved.decoder_only)
     (tmp_path / "z.npy").write_bytes(b"")  # refused before it is read: the decoder reads no latent
     for argv in (["encode", "vae", "--input", str(corpus), "--output", str(tmp_path / "z.npz")],
                  ["sample", "vae", "--latents", str(tmp_path / "z.npy")]):
