@@ -52,8 +52,6 @@ SIZES = ((1, 4, 8), (64, 128, 32))  # (B, T, H)
 class _NoHold:
     """A `_SigintHold` that holds nothing: installs no handler, so every call takes the unheld path."""
 
-    previous, in_step, pending = None, False, False
-
     def hold(self) -> bool:
         return False
 

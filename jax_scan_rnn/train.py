@@ -281,10 +281,10 @@ class TrainStep:
     carry is donated: use only the returned one. A Ctrl-C (SIGINT) during a call is held until the update is done
     and its carry kept as `step.latest` (the newest carry `init`, a call or `reset` made), then raised: the
     assignment `carry = step(...)` never happens, so after a KeyboardInterrupt continue from, or write,
-    `step.latest` (`write` refuses a donated carry, naming it). A loop's first call installs the handler that holds
-    it, and `write` puts Python's own back (docs/measurements.md#ctrl-c-during-a-train-step). Variables shared
-    inside the model (tied weights) stay shared (`nnx.split` stores them once). `batch` is an example batch, traced
-    once to learn the metric names.
+    `step.latest` (`write` refuses a donated carry, naming it). A call installs the handler that holds it wherever
+    Python's own is in place, and `write` puts Python's back (docs/measurements.md#ctrl-c-during-a-train-step).
+    Variables shared inside the model (tied weights) stay shared (`nnx.split` stores them once). `batch` is an
+    example batch, traced once to learn the metric names.
 
     Each new batch shape or dtype compiles the step again (as `jax.jit` does); past `MANY_BATCH_SHAPES` of them a
     call warns once: pad or bucket batches to a few fixed shapes.
@@ -806,7 +806,7 @@ class _SigintHold:
     def uninstall(self) -> None:
         if threading.get_ident() != _SIGINT_THREAD:  # only the main thread installs it, and can put one back
             return
-        if self.previous is not None and signal.getsignal(signal.SIGINT) is self.handler:  # (not one set since)
+        if self.previous is not None and _signal.getsignal(signal.SIGINT) is self.handler:  # (not one set since)
             signal.signal(signal.SIGINT, self.previous)
         self.previous, self.pending = None, False
 

@@ -43,9 +43,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from jax_scan_rnn import validate
 from jax_scan_rnn.optional import require
-from jax_scan_rnn.validate import boolean, instance, integer
+from jax_scan_rnn.validate import boolean, instance, integer, strings
 
 # Longest sequence kept, in characters (tokens), <eos> excluded, so T = 64. It keeps 99.06 % of the
 # rdkit source's drug-like canonical SMILES (99th percentile 63, longest 93) and every MOSES molecule
@@ -158,7 +157,7 @@ def kekule_forms(sequences: Sequence[str], cache: str | os.PathLike | None = Non
     its list is converted again and the file replaced; a folder that cannot be written is a `UserWarning`, and the
     forms are returned all the same.
     """
-    sequences = validate.strings("sequences", sequences)
+    sequences = strings("sequences", sequences)
     entry = _cache_entry(cache, sequences)
     forms = None if entry is None else _cached_forms(entry, len(sequences))
     if forms is None:

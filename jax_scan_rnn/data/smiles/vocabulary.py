@@ -25,7 +25,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from jax_scan_rnn import validate
-from jax_scan_rnn.validate import integer, written_by_another_version
 
 # The one definition of the special tokens: every module (models, metrics, tasks) imports these.
 SPECIAL_TOKENS = ("<pad>", "<sos>", "<eos>")
@@ -92,7 +91,7 @@ class Vocabulary:
         """
         sequences = validate.strings("sequences", sequences)
         num_chars = np.fromiter(map(len, sequences), dtype=np.int64, count=len(sequences))
-        max_len = integer("max_len", int(num_chars.max(initial=0)) if max_len is None else max_len, lo=0)
+        max_len = validate.integer("max_len", int(num_chars.max(initial=0)) if max_len is None else max_len, lo=0)
         too_long = np.flatnonzero(num_chars > max_len)
         if too_long.size:
             i = int(too_long[0])
@@ -159,6 +158,6 @@ class Vocabulary:
             raise ValueError(f"text: expected a JSON object with a 'tokens' list, got {str(text)[:60]!r}")
         version = data.get("version", FORMAT_VERSION)  # (a run's vocabulary saved before the field: version 1)
         if version != FORMAT_VERSION:  # another tokenisation: its ids would decode to other strings, silently
-            raise written_by_another_version("text", f"expected a Vocabulary of format version {FORMAT_VERSION}, "
-                                                     f"got version {version!r}")
+            raise validate.written_by_another_version(
+                "text", f"expected a Vocabulary of format version {FORMAT_VERSION}, got version {version!r}")
         return cls(tuple(data["tokens"]))
