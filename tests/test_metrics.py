@@ -2,6 +2,7 @@
 against hand-computed values and against MOSES's own code."""
 
 import importlib.util
+import inspect
 import math
 import random
 import sys
@@ -43,6 +44,31 @@ HAS_MOLSETS = importlib.util.find_spec("moses") is not None  # found without imp
 HAS_FCD = importlib.util.find_spec("fcd_torch") is not None and importlib.util.find_spec("torch") is not None
 needs_molsets = pytest.mark.skipif(not HAS_MOLSETS, reason="needs molsets (pip install --no-deps molsets)")
 needs_fcd = pytest.mark.skipif(not HAS_FCD, reason="needs torch and fcd_torch (pip install --no-deps fcd_torch)")
+
+
+@pytest.fixture
+def removed_apis_restored(monkeypatch):
+    """What MOSES's and fcd_torch's code (the references, both unmaintained) call that NumPy 2.5 and SciPy 1.18
+    removed, put back for one test: pip gives Python 3.13 those versions, where 3.11 stops at NumPy 2.4, SciPy 1.17.
+
+    - `np.row_stack`: an alias of `np.vstack` (fcd_torch's `get_predictions`).
+    - `scipy.linalg.sqrtm(a, disp=False)`: returned the root and an error estimate (fcd_torch's
+      `calculate_frechet_distance` discards the estimate).
+    """
+    if not hasattr(np, "row_stack"):
+        monkeypatch.setattr(np, "row_stack", np.vstack, raising=False)
+    from scipy import linalg
+
+    sqrtm = linalg.sqrtm
+    if "disp" not in inspect.signature(sqrtm).parameters:
+        def sqrtm_with_disp(a, disp=True, **kwargs):
+            root = sqrtm(a, **kwargs)
+            if disp:
+                return root
+            return root, np.linalg.norm(root @ root - a, "fro") / np.linalg.norm(a, "fro")
+
+        monkeypatch.setattr(linalg, "sqrtm", sqrtm_with_disp)
+
 
 # ---------------------------------------------------------------- MOSES sample metrics
 
@@ -197,8 +223,8 @@ def test_frechet_distance_by_hand():
 
 
 @needs_fcd
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fcd_torch's np.row_stack
-def test_frechet_distance_and_chemnet_match_fcd_torch():
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fcd_torch's np.row_stack, sqrtm's disp
+def test_frechet_distance_and_chemnet_match_fcd_torch(removed_apis_restored):
     from fcd_torch import FCD, calculate_frechet_distance
     from fcd_torch.utils import get_one_hot
 
@@ -345,7 +371,7 @@ def moses_code():
 
 
 @pytest.mark.filterwarnings("ignore:Can't compute unique@", "ignore::DeprecationWarning")  # MOSES's, fcd_torch's
-def test_moses_metrics_match_moses_own_code(moses_code):
+def test_moses_metrics_match_moses_own_code(moses_code, removed_apis_restored):
     code, utils, statistics = moses_code
     test_set = metrics._moses_smiles("test")
     rng = random.Random(0)
