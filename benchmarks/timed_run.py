@@ -3,21 +3,21 @@
     python benchmarks/timed_run.py --results benchmarks/results/train-traveller-cpu-2core.json \
         --report runs/t/evaluation.json -- jax-scan-rnn train traveller --out runs/t
 
-Each run appends {command, wall_s, peak_rss_mib, peak_total_rss_mib, peak_total_pss_mib, load average
-before/after, started, compilation_cache, commit, last_line, report} to the file's "runs", so the docs can quote a
-range over runs (`docs/figures.py`). `commit` is the git HEAD of the folder the command ran in (with "+changes"
+Each run appends {command, wall_s, peak_rss_mib, peak_total_rss_mib, peak_total_pss_mib, load average before/after,
+started, compilation_cache, commit, last_line, python, packages, report} to the file's "runs", so the docs can quote
+a range over runs (`docs/figures.py`). `commit` is the git HEAD of the folder the command ran in (with "+changes"
 when its tracked files differed from it), `last_line` the last line the command printed (pytest's "1567 passed ...
-in 917.40s"): a run of one command is then read against the code it ran, which a suite that grows changes. Wall
-time is the command's, start-up included, as a user waits for it. Memory, the figure that decides whether a
-machine can run it: `peak_rss_mib` is the largest resident set of the command or any one process it started
-(`getrusage(RUSAGE_CHILDREN)`); `peak_total_rss_mib` is the largest sum over the whole process tree at one moment
-(sampled from /proc every 0.2 s), which is what counts when the command runs processes side by side (pytest's
-workers). That sum counts the pages the processes share (the same jaxlib, torch and Python libraries mapped in
-each) once per process; `peak_total_pss_mib` sums their proportional set sizes (/proc/PID/smaps_rollup: a shared
-page split among its sharers), the memory the tree takes from the machine. Reading smaps_rollup walks each
-process's page tables (~0.18 s for pytest's two workers, measured): done every 0.2 s it took half a core from the
-command it measured, so the PSS is read only while the resident sum is within PSS_NEAR_PEAK of its peak so far, at
-most every PSS_EVERY_S.
+in 917.40s"): a run of one command is then read against the code it ran, which a suite that grows changes; `python`
+and `packages` (`PACKAGES`' versions) say what it ran on. Wall time is the command's, start-up included, as a user
+waits for it. Memory, the figure that decides whether a machine can run it: `peak_rss_mib` is the largest resident
+set of the command or any one process it started (`getrusage(RUSAGE_CHILDREN)`); `peak_total_rss_mib` is the largest
+sum over the whole process tree at one moment (sampled from /proc every 0.2 s), which is what counts when the
+command runs processes side by side (pytest's workers). That sum counts the pages the processes share (the same
+jaxlib, torch and Python libraries mapped in each) once per process; `peak_total_pss_mib` sums their proportional
+set sizes (/proc/PID/smaps_rollup: a shared page split among its sharers), the memory the tree takes from the
+machine. Reading smaps_rollup walks each process's page tables (~0.18 s for pytest's two workers, measured): done
+every 0.2 s it took half a core from the command it measured, so the PSS is read only while the resident sum is
+within PSS_NEAR_PEAK of its peak so far, at most every PSS_EVERY_S.
 The command starts with the CLI's caches empty (`JAX_SCAN_RNN_COMPILATION_CACHE` and `JAX_SCAN_RNN_DATA_CACHE`
 set to a new temporary folder, removed after it, unless already set), so the time is a first run's, as a newcomer
 waits for it; the run records which (`compilation_cache`).
@@ -53,6 +53,25 @@ def machine() -> dict:
     except OSError:
         pass
     return {"cpu": cpu, "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
+
+
+# The packages whose versions a run's numbers and passes depend on, recorded with each run (`packages()`): a file's
+# runs span upgrades, and .ci/run with another CI_PYTHON gets newer ones.
+PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "torch")
+
+
+def packages() -> dict[str, str]:
+    """The installed version of each of PACKAGES in this interpreter's environment (from their metadata: nothing is
+    imported). timed_run runs in the environment of the command it times (.ci/run's .venv)."""
+    from importlib import metadata
+
+    found = {}
+    for name in PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return found
 
 
 def results_file(value: str) -> str:
@@ -240,7 +259,8 @@ def record_steps(results: Path, steps: dict[str, int]) -> int:
     now = datetime.datetime.now(datetime.timezone.utc)
     run = {"command": ".ci/run", "wall_s": wall, "steps": steps,
            "started": (now - datetime.timedelta(seconds=wall)).isoformat(timespec="seconds"),
-           "load_average": {"end": round(os.getloadavg()[0], 2)}, "commit": commit()}
+           "load_average": {"end": round(os.getloadavg()[0], 2)}, "commit": commit(),
+           "python": platform.python_version(), "packages": packages()}
     count = append_run(results, run)
     print(f"timed_run: {wall} s in {len(steps)} step{'' if len(steps) == 1 else 's'} -> {results} ({count} run(s))")
     return 0
@@ -285,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
            "peak_total_pss_mib": round(peak_total[1], 1),
            "load_average": {"start": round(load_before, 2), "end": round(os.getloadavg()[0], 2)},
            "started": started,
-           "compilation_cache": cache, "commit": code_at, "last_line": last_line}
+           "compilation_cache": cache, "commit": code_at, "last_line": last_line,
+           "python": platform.python_version(), "packages": packages()}
     if args.report:
         run["report"] = json.loads(Path(args.report).read_text(encoding="utf-8"))
     count = append_run(results, run)

@@ -22,7 +22,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jax_scan_rnn import validate
+from jax_scan_rnn import validate, versions
 
 DATA_AXIS = "data"
 
@@ -129,6 +129,10 @@ def put_batch(batch, sharding: jax.sharding.Sharding):
 # reads only the coordinator's address; the count and index are read here.
 ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID = "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"
 ENV_HEARTBEAT = "JAX_SCAN_RNN_HEARTBEAT_TIMEOUT"  # seconds before the others give up on a lost process (JAX: 100)
+# From jax 0.12.1 on the CPU, a program with cross-process collectives that JAX's persistent compilation cache gives
+# back (the CLI's cache, or JAX_COMPILATION_CACHE_DIR) waits in every process forever: a second run hangs at its
+# first step. 0.10.2 to 0.12.0 do not (docs/measurements.md#several-processes-on-the-cpu-and-the-compilation-cache).
+CPU_CACHE_HANGS_FROM_JAX = (0, 12, 1)
 
 
 def initialize_multihost() -> None:
@@ -139,6 +143,8 @@ def initialize_multihost() -> None:
     cluster JAX detects these itself (Slurm: srun; Kubernetes JobSet; Open MPI; Cloud TPU): leave them unset.
     If a process dies, the others stop with JAX's "another task died" error once JAX_SCAN_RNN_HEARTBEAT_TIMEOUT
     seconds pass without its heartbeat (JAX's default, 100, when unset): bounded, never a hang.
+    Several processes on the CPU with jax >= 0.12.1 compile without JAX's persistent compilation cache, whose
+    programs hang there (`CPU_CACHE_HANGS_FROM_JAX`).
     """
     env = os.environ
     kwargs = {}
@@ -162,3 +168,7 @@ def initialize_multihost() -> None:
         raise ValueError(f"{ENV_COORDINATOR}: expected host:port of process 0 (with {ENV_NUM_PROCESSES} and "
                          f"{ENV_PROCESS_ID} on every process), got nothing, and JAX found no cluster (Slurm, "
                          f"Kubernetes, Open MPI, Cloud TPU) to read them from") from None
+    if (jax.process_count() > 1 and jax.default_backend() == "cpu"
+            and versions.release(jax.__version__) >= CPU_CACHE_HANGS_FROM_JAX):
+        # Compiled anew each run instead (seconds); JAX decides at the first compile, which comes after this.
+        jax.config.update("jax_enable_compilation_cache", False)

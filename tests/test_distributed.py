@@ -242,6 +242,34 @@ def test_a_process_count_without_an_index_or_the_reverse_is_refused_before_jax_i
     assert calls == []
 
 
+
+@pytest.mark.parametrize("version, backend, processes, cache", [
+    ("0.12.1", "cpu", 2, False), ("0.13.0", "cpu", 2, False),  # the versions whose cached programs hang
+    ("0.12.0", "cpu", 2, True), ("0.10.2", "cpu", 2, True),  # theirs run: the cache stays on
+    ("0.12.1", "gpu", 2, True), ("0.12.1", "cpu", 1, True),  # not seen there: left as the user set it
+])
+def test_several_cpu_processes_compile_without_the_persistent_cache_where_its_programs_hang(
+        version, backend, processes, cache, monkeypatch):
+    # The end-to-end check is tests/test_multihost.py on such a jax: its runs share the test run's cache, and a
+    # second run that read its train step back from it waited forever (jax 0.12.1, Python 3.13).
+    import jax
+
+    from jax_scan_rnn import distributed
+
+    for name in ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: None)
+    monkeypatch.setattr(jax, "__version__", version)
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    monkeypatch.setattr(jax, "process_count", lambda: processes)
+    before = jax.config.jax_enable_compilation_cache
+    try:
+        jax.config.update("jax_enable_compilation_cache", True)
+        distributed.initialize_multihost()
+        assert jax.config.jax_enable_compilation_cache is cache
+    finally:
+        jax.config.update("jax_enable_compilation_cache", before)
+
 SHARD_MAP_SCRIPT = """
 import json
 import jax, jax.numpy as jnp, numpy as np

@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import json
+import platform
 import subprocess
 import sys
 from pathlib import Path
 
+import jax
+import numpy as np
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -63,6 +66,9 @@ def test_a_run_records_the_commit_it_ran_and_the_commands_last_line(tmp_path, ca
     assert [(r["commit"], r["last_line"]) for r in runs] == [
         (head, "3 passed in 0.1s"), (head + "+changes", "3 passed in 0.1s"), (None, "3 passed in 0.1s")]
     assert capfd.readouterr().out.count("collected\n3 passed in 0.1s\n") == 3  # the output is passed on as it comes
+    # What it ran with: this Python, and the versions of the packages a result depends on (CI_PYTHON gets others).
+    assert {r["python"] for r in runs} == {platform.python_version()}
+    assert runs[0]["packages"]["jax"] == jax.__version__ and runs[0]["packages"]["numpy"] == np.__version__
 
 
 def test_steps_timed_elsewhere_are_one_run_and_a_bad_step_is_one_line(tmp_path, capsys):
@@ -72,6 +78,7 @@ def test_steps_timed_elsewhere_are_one_run_and_a_bad_step_is_one_line(tmp_path, 
     assert timed_run.main(["--results", str(results), "--steps", "install=120", "pytest=917"]) == 0
     run = json.loads(results.read_text())["runs"][0]
     assert run["command"] == ".ci/run" and run["steps"] == {"install": 120, "pytest": 917} and run["wall_s"] == 1037
+    assert run["python"] == platform.python_version() and run["packages"]["jax"] == jax.__version__
     assert "1037 s in 2 steps ->" in capsys.readouterr().out
     for argv, said in ((["--steps", "pytest"], "argument --steps: expected NAME=SECONDS (e.g. pytest=917), got 'pytest'"),
                        (["--steps", "a=1", "--", "ls"], "--steps: expected no command with it, got ls"),

@@ -7,25 +7,45 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement  # pytest's own dependency
 
 from jax_scan_rnn import versions
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def pinned() -> dict[str, str]:
+def pinned(python: str) -> dict[str, str]:
+    """The CI file's pin of each package for Python `python` ("3.11"): a line may hold for some Pythons only (a
+    marker), where an older version has no wheel for a newer Python."""
     lines = (ROOT / ".ci" / "minimum-versions.txt").read_text().splitlines()
-    return dict(line.split("==") for line in lines if line.strip() and not line.startswith("#"))
+    pins: dict[str, str] = {}
+    for line in lines:
+        if line.strip() and not line.startswith("#"):
+            requirement = Requirement(line)
+            if requirement.marker is None or requirement.marker.evaluate({"python_version": python}):
+                assert requirement.name not in pins, f"{requirement.name} pinned twice for Python {python}"
+                (spec,) = requirement.specifier
+                assert spec.operator == "==", f"{line}: expected an exact pin"
+                pins[requirement.name] = spec.version
+    return pins
 
 
 def test_every_core_floor_is_pinned_in_the_ci_file_at_that_version():
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    deps = project["dependencies"]
     floors = dict(versions.FLOOR.fullmatch(d).groups() for d in deps)
     assert len(floors) == len(deps), f"every core dependency should be 'name>=X.Y', got {deps}"
-    pins = pinned()
+    oldest = project["requires-python"].removeprefix(">=")
+    pins = pinned(oldest)  # the floors are the oldest Python's
     assert set(floors) == set(pins), f"pyproject.toml floors {sorted(floors)} != .ci/minimum-versions.txt {sorted(pins)}"
     for name, floor in floors.items():
         assert versions.release(pins[name]) == versions.release(floor), f"{name}: pyproject >={floor}, CI pins {pins[name]}"
+    for python in ["3.12", "3.13"]:  # a newer Python's pins: each package, never below the floor
+        pins = pinned(python)
+        assert set(pins) == set(floors), f"Python {python}: .ci/minimum-versions.txt pins {sorted(pins)}"
+        for name, floor in floors.items():
+            pin = pins[name]
+            assert versions.release(pin) >= versions.release(floor), f"{name}: >={floor}, Python {python} pins {pin}"
 
 
 def test_the_installed_metadata_holds_these_floors_and_this_environment_meets_them():
