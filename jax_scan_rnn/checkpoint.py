@@ -575,8 +575,8 @@ def _abstract(target: Any, saved: Mapping[str, Any], path: Path) -> dict[str, ja
 def _here() -> jax.sharding.Sharding:
     """Where a leaf without a sharding of its own is restored: this process's first device. orbax alone would
     rebuild the mesh that saved it, and refuse a checkpoint saved on other devices (a run trained with
-    `--devices 2`, evaluated on a laptop)."""
-    return jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    `--devices 2`, evaluated on a laptop). `make_single_device_sharding`: jax 0.12.1 deprecates the class's name."""
+    return jax.sharding.make_single_device_sharding(jax.local_devices()[0])
 
 
 def _is_prng_key(x: Any) -> bool:

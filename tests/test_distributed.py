@@ -219,7 +219,7 @@ def test_each_process_feeds_the_rows_of_its_own_devices(monkeypatch):
     for p in range(3):
         monkeypatch.setattr(jax, "process_index", lambda p=p: p)
         given.clear()
-        out = put_batch(batch, sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+        out = put_batch(batch, sharding=jax.sharding.make_single_device_sharding(jax.devices()[0]))
         assert [r.tolist() for r in given] == [batch["x"][4 * p:4 * p + 4].tolist(), batch["y"][4 * p:4 * p + 4].tolist()]
         assert out["y"].tolist() == list(range(4 * p, 4 * p + 4))
 
@@ -426,7 +426,7 @@ losses = {}
 # a mesh of the devices in another order, its axis not named "data"; one device, not a mesh
 shardings = {"none": None,
              "reversed mesh": NamedSharding(Mesh(np.array(jax.devices()[::-1]), ("batch",)), P("batch")),
-             "one device": jax.sharding.SingleDeviceSharding(jax.devices()[1])}
+             "one device": jax.sharding.make_single_device_sharding(jax.devices()[1])}
 for name, sharding in shardings.items():
     rows = losses.setdefault(name, [])
     fit(jsr.Traveller(3, 4, 1, 0.0, rngs=nnx.Rngs(0)), lambda m, b: ((m(b)[0] ** 2).mean(), {}), lambda i: x,
