@@ -381,6 +381,21 @@ def _ci_run() -> str:
     return f"{span([r['wall_s'] / 60 for r in ci], 'min')} ({runs_count(len(ci))}; the newest: {parts} min)"
 
 
+# .ci/run with CI_PYTHON=python3.13: pip gives that Python newer jax, flax and numpy than 3.11's CI gets.
+CI_PYTHON313, PYTEST_PYTHON313 = "ci-python3.13-cpu-2core.json", "pytest-python3.13-cpu-2core.json"
+
+
+@figure("ci.python313")
+def _ci_python313() -> str:
+    """The newest `.ci/run` on Python 3.13 (recorded only where every step passed): what it ran with, its time."""
+    ci, tests = runs(CI_PYTHON313)[-1], runs(PYTEST_PYTHON313)[-1]
+    if ci["commit"] != tests["commit"]:
+        raise SystemExit(f"ci.python313: the newest runs of {CI_PYTHON313} and {PYTEST_PYTHON313} ran other commits")
+    versions = ", ".join(f"{name} {tests['packages'][name]}" for name in ("jax", "flax", "numpy", "torch"))
+    return (f"Python {tests['python']} ({versions}): the whole `.ci/run` passed in {ci['wall_s'] / 60:.1f} min, "
+            f"{_passed(tests)} tests in its default run")
+
+
 @figure("cli.cache")
 def _cli_cache() -> str:
     """The newest run: each command's median wall time with an empty cache and with the one it filled."""
