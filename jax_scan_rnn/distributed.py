@@ -170,5 +170,5 @@ def initialize_multihost() -> None:
                          f"Kubernetes, Open MPI, Cloud TPU) to read them from") from None
     if (jax.process_count() > 1 and jax.default_backend() == "cpu"
             and versions.release(jax.__version__) >= CPU_CACHE_HANGS_FROM_JAX):
-        # Compiled anew each run instead (seconds); JAX decides at the first compile, which comes after this.
+        # Compiled anew each run instead; JAX decides at the first compile, which comes after this.
         jax.config.update("jax_enable_compilation_cache", False)
