@@ -242,7 +242,6 @@ def test_a_process_count_without_an_index_or_the_reverse_is_refused_before_jax_i
     assert calls == []
 
 
-
 @pytest.mark.parametrize("version, backend, processes, cache", [
     ("0.12.1", "cpu", 2, False), ("0.13.0", "cpu", 2, False),  # the versions whose cached programs hang
     ("0.12.0", "cpu", 2, True), ("0.10.2", "cpu", 2, True),  # theirs run: the cache stays on
@@ -269,6 +268,7 @@ def test_several_cpu_processes_compile_without_the_persistent_cache_where_its_pr
         assert jax.config.jax_enable_compilation_cache is cache
     finally:
         jax.config.update("jax_enable_compilation_cache", before)
+
 
 SHARD_MAP_SCRIPT = """
 import json
