@@ -381,19 +381,26 @@ def _ci_run() -> str:
     return f"{span([r['wall_s'] / 60 for r in ci], 'min')} ({runs_count(len(ci))}; the newest: {parts} min)"
 
 
-# .ci/run with CI_PYTHON=python3.13: pip gives that Python newer jax, flax and numpy than 3.11's CI gets.
-CI_PYTHON313, PYTEST_PYTHON313 = "ci-python3.13-cpu-2core.json", "pytest-python3.13-cpu-2core.json"
+# .ci/run with CI_PYTHON=python3.12 / python3.13, run by hand: pip gives those Pythons newer jax, flax and numpy than
+# 3.11's CI gets.
+NEWER_PYTHONS = ("3.12", "3.13")
 
 
-@figure("ci.python313")
-def _ci_python313() -> str:
-    """The newest `.ci/run` on Python 3.13 (recorded only where every step passed): what it ran with, its time."""
-    ci, tests = runs(CI_PYTHON313)[-1], runs(PYTEST_PYTHON313)[-1]
-    if ci["commit"] != tests["commit"]:
-        raise SystemExit(f"ci.python313: the newest runs of {CI_PYTHON313} and {PYTEST_PYTHON313} ran other commits")
-    versions = ", ".join(f"{name} {tests['packages'][name]}" for name in ("jax", "flax", "numpy", "torch"))
-    return (f"Python {tests['python']} ({versions}): the whole `.ci/run` passed in {ci['wall_s'] / 60:.1f} min, "
-            f"{_passed(tests)} tests in its default run")
+@figure("ci.newer_pythons")
+def _ci_newer_pythons() -> str:
+    """The newest `.ci/run` on each of NEWER_PYTHONS (recorded only where every step passed): what it ran with, its
+    time, its default run's memory."""
+    said = []
+    for python in NEWER_PYTHONS:
+        ci_file, tests_file = f"ci-python{python}-cpu-2core.json", f"pytest-python{python}-cpu-2core.json"
+        ci, tests = runs(ci_file)[-1], runs(tests_file)[-1]
+        if ci["commit"] != tests["commit"]:
+            raise SystemExit(f"ci.newer_pythons: the newest runs of {ci_file} and {tests_file} ran other commits")
+        versions = ", ".join(f"{name} {tests['packages'][name]}" for name in ("jax", "flax", "numpy", "torch"))
+        said.append(f"Python {tests['python']} ({versions}): the whole `.ci/run` passed in {ci['wall_s'] / 60:.1f} "
+                    f"min, {_passed(tests)} tests in its default run, "
+                    f"{tests['peak_total_pss_mib'] / 1024:.1f} GiB peak memory (summed proportional set sizes)")
+    return "; ".join(said)
 
 
 @figure("cli.cache")
