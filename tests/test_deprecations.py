@@ -13,13 +13,10 @@ import ast
 import functools
 import importlib
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-SOURCES = sorted(p for folder in ("jax_scan_rnn", "torch_ref", "examples", "benchmarks")
-                 for p in (ROOT / folder).rglob("*.py"))
+from tests.test_portability import ROOT, source_files
 
 
 def dotted_names(source: str) -> set[str]:
@@ -68,7 +65,7 @@ def deprecation(name: str) -> str | None:
 
 
 def test_the_code_reads_no_name_the_installed_jax_deprecates():
-    found = [f"{path.relative_to(ROOT)}: {name} ({message})" for path in SOURCES
+    found = [f"{path.relative_to(ROOT)}: {name} ({message})" for path in source_files()
              for name in sorted(dotted_names(path.read_text(encoding="utf-8")))
              if (message := deprecation(name)) is not None]
     assert not found, "\n".join(found)
@@ -78,13 +75,12 @@ def test_a_deprecated_name_is_found_however_it_is_spelled():
     """The check against a name this jax deprecates (any one: the tables differ from release to release)."""
     import jax  # noqa: F401  (its modules' tables)
 
-    tables = [(name, table) for name, m in list(sys.modules.items())
-              if name.split(".")[0] == "jax" and "._" not in name and (table := vars(m).get("_deprecations"))
-              and any(message for message, fn in table.values() if fn is not None)]
-    if not tables:
+    deprecated = [(module, name) for module, m in list(sys.modules.items())
+                  if module.split(".")[0] == "jax" and "._" not in module
+                  for name, (_, fn) in vars(m).get("_deprecations", {}).items() if fn is not None]  # None: removed
+    if not deprecated:
         pytest.skip("this jax deprecates no module name")
-    module, table = tables[0]
-    name = next(n for n, (_, fn) in table.items() if fn is not None)
+    module, name = deprecated[0]
     short = module.rsplit(".", 1)[-1]
     for source in (f"import {module}\n{module}.{name}\n",
                    f"import {module} as alias\nalias.{name}\n",

@@ -56,6 +56,11 @@ SOURCES = ("jax_scan_rnn", "torch_ref", "examples", "benchmarks")
 COMPRESSED = {"gzip", "bz2", "lzma"}
 
 
+def source_files() -> list[Path]:
+    """Every .py file of SOURCES (tests/test_deprecations.py reads them too)."""
+    return [path for folder in SOURCES for path in sorted((ROOT / folder).rglob("*.py"))]
+
+
 def text_opens_without_encoding(source: str):
     """(line, call) of each open()/Path.open()/read_text()/write_text() in `source` that opens text without
     encoding=: it gets the locale's encoding, which is cp1252 on Windows (os.open and binary modes excepted; a
@@ -82,8 +87,7 @@ def text_opens_without_encoding(source: str):
 def test_every_text_file_names_its_encoding():
     # Windows reads and writes text in cp1252 unless told: an asset name or a "µs" in a table was written in it,
     # or refused, and a UTF-8 file (JSON always is) read back as mojibake.
-    found = [f"{path.relative_to(ROOT)}:{line}: {call}"
-             for folder in SOURCES for path in sorted((ROOT / folder).rglob("*.py"))
+    found = [f"{path.relative_to(ROOT)}:{line}: {call}" for path in source_files()
              for line, call in text_opens_without_encoding(path.read_text(encoding="utf-8"))]
     assert found == [], "text opened in the locale's encoding; name encoding='utf-8':\n" + "\n".join(found)
 
