@@ -283,7 +283,7 @@ class ProgressBar:
 
 def train_config(args: argparse.Namespace):
     """The training options as a TrainConfig, checked (with --resume/--override) before any work."""
-    from jax_scan_rnn.train import TrainConfig, default_warmup
+    from jax_scan_rnn.configs.train import TrainConfig, default_warmup
 
     if args.override and not args.resume:
         raise ValueError("--override: expected only with --resume (it accepts changed options of a resumed run)")
@@ -1400,7 +1400,7 @@ def add_train_arguments(parser: argparse.ArgumentParser, task: type, defaults: d
                         task_defaults: dict | None = None) -> None:
     """The task's options (with `task_defaults`), then TrainConfig's (with this command's `defaults`), then the
     run's own flags."""
-    from jax_scan_rnn.train import COMMAND_DEFAULTS, TrainConfig
+    from jax_scan_rnn.configs.train import COMMAND_DEFAULTS, TrainConfig
 
     options.add_arguments(parser.add_argument_group("model and data"), task, task_defaults)
     group = parser.add_argument_group("training")
@@ -1448,8 +1448,9 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
-    """The command line. The options of `train ...` and `bench` come from modules that import JAX, so they are
-    added only when `argv` names that command: `--version`, `--help` and the other commands start at once."""
+    """The command line. The options of `train ...` (from `configs`, JAX-free) and `bench` (from modules that import
+    JAX) are added only when `argv` names that command: `--version`, `--help` and the other commands start at once,
+    and `train ... --help` too."""
     from jax_scan_rnn import __version__
     from jax_scan_rnn.data import market_data  # NumPy, not JAX: --fill's choices
 
@@ -1470,7 +1471,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     train = model_commands(sub, "train", "train a model")
     trav = train.add_parser("traveller", help="the position-feedback LSTM, on the simulated market or --data FILE")
     if words == ["train", "traveller"]:
-        from jax_scan_rnn.tasks.traveller import TRAIN_DEFAULTS, TravellerTask
+        from jax_scan_rnn.configs.traveller import TRAIN_DEFAULTS, TravellerTask
 
         add_train_arguments(trav, TravellerTask, TRAIN_DEFAULTS, out="runs/traveller")
         trav.add_argument("--init-from", default=None, metavar="FILE",
@@ -1479,7 +1480,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     vae = train.add_parser("vae", help="the SMILES sequence VAE (GRU encoder/decoder, teacher forcing or scheduled "
                                        "sampling)")
     if words == ["train", "vae"]:
-        from jax_scan_rnn.tasks.vae import PRESETS, TRAIN_DEFAULTS, VAETask
+        from jax_scan_rnn.configs.vae import PRESETS, TRAIN_DEFAULTS, VAETask
 
         vae.add_argument("--preset", choices=tuple(PRESETS), default=None,
                          help="; ".join(f"{p.name}: {p.summary}" for p in PRESETS.values())

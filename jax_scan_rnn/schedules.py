@@ -25,6 +25,10 @@ import jax.numpy as jnp
 import optax
 
 from jax_scan_rnn import validate
+# The accepted `kind`s of make_lr_schedule and make_teacher_forcing_schedule: defined with the options that choose
+# them (JAX-free modules, for the command line)
+from jax_scan_rnn.configs.train import LR_SCHEDULES
+from jax_scan_rnn.configs.vae import TEACHER_FORCING_SCHEDULES
 
 __all__ = [
     "LR_SCHEDULES",
@@ -42,8 +46,6 @@ __all__ = [
 Array = jax.Array
 Step = int | float | Array
 
-LR_SCHEDULES = ("constant", "cosine", "linear")  # accepted ``kind`` of make_lr_schedule
-TEACHER_FORCING_SCHEDULES = ("linear", "exponential", "inverse_sigmoid")  # make_teacher_forcing_schedule
 
 
 def _step(step: Step) -> Array:

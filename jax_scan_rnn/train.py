@@ -35,7 +35,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -48,16 +48,18 @@ from flax import nnx
 from jax_scan_rnn import checkpoint as ckpt
 from jax_scan_rnn import validate, xla_flags
 from jax_scan_rnn.compiled import mode_flags
+# JAX-free, so that the CLI builds its flags before importing JAX; here for `jax_scan_rnn.train.TrainConfig`'s readers
+from jax_scan_rnn.configs.train import COMMAND_DEFAULTS, TrainConfig, command_config, default_warmup
 from jax_scan_rnn.distributed import put_batch, replicated_over
 from jax_scan_rnn.lock import run_lock
 from jax_scan_rnn.optional import available
-from jax_scan_rnn.options import check, option
 from jax_scan_rnn.runlog import CURVES_FILE, METRICS_FILE, History, RunLog, plot_curves, read_rows
-from jax_scan_rnn.schedules import LR_SCHEDULES, make_lr_schedule
+from jax_scan_rnn.schedules import make_lr_schedule
 
-__all__ = ["TrainConfig", "History", "NonFiniteLossError", "TrainingStopped", "make_optimizer", "make_lr_schedule_for",
-           "MANY_BATCH_SHAPES", "global_norm", "clip_by_global_norm", "TrainStep",
-           "make_eval_fn", "fit", "earlier_run", "restore_model", "METRICS_FILE", "CURVES_FILE", "CHECKPOINT_DIR"]
+__all__ = ["TrainConfig", "COMMAND_DEFAULTS", "command_config", "default_warmup", "History", "NonFiniteLossError",
+           "TrainingStopped", "make_optimizer", "make_lr_schedule_for", "MANY_BATCH_SHAPES", "global_norm",
+           "clip_by_global_norm", "TrainStep", "make_eval_fn", "fit", "earlier_run", "restore_model", "METRICS_FILE",
+           "CURVES_FILE", "CHECKPOINT_DIR"]
 
 Array = jax.Array
 Batch = Any  # a pytree of arrays
@@ -69,52 +71,6 @@ CHECKPOINT_DIR = "checkpoints"  # checkpoint root under out_dir
 # shape, ~1 s each for a small LSTM on a CPU, so batches of a new shape every step train at compile speed. The
 # VAE task's length buckets (multiples of 8) give 8 shapes at its default max_length and 32 only past 250.
 MANY_BATCH_SHAPES = 32
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Hyper-parameters of `fit`; checked on construction (ValueError naming the field)."""
-
-    steps: int = option(1000, "optimiser updates", lo=1)
-    learning_rate: float = option(1e-3, "peak learning rate (after warmup)", lo=0, lo_open=True, flag="--lr")
-    warmup_steps: int = option(0, "updates of linear warmup: lr = peak * (t + 1) / (warmup_steps + 1)", lo=0)
-    lr_schedule: str = option("cosine", "decay after warmup, to final_lr_fraction", choices=LR_SCHEDULES)
-    final_lr_fraction: float = option(0.0, "end learning rate of the decay, as a fraction of the peak", lo=0, hi=1)
-    clip_norm: float | None = option(1.0, "global gradient-norm clipping threshold; none: off", lo=0, lo_open=True)
-    weight_decay: float = option(0.0, "decoupled (AdamW) weight decay on all parameters; 0: plain Adam", lo=0)
-    log_every: int = option(50, "updates between train rows (means over the window)", lo=1)
-    eval_every: int = option(500, "updates between evaluations (and at the end); 0: only at the end", lo=0)
-    checkpoint_every: int = option(1000, "updates between checkpoints (and at the end); 0: only at the end", lo=0)
-    keep_checkpoints: int = option(3, "newest checkpoints kept on disk", lo=1)
-    # Read by the tasks, which build the model and its batches from it; `fit`, given a model built already and a
-    # batch_fn, does not (seed your model's nnx.Rngs and your batches).
-    seed: int = option(0, "the run's seed: initialisation, dropout, batch order and the tasks' noise", lo=0, hi=validate.SEED_MAX)
-
-    def __post_init__(self) -> None:
-        check(self, "TrainConfig.")
-        if self.warmup_steps > self.steps:
-            raise ValueError(f"TrainConfig.warmup_steps: expected at most steps={self.steps}, got {self.warmup_steps}")
-
-
-# What `jax-scan-rnn train` gives a TrainConfig beyond the class's defaults (each task adds its TRAIN_DEFAULTS)
-COMMAND_DEFAULTS = {"log_every": 25, "eval_every": 250, "checkpoint_every": 250}
-
-
-def default_warmup(steps: int) -> int:
-    """`jax-scan-rnn train`'s warm-up when not given: a tenth of the updates, at most 100."""
-    return min(100, steps // 10)
-
-
-def command_config(task_defaults: Mapping[str, Any], **fields) -> TrainConfig:
-    """The TrainConfig `jax-scan-rnn train` builds: `COMMAND_DEFAULTS`, then the task's `TRAIN_DEFAULTS`, then
-    `fields`, with a warm-up of `default_warmup(steps)` unless given. A run in Python with it trains as the command
-    with the same flags does (`TrainConfig()` alone has no warm-up and other intervals).
-
-        cfg = command_config(traveller.TRAIN_DEFAULTS, steps=200)   # `train traveller --steps 200`'s
-    """
-    values = {**COMMAND_DEFAULTS, **task_defaults, **fields}
-    values.setdefault("warmup_steps", default_warmup(values.get("steps", TrainConfig.__dataclass_fields__["steps"].default)))
-    return TrainConfig(**values)
 
 
 def environment() -> dict[str, Any]:
