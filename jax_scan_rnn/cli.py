@@ -1396,23 +1396,26 @@ POSITIVE_INT = options.argument_type(int, lo=1)
 POSITIVE_FLOAT = options.argument_type(float, lo=0, lo_open=True)  # finite too, as validate.real's every number
 
 
-def add_train_arguments(parser: argparse.ArgumentParser, task: type, defaults: dict, out: str,
+def add_train_arguments(parser: argparse.ArgumentParser, task: type, defaults: dict, out: str, init_from: str,
                         task_defaults: dict | None = None) -> None:
     """The task's options (with `task_defaults`), then TrainConfig's (with this command's `defaults`), then the
-    run's own flags."""
+    run's own flags (`init_from`: what --init-from reads, for its help)."""
     from jax_scan_rnn.configs.train import COMMAND_DEFAULTS, TrainConfig
 
     options.add_arguments(parser.add_argument_group("model and data"), task, task_defaults)
     group = parser.add_argument_group("training")
     options.add_arguments(group, TrainConfig, {**COMMAND_DEFAULTS, "warmup_steps": None, **defaults},
                           shown={"warmup_steps": "min(100, steps // 10)"})
-    group.add_argument("--out", default=out, help=f"output directory (default: {out})")
+    group.add_argument("--out", default=out, metavar="DIR", help=f"output directory (default: {out})")
+    group.add_argument("--init-from", default=None, metavar="FILE",
+                       help=f"start from {init_from}, instead of random weights")
     group.add_argument("--resume", action="store_true", help="continue from the latest valid checkpoint in --out, with the run's own "
                        "settings for the options not given")
     group.add_argument("--override", action="store_true",
                        help="with --resume: continue even if options given differ from the run's saved ones (listed)")
-    group.add_argument("--devices", type=POSITIVE_INT, default=None, help="data-parallel over this many devices: the "
-                       "batch is split, parameters replicated (default: all)")
+    group.add_argument("--devices", type=POSITIVE_INT, default=None, metavar="N",
+                       help="data-parallel over this many devices: the batch is split, parameters replicated "
+                            "(default: all)")
     group.add_argument("--multihost", action="store_true",
                        help="call jax.distributed.initialize() first (run the same command on every host; see README)")
 
@@ -1427,8 +1430,9 @@ FILL_HELP = "missing values in --data: error, or ffill, zero, drop (rows) (defau
 
 def trained_run_arguments(parser: argparse.ArgumentParser) -> None:
     """--checkpoint and --step: which training run (and which of its checkpoints) a command reads."""
-    parser.add_argument("--checkpoint", required=True, help="the training output directory (--out of train)")
-    parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    parser.add_argument("--checkpoint", required=True, metavar="DIR", help="the training output directory (--out of "
+                        "train)")
+    parser.add_argument("--step", type=int, default=None, metavar="N", help="checkpoint step (default: the latest)")
 
 
 def preset_named(argv: Sequence[str], presets: dict):
@@ -1460,8 +1464,8 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     sub.add_parser("info", help="devices and library versions")
     check = sub.add_parser("check", help="parity self-check against torch.nn on random weights")
-    check.add_argument("--steps", type=POSITIVE_INT, default=500, help="sequence length T (default: 500)")
-    check.add_argument("--seed", type=SEED, default=0, help="random seed (default: 0)")
+    check.add_argument("--steps", type=POSITIVE_INT, default=500, metavar="T", help="sequence length T (default: 500)")
+    check.add_argument("--seed", type=SEED, default=0, metavar="N", help="random seed (default: 0)")
     bench_parser = sub.add_parser("bench", help="time scan against every kind of loop (benchmarks/)")
     if words[:1] == ["bench"]:
         from jax_scan_rnn import bench
@@ -1473,10 +1477,9 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     if words == ["train", "traveller"]:
         from jax_scan_rnn.configs.traveller import TRAIN_DEFAULTS, TravellerTask
 
-        add_train_arguments(trav, TravellerTask, TRAIN_DEFAULTS, out="runs/traveller")
-        trav.add_argument("--init-from", default=None, metavar="FILE",
-                          help="start from a PyTorch state_dict (.pt/.pth/.safetensors) of the seed's Traveller class "
-                               "or torch_ref.Traveller, instead of random weights")
+        add_train_arguments(trav, TravellerTask, TRAIN_DEFAULTS, out="runs/traveller",
+                            init_from="a PyTorch state_dict (.pt/.pth/.safetensors) of the seed's Traveller class or "
+                                      "torch_ref.Traveller")
     vae = train.add_parser("vae", help="the SMILES sequence VAE (GRU encoder/decoder, teacher forcing or scheduled "
                                        "sampling)")
     if words == ["train", "vae"]:
@@ -1488,11 +1491,10 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         preset = preset_named(argv, PRESETS)
         train_defaults = {**TRAIN_DEFAULTS, **(preset.train if preset else {})}
         add_train_arguments(vae, VAETask, train_defaults, out="runs/vae",
+                            init_from="a torch_ref.SeqVAE state_dict (.pt/.pth/.safetensors) with its side file "
+                                      "FILE.json (its arguments and vocabulary), as export vae writes them (the data "
+                                      "is then read with its vocabulary)",
                             task_defaults=dict(preset.task) if preset else None)
-        vae.add_argument("--init-from", default=None, metavar="FILE",
-                         help="start from a torch_ref.SeqVAE state_dict (.pt/.pth/.safetensors) with its side file "
-                              "FILE.json (its arguments and vocabulary), as export vae writes them, instead of random "
-                              "weights; the data is read with its vocabulary")
 
     sample = model_commands(sub, "sample", "generate from a trained model")
     sv = sample.add_parser("vae", help="SMILES from the prior z ~ N(0, I) or from given latents (--latents), in "
@@ -1500,11 +1502,14 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     trained_run_arguments(sv)
     sv.add_argument("-n", type=POSITIVE_INT, default=1000,
                     help="number of samples (default: 1000); with --latents, samples per row (default: 1)")
-    sv.add_argument("--temperature", type=POSITIVE_FLOAT, default=1.0, help="sampling temperature (default: 1.0)")
-    sv.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (default: 0, off)")
+    sv.add_argument("--temperature", type=POSITIVE_FLOAT, default=1.0, metavar="X",
+                    help="sampling temperature (default: 1.0)")
+    sv.add_argument("--top-k", type=int, default=0, metavar="K",
+                    help="sample among the k most likely tokens (default: 0, off)")
     sv.add_argument("--greedy", action="store_true", help="argmax decoding instead of sampling")
-    sv.add_argument("--seed", type=SEED, default=0, help="random seed (default: 0)")
-    sv.add_argument("--output", default=None, help="write the samples here, one per line (default: stdout)")
+    sv.add_argument("--seed", type=SEED, default=0, metavar="N", help="random seed (default: 0)")
+    sv.add_argument("--output", default=None, metavar="FILE",
+                    help="write the samples here, one per line (default: stdout)")
     sv.add_argument("--latents", default=None, metavar="FILE",
                     help="decode these latents instead of prior draws: -n samples (default 1) per row of the 'z' or "
                          "'mu' array [N, Z] of an .npz (as encode vae writes) or of an .npy file, row 0's first")
@@ -1543,9 +1548,11 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     evaluate = model_commands(sub, "evaluate", "evaluate a trained model")
     ev = evaluate.add_parser("traveller", help="out-of-sample utility table and a positions plot")
     trained_run_arguments(ev)
-    ev.add_argument("--paths", type=POSITIVE_INT, default=None, help="held-out paths (default: the task's)")
-    ev.add_argument("--horizon", type=POSITIVE_INT, default=None, help="steps per held-out path")
-    ev.add_argument("--plot", default=None,
+    ev.add_argument("--paths", type=POSITIVE_INT, default=None, metavar="N", help="simulated held-out paths (default: "
+                    "the run's --eval-paths)")
+    ev.add_argument("--horizon", type=POSITIVE_INT, default=None, metavar="N", help="steps per simulated held-out path "
+                    "(default: the run's --eval-steps)")
+    ev.add_argument("--plot", default=None, metavar="PNG",
                     help="positions plot path (default: CHECKPOINT/positions-stepN[-PERIOD or -FILE].png, named by "
                          "the step, period or file scored; the training's own positions.png is left as it is)")
     ev.add_argument("--period", default=None, choices=("train", "valid", "test", "all"),
@@ -1566,7 +1573,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
                     help="with --metrics moses, the Test metrics' set: moses, MOSES's test set, as its published rows "
                          "(needs `pip install --no-deps molsets`); held-out, the run's own test split (your own "
                          "molecules' distribution) (default: moses)")
-    ev.add_argument("--output", default=None, help="also write the report as JSON here")
+    ev.add_argument("--output", default=None, metavar="JSON", help="also write the report as JSON here")
     return parser
 
 

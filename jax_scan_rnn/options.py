@@ -29,12 +29,13 @@ from jax_scan_rnn import validate
 
 def option(default: Any = dataclasses.MISSING, help: str = "", *, lo: float | None = None, hi: float | None = None,
            lo_open: bool = False, hi_open: bool = False, choices: tuple | None = None, flag: str | None = None,
-           none: str = "off") -> Any:
+           none: str = "off", metavar: str | None = None) -> Any:
     """A dataclass field with what `check` and `add_arguments` need. `flag` replaces `--field-name`; `none` is
-    what a None default means, as the help's "(default: ...)" says it. A field not made by `option` is checked
-    but kept off the command line."""
+    what a None default means, as the help's "(default: ...)" says it; `metavar` names the value in the help
+    (`--data FILE`; by default N for an int, X for a float, the field name's last word for a string). A field not
+    made by `option` is checked but kept off the command line."""
     meta = {"help": help, "lo": lo, "hi": hi, "lo_open": lo_open, "hi_open": hi_open, "choices": choices,
-            "flag": flag, "cli": True, "none": none}
+            "flag": flag, "cli": True, "none": none, "metavar": metavar}
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -96,7 +97,8 @@ def add_arguments(group: Any, cls: type, defaults: dict[str, Any] | None = None,
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
             kwargs["type"] = _parser(kind, none, field.metadata)
-            kwargs["metavar"] = "N" if kind is int else "X" if kind is float else field.name.split("_")[-1].upper()
+            kwargs["metavar"] = field.metadata.get("metavar") or (
+                "N" if kind is int else "X" if kind is float else field.name.split("_")[-1].upper())
             if field.metadata.get("choices") is not None:
                 kwargs["choices"], kwargs["metavar"] = field.metadata["choices"], None
         text = shown.get(field.name, field.metadata.get("none", "off")) if default is None else default

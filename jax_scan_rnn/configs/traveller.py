@@ -37,7 +37,7 @@ class TravellerTask:
     num_assets: int | None = option(None, "assets of the simulated market; with --data the file's return columns, "
                                     "checked if given", lo=1, none="2, the seed's; with --data the file's")
     data: str | None = option(None, "your own market: a .npz, .csv or .parquet file (format in "
-                              "jax_scan_rnn/data/market_data.py)", none="the simulated market")
+                              "jax_scan_rnn/data/market_data.py)", none="the simulated market", metavar="FILE")
     feature_cols: str | None = option(None, "with a .csv/.parquet --data: feature columns, comma-separated names or "
                                       "patterns such as 'vol_*' (a pattern skips the date and index columns)",
                                       none="none; required for a table")
@@ -52,7 +52,7 @@ class TravellerTask:
     test_fraction: float = option(0.15, "with --data: the last share of each path's steps, held out for the test",
                                   lo=0, hi=1, lo_open=True, hi_open=True)
     covariance: str | None = option(None, "with --data: the return covariance Sigma [A, A] as .npy/.csv",
-                                    none="estimated from the training period")
+                                    none="estimated from the training period", metavar="FILE")
     periods_per_year: float = option(252.0, "with --data: bars per year, to annualise the Sharpe ratio (252: daily)",
                                      lo=0, lo_open=True)
     train_paths: int = option(8192, "simulated training paths, resampled every step", lo=1)

@@ -45,7 +45,7 @@ class VAETask:
 
     data: str = option("moses", "moses (MOSES's 1.58M training molecules: pip install --no-deps molsets), rdkit "
                                 "(the 14,734 drug-like SMILES shipped with rdkit), a text file with one sequence per "
-                                "line, or a .csv/.tsv whose header names a 'smiles' column")
+                                "line, or a .csv/.tsv whose header names a 'smiles' column", metavar="SOURCE")
     smiles_check: bool = option(True, "parse a --data file's lines as SMILES (rdkit), skip invalid ones and keep "
                                       "each molecule once, however often and however it is written (the first "
                                       "line's way, unless --kekule rewrites it); --no-smiles-check: the file is "
