@@ -93,7 +93,7 @@ def compilation_cache_status() -> str:
     if folder is None:
         turned_off = xla_flags.cli_compilation_cache() is None
         return f"off ({xla_flags.CACHE_ENV}=0)" if turned_off else "off (see the note above)"
-    if folder == xla_flags.cli_compilation_cache():
+    if folder == xla_flags.cli_cache_in_use():
         return f"{folder} (the CLI's; {xla_flags.CACHE_ENV}=0 turns it off)"
     return f"{folder} (JAX_COMPILATION_CACHE_DIR)"
 
@@ -419,7 +419,7 @@ def check_memory(what: str, needed: int) -> None:
 
 def flag_for(field: str) -> str:
     """The CLI flag that sets a task or TrainConfig field: `seq_len` -> `--seq-len`, `learning_rate` -> `--lr`."""
-    from jax_scan_rnn.train import TrainConfig
+    from jax_scan_rnn.configs.train import TrainConfig
 
     return options.flag(TrainConfig, field)
 
@@ -507,7 +507,7 @@ def adopt_saved_settings(args: argparse.Namespace, task_cls: type, preset=None) 
     fresh run). The options taken that differ from this command's defaults are said in one line, and an --init-from,
     which the checkpoint replaces, in a note. Nothing happens without --resume or a valid checkpoint in --out.
     Returns the run's metadata (`saved_metadata`, for `check_resume`), or None."""
-    from jax_scan_rnn.train import TrainConfig, default_warmup
+    from jax_scan_rnn.configs.train import TrainConfig, default_warmup
 
     if not args.resume:
         return None
@@ -715,21 +715,24 @@ def refuse_unread(args: argparse.Namespace, rules: list[UnreadRule]) -> None:
 
 @command("train traveller")
 def cmd_train_traveller(args: argparse.Namespace) -> int:
-    from jax_scan_rnn.tasks import traveller as task_lib
+    from jax_scan_rnn.configs import traveller as config  # JAX-free: every option is checked before JAX is imported
 
-    saved = adopt_saved_settings(args, task_lib.TravellerTask)
+    saved = adopt_saved_settings(args, config.TravellerTask)
     if args.data is not None:  # saved with the run: evaluate and run find it from any working directory
         args.data = os.path.abspath(args.data)
     refuse_unread(args, [
-        (task_lib.DATA_SETTINGS, args.data is None, "together with --data FILE", "the simulated market does not read it"),
-        (task_lib.SIMULATED_ONLY, args.data is not None, "on the simulated market", f"--data {args.data} does not read it"),
+        (config.DATA_SETTINGS, args.data is None, "together with --data FILE", "the simulated market does not read it"),
+        (config.SIMULATED_ONLY, args.data is not None, "on the simulated market",
+         f"--data {args.data} does not read it"),
         *train_rules(args),
     ])
     with flag_names():
-        task = options.from_args(task_lib.TravellerTask, args)
+        task = options.from_args(config.TravellerTask, args)
     cfg = train_config(args)
     if args.init_from is not None and not Path(args.init_from).is_file():
         raise FileNotFoundError(f"--init-from: no file at {args.init_from}")
+    from jax_scan_rnn.tasks import traveller as task_lib
+
     data = stats = None  # the simulated market's
     if task.data is not None:  # read and checked before any work: a bad file or column is one line, naming its flag
         with flag_names():
@@ -1117,27 +1120,30 @@ def print_vae_report(report: dict) -> None:
 
 @command("train vae")
 def cmd_train_vae(args: argparse.Namespace) -> int:
+    from jax_scan_rnn.configs import vae as config  # JAX-free: every option is checked before JAX is imported
     from jax_scan_rnn.data import smiles
-    from jax_scan_rnn.tasks import vae as task_lib
 
-    saved = adopt_saved_settings(args, task_lib.VAETask, task_lib.PRESETS[args.preset] if args.preset else None)
+    saved = adopt_saved_settings(args, config.VAETask, config.PRESETS[args.preset] if args.preset else None)
     if not args.smiles_check and smiles.is_builtin_source(args.data):
         raise ValueError(f"--no-smiles-check: expected only with a --data file that is not chemistry, got --data "
                          f"{args.data}, a built-in source (always SMILES)")
     if not smiles.is_builtin_source(args.data) and os.path.isfile(args.data):  # saved with the run: evaluate finds
         args.data = os.path.abspath(args.data)  # it from any working directory (a missing one is named as typed)
     refuse_unread(args, [
-        (task_lib.SCHEDULED_ONLY, args.decoding == "teacher", "with --decoding scheduled", "teacher forcing does not read it"),
+        (config.SCHEDULED_ONLY, args.decoding == "teacher", "with --decoding scheduled",
+         "teacher forcing does not read it"),
         (("kl_warmup",), args.kl_schedule == "constant", "with --kl-schedule linear or sigmoid", "constant has no warm-up"),
         *train_rules(args),
     ])
     # A CharRNN baseline shares its VAE's flags (docs/vae_experiments.md compares them), so these are said, not refused.
-    for flag, value, when, why in unread_flags(args, [(task_lib.ENCODER_ONLY, args.decoder_only, "with --decoder-only",
+    for flag, value, when, why in unread_flags(args, [(config.ENCODER_ONLY, args.decoder_only, "with --decoder-only",
                                                        "the decoder alone has no encoder and no KL")]):
         print(f"jax-scan-rnn train vae: note: {flag} {value} has no effect {when} ({why})", file=sys.stderr)
     with flag_names():
-        task = options.from_args(task_lib.VAETask, args)
+        task = options.from_args(config.VAETask, args)
     cfg = train_config(args)
+    from jax_scan_rnn.tasks import vae as task_lib
+
     out = Path(args.out)
     dp = data_parallel(args, task.batch_size)
     if args.preset:
@@ -1673,6 +1679,15 @@ def printable_stdout() -> None:
             sys.stdout.reconfigure(errors="backslashreplace")
 
 
+class _NeverRaised(Exception):
+    """What `loaded` gives for a class whose module is not imported: `isinstance(err, _NeverRaised)` is False."""
+
+
+def loaded(module: str, name: str) -> type[Exception]:
+    """The exception class `module.name` where `module` is imported, else `_NeverRaised`."""
+    return getattr(sys.modules.get(module), name, _NeverRaised)
+
+
 def run_command(name: str, args: argparse.Namespace) -> int:
     """The command `name` with its parsed `args`: its exit code, an error as one line (`main`)."""
     if sys.stderr.isatty():  # importing JAX (and torch) takes seconds: a person at a terminal sees at once that it runs
@@ -1692,13 +1707,15 @@ def run_command(name: str, args: argparse.Namespace) -> int:
         print(f"\njax-scan-rnn {name}: interrupted" + (f"; {left}" if left else ""), file=sys.stderr)
         return 130
     except Exception as err:
-        from jax_scan_rnn.checkpoint import CheckpointError  # here: importing them at start-up imports JAX
-        from jax_scan_rnn.train import NonFiniteLossError, TrainingStopped
-
-        if isinstance(err, NonFiniteLossError):
+        # Classes of modules that import JAX, taken only where loaded: an error raised before (a bad argument) is not
+        # one of them, and its line comes without importing JAX
+        checkpoint_error = loaded("jax_scan_rnn.checkpoint", "CheckpointError")
+        non_finite_loss = loaded("jax_scan_rnn.train", "NonFiniteLossError")
+        training_stopped = loaded("jax_scan_rnn.train", "TrainingStopped")
+        if isinstance(err, non_finite_loss):
             print(f"jax-scan-rnn {name}: error: {err}", file=sys.stderr)
             return 1
-        if isinstance(err, TrainingStopped):
+        if isinstance(err, training_stopped):
             print(f"\njax-scan-rnn {name}: stopped by SIGTERM at step {err.step}; checkpoint {err.checkpoint} written: "
                   "the same command with --resume continues from it", file=sys.stderr)
             return 128 + 15  # the status of a process SIGTERM ended
@@ -1716,7 +1733,7 @@ def run_command(name: str, args: argparse.Namespace) -> int:
         if no_backend is not None:
             print(f"jax-scan-rnn {name}: error: {no_backend}", file=sys.stderr)
             return 2
-        if not isinstance(err, (ValueError, TypeError, KeyError, FileNotFoundError, ImportError, CheckpointError)):
+        if not isinstance(err, (ValueError, TypeError, KeyError, FileNotFoundError, ImportError, checkpoint_error)):
             raise
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"jax-scan-rnn {name}: error: {message}", file=sys.stderr)

@@ -60,6 +60,8 @@ CLI_CACHE_MIN_COMPILE_S = 0.1  # every model program the CLI compiles takes long
 DATA_CACHE_ENV = "JAX_SCAN_RNN_DATA_CACHE"  # the CLI's folder of converted molecules, or "0": none
 
 _status = "not configured"
+# `use_cli_compilation_cache`'s folder once set: then JAX_COMPILATION_CACHE_DIR may be the CLI's, not the user's
+_cli_cache_set: str | None = None
 
 
 def _backends_initialized() -> bool:
@@ -175,15 +177,31 @@ def use_cli_compilation_cache() -> str | None:
     """Point JAX's persistent compilation cache at `cli_compilation_cache()`, bounded to `CLI_CACHE_MAX_BYTES`
     (before the process's first compile: JAX decides once). Returns the folder, or None where nothing was
     set: turned off, or the user's own cache. Raises OSError naming the folder if it cannot be written (JAX
-    would fail at the first compile), ImportError if `filelock`, which JAX needs to bound it, is missing."""
+    would fail at the first compile), ImportError if `filelock`, which JAX needs to bound it, is missing.
+
+    Called before JAX is imported (the CLI checks a command's arguments first, so that a bad one is answered
+    without waiting seconds for JAX), it sets the environment variables JAX reads its settings from when it is
+    imported; after, `jax.config`."""
+    global _cli_cache_set
     folder = cli_compilation_cache()
     if folder is None:
         return None
     import filelock  # noqa: F401
-    import jax
 
     writable_folder(folder)
-    jax.config.update("jax_compilation_cache_dir", folder)
-    jax.config.update("jax_compilation_cache_max_size", CLI_CACHE_MAX_BYTES)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", CLI_CACHE_MIN_COMPILE_S)
+    settings = {"jax_compilation_cache_dir": folder, "jax_compilation_cache_max_size": CLI_CACHE_MAX_BYTES,
+                "jax_persistent_cache_min_compile_time_secs": CLI_CACHE_MIN_COMPILE_S}
+    if "jax" in sys.modules:
+        import jax
+
+        for name, value in settings.items():
+            jax.config.update(name, value)
+    else:
+        os.environ.update({name.upper(): str(value) for name, value in settings.items()})
+    _cli_cache_set = folder
     return folder
+
+
+def cli_cache_in_use() -> str | None:
+    """The folder `use_cli_compilation_cache` pointed JAX's cache at in this process, or None."""
+    return _cli_cache_set

@@ -72,15 +72,19 @@ def test_python_dash_m_runs_the_command():
 
 # `--version` and `--help` import neither JAX nor torch (measured ~0.1 s on the 2-core CI machine, against
 # ~2 s when they did; `train traveller --help` 0.30 s, against 2.7 s while its options came from modules that import
-# JAX); the bound is generous for a loaded machine, far below a JAX import's cost there.
+# JAX, and its bad options 0.2 s, against 2.2 s); the bound is generous for a loaded machine, far below a JAX import's
+# cost there.
 STARTUP_BUDGET_S = 1.0
 
 
 @pytest.mark.parametrize("argv", [["--version"], ["--help"], ["train", "--help"], ["train", "traveller", "--help"],
                                   ["train", "vae", "--help"], ["train", "vae", "--preset", "moses", "--help"],
-                                  ["train", "traveller", "--steps", "abc"], ["train", "vae", "--batch-size", "0"]])
+                                  ["train", "traveller", "--steps", "abc"], ["train", "vae", "--batch-size", "0"],
+                                  ["train", "traveller", "--num-layers", "1", "--dropout", "0.2"],
+                                  ["train", "vae", "--ss-max", "0.3"], ["train", "traveller", "--override"]])
 def test_version_and_help_start_at_once_without_importing_jax(argv):
-    """Help and a flag's bad value come from the options' dataclasses (`jax_scan_rnn.configs`), before JAX."""
+    """Help, a flag's bad value and options that contradict each other come from the options' dataclasses
+    (`jax_scan_rnn.configs`) and the train commands' checks, before JAX is imported."""
     code = ("import sys, time; t = time.perf_counter()\n"
             "from jax_scan_rnn.cli import main\n"
             "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
@@ -820,19 +824,21 @@ def test_a_cache_folder_that_cannot_be_made_is_one_note_and_the_command_runs(mon
 
 CACHED_RUNS = """
 import os, sys
-import jax
 from jax_scan_rnn.cli import main
 
-hits = []
-jax.monitoring.register_event_listener(lambda event, **kw: hits.append(event) if event.endswith("cache_hits") else None)
 folder, out = sys.argv[1], sys.argv[2]
 argv = ["train", "traveller", "--steps", "2", "--hidden-size", "4", "--num-layers", "1", "--batch-size", "4",
         "--seq-len", "8", "--eval-every", "0"]
+# JAX not imported yet, as in a fresh `jax-scan-rnn` process: the cache's settings go through the environment
+assert "jax" not in sys.modules
 assert main([*argv, "--out", out + "/a"]) == 0
 kept = len([f for f in os.listdir(folder) if f.endswith("-cache")])
+import jax
+
+hits = []
+jax.monitoring.register_event_listener(lambda event, **kw: hits.append(event) if event.endswith("cache_hits") else None)
 jax.clear_caches()  # as a new process starts: nothing compiled in memory
-hits.clear()
-assert main([*argv, "--out", out + "/b"]) == 0
+assert main([*argv, "--out", out + "/b"]) == 0  # (JAX imported: through jax.config)
 print("CACHE", kept, len(hits))
 """
 
