@@ -411,6 +411,18 @@ def _cli_cache() -> str:
                      for name, r in commands.items()) + f" (median of {len(next(iter(commands.values()))['empty_s'])})"
 
 
+@figure("cli.startup")
+def _cli_startup() -> str:
+    """Each command's median wall time in a new process, before any work: the file's first run (the package before
+    `configs/`), then its newest."""
+    runs = load("cli-startup-cpu-2core.json")["runs"]
+    before, after = runs[0], runs[-1]
+    said = [f"`{name}` {statistics.median(before['seconds'][name]):.2f} -> {statistics.median(t):.2f} s"
+            for name, t in after["seconds"].items()]
+    return (f"{', '.join(said)} (jax-scan-rnn {before['package_commit']} -> {after['package_commit']}, median of "
+            f"{len(next(iter(after['seconds'].values())))} each)")
+
+
 @figure("train.optimizer_init")
 def _optimizer_init() -> str:
     """The newest run: each model's median time to build its optimiser state, eager and compiled."""

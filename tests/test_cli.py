@@ -70,10 +70,9 @@ def test_python_dash_m_runs_the_command():
     assert result.returncode == 2 and result.stderr.startswith("jax-scan-rnn train traveller: error: argument --steps"), result
 
 
-# `--version` and `--help` import neither JAX nor torch (measured ~0.1 s on the 2-core CI machine, against
-# ~2 s when they did; `train traveller --help` 0.30 s, against 2.7 s while its options came from modules that import
-# JAX, and its bad options 0.2 s, against 2.2 s); the bound is generous for a loaded machine, far below a JAX import's
-# cost there.
+# `--version`, `--help` and a train command's bad options import neither JAX nor torch (measured:
+# docs/measurements.md#the-clis-start-up); the bound is generous for a loaded machine, far below a JAX import's cost
+# there.
 STARTUP_BUDGET_S = 1.0
 
 
