@@ -1,7 +1,8 @@
 """`TrainConfig`: the hyper-parameters of `fit` (`jax_scan_rnn.train`) and the `training` flags of every
 `jax-scan-rnn train` command, with the values that command gives them.
 
-    cfg = command_config(TRAIN_DEFAULTS_OF_A_TASK, steps=200)  # as `train traveller --steps 200` builds it
+    from jax_scan_rnn.configs import traveller
+    cfg = command_config(traveller.TRAIN_DEFAULTS, steps=200)  # as `train traveller --steps 200` builds it
     cfg = TrainConfig(steps=200, learning_rate=3e-3)           # fit's own defaults for the rest
 
 JAX-free, as every module of `configs`: the command line is built from these fields before JAX is imported.
