@@ -30,7 +30,8 @@ COMMANDS = {
     "train traveller --help": (["train", "traveller", "--help"], 0),
     "train vae --help": (["train", "vae", "--help"], 0),
     "train traveller --steps abc": (["train", "traveller", "--steps", "abc"], 2),
-    "train traveller --num-layers 1 --dropout 0.2": (["train", "traveller", "--num-layers", "1", "--dropout", "0.2"], 2),
+    "train traveller --num-layers 1 --dropout 0.2": (["train", "traveller", "--num-layers", "1", "--dropout", "0.2"],
+                                                     2),
     "train vae --ss-max 0.3": (["train", "vae", "--ss-max", "0.3"], 2),
     "sample vae --checkpoint nowhere": (["sample", "vae", "--checkpoint", "nowhere"], 2),
     "bench --help": (["bench", "--help"], 0),
@@ -54,7 +55,8 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=POSITIVE_INT, default=5)
-    parser.add_argument("--out", default=None, type=results_file, help="append the run to this JSON file (default: print only)")
+    parser.add_argument("--out", default=None, type=results_file,
+                        help="append the run to this JSON file (default: print only)")
     parser.add_argument("--package", default=None, metavar="DIR",
                         help="time the jax_scan_rnn of this checkout (another commit's worktree) instead of this one's")
     args = parser.parse_args()
