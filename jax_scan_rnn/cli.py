@@ -1147,7 +1147,7 @@ def cmd_train_vae(args: argparse.Namespace) -> int:
     out = Path(args.out)
     dp = data_parallel(args, task.batch_size)
     if args.preset:
-        print(f"preset {args.preset}: {task_lib.PRESETS[args.preset].summary}; explicit flags override it")
+        print(f"preset {args.preset}: {config.PRESETS[args.preset].summary}; explicit flags override it")
     init_from = None
     if args.init_from is not None:  # read and checked before the data: a wrong file or size is one line
         with flag_names():
@@ -1679,13 +1679,10 @@ def printable_stdout() -> None:
             sys.stdout.reconfigure(errors="backslashreplace")
 
 
-class _NeverRaised(Exception):
-    """What `loaded` gives for a class whose module is not imported: `isinstance(err, _NeverRaised)` is False."""
-
-
-def loaded(module: str, name: str) -> type[Exception]:
-    """The exception class `module.name` where `module` is imported, else `_NeverRaised`."""
-    return getattr(sys.modules.get(module), name, _NeverRaised)
+def loaded(module: str, name: str) -> type[Exception] | tuple[()]:
+    """The exception class `module.name` where `module` is imported, else `()`, which `isinstance` matches with
+    nothing."""
+    return getattr(sys.modules.get(module), name, ())
 
 
 def run_command(name: str, args: argparse.Namespace) -> int:

@@ -48,7 +48,8 @@ from flax import nnx
 from jax_scan_rnn import checkpoint as ckpt
 from jax_scan_rnn import validate, xla_flags
 from jax_scan_rnn.compiled import mode_flags
-# JAX-free, so that the CLI builds its flags before importing JAX; here for `jax_scan_rnn.train.TrainConfig`'s readers
+# Defined in configs/train.py, which imports no JAX (the CLI builds its flags from it first); `fit`'s users keep
+# reading them here
 from jax_scan_rnn.configs.train import COMMAND_DEFAULTS, TrainConfig, command_config, default_warmup
 from jax_scan_rnn.distributed import put_batch, replicated_over
 from jax_scan_rnn.lock import run_lock
