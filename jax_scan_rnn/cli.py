@@ -349,16 +349,18 @@ def refuse_run_file(path: str | None, flag: str) -> None:
     or anything under checkpoints/): another command's output would replace the run's own. A run directory
     is one whose checkpoints/ holds a committed step, or that has a metrics.jsonl beside it (a folder of
     the user's that happens to be called checkpoints is not one)."""
-    from jax_scan_rnn.checkpoint import steps
     from jax_scan_rnn.lock import LOCK_FILE
-    from jax_scan_rnn.runlog import CURVES_FILE, METRICS_FILE
-    from jax_scan_rnn.train import CHECKPOINT_DIR
+    from jax_scan_rnn.runlog import CHECKPOINT_DIR, CURVES_FILE, METRICS_FILE
 
     if path is None:
         return
     for target in {Path(path).absolute(), Path(path).resolve()}:  # a link is written through (write_atomically)
         for run in target.parents:
-            if (run / CHECKPOINT_DIR).is_dir() and (steps(run / CHECKPOINT_DIR) or (run / METRICS_FILE).is_file()):
+            if not (run / CHECKPOINT_DIR).is_dir():
+                continue
+            from jax_scan_rnn.checkpoint import steps  # (with JAX) only where a checkpoints/ folder is
+
+            if (run / METRICS_FILE).is_file() or steps(run / CHECKPOINT_DIR):
                 break
         else:
             continue
@@ -485,7 +487,7 @@ def saved_metadata(out: Path, model: str) -> dict | None:
     """The metadata of the run in `out`'s newest checkpoint that verifies (the one `fit` resumes from), or None.
     ValueError naming --out when that run trained another model than `model` ("traveller", "vae")."""
     from jax_scan_rnn import checkpoint
-    from jax_scan_rnn.train import CHECKPOINT_DIR
+    from jax_scan_rnn.runlog import CHECKPOINT_DIR
 
     try:
         step, _ = checkpoint.newest_valid_step(out / CHECKPOINT_DIR)
@@ -574,7 +576,7 @@ def check_resume(out: Path, args: argparse.Namespace, task, cfg, data: dict | No
     values revised) counts as a changed setting too, since training would go on with other data. `saved`: the run's
     metadata where the caller has read it already (`saved_metadata` verifies the whole checkpoint)."""
     from jax_scan_rnn import checkpoint
-    from jax_scan_rnn.train import CHECKPOINT_DIR
+    from jax_scan_rnn.runlog import CHECKPOINT_DIR
 
     if not args.resume:
         return
@@ -620,21 +622,28 @@ def check_resume(out: Path, args: argparse.Namespace, task, cfg, data: dict | No
 
 def run_directory(text: str, step: int | None = None) -> Path:
     """`--checkpoint`: a training run's output directory (train's --out), with a hint for the usual slip of
-    naming one of its step folders instead; and `--step`, if given, one of its checkpoints."""
-    from jax_scan_rnn.checkpoint import step_of, steps
-    from jax_scan_rnn.train import CHECKPOINT_DIR
+    naming one of its step folders instead; and `--step`, if given, one of its checkpoints. A path that is no
+    directory is refused before JAX is imported (the checkpoint module's is): a typo costs no start-up."""
+    from jax_scan_rnn.runlog import CHECKPOINT_DIR
 
     path = Path(text)
-    if step_of(path) is not None and path.parent.name == CHECKPOINT_DIR:
-        raise FileNotFoundError(f"--checkpoint: expected the run directory (train's --out), got its checkpoint folder "
-                                f"{path}; pass --checkpoint {path.parent.parent} --step {step_of(path)}")
     if not path.is_dir():
         raise FileNotFoundError(f"--checkpoint: expected a training output directory (train's --out), got {path}")
     if not (path / CHECKPOINT_DIR).is_dir():
-        inside = path.name == CHECKPOINT_DIR and steps(path)  # the run's checkpoints/ folder itself
+        hint = ""
+        if CHECKPOINT_DIR in (path.name, path.parent.name):  # a run's own folders: which one to pass instead
+            from jax_scan_rnn.checkpoint import step_of, steps
+
+            if step_of(path) is not None and path.parent.name == CHECKPOINT_DIR:
+                raise FileNotFoundError(f"--checkpoint: expected the run directory (train's --out), got its "
+                                        f"checkpoint folder {path}; pass --checkpoint {path.parent.parent} --step "
+                                        f"{step_of(path)}")
+            if path.name == CHECKPOINT_DIR and steps(path):  # the run's checkpoints/ folder itself
+                hint = f"; pass --checkpoint {path.parent}"
         raise FileNotFoundError(f"--checkpoint: expected a training output directory (train's --out), got {path}, "
-                                f"which holds no {CHECKPOINT_DIR}/ folder"
-                                + (f"; pass --checkpoint {path.parent}" if inside else ""))
+                                f"which holds no {CHECKPOINT_DIR}/ folder{hint}")
+    from jax_scan_rnn.checkpoint import steps
+
     saved = steps(path / CHECKPOINT_DIR)
     if not saved:
         raise FileNotFoundError(f"--checkpoint {path}: holds no committed checkpoint (training stopped before its "
@@ -797,11 +806,12 @@ def load_run(args: argparse.Namespace, model: str) -> tuple:
     ones, --keep-checkpoints), the newest is chosen again."""
     import importlib
 
+    from jax_scan_rnn.runlog import CHECKPOINT_DIR
+
+    run = run_directory(args.checkpoint, args.step)  # a path that is no run: one line before JAX is imported
     from jax_scan_rnn import checkpoint
-    from jax_scan_rnn.train import CHECKPOINT_DIR
 
     task_lib = importlib.import_module(f"jax_scan_rnn.tasks.{model}")
-    run = run_directory(args.checkpoint, args.step)
 
     def load(step):
         with field_as_flag("out_dir", "--checkpoint"):  # "out_dir: expected a VAE run, got model 'traveller'"
@@ -855,8 +865,6 @@ def traveller_data(task, stats, path: str | None, *, returns: bool = True, fill:
 
 @command("evaluate traveller")
 def cmd_evaluate_traveller(args: argparse.Namespace) -> int:
-    from jax_scan_rnn.tasks import traveller as task_lib
-
     refuse_run_file(args.plot, "--plot")
     plotting = available("matplotlib")
     if args.plot and not plotting:  # asked for by name: refused before any work, not after the table
@@ -870,6 +878,8 @@ def cmd_evaluate_traveller(args: argparse.Namespace) -> int:
             raise ValueError(f"--plot: expected a file ending in one of {', '.join('.' + k for k in sorted(kinds))}, "
                              f"got {args.plot}")
     model, task, stats, step = load_run(args, "traveller")
+    from jax_scan_rnn.tasks import traveller as task_lib
+
     scored = None if stats is None else Path(args.data).stem if args.data else args.period or "test"
     # Named by what it shows, never the training's own positions.png: an evaluation of an earlier step or
     # another period must not replace the plot the run left (and one evaluation does not replace another's).
@@ -921,8 +931,6 @@ def cmd_run_traveller(args: argparse.Namespace) -> int:
     import numpy as np
 
     from jax_scan_rnn.data import market_data
-    from jax_scan_rnn.tasks import traveller as task_lib
-    from jax_scan_rnn.traveller import TravellerState
 
     for flag, path in (("--output", args.output), ("--final-state", args.final_state)):
         check_output_file(path, flag)
@@ -931,6 +939,9 @@ def cmd_run_traveller(args: argparse.Namespace) -> int:
                                               "--final-state": args.final_state})
     refuse_an_input(args.final_state, "--final-state", {"--data": args.data})
     model, task, stats, step = load_run(args, "traveller")
+    from jax_scan_rnn.tasks import traveller as task_lib
+    from jax_scan_rnn.traveller import TravellerState
+
     refuse_an_input(args.output, "--output", {"the run's --data file": task.data})
     if stats is not None:
         data = traveller_data(task, stats, args.data, returns=False, fill=args.fill)
@@ -1056,10 +1067,10 @@ def write_export(model, step: int, args: argparse.Namespace, side: dict) -> Path
 @command("export traveller")
 def cmd_export_traveller(args: argparse.Namespace) -> int:
     """The weights as a PyTorch state_dict that the seed's class (and torch_ref.Traveller) loads."""
-    from jax_scan_rnn.tasks import traveller as task_lib
-
     check_output_file(args.output)
     model, task, stats, step = load_run(args, "traveller")
+    from jax_scan_rnn.tasks import traveller as task_lib
+
     path = write_export(model, step, args, task_lib.export_side(model, task, stats))
     print("its arguments" + ("" if stats is None else " and the standardisation of the features it reads (the "
                               "training period's mean and std)") + f": {path}")
@@ -1070,10 +1081,10 @@ def cmd_export_traveller(args: argparse.Namespace) -> int:
 def cmd_export_vae(args: argparse.Namespace) -> int:
     """The weights as a PyTorch state_dict that torch_ref.SeqVAE loads, and in FILE.json what they are of no use
     without: torch_ref.SeqVAE's arguments and the vocabulary (token id -> character) the model reads and writes."""
-    from jax_scan_rnn.tasks import vae as task_lib
-
     check_output_file(args.output)
     model, vocab, task, step = load_run(args, "vae")
+    from jax_scan_rnn.tasks import vae as task_lib
+
     side = write_export(model, step, args, {
         "model": "torch_ref.SeqVAE", "arguments": task_lib.model_arguments(task, vocab.size),
         # Vocabulary.from_json(json.dumps(this)) rebuilds it; a molecule is one id per character, then <eos>.
@@ -1195,7 +1206,6 @@ def vae_data_file(task) -> str | None:
 @command("sample vae")
 def cmd_sample_vae(args: argparse.Namespace) -> int:
     from jax_scan_rnn import metrics
-    from jax_scan_rnn.tasks import vae as task_lib
 
     refuse_unread(args, [(("temperature", "top_k"), args.greedy, "without --greedy",
                           "greedy decoding takes each step's most likely token")])
@@ -1209,6 +1219,8 @@ def cmd_sample_vae(args: argparse.Namespace) -> int:
     check_output_file(args.output)
     refuse_an_input(args.output, "--output", {"--latents": args.latents})
     model, vocab, task, step = load_run(args, "vae")
+    from jax_scan_rnn.tasks import vae as task_lib
+
     refuse_an_input(args.output, "--output", {"the run's --data file": vae_data_file(task)})
     z = None if args.latents is None else read_latents(args.latents, model, task.decoder_only,
                                                        produced_by(model, args.checkpoint, step))
@@ -1271,13 +1283,14 @@ def cmd_encode_vae(args: argparse.Namespace) -> int:
     import numpy as np
 
     from jax_scan_rnn.data import smiles
-    from jax_scan_rnn.tasks import vae as task_lib
 
     check_output_file(args.output)
     refuse_an_input(args.output, "--output", {"--input": args.input})
     if not Path(args.input).is_file():
         raise FileNotFoundError(f"--input: no file at {args.input}")
     model, vocab, task, step = load_run(args, "vae")
+    from jax_scan_rnn.tasks import vae as task_lib
+
     if task.decoder_only:
         raise ValueError(f"--checkpoint: expected a run with an encoder, got a --decoder-only run: {args.checkpoint}")
     skipped = Counter()
@@ -1304,15 +1317,16 @@ def cmd_encode_vae(args: argparse.Namespace) -> int:
 
 @command("evaluate vae")
 def cmd_evaluate_vae(args: argparse.Namespace) -> int:
-    from jax_scan_rnn import checkpoint
-    from jax_scan_rnn.tasks import vae as task_lib
-    from jax_scan_rnn.train import CHECKPOINT_DIR
+    from jax_scan_rnn.runlog import CHECKPOINT_DIR
 
     check_output_file(args.output)
     if "reference" in args.given and args.metrics != "moses":
         raise ValueError("--reference: expected only with --metrics moses (it picks the set MOSES's Test metrics "
                          f"compare with), got --metrics {args.metrics}")
     model, vocab, task, step = load_run(args, "vae")
+    from jax_scan_rnn import checkpoint
+    from jax_scan_rnn.tasks import vae as task_lib
+
     if args.metrics == "moses" and not task.smiles_check:  # before molsets is asked for: it would not help
         raise ValueError(f"--metrics moses: expected a run on SMILES, got one trained with --no-smiles-check on "
                          f"{task.data} (MOSES's metrics parse every sample as a molecule)")
@@ -1604,8 +1618,7 @@ def kept(args: argparse.Namespace) -> str | None:
         return None
     try:
         from jax_scan_rnn import checkpoint
-        from jax_scan_rnn.runlog import METRICS_FILE, read_rows
-        from jax_scan_rnn.train import CHECKPOINT_DIR
+        from jax_scan_rnn.runlog import CHECKPOINT_DIR, METRICS_FILE, read_rows
 
         # A save the interrupt cut short is committed by orbax but has no manifest yet: resume skips it.
         done = checkpoint.steps(Path(args.out) / CHECKPOINT_DIR, manifested=True)
@@ -1685,10 +1698,38 @@ def loaded(module: str, name: str) -> type[Exception] | tuple[()]:
     return getattr(sys.modules.get(module), name, ())
 
 
+class AnnounceJax:
+    """An import hook (on `sys.meta_path`) that prints "jax-scan-rnn NAME: starting (loading JAX)..." once, the
+    moment JAX begins to load, and removes itself. Importing JAX (and torch) takes seconds: a person at a terminal
+    sees at once that the command runs; a command refused on its options before any work says only its error."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def find_spec(self, fullname: str, path=None, target=None) -> None:  # importlib's MetaPathFinder protocol
+        if fullname == "jax":
+            self.remove()
+            print(f"jax-scan-rnn {self.name}: starting (loading JAX)...", file=sys.stderr, flush=True)
+        return None  # the import itself is left to the other finders
+
+    def remove(self) -> None:
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+
+
 def run_command(name: str, args: argparse.Namespace) -> int:
     """The command `name` with its parsed `args`: its exit code, an error as one line (`main`)."""
-    if sys.stderr.isatty():  # importing JAX (and torch) takes seconds: a person at a terminal sees at once that it runs
-        print(f"jax-scan-rnn {name}: starting (loading JAX)...", file=sys.stderr, flush=True)
+    announce = AnnounceJax(name)
+    if sys.stderr.isatty() and "jax" not in sys.modules:
+        sys.meta_path.insert(0, announce)
+    try:
+        return run_and_report(name, args)
+    finally:
+        announce.remove()
+
+
+def run_and_report(name: str, args: argparse.Namespace) -> int:
+    """`run_command`'s work: the command's exit code, its error as one line."""
     if name != "bench":  # the benchmark times compiles: they must not come from the cache
         from jax_scan_rnn import xla_flags
 

@@ -18,6 +18,7 @@ from typing import IO, NoReturn
 
 METRICS_FILE = "metrics.jsonl"  # one JSON row per log / eval, under out_dir
 CURVES_FILE = "curves.png"  # loss / lr / metric curves, written at the end of fit
+CHECKPOINT_DIR = "checkpoints"  # checkpoint root under out_dir
 
 
 def write_atomically(path: str | os.PathLike, write: Callable[[IO], object], binary: bool = False) -> None:

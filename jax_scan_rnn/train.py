@@ -54,7 +54,7 @@ from jax_scan_rnn.configs.train import COMMAND_DEFAULTS, TrainConfig, command_co
 from jax_scan_rnn.distributed import put_batch, replicated_over
 from jax_scan_rnn.lock import run_lock
 from jax_scan_rnn.optional import available
-from jax_scan_rnn.runlog import CURVES_FILE, METRICS_FILE, History, RunLog, plot_curves, read_rows
+from jax_scan_rnn.runlog import CHECKPOINT_DIR, CURVES_FILE, METRICS_FILE, History, RunLog, plot_curves, read_rows
 from jax_scan_rnn.schedules import make_lr_schedule
 
 __all__ = ["TrainConfig", "COMMAND_DEFAULTS", "command_config", "default_warmup", "History", "NonFiniteLossError",
@@ -65,8 +65,6 @@ __all__ = ["TrainConfig", "COMMAND_DEFAULTS", "command_config", "default_warmup"
 Array = jax.Array
 Batch = Any  # a pytree of arrays
 LossFn = Callable[[nnx.Module, Batch], tuple[Array, Mapping[str, Array]]]
-
-CHECKPOINT_DIR = "checkpoints"  # checkpoint root under out_dir
 
 # Distinct batch shapes (and dtypes) a `TrainStep` compiles for before it warns: jax.jit compiles the step once per
 # shape, ~1 s each for a small LSTM on a CPU, so batches of a new shape every step train at compile speed. The

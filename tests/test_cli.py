@@ -1,6 +1,7 @@
 """The command line: version, info, the parity self-check, and one-line errors with exit code 2."""
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -80,10 +81,19 @@ STARTUP_BUDGET_S = 1.0
                                   ["train", "vae", "--help"], ["train", "vae", "--preset", "moses", "--help"],
                                   ["train", "traveller", "--steps", "abc"], ["train", "vae", "--batch-size", "0"],
                                   ["train", "traveller", "--num-layers", "1", "--dropout", "0.2"],
-                                  ["train", "vae", "--ss-max", "0.3"], ["train", "traveller", "--override"]])
+                                  ["train", "vae", "--ss-max", "0.3"], ["train", "traveller", "--override"],
+                                  # a --checkpoint that is no directory: every command that reads a run
+                                  ["sample", "vae", "--checkpoint", "nowhere"],
+                                  ["encode", "vae", "--checkpoint", "nowhere", "--input", "pyproject.toml"],
+                                  ["evaluate", "vae", "--checkpoint", "nowhere"],
+                                  ["export", "vae", "--checkpoint", "nowhere", "--format", "torch", "--output", "x.pt"],
+                                  ["evaluate", "traveller", "--checkpoint", "nowhere"],
+                                  ["run", "traveller", "--checkpoint", "nowhere", "--data", "x.npz", "--output", "x.csv"],
+                                  ["export", "traveller", "--checkpoint", "nowhere", "--format", "torch", "--output",
+                                   "x.pt"]])
 def test_version_and_help_start_at_once_without_importing_jax(argv):
-    """Help, a flag's bad value and options that contradict each other come from the options' dataclasses
-    (`jax_scan_rnn.configs`) and the train commands' checks, before JAX is imported."""
+    """Help, a flag's bad value, options that contradict each other and a mistyped --checkpoint come from the
+    options' dataclasses (`jax_scan_rnn.configs`) and the commands' checks, before JAX is imported."""
     code = ("import sys, time; t = time.perf_counter()\n"
             "from jax_scan_rnn.cli import main\n"
             "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
@@ -727,6 +737,35 @@ def test_every_command_shows_a_line_at_once_on_a_terminal():
         os.close(leader)
     assert first.startswith("jax-scan-rnn info: starting"), first
     assert seconds < STARTUP_BUDGET_S + 1.0  # interpreter start + argparse; JAX not yet imported
+
+
+def stderr_at_a_terminal(argv: list[str]) -> str:
+    """What `python -m jax_scan_rnn ARGV` writes to a stderr that is a terminal (a pseudo-terminal)."""
+    import pty
+
+    leader, follower = pty.openpty()
+    subprocess.run([sys.executable, "-m", "jax_scan_rnn", *argv], stderr=follower, stdout=subprocess.DEVNULL,
+                   timeout=120)
+    os.close(follower)
+    chunks = []
+    with contextlib.suppress(OSError):  # Linux: EIO once the follower is closed and all is read
+        while chunk := os.read(leader, 4096):
+            chunks.append(chunk)
+    os.close(leader)
+    return b"".join(chunks).decode().replace("\r\n", "\n")
+
+
+def test_at_a_terminal_the_jax_notice_comes_only_when_jax_loads(tmp_path):
+    """The notice "starting (loading JAX)..." tells a person that the seconds of JAX's import are work; a command
+    refused before any work (a mistyped --checkpoint) printed it all the same, above its one line."""
+    nowhere = stderr_at_a_terminal(["sample", "vae", "--checkpoint", str(tmp_path / "nowhere")])
+    assert nowhere.splitlines() == [f"jax-scan-rnn sample vae: error: --checkpoint: expected a training output "
+                                    f"directory (train's --out), got {tmp_path / 'nowhere'}"]
+    (tmp_path / "checkpoints").mkdir()  # a run stopped before its first save: found by reading it, with JAX
+    empty = stderr_at_a_terminal(["sample", "vae", "--checkpoint", str(tmp_path)])
+    assert empty.splitlines() == ["jax-scan-rnn sample vae: starting (loading JAX)...",
+                                  f"jax-scan-rnn sample vae: error: --checkpoint {tmp_path}: holds no committed "
+                                  "checkpoint (training stopped before its first save?)"]
 
 
 def test_the_cli_cache_folders_and_how_to_turn_them_off():
