@@ -88,7 +88,8 @@ STARTUP_BUDGET_S = 1.0
                                   ["evaluate", "vae", "--checkpoint", "nowhere"],
                                   ["export", "vae", "--checkpoint", "nowhere", "--format", "torch", "--output", "x.pt"],
                                   ["evaluate", "traveller", "--checkpoint", "nowhere"],
-                                  ["run", "traveller", "--checkpoint", "nowhere", "--data", "x.npz", "--output", "x.csv"],
+                                  ["run", "traveller", "--checkpoint", "nowhere", "--data", "x.npz", "--output",
+                                   "x.csv"],
                                   ["export", "traveller", "--checkpoint", "nowhere", "--format", "torch", "--output",
                                    "x.pt"]])
 def test_version_and_help_start_at_once_without_importing_jax(argv):
