@@ -622,8 +622,8 @@ def check_resume(out: Path, args: argparse.Namespace, task, cfg, data: dict | No
 
 def run_directory(text: str, step: int | None = None) -> Path:
     """`--checkpoint`: a training run's output directory (train's --out), with a hint for the usual slip of
-    naming one of its step folders instead; and `--step`, if given, one of its checkpoints. A path that is no
-    directory is refused before JAX is imported (the checkpoint module's is): a typo costs no start-up."""
+    naming one of its step folders instead; and `--step`, if given, one of its checkpoints. A path that is not a
+    directory is refused before JAX is imported (by the checkpoint module): a typo costs no start-up."""
     from jax_scan_rnn.runlog import CHECKPOINT_DIR
 
     path = Path(text)
