@@ -218,11 +218,26 @@ def test_a_file_system_without_locks_runs_unlocked(tmp_path, monkeypatch):
         raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
 
     monkeypatch.setattr(lock.fcntl, "flock", no_locks)  # the one fcntl module: checkpoint's too
-    with lock.run_lock(tmp_path / "run") as held:
-        assert held == (tmp_path / "run").resolve() and lock._held == {}
-        checkpoint.save(tmp_path / "run", 1, {"w": np.ones(2)})
-        checkpoint.save(tmp_path / "run", 2, {"w": np.ones(2)}, keep=1)  # pruning: the exclusive reader lock
-        assert checkpoint.restore(tmp_path / "run").step == 2
+    # Said, not silent: the README's "a second run into the same folder is refused" does not hold there. Once per
+    # directory (the CLI holds it, then fit does).
+    unlocked = f"{(tmp_path / 'run').resolve()}: not locked (its file system refuses locks " \
+               f"({os.strerror(errno.ENOLCK)}))"
+    with pytest.warns(lock.RunDirectoryUnlocked, match=re.escape(unlocked)) as said:
+        with lock.run_lock(tmp_path / "run") as held, lock.run_lock(tmp_path / "run"):
+            assert held == (tmp_path / "run").resolve() and lock._held == {}
+            checkpoint.save(tmp_path / "run", 1, {"w": np.ones(2)})
+            checkpoint.save(tmp_path / "run", 2, {"w": np.ones(2)}, keep=1)  # pruning: the exclusive reader lock
+            assert checkpoint.restore(tmp_path / "run").step == 2
+    assert len([w for w in said if w.category is lock.RunDirectoryUnlocked]) == 1
+
+
+def test_without_fcntl_the_run_directory_is_written_unlocked_and_says_so(tmp_path, monkeypatch):
+    from jax_scan_rnn import lock
+
+    monkeypatch.setattr(lock, "fcntl", None)  # Windows
+    with pytest.warns(lock.RunDirectoryUnlocked, match="not locked \\(this platform has no fcntl\\): a second run"):
+        with lock.run_lock(tmp_path / "run") as held:
+            assert held.is_dir() and not (held / lock.LOCK_FILE).exists()
 
 
 def test_a_finished_run_is_never_overwritten_and_bad_out_is_one_line(tmp_path, capsys):
