@@ -231,15 +231,6 @@ def test_a_file_system_without_locks_runs_unlocked(tmp_path, monkeypatch):
     assert len([w for w in said if w.category is lock.RunDirectoryUnlocked]) == 1
 
 
-def test_without_fcntl_the_run_directory_is_written_unlocked_and_says_so(tmp_path, monkeypatch):
-    from jax_scan_rnn import lock
-
-    monkeypatch.setattr(lock, "fcntl", None)  # Windows
-    with pytest.warns(lock.RunDirectoryUnlocked, match="not locked \\(this platform has no fcntl\\): a second run"):
-        with lock.run_lock(tmp_path / "run") as held:
-            assert held.is_dir() and not (held / lock.LOCK_FILE).exists()
-
-
 def test_a_finished_run_is_never_overwritten_and_bad_out_is_one_line(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["train", "traveller", *TINY_RUN, "--out", str(out)]) == 0
