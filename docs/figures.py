@@ -26,7 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 DOCUMENTS = [ROOT / "README.md", ROOT / "docs" / "scan_vs_loop.md", ROOT / "docs" / "tuning_cpu.md",
-             ROOT / "docs" / "vae_experiments.md", ROOT / "docs" / "measurements.md"]
+             ROOT / "docs" / "vae_experiments.md", ROOT / "docs" / "measurements.md",
+             ROOT / "docs" / "cli.md", ROOT / "docs" / "library.md"]
 MARKER = re.compile(r"<!--fig:([\w.-]+)-->(.*?)<!--/fig-->", re.S)
 FIGURES: dict[str, Callable[[], str]] = {}
 

@@ -1,7 +1,7 @@
 """Several processes for real: 2 processes x 2 forced CPU devices on localhost, with JAX's own distributed
 runtime (a coordinator on localhost, cross-process collectives through gloo), train as one 4-device process.
 
-Each process runs the CLI exactly as the README's multi-host section says (`--multihost` and the
+Each process runs the CLI exactly as docs/cli.md's multi-host section says (`--multihost` and the
 JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID environment). Slow: every run is a fresh
 interpreter per process; CI runs this file in its own step.
 """

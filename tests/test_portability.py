@@ -142,7 +142,7 @@ def test_without_fcntl_a_runs_own_os_error_passes_through_the_run_lock(tmp_path,
 
     monkeypatch.setattr(lock, "fcntl", None)
     full = OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "metrics.jsonl"))
-    # Unlocked, and said so: the README's "a second process on the same --out is refused" does not hold there.
+    # Unlocked, and said so: docs/cli.md's "a second process on the same --out is refused" does not hold there.
     with pytest.warns(lock.RunDirectoryUnlocked, match=r"not locked \(this platform has no fcntl\): a second run"):
         with pytest.raises(OSError) as raised, lock.run_lock(tmp_path / "run"):
             raise full

@@ -147,7 +147,7 @@ def test_run_writes_positions_and_two_halves_with_the_state_carried_equal_the_wh
     np.testing.assert_allclose(np.concatenate([p_a, p_b], axis=1), p_whole, rtol=0, atol=1e-6)
     for name, a, b in zip(s_whole._fields, s_whole, s_b):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=0, atol=1e-6, err_msg=f"state.{name}")
-    # Live use in Python, as the README gives it: one raw bar [B, F] at a time, standardised by the run's stats,
+    # Live use in Python, as docs/cli.md gives it: one raw bar [B, F] at a time, standardised by the run's stats,
     # from the state file the first half's `run traveller` saved, gives what it wrote for the second file.
     with np.load(folder / "state.npz") as f:
         saved = jsr.TravellerState(*(f[k] for k in jsr.TravellerState._fields))

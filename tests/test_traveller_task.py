@@ -218,7 +218,7 @@ def test_a_file_system_without_locks_runs_unlocked(tmp_path, monkeypatch):
         raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
 
     monkeypatch.setattr(lock.fcntl, "flock", no_locks)  # the one fcntl module: checkpoint's too
-    # Said, not silent: the README's "a second run into the same folder is refused" does not hold there. Once per
+    # Said, not silent: the README's "one run writes to a directory at a time" does not hold there. Once per
     # directory (the CLI holds it, then fit does).
     unlocked = f"{(tmp_path / 'run').resolve()}: not locked (its file system refuses locks " \
                f"({os.strerror(errno.ENOLCK)}))"

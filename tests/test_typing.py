@@ -80,8 +80,8 @@ def test_type_checkers_see_each_lazy_name_where_it_is_loaded_from():
 
 
 def test_submodules_are_reached_from_the_package_as_the_docs_write_them():
-    """`jsr.cells.HAND_WRITTEN_VJP` (README) and `jsr.cells.matmul` (docs/tuning_cpu.md) in a fresh process, before any
-    other name is touched; a name that is neither an export nor a submodule is Python's AttributeError."""
+    """`jsr.cells.HAND_WRITTEN_VJP` (docs/library.md) and `jsr.cells.matmul` (docs/tuning_cpu.md) in a fresh process,
+    before any other name is touched; a name that is neither an export nor a submodule is Python's AttributeError."""
     code = ("import sys, jax_scan_rnn as jsr\n"
             "assert 'jax' not in sys.modules  # the import itself stays light\n"
             "assert jsr.cells.HAND_WRITTEN_VJP is True and callable(jsr.cells.matmul) and callable(jsr.train.fit)\n"

@@ -250,7 +250,7 @@ def check_encode_and_decode_given_latents(out, model, tmp_path, capsys):
     assert drawn == task_lib.sample(model, model_vocab(out), 5, max_len=task.max_length + 1, seed=3, z=z)
     assert drawn == task_lib.sample(model, model_vocab(out), 1, max_len=task.max_length + 1, seed=3,
                                     z=np.repeat(z, 5, axis=0))  # row 0 five times, then row 1
-    # From the prior: the README's Python call (max_len counts the <eos>) gives `sample vae -n`'s molecules.
+    # From the prior: docs/cli.md's Python call (max_len counts the <eos>) gives `sample vae -n`'s molecules.
     assert main(["sample", "vae", "--checkpoint", str(out), "-n", "4", "--seed", "2"]) == 0
     assert capsys.readouterr().out.splitlines() == task_lib.sample(model, model_vocab(out), 4,
                                                                    max_len=task.max_length + 1, seed=2,
@@ -825,7 +825,7 @@ def test_decoder_only_is_a_charrnn_baseline_from_the_same_code(corpus, tmp_path,
     assert "prior samples, sampled" in printed and "reconstruction" not in printed.split("the final report")[-1]
     assert main(["sample", "vae", "--checkpoint", str(out), "-n", "3"]) == 0
     sampled = capsys.readouterr().out.splitlines()
-    # From Python as the README gives it: decoder_only=task.decoder_only decodes from z = 0, as the run trained
+    # From Python as docs/cli.md gives it: decoder_only=task.decoder_only decodes from z = 0, as the run trained
     loaded, vocab, saved = task_lib.load(out)
     assert saved.decoder_only and sampled == task_lib.sample(loaded, vocab, 3, max_len=saved.max_length + 1, seed=0,
                                                              decoder_only=saved.decoder_only)
@@ -1290,7 +1290,7 @@ def test_a_comma_separated_file_not_named_csv_is_told_to_be_named_csv(tmp_path):
 
 
 def test_a_hand_written_side_file_is_read_as_torch_ref_reads_its_arguments(corpus, tmp_path):
-    # The README invites a side file for one's own torch_ref.SeqVAE: one that leaves out an argument with a default,
+    # docs/cli.md invites a side file for one's own torch_ref.SeqVAE: one that leaves out an argument with a default,
     # or gives the decoder's size as None (torch_ref's own default: the encoder's), describes the same model.
     from dataclasses import replace
 
