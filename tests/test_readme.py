@@ -1,4 +1,4 @@
-"""The README's Python snippets run as written (a newcomer copies them first)."""
+"""The Python snippets of the README and docs/library.md run as written (a newcomer copies them first)."""
 from __future__ import annotations
 
 import re
@@ -7,21 +7,24 @@ from pathlib import Path
 import pytest
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-SNIPPETS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
-
-
-def test_the_readme_has_python_snippets():
-    assert SNIPPETS, f"no ```python block in {README}"
-
-
-@pytest.mark.parametrize("index", range(len(SNIPPETS)))
-def test_readme_snippet_runs_as_written(index, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # a snippet may write files (lstm.safetensors): keep them out of the repo
-    code = compile(SNIPPETS[index], f"README.md python block {index + 1}", "exec")
-    exec(code, {"__name__": f"readme_snippet_{index}"})
-
-
 ROOT = README.parent
+SNIPPET_PAGES = [README, ROOT / "docs" / "library.md"]  # docs/scan_vs_loop.md's blocks: tests/test_docs_code.py
+SNIPPETS = [(page, index, code) for page in SNIPPET_PAGES
+            for index, code in enumerate(re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S))]
+
+
+@pytest.mark.parametrize("page", SNIPPET_PAGES, ids=lambda p: p.name)
+def test_the_page_has_python_snippets(page):
+    assert any(p == page for p, _, _ in SNIPPETS), f"no ```python block in {page}"
+
+
+@pytest.mark.parametrize(("page", "index", "code"), SNIPPETS, ids=[f"{p.name}-{i + 1}" for p, i, _ in SNIPPETS])
+def test_snippet_runs_as_written(page, index, code, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a snippet may write files (lstm.safetensors, runs/): keep them out of the repo
+    compiled = compile(code, f"{page.name} python block {index + 1}", "exec")
+    exec(compiled, {"__name__": f"snippet_{page.stem}_{index}"})
+
+
 DOCS = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "README.md"]
 
 

@@ -94,13 +94,16 @@ def test_submodules_are_reached_from_the_package_as_the_docs_write_them():
 
 def checker_errors(checker: str, tmp_path: Path) -> tuple[list[tuple[str, int, str]], str]:
     """(file, line, message) of each error `checker` (mypy or basedpyright, pyright's command-line build that
-    pip installs with its own node) reports for the README's block, USER_CALLS + MISUSES and the examples, and its raw
-    output."""
-    readme = re.search(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
-    (tmp_path / "readme_block.py").write_text(readme)
+    pip installs with its own node) reports for the README's and docs/library.md's blocks, USER_CALLS + MISUSES and
+    the examples, and its raw output."""
+    blocks = []
+    for page in ("README.md", "docs/library.md"):  # each page's Python blocks, as a reader copies them
+        for k, code in enumerate(re.findall(r"```python\n(.*?)```", (ROOT / page).read_text(), re.S)):
+            blocks.append(f"{Path(page).stem.lower()}_block_{k + 1}.py")
+            (tmp_path / blocks[-1]).write_text(code)
     (tmp_path / "user_calls.py").write_text("\n".join([*USER_CALLS.splitlines(), *(c for c, _ in MISUSES)]) + "\n")
     # The examples too: a reader copies from them, so they must check as clean as the calls above.
-    files = ["readme_block.py", "user_calls.py", *sorted(str(f) for f in (ROOT / "examples").glob("*.py"))]
+    files = [*blocks, "user_calls.py", *sorted(str(f) for f in (ROOT / "examples").glob("*.py"))]
     if checker == "mypy":
         # MYPYPATH: the package's source, which an editable install's import hook hides from mypy. The package's
         # own modules are checked silently: their hints are what this test reads, not their bodies.
