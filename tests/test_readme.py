@@ -1,7 +1,11 @@
 """The Python snippets of the README and docs/library.md run as written (a newcomer copies them first)."""
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -229,3 +233,25 @@ def test_the_cli_page_says_what_every_logged_metric_is(monkeypatch, tmp_path):
     from jax_scan_rnn.tasks.vae import EVAL_LOSS, EVAL_RECONSTRUCT  # the counts it quotes are the code's
 
     assert f"up to {EVAL_LOSS} validation molecules" in paragraph and f"up to {EVAL_RECONSTRUCT} of them" in paragraph
+
+
+@pytest.mark.slow  # ~45 s on 2 cores: four CLI commands, each a fresh interpreter that compiles
+def test_the_cli_pages_run_from_start_to_finish_works_as_written(tmp_path, monkeypatch):
+    """docs/cli.md's walk-through as a newcomer types it: its shell block in a new folder (train, resume for more
+    updates, evaluate, export), then its Python block loading the export into torch_ref. A page that says what to
+    type must not rot."""
+    text = (ROOT / "docs" / "cli.md").read_text()
+    section = text[text.index("## A run from start to finish"):]
+    section = section[:section.index("\n## ", 1)]
+    shell = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    python = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    # the console script pip put beside this interpreter, as an activated virtual environment has it
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    result = subprocess.run(["bash", "-e", "-c", shell], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=900)
+    assert result.returncode == 0, f"docs/cli.md's commands failed:\n{result.stderr[-3000:]}"
+    rows = [json.loads(line) for line in (tmp_path / "runs" / "first" / "metrics.jsonl").read_text().splitlines()]
+    assert max(row["step"] for row in rows) == 120  # "60 more updates" after the first 60
+    assert "Traveller (learned)" in result.stdout  # evaluate's table
+    monkeypatch.chdir(tmp_path)
+    exec(compile(python, "docs/cli.md python block", "exec"), {"__name__": "cli_page_block"})
