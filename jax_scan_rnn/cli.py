@@ -1479,7 +1479,9 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     from jax_scan_rnn.data import market_data  # NumPy, not JAX: --fill's choices
 
     words = [a for a in argv if not a.startswith("-")][:2]
-    parser = Parser(prog="jax-scan-rnn", description="Feedback recurrent networks in JAX, driven by lax.scan.")
+    parser = Parser(prog="jax-scan-rnn", description="Feedback recurrent networks in JAX, driven by lax.scan.",
+                    epilog="COMMAND --help lists its options; what the commands write and guarantee (runs, resume, "
+                           "caches, your own data): docs/cli.md in the source repository")
     parser.add_argument("--version", action="version", version=f"jax-scan-rnn {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     sub.add_parser("info", help="devices and library versions")
