@@ -1555,7 +1555,8 @@ def _gpu_commands() -> str:
     return (f"`jax-scan-rnn train traveller` {trav['wall_s']:.1f} s ({cpu_trav['wall_s']:.1f} s on the 2-core CPU), "
             f"{trav['report']['learned_over_optimal']:.1%} of the optimal policy; `jax-scan-rnn train vae` "
             f"{vae['wall_s']:.1f} s for its 1,800 updates, {samples['validity']:.1%} of its prior samples valid, "
-            f"{samples['uniqueness']:.1%} unique; `sample vae --greedy -n {int(greedy.group(1))}` {float(greedy.group(2)):.1f} s "
+            f"{samples['uniqueness']:.1%} unique; `sample vae --greedy -n {int(greedy.group(1))}` "
+            f"{float(greedy.group(2)):.1f} s "
             f"(start-up and compilation included), {float(quality.group(1)):.1%} valid but {float(quality.group(2)):.1%} "
             f"unique: greedy decoding from this short run's prior collapses onto a few molecules")
 

@@ -1437,7 +1437,8 @@ def add_train_arguments(parser: argparse.ArgumentParser, task: type, defaults: d
                        help="data-parallel over this many devices: the batch is split, parameters replicated "
                             "(default: all)")
     group.add_argument("--multihost", action="store_true",
-                       help="call jax.distributed.initialize() first (run the same command on every host; see docs/cli.md)")
+                       help="call jax.distributed.initialize() first (run the same command on every host; "
+                            "see docs/cli.md)")
 
 
 def model_commands(sub, name: str, help: str):
