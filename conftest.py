@@ -45,6 +45,16 @@ def pytest_configure(config):
     jax.config.update("jax_enable_x64", True)
 
 
+@pytest.fixture
+def readers_jax_defaults():
+    """JAX's defaults as a reader's session has them, x64 off (pytest_configure turns it on for the float64 tests):
+    for the docs' code blocks, which a reader runs as written, so NumPy's float64 arrives as float32 there too."""
+    import jax
+
+    with jax.enable_x64(False):
+        yield
+
+
 def _share_compiled_programs(config) -> None:
     """One JAX compilation cache for the whole run, in a fresh temporary folder removed at its end: the
     workers, the CLI's subprocesses and each module after `jax.clear_caches()` compile many of the same

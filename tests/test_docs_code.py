@@ -26,14 +26,9 @@ FLOAT32_POSITION_TOL = 1e-5
 SHORT_T = 50
 
 
-@pytest.fixture(autouse=True)
-def readers_jax_defaults():
-    """x64 off, as in a reader's session (the repository's conftest turns it on for the float64 tests), so
-    the page's `jnp.zeros` are float32 and the whole computation runs in float32, as the page says."""
-    import jax
-
-    with jax.enable_x64(False):
-        yield
+# x64 off, as in a reader's session (conftest.py), so the page's `jnp.zeros` are float32 and the whole computation
+# runs in float32, as the page says.
+pytestmark = pytest.mark.usefixtures("readers_jax_defaults")
 
 
 def run_block(code: str, namespace: dict, name: str) -> dict:

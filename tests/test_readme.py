@@ -23,7 +23,7 @@ def test_the_page_has_python_snippets(page):
 
 
 @pytest.mark.parametrize(("page", "index", "code"), SNIPPETS, ids=[f"{p.name}-{i + 1}" for p, i, _ in SNIPPETS])
-def test_snippet_runs_as_written(page, index, code, tmp_path, monkeypatch):
+def test_snippet_runs_as_written(page, index, code, tmp_path, monkeypatch, readers_jax_defaults):
     monkeypatch.chdir(tmp_path)  # a snippet may write files (lstm.safetensors, runs/): keep them out of the repo
     compiled = compile(code, f"{page.name} python block {index + 1}", "exec")
     exec(compiled, {"__name__": f"snippet_{page.stem}_{index}"})
